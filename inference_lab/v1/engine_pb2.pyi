@@ -1,0 +1,200 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
+    FINISH_REASON_LENGTH: _ClassVar[FinishReason]
+    FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
+    FINISH_REASON_ABORTED: _ClassVar[FinishReason]
+FINISH_REASON_UNSPECIFIED: FinishReason
+FINISH_REASON_LENGTH: FinishReason
+FINISH_REASON_CANCELLED: FinishReason
+FINISH_REASON_ABORTED: FinishReason
+
+class SubmitRequest(_message.Message):
+    __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    priority: int
+    request_id: str
+    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class Admitted(_message.Message):
+    __slots__ = ("engine_request_id", "waiting")
+    ENGINE_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    engine_request_id: int
+    waiting: int
+    def __init__(self, engine_request_id: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
+
+class Tokens(_message.Message):
+    __slots__ = ("new_tokens", "total_tokens")
+    NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    new_tokens: int
+    total_tokens: int
+    def __init__(self, new_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
+
+class Finished(_message.Message):
+    __slots__ = ("reason", "prompt_tokens", "completion_tokens", "queue_time_s", "ttft_s", "e2e_s", "preemptions")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    E2E_S_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    queue_time_s: float
+    ttft_s: float
+    e2e_s: float
+    preemptions: int
+    def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., queue_time_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., preemptions: _Optional[int] = ...) -> None: ...
+
+class SubmitEvent(_message.Message):
+    __slots__ = ("admitted", "tokens", "finished")
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    admitted: Admitted
+    tokens: Tokens
+    finished: Finished
+    def __init__(self, admitted: _Optional[_Union[Admitted, _Mapping]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ...) -> None: ...
+
+class Rejected(_message.Message):
+    __slots__ = ("code", "reason", "message", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    reason: str
+    message: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class SessionAction(_message.Message):
+    __slots__ = ("open", "cancel")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    open: Open
+    cancel: Cancel
+    def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ...) -> None: ...
+
+class Open(_message.Message):
+    __slots__ = ("tag", "request")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    tag: int
+    request: SubmitRequest
+    def __init__(self, tag: _Optional[int] = ..., request: _Optional[_Union[SubmitRequest, _Mapping]] = ...) -> None: ...
+
+class Cancel(_message.Message):
+    __slots__ = ("tag",)
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    tag: int
+    def __init__(self, tag: _Optional[int] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("tag", "admitted", "tokens", "finished", "rejected")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    tag: int
+    admitted: Admitted
+    tokens: Tokens
+    finished: Finished
+    rejected: Rejected
+    def __init__(self, tag: _Optional[int] = ..., admitted: _Optional[_Union[Admitted, _Mapping]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ...) -> None: ...
+
+class ProgressBatch(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Progress]
+    def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ...) -> None: ...
+
+class GetCapacityRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class SetCapacityRequest(_message.Message):
+    __slots__ = ("model", "max_num_seqs", "max_waiting")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    max_num_seqs: int
+    max_waiting: int
+    def __init__(self, model: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., max_waiting: _Optional[int] = ...) -> None: ...
+
+class ModelCapacity(_message.Message):
+    __slots__ = ("model", "max_waiting", "max_num_seqs", "waiting", "running")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    max_waiting: int
+    max_num_seqs: int
+    waiting: int
+    running: int
+    def __init__(self, model: _Optional[str] = ..., max_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
+
+class CapacityResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelCapacity]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelCapacity, _Mapping]]] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("name", "hardware", "tp", "max_model_len", "kv_blocks", "block_size")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    TP_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    hardware: str
+    tp: int
+    max_model_len: int
+    kv_blocks: int
+    block_size: int
+    def __init__(self, name: _Optional[str] = ..., hardware: _Optional[str] = ..., tp: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
