@@ -137,6 +137,8 @@ class EngineCore:
         waiting = self.scheduler.num_waiting
         if self.max_waiting and waiting >= self.max_waiting:
             raise QueueSaturated(self.name, waiting, self.max_waiting)
+        if now > self.clock and not self.scheduler.has_work():
+            self.clock = now  # idle: the next step starts at this arrival
         req = Request(next(self._ids), prompt_len, max_tokens, now, priority, tag=tag)
         self.scheduler.waiting.push(req)
         self.requests[req.id] = req

@@ -51,9 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from engine.config import ConfigError
+
     try:
         return int(args.func(args) or 0)
-    except UsageError as exc:
+    except (UsageError, ConfigError) as exc:
         print(f"inference-lab {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
