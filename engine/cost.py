@@ -84,27 +84,25 @@ class CostModel:
                          deployment.name, hw.name, precision, precision, used)
             return value * tp
 
-        # Weight streams: (rate, bytes per value, dense params read, MoE (E, k, w) or None).
-        self._streams: list[tuple[float, float, float, float, tuple[int, int, float] | None]] = []
-        attention_index = None
+        # Weight streams grouped by precision (anchors.md sums FLOPs and bytes per
+        # precision before the max): precision -> [rate, 2*active, dense bytes, MoE parts]
+        # where each MoE part is (E, k, bytes per expert).
+        groups: dict[str, list] = {}
         for stream in model.weight_streams:
-            moe = None
-            read = stream.active_params
+            group = groups.setdefault(stream.precision, [rate(stream.precision), 0.0, 0.0, []])
+            bpv = BYTES_PER_VALUE[stream.precision]
+            group[1] += 2.0 * stream.active_params
             if stream.num_experts:
                 e, k = stream.num_experts, stream.top_k
                 w = (stream.resident_params - stream.active_params) / (e - k)
-                read = max(stream.active_params - k * w, 0.0)  # shared (always read) part
-                moe = (e, k, w)
-            if stream.precision == model.attention_precision and attention_index is None:
-                attention_index = len(self._streams)
-            self._streams.append(
-                (rate(stream.precision), BYTES_PER_VALUE[stream.precision],
-                 2.0 * stream.active_params, read, moe)
-            )
-        if attention_index is None:  # attention runs at a precision no weight uses
-            attention_index = len(self._streams)
-            self._streams.append((rate(model.attention_precision), 0.0, 0.0, 0.0, None))
-        self._attention_index = attention_index
+                group[2] += max(stream.active_params - k * w, 0.0) * bpv  # shared part
+                group[3].append((e, k, w * bpv))
+            else:
+                group[2] += stream.active_params * bpv
+        if model.attention_precision not in groups:  # attention at a precision no weight uses
+            groups[model.attention_precision] = [rate(model.attention_precision), 0.0, 0.0, []]
+        self._streams = [(g[0], g[1], g[2], tuple(g[3])) for g in groups.values()]
+        self._attention_index = list(groups).index(model.attention_precision)
 
         kv_bytes = BYTES_PER_VALUE[model.kv_precision]
         self.full_flop_coef = 0.0  # FLOPs per (new position x attended position)
@@ -127,14 +125,16 @@ class CostModel:
         self._ar_count = 2 * model.num_layers if tp > 1 else 0
         self._ar_latency = hw.link_latency
         self._ar_bytes_per_token = model.hidden_size * 2.0 / hw.link_bandwidth
-        self._distinct_cache: dict[int, float] = {}
+        self._distinct_cache: dict[tuple[int, int], float] = {}
 
-    def _moe_read(self, moe: tuple[int, int, float], tokens: int) -> float:
+    def _moe_bytes(self, parts: tuple[tuple[int, int, float], ...], tokens: int) -> float:
+        """Expert bytes read by a step of `tokens` tokens (cached by token count)."""
         cache = self._distinct_cache
-        key = tokens * 4096 + moe[0]
+        key = (id(parts), tokens)
         value = cache.get(key)
         if value is None:
-            value = expected_distinct_experts(moe[0], moe[1], tokens) * moe[2]
+            value = sum(expected_distinct_experts(e, k, tokens) * per_expert
+                        for e, k, per_expert in parts)
             if len(cache) < 65536:
                 cache[key] = value
         return value
@@ -161,10 +161,9 @@ class CostModel:
         total_flops = 0.0
         total_bytes = 0.0
         bandwidth = self.bandwidth
-        for i, (rate, bpv, flops_per_token, read, moe) in enumerate(self._streams):
+        for i, (rate, flops_per_token, dense_bytes, moe) in enumerate(self._streams):
             flops = flops_per_token * tokens
-            params = read + self._moe_read(moe, tokens) if moe else read
-            nbytes = params * bpv
+            nbytes = dense_bytes + self._moe_bytes(moe, tokens) if moe else dense_bytes
             if i == self._attention_index:
                 flops += attn_flops
                 nbytes += attn_bytes
