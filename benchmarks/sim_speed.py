@@ -1,0 +1,52 @@
+"""Offline simulator speed: simulated output tokens per CPU-second.
+
+Runs the closed-loop-256 chat workload (100,000 requests by default) on gpt-oss-20b /
+B200 through the offline driver and prints the figures. No pass/fail: a benchmark.
+
+    python benchmarks/sim_speed.py [--requests N] [--workload FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import platform
+import time
+from pathlib import Path
+
+from engine.config import load_deployment
+from engine.offline import run_offline
+from engine.workload import load_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=ROOT / "configs" / "gpt-oss-20b.toml", type=Path)
+    parser.add_argument("--hardware", default="b200")
+    parser.add_argument("--workload", type=Path,
+                        default=ROOT / "configs" / "workloads" / "chat-closed-loop-256.toml")
+    parser.add_argument("--requests", type=int, help="override num_requests")
+    args = parser.parse_args()
+
+    deployment = load_deployment(args.config, args.hardware)
+    spec = load_workload(args.workload)
+    if args.requests:
+        spec = dataclasses.replace(spec, num_requests=args.requests)
+    wall0 = time.perf_counter()
+    summary = run_offline(deployment, spec)
+    wall = time.perf_counter() - wall0
+    sim = summary["simulation"]
+    out_tokens = summary["throughput_metrics"]["output_tokens_per_sec"] * sim["simulated_seconds"]
+    print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}")
+    print(f"workload: {args.workload.name}, {spec.num_requests:,} requests, "
+          f"{spec.num_concurrent_users} users, {deployment.name} on {deployment.hardware.name}")
+    print(f"simulated: {sim['simulated_seconds']:.1f} s, {sim['steps']:,} steps, "
+          f"{out_tokens:,.0f} output tokens, mean batch {out_tokens / max(sim['steps'], 1):.1f}")
+    print(f"cpu: {sim['cpu_seconds']:.2f} s (wall {wall:.2f} s)")
+    print(f"simulated output tokens per CPU-second: {sim['output_tokens_per_cpu_second']:,.0f}")
+
+
+if __name__ == "__main__":
+    main()
