@@ -155,9 +155,8 @@ class EngineCore:
         self.requests.pop(req.id, None)
         return True
 
-    def set_capacity(self, max_num_seqs: int | None = None, max_waiting: int | None = None) -> None:
-        """Retune live. Lowering max_num_seqs drains (it gates admission only);
-        lowering max_waiting affects later arrivals only."""
+    def check_capacity(self, max_num_seqs: int | None = None, max_waiting: int | None = None) -> None:
+        """Raise CapacityError for a setting set_capacity would refuse."""
         config = self.deployment.scheduler
         if max_num_seqs is not None:
             if max_num_seqs < 1:
@@ -169,6 +168,12 @@ class EngineCore:
                 )
         if max_waiting is not None and max_waiting < 0:
             raise CapacityError(f"max_waiting must be at least 0 (0 = unbounded), got {max_waiting}")
+
+    def set_capacity(self, max_num_seqs: int | None = None, max_waiting: int | None = None) -> None:
+        """Retune live. Lowering max_num_seqs drains (it gates admission only);
+        lowering max_waiting affects later arrivals only."""
+        self.check_capacity(max_num_seqs, max_waiting)
+        config = self.deployment.scheduler
         if max_num_seqs is not None:
             config.max_num_seqs = max_num_seqs
         if max_waiting is not None:

@@ -132,10 +132,14 @@ class Progress(_message.Message):
     def __init__(self, tag: _Optional[int] = ..., admitted: _Optional[_Union[Admitted, _Mapping]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ...) -> None: ...
 
 class ProgressBatch(_message.Message):
-    __slots__ = ("events",)
+    __slots__ = ("events", "token_tags", "token_totals")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TAGS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TOTALS_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[Progress]
-    def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ...) -> None: ...
+    token_tags: _containers.RepeatedScalarFieldContainer[int]
+    token_totals: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., token_tags: _Optional[_Iterable[int]] = ..., token_totals: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetCapacityRequest(_message.Message):
     __slots__ = ("model",)

@@ -1,0 +1,194 @@
+"""The real-time driver: paces one EngineCore to the wall clock and delivers progress.
+
+Knows the mapping sim time = loop time - epoch, the step in flight, and the streams
+(sinks) waiting for each request's tokens. Does not know gRPC: sinks are plain objects
+with `on_tokens(stream, total)` / `on_finished(stream, request)` / `flush()`.
+
+Rules (DESIGN.md, "Pacing"):
+- No cold-start deficit: an arrival at an idle engine moves the sim clock to the present
+  (EngineCore.submit), so the first burst after idle is paced like every other.
+- A step is booked at its start and its tokens are delivered at its end: token counts
+  handed out are those of the last step that has *ended* (the decode group's counter as
+  of then, `g_due`), never of the step in flight.
+- When late, every due step is taken in one wake-up and each stream gets one message
+  with all its new tokens; the lag (wall clock minus the wall instant of the step end
+  being delivered) is measured for every wake-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from engine.core import EngineCore, StepResult
+from engine.request import Request, Status
+
+log = logging.getLogger(__name__)
+
+
+class Stream:
+    """A delivery handle stored on Request.tag: where its progress goes."""
+
+    __slots__ = ("sink", "tag", "sent")
+
+    def __init__(self, sink, tag) -> None:
+        self.sink = sink
+        self.tag = tag
+        self.sent = 0  # tokens already handed to the sink
+
+
+class Pacer:
+    def __init__(self, core: EngineCore, *, on_step: Callable[[StepResult], None] | None = None,
+                 on_lag: Callable[[float], None] | None = None,
+                 on_finished: Callable[[Request], None] | None = None) -> None:
+        self.core = core
+        self.loop = asyncio.get_running_loop()
+        self.epoch = self.loop.time()  # sim time 0
+        self.live: dict[int, Request] = {}  # requests with a stream, not yet finished
+        self.inflight: StepResult | None = None
+        self.g_due = 0  # decode-group step counter as of the last step that ended
+        self._finishing: list[Request] = []  # finish in the step in flight
+        self._due_finished: list[Request] = []
+        self._dirty_sinks: set = set()
+        self._wake = asyncio.Event()
+        self._stalled = False
+        self._on_step = on_step
+        self._on_lag = on_lag
+        self._on_finished = on_finished
+        self._task: asyncio.Task | None = None
+
+    # ---- clock -------------------------------------------------------------------------
+    def sim_now(self) -> float:
+        return self.loop.time() - self.epoch
+
+    # ---- requests ----------------------------------------------------------------------
+    def submit(self, prompt_len: int, max_tokens: int, sink, tag, priority: int = 0) -> Request:
+        """Check and queue synchronously (raises QueueSaturated / SubmitError)."""
+        req = self.core.submit(prompt_len, max_tokens, self.sim_now(), priority=priority,
+                               tag=Stream(sink, tag))
+        self.live[req.id] = req
+        self._wake.set()
+        return req
+
+    def cancel(self, req: Request, status: Status = Status.FINISHED_CANCELLED) -> None:
+        """Remove a request wherever it is; its sink hears nothing more."""
+        if self.live.pop(req.id, None) is not None:
+            self.core.cancel(req, self.sim_now(), status)
+            self._wake.set()  # capacity freed: a stalled engine may progress
+
+    def poke(self) -> None:
+        """Capacity changed or work arrived: re-evaluate now."""
+        self._wake.set()
+
+    # ---- the loop ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = self.loop.create_task(self._run(), name=f"pacer:{self.core.name}")
+
+    async def stop(self) -> None:
+        """Stop pacing and end every live request as aborted."""
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        for req in self._due_finished + self._finishing:
+            self._finish(req)  # completed in simulation: deliver them whole
+        self._due_finished.clear()
+        self._finishing.clear()
+        for req in list(self.live.values()):
+            self.core.cancel(req, self.sim_now(), Status.FINISHED_ABORTED)
+            self.live.pop(req.id, None)
+            self._finish(req)
+        self._flush()
+
+    async def _run(self) -> None:
+        core = self.core
+        while True:
+            if self.inflight is None and (self._stalled or not core.has_work()):
+                self._wake.clear()
+                self._stalled = False
+                await self._wake.wait()
+                continue
+            self._advance(self.sim_now())
+            self._deliver()
+            if self.inflight is not None:
+                await self._sleep_until(self.inflight.end)
+
+    async def _sleep_until(self, sim_time: float) -> None:
+        delay = sim_time - self.sim_now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def _advance(self, now: float) -> None:
+        """Retire every step that has ended and book steps whose start has come,
+        until one is in flight (or there is no work)."""
+        core = self.core
+        group = core.scheduler.group
+        while True:
+            if self.inflight is not None:
+                if self.inflight.end > now:
+                    return
+                self._retire(self.inflight)
+                self.inflight = None
+            if not core.has_work():
+                return
+            g_before = group.G
+            result = core.step(core.clock)
+            if result.num_tokens == 0:  # nothing can run until something changes
+                self._stalled = True
+                return
+            if g_before != group.G:
+                self.g_due = g_before  # the booked step's tokens are not due yet
+            for req in result.finished:
+                if self.live.pop(req.id, None) is not None:
+                    self._finishing.append(req)
+            self.inflight = result
+
+    def _retire(self, result: StepResult) -> None:
+        self.g_due = self.core.scheduler.group.G
+        self._due_finished.extend(self._finishing)
+        self._finishing.clear()
+        if self._on_step:
+            self._on_step(result)
+        if self._on_lag:
+            self._on_lag(self.sim_now() - result.end)
+
+    def _deliver(self) -> None:
+        """Hand each stream its due tokens (one message per stream), then due finishes."""
+        g_due = self.g_due
+        dirty = self._dirty_sinks
+        for req in self.live.values():
+            stream = req.tag
+            due = req.out_off + g_due if req.in_group else req.num_output
+            if due > stream.sent:
+                stream.sent = due
+                stream.sink.on_tokens(stream, due)
+                dirty.add(stream.sink)
+        for req in self._finishing:  # its last token belongs to the step in flight
+            stream = req.tag
+            if req.num_output - 1 > stream.sent:
+                stream.sent = req.num_output - 1
+                stream.sink.on_tokens(stream, stream.sent)
+                dirty.add(stream.sink)
+        if self._due_finished:
+            for req in self._due_finished:
+                self._finish(req)
+            self._due_finished.clear()
+        self._flush()
+
+    def _finish(self, req: Request) -> None:
+        stream = req.tag
+        if req.num_output > stream.sent:
+            stream.sent = req.num_output
+            stream.sink.on_tokens(stream, req.num_output)
+        stream.sink.on_finished(stream, req)
+        self._dirty_sinks.add(stream.sink)
+        if self._on_finished:
+            self._on_finished(req)
+
+    def _flush(self) -> None:
+        for sink in self._dirty_sinks:
+            sink.flush()
+        self._dirty_sinks.clear()

@@ -1,0 +1,80 @@
+"""`inference-lab engine`: the engine service alone (gRPC + Prometheus metrics)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+log = logging.getLogger("inference_lab.engine")
+
+HELP = """\
+Run the simulated engine as a gRPC service (inference_lab.v1.Engine: Submit, Session,
+GetCapacity, SetCapacity, ListModels; plus gRPC health and reflection) with Prometheus
+metrics. Point `inference-lab gateway --engine HOST:PORT` at it, or use grpcurl:
+
+  grpcurl -plaintext 127.0.0.1:50051 list
+  grpcurl -plaintext -d '{}' 127.0.0.1:50051 inference_lab.v1.Engine/GetCapacity
+"""
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that choose what is served: shared by `engine` and `serve`."""
+    p.add_argument("--config", type=Path,
+                   help="directory of deployment configs (or one file); default: the embedded "
+                        "gpt-oss-20b deployment")
+    p.add_argument("--hardware", default="b200", help="hardware preset to simulate (default b200)")
+    p.add_argument("--max-waiting", type=int, metavar="N",
+                   help="refuse arrivals once N requests wait, for every model (0 = unbounded)")
+
+
+def load_deployments(args: argparse.Namespace):
+    from engine.config import default_deployments, load_config_dir
+    from inference_lab.cli import UsageError
+
+    if args.max_waiting is not None and args.max_waiting < 0:
+        raise UsageError(f"--max-waiting must be at least 0 (0 = unbounded), got {args.max_waiting}")
+    if args.config is None:
+        return default_deployments(args.hardware, args.max_waiting)
+    return load_config_dir(args.config, args.hardware, args.max_waiting)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("engine", help="run the engine gRPC service", description=HELP,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 = any free)")
+    p.add_argument("--metrics-port", type=int, default=9400,
+                   help="Prometheus /metrics port (default 9400; 0 = any free)")
+    p.add_argument("--grace", type=float, default=10.0,
+                   help="seconds in-flight requests get to finish on SIGTERM (default 10)")
+    p.set_defaults(func=run)
+
+
+async def run_until_signal(server, grace: float) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    print(f"engine ready: grpc {server.host}:{server.port} metrics {server.metrics_port}", flush=True)
+    await stop.wait()
+    log.info("stopping: draining in-flight requests for up to %.1f s", grace)
+    await server.stop(grace)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.server import EngineServer
+
+    deployments = load_deployments(args)
+    server = EngineServer(deployments, args.host, args.port, args.metrics_port)
+    try:
+        asyncio.run(run_until_signal(server, args.grace))
+    except OSError as exc:
+        from inference_lab.cli import UsageError
+
+        raise UsageError(str(exc)) from None
+    return 0

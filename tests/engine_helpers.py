@@ -1,0 +1,58 @@
+"""Starting the real engine in-process on free loopback ports, and talking to it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import grpc
+
+from engine.config import default_deployments
+from engine.server import EngineServer
+from inference_lab.v1 import engine_pb2 as pb
+from inference_lab.v1 import engine_pb2_grpc
+
+
+@contextlib.asynccontextmanager
+async def running_engine(max_waiting: int | None = None, max_num_seqs: int | None = None,
+                         deployments=None):
+    """The real engine (gpt-oss-20b on b200 by default) on 127.0.0.1, free ports."""
+    deployments = deployments or default_deployments("b200", max_waiting)
+    if max_num_seqs is not None:
+        for d in deployments:
+            d.scheduler.max_num_seqs = max_num_seqs
+    server = EngineServer(deployments, "127.0.0.1", 0, 0)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(grace=0.0)
+
+
+@contextlib.asynccontextmanager
+async def engine_stub(server: EngineServer):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        yield engine_pb2_grpc.EngineStub(channel)
+
+
+async def eventually(predicate, timeout: float = 10.0, interval: float = 0.01) -> None:
+    """Wait until predicate() holds: for effects of work the server does after the
+    client's call returned (a cancel being processed), which no event announces."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(interval)
+
+
+async def collect(call) -> list[pb.SubmitEvent]:
+    """Every remaining message of a server stream (read() style, so it can follow reads)."""
+    events = []
+    while (event := await call.read()) is not grpc.aio.EOF:
+        events.append(event)
+    return events
+
+
+def submit_request(prompt: int = 16, max_tokens: int = 200, model: str = "") -> pb.SubmitRequest:
+    return pb.SubmitRequest(model=model, prompt_tokens=prompt, max_tokens=max_tokens)

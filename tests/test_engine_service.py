@@ -1,0 +1,230 @@
+"""The engine service over real gRPC on a free loopback port: admission, refusal with
+rich status, pacing, draining, cancellation, capacity control, health and metrics."""
+
+import asyncio
+import time
+import urllib.request
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_status import rpc_status
+
+from engine_helpers import collect, engine_stub, eventually, running_engine, submit_request
+from inference_lab.v1 import engine_pb2 as pb
+
+
+async def test_a_submit_streams_admitted_tokens_and_finished_with_exact_counts():
+    async with running_engine() as server, engine_stub(server) as stub:
+        events = await collect(stub.Submit(submit_request(prompt=16, max_tokens=50)))
+    kinds = [e.WhichOneof("event") for e in events]
+    assert kinds[0] == "admitted" and kinds[-1] == "finished"
+    tokens = [e.tokens for e in events if e.HasField("tokens")]
+    assert sum(t.new_tokens for t in tokens) == 50 and tokens[-1].total_tokens == 50
+    finished = events[-1].finished
+    assert finished.reason == pb.FINISH_REASON_LENGTH
+    assert (finished.prompt_tokens, finished.completion_tokens) == (16, 50)
+    assert 0 < finished.ttft_s < finished.e2e_s
+
+
+async def test_a_saturated_model_refuses_before_any_message_with_queue_saturated_details():
+    async with running_engine(max_waiting=1, max_num_seqs=1) as server, engine_stub(server) as stub:
+        running = stub.Submit(submit_request(max_tokens=2000))
+        assert (await running.read()).HasField("admitted")
+        await eventually(lambda: server.runtimes[0].core.num_running == 1)
+        queued = stub.Submit(submit_request(max_tokens=10))
+        assert (await queued.read()).HasField("admitted")
+        refused = stub.Submit(submit_request(max_tokens=10))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await refused.read()  # the first read fails: no message came before
+        err = info.value
+        assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert err.details() == ("Server is at capacity: 1 requests waiting (max_waiting = 1). "
+                                 "Retry with reduced concurrency.")
+        status = await rpc_status.aio.from_call(refused)
+        detail = error_details_pb2.ErrorInfo()
+        assert status.details[0].Unpack(detail)
+        assert detail.reason == "QUEUE_SATURATED" and detail.domain == "inference-lab"
+        assert dict(detail.metadata) == {"model": "gpt-oss-20b", "waiting": "1", "max_waiting": "1"}
+        running.cancel()
+        queued.cancel()
+
+
+async def test_a_burst_of_1000_submits_never_overfills_the_queue_and_loses_nothing():
+    async with running_engine(max_waiting=64, max_num_seqs=16) as server, engine_stub(server) as stub:
+        core = server.runtimes[0].core
+        observed = []
+        stop = asyncio.Event()
+
+        async def observe():
+            while not stop.is_set():
+                observed.append(core.num_waiting)
+                cap = await stub.GetCapacity(pb.GetCapacityRequest())
+                observed.append(cap.models[0].waiting)
+
+        async def one(i):
+            call = stub.Submit(submit_request(prompt=16 + i % 7, max_tokens=200 + i % 50))
+            events = []
+            try:
+                async for event in call:
+                    events.append(event)
+            except grpc.aio.AioRpcError as err:
+                assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert events == []  # refused before any message
+                return "refused", 0, 0, 0
+            assert events[0].HasField("admitted") and events[0].admitted.waiting <= 64
+            total = sum(e.tokens.new_tokens for e in events if e.HasField("tokens"))
+            return "done", total, events[-1].finished.completion_tokens, 200 + i % 50
+
+        watcher = asyncio.create_task(observe())
+        results = await asyncio.gather(*(one(i) for i in range(1000)))
+        stop.set()
+        await watcher
+    done = [r for r in results if r[0] == "done"]
+    refused = [r for r in results if r[0] == "refused"]
+    assert len(done) + len(refused) == 1000
+    assert len(done) >= 16 + 64 and refused
+    assert all(total == completion == expected for _, total, completion, expected in done)
+    assert observed and max(observed) <= 64
+
+
+async def test_the_first_request_after_idle_is_paced_not_served_at_cpu_speed():
+    async with running_engine() as server, engine_stub(server) as stub:
+        await asyncio.sleep(2.0)  # the idle period under test, not a synchronisation
+        start = time.perf_counter()
+        events = await collect(stub.Submit(submit_request(max_tokens=200)))
+        wall = time.perf_counter() - start
+    modelled = events[-1].finished.e2e_s
+    assert modelled > 0.05  # 200 decode steps of gpt-oss-20b are tens of milliseconds
+    assert wall == pytest.approx(modelled, rel=0.10)
+
+
+async def test_lowering_max_num_seqs_with_32_running_drains_to_8_and_loses_nothing():
+    async with running_engine() as server, engine_stub(server) as stub:
+        core = server.runtimes[0].core
+        calls = [stub.Submit(submit_request(max_tokens=150 + 10 * i)) for i in range(32)]
+        for call in calls:
+            assert (await call.read()).HasField("admitted")
+        await eventually(lambda: core.num_running == 32)
+        reply = await stub.SetCapacity(pb.SetCapacityRequest(max_num_seqs=8))
+        assert reply.models[0].max_num_seqs == 8 and reply.models[0].running == 32
+        late = stub.Submit(submit_request(max_tokens=5))
+        assert (await late.read()).HasField("admitted")
+        running_after_each_finish = []
+        for i, call in enumerate(calls):
+            events = await collect(call)
+            assert events[-1].finished.completion_tokens == 150 + 10 * i
+            assert sum(e.tokens.new_tokens for e in events if e.HasField("tokens")) == 150 + 10 * i
+            running_after_each_finish.append(
+                (await stub.GetCapacity(pb.GetCapacityRequest())).models[0].running)
+        late_events = await collect(late)
+    # Nobody evicted: the batch shrinks one finish at a time; the late request only ran
+    # once fewer than 8 were running.
+    seen = running_after_each_finish
+    assert all(running <= 31 - i for i, running in enumerate(seen[:24]))
+    assert all(a >= b for a, b in zip(seen[:24], seen[1:24]))  # only shrinks while draining
+    assert min(seen) <= 8
+    assert late_events[-1].finished.completion_tokens == 5
+    assert late_events[-1].finished.queue_time_s > 0.1
+
+
+async def test_cancelling_a_submit_frees_its_slot_and_kv_blocks():
+    async with running_engine() as server, engine_stub(server) as stub:
+        core = server.runtimes[0].core
+        call = stub.Submit(submit_request(prompt=3000, max_tokens=5000))
+        assert (await call.read()).HasField("admitted")
+        assert (await call.read()).HasField("tokens")
+        assert core.num_running == 1 and core.scheduler.free_blocks < core.total_blocks
+        call.cancel()
+        await eventually(lambda: core.num_running == 0)
+        assert core.scheduler.free_blocks == core.total_blocks and core.num_waiting == 0
+
+
+async def test_a_session_multiplexes_requests_with_packed_token_progress():
+    async with running_engine(max_waiting=2, max_num_seqs=2) as server, engine_stub(server) as stub:
+        call = stub.Session()
+
+        async def open_(tag):
+            await call.write(pb.SessionAction(open=pb.Open(tag=tag, request=submit_request(max_tokens=30 + tag))))
+
+        totals, outcome = {}, {}
+        await open_(1)
+        await open_(2)
+        while not (totals.get(1) and totals.get(2)):  # both running: the queue is empty
+            batch = await call.read()
+            totals.update(zip(batch.token_tags, batch.token_totals))
+        for tag in (3, 4, 5):
+            await open_(tag)
+        cancelled = False
+        while len(outcome) < 5:
+            batch = await call.read()
+            for tag, total in zip(batch.token_tags, batch.token_totals):
+                assert total > totals.get(tag, 0)
+                totals[tag] = total
+            for event in batch.events:
+                kind = event.WhichOneof("event")
+                if kind == "rejected":
+                    assert event.rejected.reason == "QUEUE_SATURATED" and event.rejected.code == 8
+                    outcome[event.tag] = "rejected"
+                elif kind == "finished":
+                    outcome[event.tag] = event.finished
+            if not cancelled and totals.get(1):
+                await call.write(pb.SessionAction(cancel=pb.Cancel(tag=1)))
+                cancelled = True
+        await call.done_writing()
+    assert outcome[5] == "rejected"  # 2 running + 2 waiting, the fifth refused
+    assert outcome[1].reason == pb.FINISH_REASON_CANCELLED
+    for tag in (2, 3, 4):
+        assert outcome[tag].reason == pb.FINISH_REASON_LENGTH
+        assert outcome[tag].completion_tokens == totals[tag] == 30 + tag
+
+
+async def test_set_capacity_validates_and_unknown_models_are_not_found():
+    async with running_engine() as server, engine_stub(server) as stub:
+        for request, code in [
+            (pb.SetCapacityRequest(), grpc.StatusCode.INVALID_ARGUMENT),
+            (pb.SetCapacityRequest(max_num_seqs=0), grpc.StatusCode.INVALID_ARGUMENT),
+            (pb.SetCapacityRequest(max_waiting=-1), grpc.StatusCode.INVALID_ARGUMENT),
+            (pb.SetCapacityRequest(model="nope", max_waiting=3), grpc.StatusCode.NOT_FOUND),
+        ]:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.SetCapacity(request)
+            assert info.value.code() is code and info.value.details()
+        reply = await stub.SetCapacity(pb.SetCapacityRequest(model="gpt-oss-20b", max_waiting=7))
+        assert [(m.model, m.max_waiting, m.max_num_seqs) for m in reply.models] == [("gpt-oss-20b", 7, 256)]
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Submit(submit_request(model="nope")).read()
+        assert info.value.code() is grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Submit(submit_request(prompt=131000, max_tokens=1000)).read()
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "max_model_len" in info.value.details()
+        models = await stub.ListModels(pb.ListModelsRequest())
+        assert [(m.name, m.hardware, m.block_size) for m in models.models] == [("gpt-oss-20b", "b200", 64)]
+
+
+async def test_health_is_serving_and_metrics_use_vllm_names():
+    async with running_engine(max_waiting=1, max_num_seqs=1) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(health_pb2.HealthCheckRequest(service="inference_lab.v1.Engine"))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        async with engine_stub(server) as stub:
+            calls = [stub.Submit(submit_request(max_tokens=3000)) for _ in range(3)]
+            results = []
+            for call in calls:
+                try:
+                    results.append((await call.read()).WhichOneof("event"))
+                except grpc.aio.AioRpcError as err:
+                    results.append(err.code())
+            assert results.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 1
+            url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+            text = await asyncio.to_thread(lambda: urllib.request.urlopen(url).read().decode())
+            for call in calls:
+                call.cancel()
+    assert 'vllm:num_requests_waiting{model_name="gpt-oss-20b"} 1.0' in text
+    assert 'vllm:num_requests_running{model_name="gpt-oss-20b"} 1.0' in text
+    assert 'inference_lab_rejections_total{model_name="gpt-oss-20b",reason="QUEUE_SATURATED"} 1.0' in text
+    assert 'inference_lab_max_waiting{model_name="gpt-oss-20b"} 1.0' in text
+    assert "vllm:time_to_first_token_seconds_bucket" in text
