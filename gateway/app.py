@@ -1,0 +1,436 @@
+"""The gateway's aiohttp application: routes, the error/metrics edge, lifecycles.
+
+Knows: the HTTP surface (OpenAI-compatible /v1/*, /health, /metrics, /control/capacity),
+that response headers go out only after the engine admitted a request (a refusal is a bare
+JSON error, never an event stream), how engine events become SSE writes (all tokens pending
+for a request go out in one write), that a client who leaves has its engine request
+cancelled (aiohttp handler cancellation, plus a watchdog on closed transports for runners
+that do not enable it), and the gateway's own Prometheus registry.
+
+Does not know: gRPC details (gateway.engine_client), request schemas and response bytes
+(gateway.openai_api), the error table (gateway.errors), or scheduling: the engine is the
+single source of truth for depth and capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, AsyncIterator
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import generate_latest
+
+from gateway.engine_client import ClientGone, EngineClient, RequestStream
+from gateway.errors import (
+    ErrorKind,
+    GatewayError,
+    engine_unavailable,
+    error_response,
+    from_http_exception,
+    from_rejected,
+    sse_error_frame,
+)
+from gateway.openai_api import Completion, OutputLength, chat_tokens, decode_request
+from gateway.openai_api import invalid, json_encode, prompt_tokens
+from inference_lab.v1 import engine_pb2 as pb
+
+log = logging.getLogger("gateway.app")
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_U32 = 2**32 - 1
+_FINISH_ABORTED = pb.FINISH_REASON_ABORTED
+_FINISH_CANCELLED = pb.FINISH_REASON_CANCELLED
+CLIENT_CLOSED_STATUS = 499  # recorded in metrics when the client left before the response
+
+
+class GatewayMetrics:
+    """The gateway's own registry; children are cached per label set (one dict lookup)."""
+
+    def __init__(self, inflight: "dict[RequestStream, web.BaseRequest]") -> None:
+        self.registry = CollectorRegistry()
+        self._requests = Counter(
+            "inference_lab_gateway_http_requests_total",
+            "HTTP requests answered by the gateway, by route and status.",
+            ["route", "status"], registry=self.registry,
+        )
+        self._duration = Histogram(
+            "inference_lab_gateway_http_request_duration_seconds",
+            "Time from request start to the handler's end (whole stream when streaming).",
+            ["route"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        Gauge(
+            "inference_lab_gateway_inflight_requests",
+            "Generation requests open in the engine on behalf of HTTP clients.",
+            registry=self.registry,
+        ).set_function(lambda: len(inflight))
+        self._counter_children: dict[tuple[str, int], Counter] = {}
+        self._duration_children: dict[str, Histogram] = {}
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        counter = self._counter_children.get((route, status))
+        if counter is None:
+            counter = self._requests.labels(route=route, status=str(status))
+            self._counter_children[(route, status)] = counter
+        counter.inc()
+        hist = self._duration_children.get(route)
+        if hist is None:
+            hist = self._duration_children[route] = self._duration.labels(route=route)
+        hist.observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+@dataclass(slots=True)
+class GatewayState:
+    engine_target: str
+    output_length: OutputLength
+    max_body_bytes: int
+    api_key: str | None
+    disconnect_poll_s: float
+    inflight: dict[RequestStream, web.BaseRequest] = field(default_factory=dict)
+    metrics: GatewayMetrics = field(init=False)
+    engine: EngineClient | None = None
+
+    def __post_init__(self) -> None:
+        self.metrics = GatewayMetrics(self.inflight)
+
+    @property
+    def client(self) -> EngineClient:
+        if self.engine is None:
+            raise engine_unavailable("the gateway is not started")
+        return self.engine
+
+
+STATE: web.AppKey[GatewayState] = web.AppKey("gateway_state", GatewayState)
+
+
+# ---- the edge: errors, metrics, auth -----------------------------------------------------
+
+
+def _route_label(request: web.BaseRequest) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+@web.middleware
+async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
+    state = request.app[STATE]
+    started = time.perf_counter()
+    status = 500
+    try:
+        if state.api_key is not None and request.path.startswith("/v1/"):
+            if request.headers.get("Authorization", "") != f"Bearer {state.api_key}":
+                raise GatewayError(ErrorKind.UNAUTHORIZED, "Invalid or missing API key.")
+        try:
+            resp = await handler(request)
+        except GatewayError as err:
+            resp = error_response(err, request)
+        except web.HTTPException as exc:
+            if exc.status < 400:  # redirects pass through
+                status = exc.status
+                raise
+            resp = error_response(from_http_exception(exc), request)
+        except ClientGone:
+            log.debug("%s %s: client went away; engine request cancelled",
+                      request.method, request.path)
+            resp = web.Response(status=CLIENT_CLOSED_STATUS)
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED_STATUS
+            raise
+        except Exception:
+            log.exception("unhandled error in %s %s", request.method, request.path)
+            resp = error_response(GatewayError(ErrorKind.INTERNAL, "Internal server error."))
+        status = resp.status
+        return resp
+    except GatewayError as err:  # refused before the handler (auth)
+        resp = error_response(err, request)
+        status = resp.status
+        return resp
+    finally:
+        state.metrics.observe(_route_label(request), status, time.perf_counter() - started)
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    too_large = GatewayError(
+        ErrorKind.BODY_TOO_LARGE, f"Request body too large: the limit is {limit} bytes."
+    )
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+
+
+# ---- generation ------------------------------------------------------------------------
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    state = request.app[STATE]
+    req = decode_request(await _read_body(request, state.max_body_bytes), chat)
+    n_prompt = chat_tokens(req.messages) if chat else prompt_tokens(req.prompt)
+    client = state.client
+    info = await client.resolve_model(req.model)
+    requested = req.max_completion_tokens or req.max_tokens
+    n_out = state.output_length.choose(requested, n_prompt, info.max_model_len)
+    completion = Completion(chat, req.model, req.include_usage)
+    stream = await client.open(req.model, n_prompt, n_out, priority=req.priority,
+                               request_id=completion.id)
+    state.inflight[stream] = request
+    try:
+        events = await stream.next_events()  # Admitted or Rejected comes first
+        first = events[0]
+        if first.HasField("rejected"):
+            r = first.rejected
+            err = from_rejected(r.code, r.reason, r.message, r.metadata)
+            if err.kind is ErrorKind.MODEL_NOT_FOUND:
+                await _refresh_models(client)
+            raise err
+        if req.stream:
+            return await _stream(request, stream, completion, events, n_prompt)
+        return await _collect(stream, completion, events, n_prompt)
+    finally:
+        del state.inflight[stream]
+        if not stream.done:
+            client.cancel(stream)
+
+
+async def _refresh_models(client: EngineClient) -> None:
+    try:
+        await client.list_models(refresh=True)
+    except GatewayError:
+        pass
+
+
+def _finish_error(finished: pb.Finished) -> GatewayError | None:
+    if finished.reason == _FINISH_ABORTED:
+        return engine_unavailable("the engine aborted the request (shutting down)")
+    if finished.reason == _FINISH_CANCELLED:
+        return engine_unavailable("the engine cancelled the request")
+    return None
+
+
+async def _collect(stream: RequestStream, completion: Completion, events: list[pb.Progress],
+                   n_prompt: int) -> web.Response:
+    """Non-streaming: wait for Finished; the text has exactly the engine's token count."""
+    streamed = 0
+    while True:
+        for event in events:
+            if event.HasField("tokens"):
+                streamed += event.tokens.new_tokens
+            elif event.HasField("finished"):
+                fin = event.finished
+                err = _finish_error(fin)
+                if err is not None:
+                    raise err
+                body = completion.body(fin.prompt_tokens or n_prompt,
+                                       fin.completion_tokens or streamed)
+                return web.Response(body=body, content_type="application/json")
+        events = await stream.next_events()
+
+
+async def _stream(request: web.Request, stream: RequestStream, completion: Completion,
+                  events: list[pb.Progress], n_prompt: int) -> web.StreamResponse:
+    """Streaming: headers now (the engine admitted), then one write per batch of events."""
+    completion.start_stream()
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    try:
+        await resp.prepare(request)
+        head = completion.head  # goes out with the first token(s): the first frame is TTFT
+        try:
+            await _pump(stream, completion, resp, events, n_prompt, head)
+        except GatewayError as err:  # the engine went away mid-stream: error frame, [DONE]
+            await resp.write(sse_error_frame(err, request))
+    except ConnectionError:  # the client went away: the caller's finally cancels
+        raise ClientGone() from None
+    return resp
+
+
+async def _pump(stream: RequestStream, completion: Completion, resp: web.StreamResponse,
+                events: list[pb.Progress], n_prompt: int, head: bytes) -> None:
+    """Turns event batches into writes: k pending tokens are `token * k`, one write."""
+    token = completion.token
+    streamed = 0
+    while True:
+        new = 0
+        finished = None
+        for event in events:
+            if event.HasField("tokens"):
+                new += event.tokens.new_tokens
+            elif event.HasField("finished"):
+                finished = event.finished
+        out = token * new if new else b""
+        streamed += new
+        if finished is not None:
+            err = _finish_error(finished)
+            if err is not None:
+                if out:
+                    await resp.write(head + out)
+                raise err
+            missing = finished.completion_tokens - streamed
+            if missing > 0:  # never short of the engine's count
+                out += token * missing
+                streamed += missing
+            await resp.write(head + out + completion.tail(finished.prompt_tokens or n_prompt,
+                                                          streamed))
+            return
+        if out:
+            await resp.write(head + out)
+            head = b""
+        events = await stream.next_events()
+
+
+# ---- models, health, metrics --------------------------------------------------------------
+
+
+async def list_models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    models = await state.client.list_models()
+    data = [
+        {"id": m.name, "object": "model", "created": 0, "owned_by": "inference-lab",
+         "root": m.name, "parent": None, "max_model_len": m.max_model_len}
+        for m in models
+    ]
+    return web.Response(body=json_encode({"object": "list", "data": data}),
+                        content_type="application/json")
+
+
+async def health(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    try:
+        await state.client.list_models(refresh=True)
+    except GatewayError as err:
+        if err.kind is not ErrorKind.ENGINE_UNAVAILABLE:
+            err = engine_unavailable(err.message)
+        raise err
+    return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# ---- capacity control (proxies GetCapacity / SetCapacity) -----------------------------------
+
+
+class CapacityUpdate(msgspec.Struct, forbid_unknown_fields=True):
+    model: str | None = None
+    max_num_seqs: Annotated[int, msgspec.Meta(ge=1, le=_U32)] | None = None
+    max_waiting: Annotated[int, msgspec.Meta(ge=0, le=_U32)] | None = None
+
+
+_capacity_decoder = msgspec.json.Decoder(CapacityUpdate)
+
+
+def _capacity_body(models: list[pb.ModelCapacity]) -> web.Response:
+    rows = [
+        {"model": m.model, "max_waiting": m.max_waiting, "max_num_seqs": m.max_num_seqs,
+         "waiting": m.waiting, "running": m.running}
+        for m in models
+    ]
+    return web.Response(body=json_encode(rows), content_type="application/json")
+
+
+async def get_capacity(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return _capacity_body(await state.client.get_capacity(request.query.get("model") or None))
+
+
+async def set_capacity(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    body = await _read_body(request, state.max_body_bytes)
+    try:
+        update = _capacity_decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise invalid(f"Invalid capacity update: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise invalid(f"Invalid JSON body: {exc}") from None
+    if update.max_num_seqs is None and update.max_waiting is None:
+        raise invalid("Nothing to change: give max_num_seqs and/or max_waiting.")
+    models = await state.client.set_capacity(update.model, update.max_num_seqs, update.max_waiting)
+    return _capacity_body(models)
+
+
+# ---- lifecycle -----------------------------------------------------------------------------
+
+
+async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE]
+    state.engine = EngineClient(state.engine_target)
+    watchdog = asyncio.get_running_loop().create_task(_disconnect_watchdog(state))
+    yield
+    watchdog.cancel()
+    await asyncio.gather(watchdog, return_exceptions=True)
+    engine, state.engine = state.engine, None
+    await engine.close()
+
+
+async def _disconnect_watchdog(state: GatewayState) -> None:
+    """Cancels engine requests whose HTTP client has gone. With handler_cancellation (as
+    `run_gateway` and aiohttp's TestServer run) the handler's own `finally` does it at
+    once; this covers runners without it, within `disconnect_poll_s`."""
+    while True:
+        await asyncio.sleep(state.disconnect_poll_s)
+        engine = state.engine
+        if engine is None:
+            continue
+        for stream, request in list(state.inflight.items()):
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                engine.cancel(stream, ClientGone())
+
+
+def create_app(
+    engine_target: str,
+    *,
+    workload_path: str | None = None,
+    seed: int = 0,
+    default_max_tokens: int = 256,
+    max_body_bytes: int = 1 << 20,
+    api_key: str | None = None,
+    disconnect_poll_s: float = 0.5,
+) -> web.Application:
+    """The gateway application for the engine at `engine_target` ("host:port").
+
+    Run it with handler cancellation on (`run_gateway` does; so does aiohttp's TestServer)
+    so a client disconnect cancels its engine request at once; otherwise a watchdog does
+    within `disconnect_poll_s`. `api_key`, when set, is required as a Bearer token on /v1/*.
+    """
+    state = GatewayState(
+        engine_target=engine_target,
+        output_length=OutputLength.from_workload(default_max_tokens, workload_path, seed),
+        max_body_bytes=max_body_bytes,
+        api_key=api_key,
+        disconnect_poll_s=disconnect_poll_s,
+    )
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[edge_middleware])
+    app[STATE] = state
+    app.cleanup_ctx.append(_engine_ctx)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/control/capacity", get_capacity)
+    app.router.add_post("/control/capacity", set_capacity)
+    return app

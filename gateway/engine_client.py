@@ -1,0 +1,367 @@
+"""The gateway's one connection to the engine: a grpc.aio channel and ONE Session stream.
+
+Knows: the engine's gRPC API (engine.proto). Every HTTP request travels over a single
+multiplexed bidirectional `Session`: `open()` sends `Open(tag, request)` with a
+gateway-unique tag and returns a `RequestStream`; one dispatcher task reads the engine's
+`ProgressBatch`es and hands each `Progress` to its request's stream (a list plus a future,
+cheaper than an asyncio.Queue). `cancel()` sends `Cancel(tag)`. Unary wrappers cover
+ListModels (cached; refreshed on reconnect and on an unknown model), GetCapacity and
+SetCapacity.
+
+Failure policy: nothing waits for the engine forever. Calls use wait_for_ready=False and
+short deadlines, so a new request learns "engine unavailable" within ~1 s. When the Session
+breaks (engine gone, stream closed) every request in flight fails with engine_unavailable
+(the engine itself cancels them when the stream drops) and the channel is marked stale; the
+next request builds a fresh channel and Session (lazy reconnect, no reconnect backoff to
+wait out), so a restarted engine is served again without restarting the gateway.
+
+Does not know: HTTP, OpenAI shapes, token counting, or what the tokens mean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+import grpc
+
+from gateway.errors import ErrorKind, GatewayError, engine_unavailable, from_grpc_error
+from inference_lab.v1 import engine_pb2 as pb
+from inference_lab.v1 import engine_pb2_grpc as pb_grpc
+
+log = logging.getLogger("gateway.engine_client")
+
+CHANNEL_OPTIONS = (
+    # A fresh channel must really reconnect: without a local pool, gRPC core shares one
+    # subchannel per target across channels, still sitting out its reconnect backoff.
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+)
+_MODEL_REFRESH_MIN_INTERVAL_S = 1.0  # an unknown model name refreshes the cache at most this often
+
+
+class ClientGone(Exception):
+    """The HTTP client went away; its engine request has been cancelled."""
+
+
+class RequestStream:
+    """The receiving end of one request's Progress events (filled by the dispatcher).
+
+    `done` is True once no Cancel is needed any more: the engine finished or rejected it,
+    the Session broke (the engine cancels on its side), or it was cancelled already.
+    """
+
+    __slots__ = ("tag", "done", "seen", "_events", "_waiter", "_error", "_loop")
+
+    def __init__(self, tag: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.tag = tag
+        self.done = False
+        self.seen = 0  # tokens announced so far (packed progress carries totals)
+        self._events: list[pb.Progress] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+        self._loop = loop
+
+    def _push(self, event: pb.Progress) -> None:
+        self._events.append(event)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.done = True
+        if self._error is None:
+            self._error = exc
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def next_events(self) -> list[pb.Progress]:
+        """Every event received since the last call (at least one); events that arrived
+        before a failure are delivered first, then the failure is raised."""
+        while not self._events:
+            if self._error is not None:
+                raise self._error
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        events = self._events
+        self._events = []
+        return events
+
+
+class _Session:
+    """One live Session call: its routes (tag -> stream), outbox and dispatcher task."""
+
+    def __init__(self, stub: pb_grpc.EngineStub, on_broken: Callable[["_Session"], None]) -> None:
+        self.routes: dict[int, RequestStream] = {}
+        self.broken = False
+        self._outbox: asyncio.Queue[pb.SessionAction | None] = asyncio.Queue()
+        self._on_broken = on_broken
+        self.call = stub.Session(self._actions(), wait_for_ready=False)
+        self.task = asyncio.get_running_loop().create_task(self._dispatch(), name="engine-session")
+
+    def send(self, action: pb.SessionAction) -> None:
+        self._outbox.put_nowait(action)
+
+    async def _actions(self):  # the request iterator grpc.aio consumes
+        while True:
+            action = await self._outbox.get()
+            if action is None:
+                return
+            yield action
+
+    async def _dispatch(self) -> None:
+        reason = "the engine closed the session"
+        try:
+            async for batch in self.call:
+                routes = self.routes
+                finals = []
+                for event in batch.events:
+                    kind = event.WhichOneof("event")
+                    if kind == "admitted" or kind == "tokens":
+                        stream = routes.get(event.tag)
+                        if stream is not None:  # else cancelled or unknown: ignore
+                            stream._push(event)
+                    elif kind is not None:
+                        finals.append(event)
+                # Packed token progress: tag i has generated totals[i] tokens so far.
+                for tag, total in zip(batch.token_tags, batch.token_totals):
+                    stream = routes.get(tag)
+                    if stream is not None and total > stream.seen:
+                        stream._push(pb.Progress(tag=tag, tokens=pb.Tokens(
+                            new_tokens=total - stream.seen, total_tokens=total)))
+                        stream.seen = total
+                for event in finals:  # finished or rejected: the request's last event
+                    stream = routes.pop(event.tag, None)
+                    if stream is not None:
+                        stream.done = True
+                        stream._push(event)
+        except grpc.aio.AioRpcError as exc:
+            reason = f"session lost ({exc.code().name}: {exc.details()})"
+        except asyncio.CancelledError:
+            reason = "the gateway is shutting down"
+            raise
+        except Exception as exc:  # a bug must not leave requests hanging
+            log.exception("engine session dispatcher failed")
+            reason = f"session dispatcher failed: {exc!r}"
+        finally:
+            self.close(reason)
+
+    def close(self, reason: str, shutdown: bool = False) -> None:
+        """Fail every request in flight and stop; idempotent."""
+        if self.broken:
+            return
+        self.broken = True
+        routes, self.routes = self.routes, {}
+        err = engine_unavailable(reason)
+        for stream in routes.values():
+            stream._fail(err)
+        self._outbox.put_nowait(None)
+        self.call.cancel()
+        level = logging.INFO if shutdown else logging.WARNING
+        log.log(level, "engine session closed (%d requests in flight failed): %s",
+                len(routes), reason)
+        self._on_broken(self)
+
+
+class EngineClient:
+    """Lazily connected client of one engine. Create and use inside a running loop."""
+
+    def __init__(
+        self, target: str, *, connect_timeout: float = 1.0, rpc_timeout: float = 5.0
+    ) -> None:
+        self.target = target
+        self._connect_timeout = connect_timeout
+        self._rpc_timeout = rpc_timeout
+        self._tags = itertools.count(1)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.EngineStub | None = None
+        self._stale = False
+        self._session: _Session | None = None
+        self._connecting: asyncio.Future[None] | None = None
+        self._refreshing: asyncio.Future[None] | None = None
+        self._models: dict[str, pb.ModelInfo] = {}
+        self._models_at = float("-inf")
+        self._closed = False
+        self._background: set[asyncio.Task[None]] = set()  # old channels being closed
+
+    # ---- the hot path ------------------------------------------------------------------
+
+    async def open(
+        self, model: str, prompt_tokens: int, max_tokens: int, *, priority: int = 0,
+        request_id: str = "",
+    ) -> RequestStream:
+        """Start one request on the Session; its first event is `admitted` or `rejected`.
+        Raises GatewayError(engine_unavailable) when the engine cannot be reached."""
+        for _ in range(2):
+            session = self._session
+            if session is None or session.broken:
+                await self._ensure_session()
+                continue
+            tag = next(self._tags)
+            stream = RequestStream(tag, asyncio.get_running_loop())
+            action = pb.SessionAction()
+            action.open.tag = tag
+            req = action.open.request
+            req.model = model
+            req.prompt_tokens = prompt_tokens
+            req.max_tokens = max_tokens
+            req.priority = priority
+            if request_id:
+                req.request_id = request_id
+            session.routes[tag] = stream  # no await between the liveness check and this
+            session.send(action)
+            return stream
+        raise engine_unavailable("the session broke while connecting")
+
+    def cancel(self, stream: RequestStream, reason: BaseException | None = None) -> None:
+        """Cancel a request still running in the engine (no-op when it is done)."""
+        if stream.done:
+            return
+        session = self._session
+        if session is not None and not session.broken:
+            if session.routes.pop(stream.tag, None) is not None:
+                action = pb.SessionAction()
+                action.cancel.tag = stream.tag
+                session.send(action)
+        stream._fail(reason or ClientGone())
+
+    @property
+    def inflight(self) -> int:
+        session = self._session
+        return 0 if session is None or session.broken else len(session.routes)
+
+    # ---- connection management -----------------------------------------------------------
+
+    async def _ensure_session(self) -> None:
+        if self._closed:
+            raise engine_unavailable("the gateway is shutting down")
+        session = self._session
+        if session is not None and not session.broken:
+            return
+        await self._single_flight("_connecting", self._connect)
+
+    async def _single_flight(self, attr: str, fn: Callable[[], Awaitable[None]]) -> None:
+        """Run fn once for every concurrent caller; a caller's cancellation spares it."""
+        fut = getattr(self, attr)
+        if fut is None:
+            fut = asyncio.ensure_future(fn())
+            setattr(self, attr, fut)
+
+            def _clear(f: asyncio.Future[None]) -> None:
+                setattr(self, attr, None)
+                if not f.cancelled():
+                    f.exception()  # retrieved: the callers see it
+
+            fut.add_done_callback(_clear)
+        await asyncio.shield(fut)
+
+    def _current_stub(self) -> pb_grpc.EngineStub:
+        if self._channel is None or self._stale:
+            old = self._channel
+            self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+            self._stub = pb_grpc.EngineStub(self._channel)
+            self._stale = False
+            if old is not None:
+                task = asyncio.get_running_loop().create_task(old.close(grace=None))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+        assert self._stub is not None
+        return self._stub
+
+    async def _connect(self) -> None:
+        await self._fetch_models()  # the engine answers: it is reachable (and models fresh)
+        if self._closed:
+            raise engine_unavailable("the gateway is shutting down")
+        self._session = _Session(self._current_stub(), self._on_session_broken)
+        log.info("engine session open to %s (%d models)", self.target, len(self._models))
+
+    def _on_session_broken(self, session: _Session) -> None:
+        if session is self._session:
+            self._stale = True  # the next request builds a fresh channel
+
+    async def _unary(self, name: str, request: Any, timeout: float) -> Any:
+        stub = self._current_stub()
+        try:
+            return await getattr(stub, name)(request, timeout=timeout, wait_for_ready=False)
+        except grpc.aio.AioRpcError as exc:
+            err = from_grpc_error(exc)
+            if err.kind is ErrorKind.ENGINE_UNAVAILABLE:
+                session = self._session
+                if session is None or session.broken:
+                    self._stale = True
+            raise err from None
+
+    async def close(self) -> None:
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            session.close("the gateway is shutting down", shutdown=True)
+            session.task.cancel()
+            await asyncio.gather(session.task, return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.close(grace=None)
+            self._channel = None
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    # ---- models ------------------------------------------------------------------------
+
+    async def _fetch_models(self) -> None:
+        resp = await self._unary("ListModels", pb.ListModelsRequest(), self._connect_timeout)
+        self._models = {m.name: m for m in resp.models}
+        self._models_at = time.monotonic()
+
+    async def list_models(self, refresh: bool = False) -> list[pb.ModelInfo]:
+        """The served models (cached; `refresh` asks the engine, so it doubles as a ping)."""
+        if refresh or not self._models:
+            await self._fetch_models()
+        return list(self._models.values())
+
+    async def resolve_model(self, name: str) -> pb.ModelInfo:
+        """The served model called `name`; refreshes the cache once if it is unknown."""
+        info = self._models.get(name)
+        if info is not None:
+            return info
+        session = self._session
+        if session is None or session.broken:
+            await self._ensure_session()  # connecting refreshes the cache
+        elif time.monotonic() - self._models_at >= _MODEL_REFRESH_MIN_INTERVAL_S:
+            await self._single_flight("_refreshing", self._fetch_models)
+        info = self._models.get(name)
+        if info is None:
+            raise GatewayError(ErrorKind.MODEL_NOT_FOUND, f"The model `{name}` does not exist.")
+        return info
+
+    # ---- capacity -----------------------------------------------------------------------
+
+    async def get_capacity(self, model: str | None = None) -> list[pb.ModelCapacity]:
+        resp = await self._unary(
+            "GetCapacity", pb.GetCapacityRequest(model=model or ""), self._rpc_timeout
+        )
+        return list(resp.models)
+
+    async def set_capacity(
+        self, model: str | None = None, max_num_seqs: int | None = None,
+        max_waiting: int | None = None,
+    ) -> list[pb.ModelCapacity]:
+        fields: dict[str, Any] = {}
+        if model:
+            fields["model"] = model
+        if max_num_seqs is not None:
+            fields["max_num_seqs"] = max_num_seqs
+        if max_waiting is not None:
+            fields["max_waiting"] = max_waiting
+        resp = await self._unary(
+            "SetCapacity", pb.SetCapacityRequest(**fields), self._rpc_timeout
+        )
+        return list(resp.models)

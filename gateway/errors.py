@@ -1,0 +1,171 @@
+"""The gateway's one error table and the translations at its edges.
+
+Knows: every kind of failure the gateway reports, each mapped ONCE to (HTTP status,
+OpenAI error `type`, `code`, gRPC status code); how an engine refusal (a Session
+`Rejected`, or a unary call's gRPC status) becomes one of them; the OpenAI error envelope
+`{"error": {"message", "type", "code"}}` as an HTTP response or as an SSE frame; and that
+every error is logged as one line.
+
+Does not know: routes, request schemas, or how the engine is reached.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Mapping
+
+import grpc
+import msgspec
+from aiohttp import web
+
+log = logging.getLogger("gateway.errors")
+
+_json_encode = msgspec.json.Encoder().encode
+
+
+class ErrorKind(enum.StrEnum):
+    QUEUE_SATURATED = "queue_saturated"
+    ENGINE_UNAVAILABLE = "engine_unavailable"
+    MODEL_NOT_FOUND = "model_not_found"
+    INVALID_REQUEST = "invalid_request"
+    BODY_TOO_LARGE = "body_too_large"
+    UNAUTHORIZED = "unauthorized"
+    ROUTE_NOT_FOUND = "route_not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    INTERNAL = "internal"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSpec:
+    status: int  # HTTP status
+    type: str  # OpenAI error type
+    code: str  # OpenAI error code
+    grpc_code: grpc.StatusCode | None  # the engine status that means this kind, if any
+
+
+# The one table. 529 vs 503: 529 is "no room in the queue" (clients shed load on it),
+# 503 is a liveness failure (engine unreachable, channel closed, shutting down).
+ERRORS: dict[ErrorKind, ErrorSpec] = {
+    ErrorKind.QUEUE_SATURATED: ErrorSpec(
+        529, "overloaded_error", "queue_saturated", grpc.StatusCode.RESOURCE_EXHAUSTED
+    ),
+    ErrorKind.ENGINE_UNAVAILABLE: ErrorSpec(
+        503, "server_error", "engine_unavailable", grpc.StatusCode.UNAVAILABLE
+    ),
+    ErrorKind.MODEL_NOT_FOUND: ErrorSpec(
+        404, "invalid_request_error", "model_not_found", grpc.StatusCode.NOT_FOUND
+    ),
+    ErrorKind.INVALID_REQUEST: ErrorSpec(
+        400, "invalid_request_error", "invalid_request", grpc.StatusCode.INVALID_ARGUMENT
+    ),
+    ErrorKind.BODY_TOO_LARGE: ErrorSpec(413, "invalid_request_error", "request_too_large", None),
+    ErrorKind.UNAUTHORIZED: ErrorSpec(
+        401, "authentication_error", "invalid_api_key", grpc.StatusCode.UNAUTHENTICATED
+    ),
+    ErrorKind.ROUTE_NOT_FOUND: ErrorSpec(404, "invalid_request_error", "not_found", None),
+    ErrorKind.METHOD_NOT_ALLOWED: ErrorSpec(
+        405, "invalid_request_error", "method_not_allowed", None
+    ),
+    ErrorKind.INTERNAL: ErrorSpec(500, "server_error", "internal_error", grpc.StatusCode.INTERNAL),
+}
+
+_KIND_BY_GRPC: dict[grpc.StatusCode, ErrorKind] = {
+    spec.grpc_code: kind for kind, spec in ERRORS.items() if spec.grpc_code is not None
+}
+# Statuses a call gets when the engine cannot be reached or the call was cut.
+for _code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+    _KIND_BY_GRPC[_code] = ErrorKind.ENGINE_UNAVAILABLE
+_KIND_BY_GRPC_INT: dict[int, ErrorKind] = {
+    code.value[0]: kind for code, kind in _KIND_BY_GRPC.items()
+}
+
+
+class GatewayError(Exception):
+    """A failure with a kind from the table and a human-readable message."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+    @property
+    def spec(self) -> ErrorSpec:
+        return ERRORS[self.kind]
+
+
+def saturation_message(waiting: object, max_waiting: object) -> str:
+    return (
+        f"Server is at capacity: {waiting} requests waiting (max_waiting = {max_waiting}). "
+        "Retry with reduced concurrency."
+    )
+
+
+def queue_saturated(metadata: Mapping[str, str]) -> GatewayError:
+    message = saturation_message(metadata.get("waiting", "?"), metadata.get("max_waiting", "?"))
+    return GatewayError(ErrorKind.QUEUE_SATURATED, message)
+
+
+def engine_unavailable(detail: str = "") -> GatewayError:
+    message = "The inference engine is unavailable"
+    return GatewayError(ErrorKind.ENGINE_UNAVAILABLE, f"{message}: {detail}" if detail else message)
+
+
+def from_rejected(
+    code: int, reason: str, message: str, metadata: Mapping[str, str]
+) -> GatewayError:
+    """A Session `Rejected` (its fields) as a GatewayError."""
+    kind = _KIND_BY_GRPC_INT.get(code, ErrorKind.INTERNAL)
+    if kind is ErrorKind.QUEUE_SATURATED or reason == "QUEUE_SATURATED":
+        return queue_saturated(metadata)
+    if kind is ErrorKind.ENGINE_UNAVAILABLE:
+        return engine_unavailable(message or reason)
+    return GatewayError(kind, message or reason or f"engine refused the request (code {code})")
+
+
+def from_grpc_error(exc: grpc.aio.AioRpcError) -> GatewayError:
+    """A unary call's failure status as a GatewayError."""
+    kind = _KIND_BY_GRPC.get(exc.code(), ErrorKind.INTERNAL)
+    details = exc.details() or exc.code().name
+    if kind is ErrorKind.ENGINE_UNAVAILABLE:
+        return engine_unavailable(details)
+    return GatewayError(kind, details)
+
+
+def envelope(err: GatewayError) -> bytes:
+    spec = err.spec
+    return _json_encode({"error": {"message": err.message, "type": spec.type, "code": spec.code}})
+
+
+def log_error(err: GatewayError, where: str) -> None:
+    spec = err.spec
+    level = logging.WARNING if spec.status >= 500 and spec.status != 529 else logging.INFO
+    log.log(level, "%s -> %d %s: %s", where, spec.status, spec.code, err.message)
+
+
+def error_response(err: GatewayError, request: web.BaseRequest | None = None) -> web.Response:
+    """The bare JSON error response (never an event stream), logged as one line."""
+    log_error(err, f"{request.method} {request.path}" if request is not None else "-")
+    return web.Response(
+        status=err.spec.status, body=envelope(err), content_type="application/json"
+    )
+
+
+def sse_error_frame(err: GatewayError, request: web.BaseRequest | None = None) -> bytes:
+    """An in-stream failure (after headers went out): an error frame, then [DONE]."""
+    log_error(err, f"{request.method} {request.path} (in stream)" if request is not None else "-")
+    return b"data: " + envelope(err) + b"\n\ndata: [DONE]\n\n"
+
+
+def from_http_exception(exc: web.HTTPException) -> GatewayError:
+    """aiohttp's own refusals (unknown route, wrong method, body too large) in our table."""
+    by_status = {
+        404: ErrorKind.ROUTE_NOT_FOUND,
+        405: ErrorKind.METHOD_NOT_ALLOWED,
+        413: ErrorKind.BODY_TOO_LARGE,
+        401: ErrorKind.UNAUTHORIZED,
+        400: ErrorKind.INVALID_REQUEST,
+    }
+    default = ErrorKind.INTERNAL if exc.status >= 500 else ErrorKind.INVALID_REQUEST
+    return GatewayError(by_status.get(exc.status, default), exc.text or exc.reason)

@@ -1,0 +1,62 @@
+"""Running the gateway: an AppRunner and a TCPSite until the caller cancels.
+
+Knows: how the aiohttp application is served: handler cancellation ON (a client that
+disconnects cancels its handler at once, whose `finally` cancels the engine request), no
+per-request access log (the gateway's /metrics counts requests; errors are logged one line
+each), and an orderly shutdown on cancellation (stop accepting, then the app's cleanup_ctx
+closes the engine Session).
+
+Does not know: routes or the engine protocol (gateway.app), or command-line parsing
+(inference_lab.cmd_gateway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from gateway.app import create_app
+
+log = logging.getLogger("gateway.server")
+
+# Runner settings the gateway relies on; use them when serving `create_app` elsewhere.
+RUNNER_KWARGS: dict[str, Any] = {"handler_cancellation": True, "access_log": None}
+SHUTDOWN_TIMEOUT_S = 5.0
+
+
+async def start_gateway(
+    app: web.Application, host: str = "127.0.0.1", port: int = 8080
+) -> tuple[web.AppRunner, int]:
+    """Start serving `app`; returns the runner (call `runner.cleanup()`) and the bound port
+    (useful with port 0)."""
+    runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S, **RUNNER_KWARGS)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    addresses = runner.addresses
+    return runner, (addresses[0][1] if addresses else port)
+
+
+async def run_gateway(
+    engine_target: str, host: str = "127.0.0.1", port: int = 8080, **app_kwargs: Any
+) -> None:
+    """Serve the gateway for the engine at `engine_target` until cancelled.
+
+    `app_kwargs` go to `create_app` (workload_path, seed, default_max_tokens,
+    max_body_bytes, api_key, disconnect_poll_s).
+    """
+    app = create_app(engine_target, **app_kwargs)
+    runner, bound = await start_gateway(app, host, port)
+    log.info("gateway listening on http://%s:%d (engine %s)", host, bound, engine_target)
+    try:
+        await asyncio.Event().wait()  # until cancelled
+    finally:
+        await runner.cleanup()
+        log.info("gateway stopped")

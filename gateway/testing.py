@@ -1,0 +1,214 @@
+"""A fake engine for tests of the gateway (and of anything else that speaks engine.proto).
+
+Knows: the engine's gRPC contract as the gateway sees it, with behaviour chosen by a flag
+rather than simulated: `mode` decides what an Open gets ("complete": admitted, a first
+token, the rest coalesced into one Tokens event, finished; "reject": QUEUE_SATURATED with
+metadata; "hold": admitted, then nothing until cancelled; "partial": admitted and one
+token, then nothing; "silent": no answer at all). Unknown models and prompts longer than
+max_model_len are refused like the engine does. GetCapacity/SetCapacity/ListModels keep
+state and validate like the engine. Every Open and Cancel is recorded, with events a test
+can await (never sleep to synchronise). It can be stopped and restarted on the same port.
+
+Does not know: timing, batching or scheduling; it is not the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import grpc
+
+from inference_lab.v1 import engine_pb2 as pb
+from inference_lab.v1 import engine_pb2_grpc as pb_grpc
+
+FAKE_MODEL = "fake-model"
+MAX_NUM_BATCHED_TOKENS = 8192
+
+
+@dataclass(slots=True)
+class _Model:
+    max_model_len: int
+    max_num_seqs: int = 256
+    max_waiting: int = 0
+
+
+@dataclass(slots=True)
+class _Recorder:
+    """Items plus a condition to await "at least n have arrived"."""
+
+    items: list = field(default_factory=list)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def add(self, item: object) -> None:
+        async with self.changed:
+            self.items.append(item)
+            self.changed.notify_all()
+
+    async def wait(self, n: int = 1, timeout: float = 5.0) -> list:
+        async def _wait() -> None:
+            async with self.changed:
+                await self.changed.wait_for(lambda: len(self.items) >= n)
+
+        await asyncio.wait_for(_wait(), timeout)
+        return list(self.items)
+
+
+class FakeEngine(pb_grpc.EngineServicer):
+    def __init__(self, models: dict[str, int] | None = None) -> None:
+        self.models = {name: _Model(n) for name, n in (models or {FAKE_MODEL: 4096}).items()}
+        self.mode = "complete"
+        self.saturation = {"waiting": "64", "max_waiting": "64"}
+        self.opened = _Recorder()  # pb.Open
+        self.cancelled = _Recorder()  # tags
+        self.sessions = _Recorder()  # one entry per Session started
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+
+    async def start(self, port: int = 0) -> int:
+        self.server = grpc.aio.server()
+        pb_grpc.add_EngineServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        await self.server.start()
+        return self.port
+
+    async def stop(self, grace: float | None = None) -> None:
+        if self.server is not None:
+            await self.server.stop(grace)
+            self.server = None
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    # ---- Session ---------------------------------------------------------------------------
+
+    async def Session(self, request_iterator, context):
+        out: asyncio.Queue[pb.ProgressBatch | None] = asyncio.Queue()
+        held: set[int] = set()
+        await self.sessions.add(context)
+
+        async def read() -> None:
+            async for action in request_iterator:
+                if action.HasField("open"):
+                    await self.opened.add(action.open)
+                    self._answer(action.open, out, held)
+                elif action.HasField("cancel"):
+                    tag = action.cancel.tag
+                    await self.cancelled.add(tag)
+                    if tag in held:
+                        held.discard(tag)
+                        out.put_nowait(_batch(_finished(tag, pb.FINISH_REASON_CANCELLED, 0)))
+            out.put_nowait(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (batch := await out.get()) is not None:
+                await context.write(batch)
+        finally:
+            reader.cancel()
+
+    def _answer(self, op: pb.Open, out: asyncio.Queue, held: set[int]) -> None:
+        tag, req = op.tag, op.request
+        model = self.models.get(req.model)
+        if model is None:
+            out.put_nowait(_batch(_rejected(tag, 5, "MODEL_NOT_FOUND",
+                                            f"unknown model {req.model!r}")))
+            return
+        if req.prompt_tokens + req.max_tokens > model.max_model_len:
+            out.put_nowait(_batch(_rejected(
+                tag, 3, "INVALID_REQUEST",
+                f"prompt_tokens + max_tokens = {req.prompt_tokens + req.max_tokens} exceeds "
+                f"max_model_len {model.max_model_len}",
+            )))
+            return
+        if self.mode == "silent":
+            return
+        if self.mode == "reject":
+            meta = {"model": req.model, **self.saturation}
+            out.put_nowait(_batch(_rejected(tag, 8, "QUEUE_SATURATED", "queue full", meta)))
+            return
+        admitted = pb.Progress(tag=tag, admitted=pb.Admitted(engine_request_id=tag, waiting=1))
+        if self.mode == "hold":
+            held.add(tag)
+            out.put_nowait(_batch(admitted))
+            return
+        if self.mode == "partial":
+            held.add(tag)
+            out.put_nowait(_batch(admitted, _tokens(tag, 1, 1)))
+            return
+        n = req.max_tokens
+        out.put_nowait(_batch(admitted))
+        out.put_nowait(_batch(_tokens(tag, 1, 1)))  # the first token alone (TTFT)
+        last = []
+        if n > 1:
+            last.append(_tokens(tag, n - 1, n))  # the rest coalesced into one event
+        last.append(_finished(tag, pb.FINISH_REASON_LENGTH, n, req.prompt_tokens))
+        out.put_nowait(_batch(*last))
+
+    # ---- unary ----------------------------------------------------------------------------
+
+    async def ListModels(self, request, context):
+        return pb.ListModelsResponse(models=[
+            pb.ModelInfo(name=name, hardware="fake", tp=1, max_model_len=m.max_model_len,
+                         kv_blocks=1000, block_size=16)
+            for name, m in self.models.items()
+        ])
+
+    async def _selected(self, model: str, context) -> list[str]:
+        if not model:
+            return list(self.models)
+        if model not in self.models:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {model!r}")
+        return [model]
+
+    def _capacity(self, names: list[str]) -> pb.CapacityResponse:
+        return pb.CapacityResponse(models=[
+            pb.ModelCapacity(model=n, max_waiting=self.models[n].max_waiting,
+                             max_num_seqs=self.models[n].max_num_seqs, waiting=0, running=0)
+            for n in names
+        ])
+
+    async def GetCapacity(self, request, context):
+        return self._capacity(await self._selected(request.model, context))
+
+    async def SetCapacity(self, request, context):
+        has_seqs, has_waiting = request.HasField("max_num_seqs"), request.HasField("max_waiting")
+        if not (has_seqs or has_waiting):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no field set")
+        if has_seqs and request.max_num_seqs < 1:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_num_seqs must be >= 1")
+        if has_seqs and request.max_num_seqs > MAX_NUM_BATCHED_TOKENS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"max_num_seqs {request.max_num_seqs} exceeds max_num_batched_tokens "
+                f"{MAX_NUM_BATCHED_TOKENS}",
+            )
+        if has_waiting and request.max_waiting < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_waiting must be >= 0")
+        names = await self._selected(request.model if request.HasField("model") else "", context)
+        for name in names:
+            if has_seqs:
+                self.models[name].max_num_seqs = request.max_num_seqs
+            if has_waiting:
+                self.models[name].max_waiting = request.max_waiting
+        return self._capacity(names)
+
+
+def _batch(*events: pb.Progress) -> pb.ProgressBatch:
+    return pb.ProgressBatch(events=list(events))
+
+
+def _tokens(tag: int, new: int, total: int) -> pb.Progress:
+    return pb.Progress(tag=tag, tokens=pb.Tokens(new_tokens=new, total_tokens=total))
+
+
+def _finished(tag: int, reason: int, completion: int, prompt: int = 0) -> pb.Progress:
+    return pb.Progress(tag=tag, finished=pb.Finished(
+        reason=reason, prompt_tokens=prompt, completion_tokens=completion))
+
+
+def _rejected(tag: int, code: int, reason: str, message: str,
+              metadata: dict[str, str] | None = None) -> pb.Progress:
+    return pb.Progress(tag=tag, rejected=pb.Rejected(
+        code=code, reason=reason, message=message, metadata=metadata or {}))

@@ -1,0 +1,79 @@
+"""Starting the real `inference-lab serve` command on free loopback ports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen, port: int, engine_port: int, log_path: str):
+        self.proc = proc
+        self.port = port
+        self.engine_port = engine_port
+        self.log_path = log_path
+        self.base = f"http://127.0.0.1:{port}"
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def engine_pids(self) -> list[int]:
+        return [int(p) for p in re.findall(r"engine started: pid (\d+)", self.log())]
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"serve did not become healthy:\n{self.log()}")
+
+
+@contextlib.contextmanager
+def serve(*extra: str, grace: float = 2.0):
+    """`python -m inference_lab serve` on free ports; stopped with SIGTERM afterwards."""
+    port, engine_port = free_port(), free_port()
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inference_lab", "serve", "--port", str(port),
+         "--engine-port", str(engine_port), "--metrics-port", "0", "--grace", str(grace), *extra],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    served = Served(proc, port, engine_port, log.name)
+    try:
+        served.wait_healthy()
+        yield served
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace + 20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for pid in served.engine_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        os.unlink(log.name)
