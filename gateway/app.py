@@ -36,7 +36,7 @@ from gateway.errors import (
     sse_error_frame,
 )
 from gateway.openai_api import Completion, OutputLength, chat_tokens, decode_request
-from gateway.openai_api import invalid, json_encode, prompt_tokens
+from gateway.openai_api import invalid, json_encode, modelled_timings, prompt_tokens
 from inference_lab.v1 import engine_pb2 as pb
 
 log = logging.getLogger("gateway.app")
@@ -243,7 +243,8 @@ async def _collect(stream: RequestStream, completion: Completion, events: list[p
                 if err is not None:
                     raise err
                 body = completion.body(fin.prompt_tokens or n_prompt,
-                                       fin.completion_tokens or streamed)
+                                       fin.completion_tokens or streamed,
+                                       modelled=modelled_timings(fin))
                 return web.Response(body=body, content_type="application/json")
         events = await stream.next_events()
 
@@ -291,7 +292,7 @@ async def _pump(stream: RequestStream, completion: Completion, resp: web.StreamR
                 out += token * missing
                 streamed += missing
             await resp.write(head + out + completion.tail(finished.prompt_tokens or n_prompt,
-                                                          streamed))
+                                                          streamed, modelled=modelled_timings(finished)))
             return
         if out:
             await resp.write(head + out)

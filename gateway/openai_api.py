@@ -193,6 +193,13 @@ def _frame(obj: object) -> bytes:
     return b"data: " + json_encode(obj) + b"\n\n"
 
 
+def modelled_timings(finished) -> dict[str, float]:
+    """The engine's modelled (simulated) times of a finished request, in seconds: what
+    the modelled GPU would have shown, for clients to compare with what they measured."""
+    return {"queue_time_s": finished.queue_time_s, "ttft_s": finished.ttft_s,
+            "e2e_s": finished.e2e_s, "preemptions": finished.preemptions}
+
+
 def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
@@ -243,16 +250,21 @@ class Completion:
             self.head = _frame(self._chunk([self._choice(None, None, role=True)]))
         self.token = _frame(self._chunk([self._choice(PLACEHOLDER_TOKEN, None)]))
 
-    def tail(self, prompt: int, completion: int, finish_reason: str = "length") -> bytes:
-        out = _frame(self._chunk([self._choice(None if self.chat else "", finish_reason)]))
+    def tail(self, prompt: int, completion: int, finish_reason: str = "length",
+             modelled: dict | None = None) -> bytes:
+        """The final chunk (carrying the engine's modelled timings, when given, under
+        "inference_lab"), the usage frame if asked for, and [DONE]."""
+        extra = {"inference_lab": modelled} if modelled else {}
+        out = _frame(self._chunk([self._choice(None if self.chat else "", finish_reason)], **extra))
         if self.include_usage:
             usage_chunk = self._chunk([])
             usage_chunk["usage"] = _usage(prompt, completion)
             out += _frame(usage_chunk)
         return out + DONE_FRAME
 
-    def body(self, prompt: int, completion: int, finish_reason: str = "length") -> bytes:
-        """The non-streaming JSON response."""
+    def body(self, prompt: int, completion: int, finish_reason: str = "length",
+             modelled: dict | None = None) -> bytes:
+        """The non-streaming JSON response (modelled timings under "inference_lab")."""
         text = PLACEHOLDER_TOKEN * completion
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
@@ -266,4 +278,5 @@ class Completion:
             "model": self.model,
             "choices": [choice],
             "usage": _usage(prompt, completion),
+            **({"inference_lab": modelled} if modelled else {}),
         })

@@ -64,6 +64,8 @@ def test_chat_completion_non_streaming_has_exact_usage(client):
     assert reply.choices[0].message.role == "assistant" and reply.choices[0].message.content
     assert reply.usage.completion_tokens == 12
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + 12
+    modelled = reply.model_extra["inference_lab"]  # the engine's simulated timings
+    assert 0 < modelled["ttft_s"] < modelled["e2e_s"] and modelled["preemptions"] == 0
 
 
 def test_chat_completion_streaming_sends_role_first_tokens_then_usage(client):
@@ -74,7 +76,9 @@ def test_chat_completion_streaming_sends_role_first_tokens_then_usage(client):
     content = [c for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(content) == 25
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 25
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert [c.choices[0].finish_reason for c in finals] == ["length"]
+    assert finals[0].model_extra["inference_lab"]["e2e_s"] > 0
 
 
 def test_completions_streaming_and_not_with_token_id_prompts(client):
