@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from engine.cost import CostModel
+from engine.cost import CostModel, attention_sums
 from engine.kv import blocks_for, total_blocks
 from engine.request import Request, Status
 from engine.scheduler import Scheduler
@@ -185,24 +185,10 @@ class EngineCore:
         start = now if now > self.clock else self.clock
         scheduler = self.scheduler
         decision = scheduler.schedule()
-        windows = self.cost.windows
-        if decision.num_decodes:
-            full, wins = scheduler.group.attention()
-            win_np = list(wins)
-        else:
-            full, win_np = 0, [0] * len(windows)
-        full_np = full_p = full
-        win_p = list(win_np)
-        prefill_tokens = 0
-        for req, n in decision.chunks:
-            prefill_tokens += n
-            m = req.num_computed + (n + 1) // 2
-            full_np += n * m
-            full_p += m
-            for j, w in enumerate(windows):
-                a = m if m < w else w
-                win_np[j] += n * a
-                win_p[j] += a
+        full, wins = scheduler.group.attention() if decision.num_decodes else (0, None)
+        pairs = [(n, req.num_computed) for req, n in decision.chunks]
+        full_np, full_p, win_np, win_p = attention_sums(self.cost.windows, pairs, full, wins)
+        prefill_tokens = sum(n for n, _ in pairs)
         num_tokens = decision.num_decodes + prefill_tokens
         if num_tokens:
             cost = self.cost.step_cost_raw(num_tokens, full_np, full_p, win_np, win_p)

@@ -13,7 +13,6 @@ time_correction maps t to alpha * t + beta.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 from engine.specs import BYTES_PER_VALUE, PRECISION_ORDER, Deployment, Hardware
@@ -181,18 +180,26 @@ class CostModel:
         return StepCost(self.alpha * seconds + self.beta, bound, total_flops, total_bytes)
 
 
-def attention_load_of(windows: tuple[int, ...], requests: list[tuple[int, int]]) -> AttentionLoad:
-    """AttentionLoad of explicit (new positions n, computed positions c) pairs: the
-    reference formula, used by tests and for prefill chunks."""
-    full_np = full_p = 0.0
-    win_np = [0.0] * len(windows)
-    win_p = [0.0] * len(windows)
-    for n, c in requests:
-        m = c + math.ceil(n / 2)
+def attention_sums(windows: tuple[int, ...], pairs, full: float = 0.0,
+                   wins: tuple[float, ...] | None = None):
+    """Add the reference formula's sums for explicit (new positions n, computed
+    positions c) pairs to a starting load (full, wins) where n = 1 for all, as the
+    decode group returns it. Returns (full_np, full_p, win_np, win_p)."""
+    full_np = full_p = full
+    win_np = list(wins) if wins is not None else [0.0] * len(windows)
+    win_p = list(win_np)
+    for n, c in pairs:
+        m = c + (n + 1) // 2  # c + ceil(n / 2)
         full_np += n * m
         full_p += m
         for j, w in enumerate(windows):
             a = m if m < w else w
             win_np[j] += n * a
             win_p[j] += a
+    return full_np, full_p, win_np, win_p
+
+
+def attention_load_of(windows: tuple[int, ...], requests: list[tuple[int, int]]) -> AttentionLoad:
+    """AttentionLoad of explicit (new positions n, computed positions c) pairs."""
+    full_np, full_p, win_np, win_p = attention_sums(windows, requests)
     return AttentionLoad(full_np, full_p, tuple(win_np), tuple(win_p))

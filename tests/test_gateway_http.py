@@ -8,7 +8,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from gateway import create_app
-from gateway.testing import FAKE_MODEL, FakeEngine
+from gateway.testing import FAKE_MODEL
 
 SATURATED = {
     "error": {
@@ -19,14 +19,6 @@ SATURATED = {
     }
 }
 CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hello"}]}
-
-
-@pytest.fixture
-async def fake():
-    engine = FakeEngine()
-    await engine.start()
-    yield engine
-    await engine.stop()
 
 
 @pytest.fixture

@@ -19,14 +19,6 @@ CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hello"}]}
 
 
 @pytest.fixture
-async def fake():
-    engine = FakeEngine()
-    await engine.start()
-    yield engine
-    await engine.stop()
-
-
-@pytest.fixture
 async def client(fake):
     async with TestClient(TestServer(create_app(fake.target))) as c:
         yield c

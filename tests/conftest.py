@@ -1,0 +1,14 @@
+"""Fixtures shared across test files."""
+
+import pytest
+
+from gateway.testing import FakeEngine
+
+
+@pytest.fixture
+async def fake():
+    """A narrow fake engine on a free loopback port (gateway unit tests only)."""
+    engine = FakeEngine()
+    await engine.start()
+    yield engine
+    await engine.stop()
