@@ -11,7 +11,10 @@ per retired step and `on_finished` once per finished request; the service calls
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -126,3 +129,32 @@ class ModelMetrics:
 
     def on_lag(self, seconds: float) -> None:
         self.lag.observe(seconds if seconds > 0 else 0.0)
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> ThreadingHTTPServer:
+    """GET /metrics in the classic text format, whatever the Accept header asks.
+
+    prometheus_client's own server negotiates OpenMetrics with Prometheus 2.x, and its
+    OpenMetrics output rewrites `vllm:` sample names to `vllm_` (client_python#1177),
+    which would break every vLLM-compatible query. The text format keeps the colons.
+    """
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self.send_error(404, "only /metrics is served here")
+                return
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # scrapes are not worth a log line each
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server

@@ -15,10 +15,8 @@ import time
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
-
 from engine.core import EngineCore
-from engine.metrics import EngineMetrics
+from engine.metrics import EngineMetrics, serve_metrics
 from engine.service import EngineService, ModelRuntime
 from engine.specs import Deployment
 from inference_lab.v1 import engine_pb2, engine_pb2_grpc
@@ -64,8 +62,7 @@ class EngineServer:
         for rt in self.runtimes:
             rt.pacer.start()
         if self.metrics_port is not None:
-            self._metrics_http, _ = start_http_server(self.metrics_port, addr=self.host,
-                                                      registry=self.metrics.registry)
+            self._metrics_http = serve_metrics(self.metrics.registry, self.host, self.metrics_port)
             self.metrics_port = self._metrics_http.server_port
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
