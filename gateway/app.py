@@ -232,18 +232,15 @@ def _finish_error(finished: pb.Finished) -> GatewayError | None:
 async def _collect(stream: RequestStream, completion: Completion, events: list[pb.Progress],
                    n_prompt: int) -> web.Response:
     """Non-streaming: wait for Finished; the text has exactly the engine's token count."""
-    streamed = 0
     while True:
         for event in events:
-            if event.HasField("tokens"):
-                streamed += event.tokens.new_tokens
-            elif event.HasField("finished"):
+            if event.HasField("finished"):
                 fin = event.finished
                 err = _finish_error(fin)
                 if err is not None:
                     raise err
                 body = completion.body(fin.prompt_tokens or n_prompt,
-                                       fin.completion_tokens or streamed,
+                                       fin.completion_tokens or stream.total,
                                        modelled=modelled_timings(fin))
                 return web.Response(body=body, content_type="application/json")
         events = await stream.next_events()
@@ -268,19 +265,17 @@ async def _stream(request: web.Request, stream: RequestStream, completion: Compl
 
 async def _pump(stream: RequestStream, completion: Completion, resp: web.StreamResponse,
                 events: list[pb.Progress], n_prompt: int, head: bytes) -> None:
-    """Turns event batches into writes: k pending tokens are `token * k`, one write."""
+    """Turns wake-ups into writes: k new tokens are `token * k`, one write."""
     token = completion.token
     streamed = 0
     while True:
-        new = 0
         finished = None
         for event in events:
-            if event.HasField("tokens"):
-                new += event.tokens.new_tokens
-            elif event.HasField("finished"):
+            if event.HasField("finished"):
                 finished = event.finished
-        out = token * new if new else b""
-        streamed += new
+        new = stream.total - streamed
+        out = token * new if new > 0 else b""
+        streamed += max(new, 0)
         if finished is not None:
             err = _finish_error(finished)
             if err is not None:
@@ -298,9 +293,6 @@ async def _pump(stream: RequestStream, completion: Completion, resp: web.StreamR
             await resp.write(head + out)
             head = b""
         events = await stream.next_events()
-
-
-# ---- models, health, metrics --------------------------------------------------------------
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -51,18 +51,21 @@ class ClientGone(Exception):
 
 
 class RequestStream:
-    """The receiving end of one request's Progress events (filled by the dispatcher).
+    """The receiving end of one request (filled by the dispatcher): its Admitted,
+    Finished or Rejected events, and `total`, the tokens the engine has announced so far
+    (token progress is a number, not a list of events: the hot path only moves an int).
 
     `done` is True once no Cancel is needed any more: the engine finished or rejected it,
     the Session broke (the engine cancels on its side), or it was cancelled already.
     """
 
-    __slots__ = ("tag", "done", "seen", "_events", "_waiter", "_error", "_loop")
+    __slots__ = ("tag", "done", "total", "_taken", "_events", "_waiter", "_error", "_loop")
 
     def __init__(self, tag: int, loop: asyncio.AbstractEventLoop) -> None:
         self.tag = tag
         self.done = False
-        self.seen = 0  # tokens announced so far (packed progress carries totals)
+        self.total = 0  # tokens announced by the engine so far
+        self._taken = 0  # `total` as of the last next_events()
         self._events: list[pb.Progress] = []
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
@@ -70,6 +73,14 @@ class RequestStream:
 
     def _push(self, event: pb.Progress) -> None:
         self._events.append(event)
+        self._wake()
+
+    def _tokens(self, total: int) -> None:
+        if total > self.total:
+            self.total = total
+            self._wake()
+
+    def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -83,9 +94,10 @@ class RequestStream:
             waiter.set_result(None)
 
     async def next_events(self) -> list[pb.Progress]:
-        """Every event received since the last call (at least one); events that arrived
-        before a failure are delivered first, then the failure is raised."""
-        while not self._events:
+        """Every event received since the last call, returning once there is an event or
+        `total` has grown; what arrived before a failure is delivered first, then the
+        failure is raised."""
+        while not self._events and self.total == self._taken:
             if self._error is not None:
                 raise self._error
             self._waiter = self._loop.create_future()
@@ -93,6 +105,7 @@ class RequestStream:
                 await self._waiter
             finally:
                 self._waiter = None
+        self._taken = self.total
         events = self._events
         self._events = []
         return events
@@ -127,19 +140,21 @@ class _Session:
                 finals = []
                 for event in batch.events:
                     kind = event.WhichOneof("event")
-                    if kind == "admitted" or kind == "tokens":
+                    if kind == "admitted":
                         stream = routes.get(event.tag)
                         if stream is not None:  # else cancelled or unknown: ignore
                             stream._push(event)
+                    elif kind == "tokens":
+                        stream = routes.get(event.tag)
+                        if stream is not None:
+                            stream._tokens(event.tokens.total_tokens)
                     elif kind is not None:
                         finals.append(event)
                 # Packed token progress: tag i has generated totals[i] tokens so far.
                 for tag, total in zip(batch.token_tags, batch.token_totals):
                     stream = routes.get(tag)
-                    if stream is not None and total > stream.seen:
-                        stream._push(pb.Progress(tag=tag, tokens=pb.Tokens(
-                            new_tokens=total - stream.seen, total_tokens=total)))
-                        stream.seen = total
+                    if stream is not None:
+                        stream._tokens(total)
                 for event in finals:  # finished or rejected: the request's last event
                     stream = routes.pop(event.tag, None)
                     if stream is not None:
