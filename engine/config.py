@@ -26,7 +26,7 @@ from typing import Any
 
 from engine import catalog
 from engine.catalog import ConfigError, Table, read_toml
-from engine.specs import Deployment, Hardware, Model, SchedulerConfig, TimeCorrection
+from engine.specs import MAX_COUNT, Deployment, Hardware, Model, SchedulerConfig, TimeCorrection
 
 __all__ = ["ConfigError", "load_deployment", "load_config_dir", "default_deployments"]
 
@@ -62,6 +62,8 @@ def _check_hardware_arg(hardware: Any) -> str:
 def _check_max_waiting(max_waiting: Any) -> None:
     if max_waiting is not None and (type(max_waiting) is not int or max_waiting < 0):
         raise ConfigError("--max-waiting", "", f"expected an integer >= 0, got {max_waiting!r}")
+    if max_waiting is not None and max_waiting > MAX_COUNT:
+        raise ConfigError("--max-waiting", "", f"expected at most {MAX_COUNT}, got {max_waiting!r}")
 
 
 def _scheduler_keys(t: Table) -> dict[str, tuple[Any, str]]:
@@ -85,6 +87,10 @@ def _build_scheduler(keys: dict[str, tuple[Any, str]], model: Model, where: str)
         raise ConfigError(where, path("max_num_batched_tokens"),
                           f"expected an integer >= max_num_seqs ({sched.max_num_seqs}), "
                           f"got {sched.max_num_batched_tokens!r}")
+    for name in ("max_num_seqs", "max_waiting"):  # reported as uint32 (engine.proto)
+        if getattr(sched, name) > MAX_COUNT:
+            raise ConfigError(where, path(name),
+                              f"expected at most {MAX_COUNT}, got {getattr(sched, name)!r}")
     if sched.max_model_len is not None and sched.max_model_len > model.max_seq_len:
         raise ConfigError(where, path("max_model_len"),
                           f"expected at most the model's max_seq_len ({model.max_seq_len}), "

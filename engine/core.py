@@ -16,7 +16,7 @@ from engine.cost import CostModel, attention_sums
 from engine.kv import blocks_for, total_blocks
 from engine.request import Request, Status
 from engine.scheduler import Scheduler
-from engine.specs import Deployment
+from engine.specs import MAX_COUNT, Deployment
 
 
 class SubmitError(ValueError):
@@ -168,6 +168,9 @@ class EngineCore:
                 )
         if max_waiting is not None and max_waiting < 0:
             raise CapacityError(f"max_waiting must be at least 0 (0 = unbounded), got {max_waiting}")
+        for name, value in (("max_num_seqs", max_num_seqs), ("max_waiting", max_waiting)):
+            if value is not None and value > MAX_COUNT:
+                raise CapacityError(f"{name} must be at most {MAX_COUNT}, got {value}")
 
     def set_capacity(self, max_num_seqs: int | None = None, max_waiting: int | None = None) -> None:
         """Retune live. Lowering max_num_seqs drains (it gates admission only);

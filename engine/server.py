@@ -19,6 +19,7 @@ from engine.core import EngineCore
 from engine.metrics import EngineMetrics, serve_metrics
 from engine.service import EngineService, ModelRuntime
 from engine.specs import Deployment
+from engine.wire_guard import DecodeGuard
 from inference_lab.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -28,8 +29,9 @@ SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 
 class EngineServer:
     def __init__(self, deployments: list[Deployment], host: str = "127.0.0.1", port: int = 50051,
-                 metrics_port: int | None = 9400) -> None:
+                 metrics_port: int | None = 9400, control_token: str | None = None) -> None:
         self.deployments = deployments
+        self.control_token = control_token  # required by SetCapacity when set
         self.host = host
         self.port = port
         self.metrics_port = metrics_port
@@ -43,8 +45,8 @@ class EngineServer:
         cores = [EngineCore(d) for d in self.deployments]
         self.metrics = EngineMetrics(cores)
         self.runtimes = [ModelRuntime(core, self.metrics.for_model(core)) for core in cores]
-        self.service = EngineService(self.runtimes)
-        server = grpc.aio.server(options=[
+        self.service = EngineService(self.runtimes, self.control_token)
+        server = grpc.aio.server(interceptors=[DecodeGuard()], options=[
             ("grpc.max_concurrent_streams", 100_000),
             ("grpc.so_reuseport", 0),
             ("grpc.keepalive_permit_without_calls", 1),

@@ -12,6 +12,7 @@ no burst can over-admit; a refusal leaves before any message is written.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 
 import grpc
@@ -126,9 +127,11 @@ class SessionSink:
 
 
 class EngineService(engine_pb2_grpc.EngineServicer):
-    def __init__(self, runtimes: list[ModelRuntime]) -> None:
+    def __init__(self, runtimes: list[ModelRuntime], control_token: str | None = None) -> None:
         self.runtimes = {rt.core.name: rt for rt in runtimes}
         self.accepting = True
+        # SetCapacity requires metadata `authorization: Bearer <token>` when set.
+        self._control_token = control_token.encode() if control_token else None
 
     def _runtime(self, model: str) -> ModelRuntime | None:
         if not model and len(self.runtimes) == 1:
@@ -189,8 +192,9 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                 batch = sink.take()
                 if batch is not None:
                     await context.write(batch)
-                if reader.done() and not sink.open and not sink.events and not sink.tags:
-                    reader.result()  # re-raise a reader failure
+                if reader.done() and (reader.exception() is not None or
+                                      not sink.open and not sink.events and not sink.tags):
+                    reader.result()  # a reader failure (a malformed action) ends the call now
                     return
         finally:
             reader.cancel()
@@ -238,10 +242,13 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         sink.events.append(pb.Progress(tag=tag, rejected=rejected))
 
     def _session_cancel(self, tag: int, sink: SessionSink) -> None:
-        entry = sink.open.pop(tag, None)
+        entry = sink.open.get(tag)
         if entry is None:
             return  # unknown or already finished
         rt, req = entry
+        if req.id not in rt.pacer.live:
+            return  # finishing in the step in flight: its one Finished is on the way
+        del sink.open[tag]
         rt.pacer.cancel(req)
         sink.events.append(pb.Progress(tag=tag, finished=finished_pb(req)))
 
@@ -265,7 +272,23 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_model(request.model))
         return self._capacity(runtimes)
 
+    def _control_allowed(self, context) -> bool:
+        """Constant-time check of `authorization: Bearer <control token>`, when one is set."""
+        if self._control_token is None:
+            return True
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                if isinstance(value, bytes):
+                    value = value.decode("utf-8", "surrogateescape")
+                scheme, _, credentials = value.partition(" ")
+                got = credentials.encode("utf-8", "surrogateescape")
+                return scheme.lower() == "bearer" and hmac.compare_digest(got, self._control_token)
+        return False
+
     async def SetCapacity(self, request: pb.SetCapacityRequest, context):
+        if not self._control_allowed(context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "SetCapacity needs metadata `authorization: Bearer <control token>`")
         seqs = request.max_num_seqs if request.HasField("max_num_seqs") else None
         waiting = request.max_waiting if request.HasField("max_waiting") else None
         if seqs is None and waiting is None:

@@ -62,9 +62,15 @@ class Model:
     kv_precision: str = "bf16"
 
 
+# The largest request count a capacity knob may hold: counts are reported as 32-bit
+# unsigned integers (engine.proto ModelCapacity).
+MAX_COUNT = 2**32 - 1
+
+
 @dataclass(slots=True)
 class SchedulerConfig:
-    """Knobs of one model's scheduler. max_num_seqs and max_waiting change live."""
+    """Knobs of one model's scheduler. max_num_seqs and max_waiting change live
+    (both at most MAX_COUNT)."""
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192

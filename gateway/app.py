@@ -15,6 +15,7 @@ single source of truth for depth and capacity.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ class GatewayState:
     max_body_bytes: int
     api_key: str | None
     disconnect_poll_s: float
+    control_token: str | None = None
     inflight: dict[RequestStream, web.BaseRequest] = field(default_factory=dict)
     metrics: GatewayMetrics = field(init=False)
     engine: EngineClient | None = None
@@ -123,15 +125,32 @@ def _route_label(request: web.BaseRequest) -> str:
     return resource.canonical if resource is not None else "unmatched"
 
 
+def _under(request: web.BaseRequest, prefix: str) -> bool:
+    """The path, or the route it matched, is under `prefix`."""
+    return request.path.startswith(prefix) or _route_label(request).startswith(prefix)
+
+
+def _bearer_ok(request: web.BaseRequest, secret: str) -> bool:
+    """`Authorization: Bearer <secret>` (scheme in any case), the secret compared in
+    constant time."""
+    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+    got = credentials.encode("utf-8", "surrogateescape")
+    return scheme.lower() == "bearer" and hmac.compare_digest(got, secret.encode())
+
+
 @web.middleware
 async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
     state = request.app[STATE]
     started = time.perf_counter()
     status = 500
     try:
-        if state.api_key is not None and request.path.startswith("/v1/"):
-            if request.headers.get("Authorization", "") != f"Bearer {state.api_key}":
+        if state.api_key is not None and _under(request, "/v1/"):
+            if not _bearer_ok(request, state.api_key):
                 raise GatewayError(ErrorKind.UNAUTHORIZED, "Invalid or missing API key.")
+        elif state.control_token is not None and _under(request, "/control/"):
+            if not _bearer_ok(request, state.control_token):
+                raise GatewayError(ErrorKind.CONTROL_UNAUTHORIZED,
+                                   "Invalid or missing control token.")
         try:
             resp = await handler(request)
         except GatewayError as err:
@@ -161,7 +180,27 @@ async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
         state.metrics.observe(_route_label(request), status, time.perf_counter() - started)
 
 
+# Bodies read as JSON besides application/*+json: unlabelled ones, and curl's default for
+# `-d` (so `curl -d '{...}'` works without `-H content-type:`). Anything else is a 415.
+_UNLABELLED = ("octet-stream", "x-www-form-urlencoded")
+
+
+def _may_be_json(request: web.BaseRequest) -> bool:
+    """application/json or application/*+json, or no Content-Type, or an unlabelled one
+    (parameters ignored). Text, multipart, XML and garbage are refused."""
+    header = request.headers.get("Content-Type")
+    if header is None:
+        return True
+    maintype, _, subtype = header.partition(";")[0].strip().lower().partition("/")
+    return maintype == "application" and "/" not in subtype and (
+        subtype == "json" or subtype.endswith("+json") or subtype in _UNLABELLED)
+
+
 async def _read_body(request: web.Request, limit: int) -> bytes:
+    if not _may_be_json(request):
+        raise GatewayError(ErrorKind.UNSUPPORTED_MEDIA_TYPE,
+                           f"Unsupported Content-Type {request.headers['Content-Type']!r}: "
+                           "send a JSON body with Content-Type: application/json.")
     too_large = GatewayError(
         ErrorKind.BODY_TOO_LARGE, f"Request body too large: the limit is {limit} bytes."
     )
@@ -311,10 +350,13 @@ async def health(request: web.Request) -> web.Response:
     state = request.app[STATE]
     try:
         await state.client.list_models(refresh=True)
+        serving = await state.client.serving()
     except GatewayError as err:
         if err.kind is not ErrorKind.ENGINE_UNAVAILABLE:
             err = engine_unavailable(err.message)
         raise err
+    if not serving:
+        raise engine_unavailable("the engine is shutting down")
     return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
 
@@ -369,7 +411,7 @@ async def set_capacity(request: web.Request) -> web.Response:
 
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    state.engine = EngineClient(state.engine_target)
+    state.engine = EngineClient(state.engine_target, control_token=state.control_token)
     watchdog = asyncio.get_running_loop().create_task(_disconnect_watchdog(state))
     yield
     watchdog.cancel()
@@ -401,13 +443,16 @@ def create_app(
     default_max_tokens: int = 256,
     max_body_bytes: int = 1 << 20,
     api_key: str | None = None,
+    control_token: str | None = None,
     disconnect_poll_s: float = 0.5,
 ) -> web.Application:
     """The gateway application for the engine at `engine_target` ("host:port").
 
     Run it with handler cancellation on (`run_gateway` does; so does aiohttp's TestServer)
     so a client disconnect cancels its engine request at once; otherwise a watchdog does
-    within `disconnect_poll_s`. `api_key`, when set, is required as a Bearer token on /v1/*.
+    within `disconnect_poll_s`. `api_key`, when set, is required as a Bearer token on /v1/*;
+    `control_token` on /control/* (and is sent to the engine with SetCapacity). Both are
+    compared in constant time; /health and /metrics stay open for probes and scrapers.
     """
     state = GatewayState(
         engine_target=engine_target,
@@ -415,6 +460,7 @@ def create_app(
         max_body_bytes=max_body_bytes,
         api_key=api_key,
         disconnect_poll_s=disconnect_poll_s,
+        control_token=control_token,
     )
     app = web.Application(client_max_size=max_body_bytes, middlewares=[edge_middleware])
     app[STATE] = state

@@ -6,7 +6,8 @@ gateway-unique tag and returns a `RequestStream`; one dispatcher task reads the 
 `ProgressBatch`es and hands each `Progress` to its request's stream (a list plus a future,
 cheaper than an asyncio.Queue). `cancel()` sends `Cancel(tag)`. Unary wrappers cover
 ListModels (cached; refreshed on reconnect and on an unknown model), GetCapacity and
-SetCapacity.
+SetCapacity (with the control token as `authorization` metadata when one is set), and the
+engine's gRPC health (`serving()`: NOT_SERVING while it drains for shutdown).
 
 Failure policy: nothing waits for the engine forever. Calls use wait_for_ready=False and
 short deadlines, so a new request learns "engine unavailable" within ~1 s. When the Session
@@ -27,6 +28,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.errors import ErrorKind, GatewayError, engine_unavailable, from_grpc_error
 from inference_lab.v1 import engine_pb2 as pb
@@ -44,6 +46,7 @@ CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
 )
 _MODEL_REFRESH_MIN_INTERVAL_S = 1.0  # an unknown model name refreshes the cache at most this often
+_ENGINE_SERVICE = pb.DESCRIPTOR.services_by_name["Engine"].full_name
 
 
 class ClientGone(Exception):
@@ -192,9 +195,14 @@ class EngineClient:
     """Lazily connected client of one engine. Create and use inside a running loop."""
 
     def __init__(
-        self, target: str, *, connect_timeout: float = 1.0, rpc_timeout: float = 5.0
+        self, target: str, *, connect_timeout: float = 1.0, rpc_timeout: float = 5.0,
+        control_token: str | None = None,
     ) -> None:
         self.target = target
+        # Sent with SetCapacity, which an engine started with a control token requires.
+        self._control_metadata = (
+            (("authorization", f"Bearer {control_token}"),) if control_token else None
+        )
         self._connect_timeout = connect_timeout
         self._rpc_timeout = rpc_timeout
         self._tags = itertools.count(1)
@@ -304,10 +312,11 @@ class EngineClient:
         if session is self._session:
             self._stale = True  # the next request builds a fresh channel
 
-    async def _unary(self, name: str, request: Any, timeout: float) -> Any:
+    async def _unary(self, name: str, request: Any, timeout: float, metadata=None) -> Any:
         stub = self._current_stub()
         try:
-            return await getattr(stub, name)(request, timeout=timeout, wait_for_ready=False)
+            return await getattr(stub, name)(request, timeout=timeout, wait_for_ready=False,
+                                             metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             err = from_grpc_error(exc)
             if err.kind is ErrorKind.ENGINE_UNAVAILABLE:
@@ -377,6 +386,25 @@ class EngineClient:
         if max_waiting is not None:
             fields["max_waiting"] = max_waiting
         resp = await self._unary(
-            "SetCapacity", pb.SetCapacityRequest(**fields), self._rpc_timeout
+            "SetCapacity", pb.SetCapacityRequest(**fields), self._rpc_timeout,
+            metadata=self._control_metadata,
         )
         return list(resp.models)
+
+    # ---- health -------------------------------------------------------------------------
+
+    async def serving(self) -> bool:
+        """The engine's gRPC health: False while it drains for shutdown (an engine without
+        the health service counts as serving)."""
+        self._current_stub()
+        health = health_pb2_grpc.HealthStub(self._channel)
+        try:
+            reply = await health.Check(
+                health_pb2.HealthCheckRequest(service=_ENGINE_SERVICE),
+                timeout=self._connect_timeout, wait_for_ready=False,
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                return True
+            raise from_grpc_error(exc) from None
+        return reply.status == health_pb2.HealthCheckResponse.SERVING

@@ -31,7 +31,9 @@ class ErrorKind(enum.StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     INVALID_REQUEST = "invalid_request"
     BODY_TOO_LARGE = "body_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UNAUTHORIZED = "unauthorized"
+    CONTROL_UNAUTHORIZED = "control_unauthorized"
     ROUTE_NOT_FOUND = "route_not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     INTERNAL = "internal"
@@ -61,8 +63,13 @@ ERRORS: dict[ErrorKind, ErrorSpec] = {
         400, "invalid_request_error", "invalid_request", grpc.StatusCode.INVALID_ARGUMENT
     ),
     ErrorKind.BODY_TOO_LARGE: ErrorSpec(413, "invalid_request_error", "request_too_large", None),
-    ErrorKind.UNAUTHORIZED: ErrorSpec(
-        401, "authentication_error", "invalid_api_key", grpc.StatusCode.UNAUTHENTICATED
+    ErrorKind.UNSUPPORTED_MEDIA_TYPE: ErrorSpec(
+        415, "invalid_request_error", "unsupported_media_type", None
+    ),
+    ErrorKind.UNAUTHORIZED: ErrorSpec(401, "authentication_error", "invalid_api_key", None),
+    # /control/* without the control token, or the engine refusing the gateway's (SetCapacity).
+    ErrorKind.CONTROL_UNAUTHORIZED: ErrorSpec(
+        401, "authentication_error", "invalid_control_token", grpc.StatusCode.UNAUTHENTICATED
     ),
     ErrorKind.ROUTE_NOT_FOUND: ErrorSpec(404, "invalid_request_error", "not_found", None),
     ErrorKind.METHOD_NOT_ALLOWED: ErrorSpec(
@@ -148,7 +155,8 @@ def error_response(err: GatewayError, request: web.BaseRequest | None = None) ->
     """The bare JSON error response (never an event stream), logged as one line."""
     log_error(err, f"{request.method} {request.path}" if request is not None else "-")
     return web.Response(
-        status=err.spec.status, body=envelope(err), content_type="application/json"
+        status=err.spec.status, body=envelope(err), content_type="application/json",
+        headers={"WWW-Authenticate": "Bearer"} if err.spec.status == 401 else None,
     )
 
 
@@ -164,6 +172,7 @@ def from_http_exception(exc: web.HTTPException) -> GatewayError:
         404: ErrorKind.ROUTE_NOT_FOUND,
         405: ErrorKind.METHOD_NOT_ALLOWED,
         413: ErrorKind.BODY_TOO_LARGE,
+        415: ErrorKind.UNSUPPORTED_MEDIA_TYPE,
         401: ErrorKind.UNAUTHORIZED,
         400: ErrorKind.INVALID_REQUEST,
     }

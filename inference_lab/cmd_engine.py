@@ -8,6 +8,8 @@ import logging
 import signal
 from pathlib import Path
 
+from inference_lab.auth_flags import add_control_token_argument, control_token
+
 log = logging.getLogger("inference_lab.engine")
 
 HELP = """\
@@ -51,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="Prometheus /metrics port (default 9400; 0 = any free)")
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds in-flight requests get to finish on SIGTERM (default 10)")
+    add_control_token_argument(p, "SetCapacity, as gRPC metadata `authorization: Bearer TOKEN`")
     p.set_defaults(func=run)
 
 
@@ -70,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
     from engine.server import EngineServer
 
     deployments = load_deployments(args)
-    server = EngineServer(deployments, args.host, args.port, args.metrics_port)
+    token = control_token(args)
+    server = EngineServer(deployments, args.host, args.port, args.metrics_port, control_token=token)
+    if token:
+        log.info("SetCapacity requires the control token")
     try:
         asyncio.run(run_until_signal(server, args.grace))
     except OSError as exc:

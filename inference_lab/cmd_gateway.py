@@ -10,7 +10,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
+import logging
 import signal
+
+from inference_lab.auth_flags import (
+    add_api_key_argument,
+    add_control_token_argument,
+    api_key,
+    control_token,
+)
+
+log = logging.getLogger("inference_lab.gateway")
 
 DEFAULT_ENGINE = "127.0.0.1:50051"
 
@@ -56,12 +67,35 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         "--default-max-tokens", type=_positive_int, default=256, metavar="N",
         help="tokens generated when a request gives no max_tokens and there is no --workload",
     )
+    add_api_key_argument(parser)
+    add_control_token_argument(
+        parser, "/control/* as `Authorization: Bearer TOKEN`, and send it to the engine "
+        "with SetCapacity")
 
 
 def gateway_app_kwargs(args: argparse.Namespace) -> dict:
-    """create_app keyword arguments from the parsed gateway flags."""
-    return {"workload_path": args.workload, "seed": args.seed,
-            "default_max_tokens": args.default_max_tokens}
+    """create_app keyword arguments from the parsed gateway flags (secrets from the
+    environment when their flags are absent)."""
+    kwargs = {"workload_path": args.workload, "seed": args.seed,
+              "default_max_tokens": args.default_max_tokens,
+              "api_key": api_key(args), "control_token": control_token(args)}
+    _log_exposure(args.host, kwargs["api_key"], kwargs["control_token"])
+    return kwargs
+
+
+def _log_exposure(host: str, key: str | None, token: str | None) -> None:
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if key:
+        log.info("/v1/* requires the API key")
+    if token:
+        log.info("/control/* requires the control token")
+    missing = [flag for flag, value in (("--api-key", key), ("--control-token", token)) if not value]
+    if missing and not loopback:
+        log.warning("listening on %s without %s: anyone who can reach the port may use it",
+                    host, " or ".join(missing))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

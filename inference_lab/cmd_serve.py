@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 
+from inference_lab.auth_flags import CONTROL_TOKEN_ENV, control_token
 from inference_lab.cmd_engine import add_model_arguments, load_deployments
 from inference_lab.cmd_gateway import add_gateway_arguments, gateway_app_kwargs
 
@@ -67,13 +68,17 @@ class EngineProcess:
             self.argv += ["--config", str(args.config)]
         if args.max_waiting is not None:
             self.argv += ["--max-waiting", str(args.max_waiting)]
+        # The engine requires the gateway's control token too; through the environment,
+        # never argv (which any local user can list).
+        token = control_token(args)
+        self.env = {**os.environ, CONTROL_TOKEN_ENV: token} if token else None
         self.proc: asyncio.subprocess.Process | None = None
         self.stopping = False
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
-            start_new_session=True)  # Ctrl-C reaches us; we stop the engine in order
+            env=self.env, start_new_session=True)  # Ctrl-C reaches us; we stop the engine in order
         try:
             line = await asyncio.wait_for(self.proc.stdout.readline(), READY_TIMEOUT_S)
         except asyncio.TimeoutError:

@@ -94,8 +94,10 @@ class EngineServicer:
 
     def SetCapacity(self, request, context):
         """Retunes capacity on live state, without a restart. Returns the new state.
-        INVALID_ARGUMENT: no field set, max_num_seqs < 1, max_waiting < 0, or
-        max_num_seqs above the model's max_num_batched_tokens. NOT_FOUND: unknown model.
+        INVALID_ARGUMENT: no field set, max_num_seqs < 1, max_waiting < 0, a value above
+        2^32 - 1, or max_num_seqs above the model's max_num_batched_tokens. NOT_FOUND: unknown
+        model. UNAUTHENTICATED: the engine has a control token and the call's metadata lacks
+        `authorization: Bearer <token>`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
