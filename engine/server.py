@@ -90,6 +90,7 @@ class EngineServer:
             await asyncio.sleep(0.05)
         for rt in self.runtimes:
             await rt.pacer.stop()  # aborts what is left; its streams get a Finished
+        await self.service.close_sessions()
         await self.server.stop(grace=0.5)
         self.server = None
         if self._metrics_http is not None:

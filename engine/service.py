@@ -106,6 +106,8 @@ class SessionSink:
         self.totals: list[int] = []
         self.open: dict[int, tuple[ModelRuntime, Request]] = {}
         self.ready = asyncio.Event()
+        self.closing = False  # the engine is stopping: end the call once flushed
+        self.ended = asyncio.Event()
 
     def on_tokens(self, stream: Stream, total: int) -> None:
         self.tags.append(stream.tag)
@@ -129,6 +131,7 @@ class SessionSink:
 class EngineService(engine_pb2_grpc.EngineServicer):
     def __init__(self, runtimes: list[ModelRuntime], control_token: str | None = None) -> None:
         self.runtimes = {rt.core.name: rt for rt in runtimes}
+        self.sessions: set[SessionSink] = set()
         self.accepting = True
         # SetCapacity requires metadata `authorization: Bearer <token>` when set.
         self._control_token = control_token.encode() if control_token else None
@@ -153,6 +156,16 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         except SubmitError:
             rt.metrics.on_rejected("INVALID_REQUEST")
             raise
+
+    async def close_sessions(self, timeout: float = 1.0) -> None:
+        """End every Session call cleanly (after what is buffered has been sent)."""
+        sinks = list(self.sessions)
+        for sink in sinks:
+            sink.closing = True
+            sink.flush()
+        if sinks:
+            await asyncio.wait([asyncio.ensure_future(s.ended.wait()) for s in sinks],
+                               timeout=timeout)
 
     # ---- Submit: one request per call ---------------------------------------------------
     async def Submit(self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext):
@@ -184,6 +197,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     # ---- Session: many requests over one stream -----------------------------------------
     async def Session(self, request_iterator, context: grpc.aio.ServicerContext):
         sink = SessionSink()
+        self.sessions.add(sink)
         reader = asyncio.create_task(self._read_session(request_iterator, sink))
         try:
             while True:
@@ -192,11 +206,15 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                 batch = sink.take()
                 if batch is not None:
                     await context.write(batch)
+                if sink.closing:
+                    return  # the engine is stopping: end the call with OK
                 if reader.done() and (reader.exception() is not None or
                                       not sink.open and not sink.events and not sink.tags):
                     reader.result()  # a reader failure (a malformed action) ends the call now
                     return
         finally:
+            self.sessions.discard(sink)
+            sink.ended.set()
             reader.cancel()
             for rt, req in list(sink.open.values()):
                 rt.pacer.cancel(req)
