@@ -1,0 +1,385 @@
+"""Shared plumbing of the benchmarks: processes, CPU accounting, metrics, statistics.
+
+Everything listens on 127.0.0.1 on free ports; every process started here is stopped by
+the context manager or `stop_all` that started it, also on Ctrl-C or an exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+LOADGEN = HERE / "_loadgen.py"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# ---- machine ---------------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def revision() -> str:
+    """The commit measured, and whether the work tree differs from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, text=True, capture_output=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}{' + uncommitted changes' if dirty else ''}" if head else "unknown"
+
+
+def machine() -> str:
+    return (f"{os.cpu_count()} CPUs ({cpu_model()}), Python {platform.python_version()}, "
+            f"{platform.system()} {platform.release()}; code at {revision()}")
+
+
+def loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def print_load(label: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] load average before {label}: {loadavg()}", flush=True)
+
+
+# ---- processes -------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def proc_cpu(pid: int) -> float:
+    """utime + stime of a live process (all its threads), in seconds; NaN once gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def machine_busy() -> float:
+    """CPU-seconds the whole machine has been busy (user+nice+system+irq+softirq+steal)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def cpu_snapshot(pids: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds of each named group of processes, plus "machine" (the whole machine's
+    busy time; machine minus the groups is what other processes used meanwhile)."""
+    snap = {name: sum(proc_cpu(p) for p in ps) for name, ps in pids.items()}
+    snap["machine"] = machine_busy()
+    return snap
+
+
+def others(cpu_delta: dict[str, float]) -> float:
+    """CPU seconds used by processes outside the benchmark's groups (incl. this one)."""
+    return cpu_delta["machine"] - sum(v for k, v in cpu_delta.items() if k != "machine")
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_http_ok(url: str, proc: subprocess.Popen, timeout: float = 60.0, log=None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[:4]} exited with {proc.returncode}:\n{log() if log else ''}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout} s:\n{log() if log else ''}")
+
+
+class Served:
+    """A running `inference-lab serve` (the gateway is the serve process itself)."""
+
+    def __init__(self, proc: subprocess.Popen, port: int, log_path: str) -> None:
+        self.proc = proc
+        self.port = port
+        self.log_path = log_path
+        self.base = f"http://127.0.0.1:{port}"
+        self.engine_pid = 0
+        self.metrics_port = 0
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def find_engine(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.findall(r"engine started: pid (\d+), engine ready: grpc \S+ metrics (\d+)",
+                           self.log())
+            if m:
+                self.engine_pid, self.metrics_port = int(m[-1][0]), int(m[-1][1])
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"no 'engine started' line from serve:\n{self.log()}")
+
+    @property
+    def gateway_pid(self) -> int:
+        return self.proc.pid
+
+    def engine_metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def capacity(self, update: dict | None = None) -> list:
+        url = self.base + "/control/capacity"
+        if update is None:
+            req = urllib.request.Request(url)
+        else:
+            req = urllib.request.Request(url, data=json.dumps(update).encode(), method="POST",
+                                         headers={"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return json.loads(r.read())
+
+
+@contextlib.contextmanager
+def serve(*extra: str, grace: float = 0.5):
+    """A fresh `inference-lab serve` on free loopback ports (engine metrics on a free port
+    too); SIGTERM afterwards, and the engine child is killed if it outlives it."""
+    port, engine_port = free_port(), free_port()
+    log = tempfile.NamedTemporaryFile("w+", suffix=".serve.log", delete=False)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inference_lab", "serve", "--host", "127.0.0.1",
+         "--port", str(port), "--engine-port", str(engine_port), "--metrics-port", "0",
+         "--grace", str(grace), *extra],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=ROOT)
+    served = Served(proc, port, log.name)
+    try:
+        wait_http_ok(served.base + "/health", proc, log=served.log)
+        served.find_engine()
+        yield served
+    finally:
+        stop_process(proc, timeout=grace + 20)
+        for pid in {served.engine_pid} - {0}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        os.unlink(log.name)
+
+
+def start_loadgens(configs: list[dict]) -> list[subprocess.Popen]:
+    """One `_loadgen.py` process per config; each writes its JSON result to a temp file."""
+    procs = []
+    for cfg in configs:
+        fd, path = tempfile.mkstemp(suffix=".loadgen.json")
+        os.close(fd)
+        proc = subprocess.Popen([sys.executable, str(LOADGEN), json.dumps({**cfg, "out": path})],
+                                stdin=subprocess.DEVNULL, cwd=ROOT)
+        proc.result_path = path  # type: ignore[attr-defined]
+        procs.append(proc)
+    return procs
+
+
+def collect_loadgens(procs: list[subprocess.Popen], timeout: float) -> list[dict]:
+    out = []
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            raise RuntimeError("a load generator did not finish in time")
+        if p.returncode != 0:
+            raise RuntimeError(f"load generator exited with {p.returncode}")
+        with open(p.result_path) as f:  # type: ignore[attr-defined]
+            out.append(json.load(f))
+        os.unlink(p.result_path)  # type: ignore[attr-defined]
+    return out
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        path = getattr(p, "result_path", None)
+        if path:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def split(n: int, k: int) -> list[int]:
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+
+# ---- statistics ------------------------------------------------------------------------------
+def quantile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def histogram(text: str, name: str) -> tuple[list[tuple[float, float]], float, float]:
+    """Cumulative buckets [(le, count)], _count and _sum of a Prometheus histogram
+    (summed over label sets other than `le`)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: dict[float, float] = {}
+    count = total = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name != name:
+            continue
+        for s in family.samples:
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + s.value
+            elif s.name.endswith("_count"):
+                count += s.value
+            elif s.name.endswith("_sum"):
+                total += s.value
+    return sorted(buckets.items()), count, total
+
+
+def counter(text: str, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    value = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            value += sum(s.value for s in family.samples if s.name.endswith("_total")
+                         or s.name == name)
+    return value
+
+
+def histogram_delta(before, after):
+    b = dict(before[0])
+    return [(le, c - b.get(le, 0.0)) for le, c in after[0]], after[1] - before[1], after[2] - before[2]
+
+
+def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> tuple[float, bool]:
+    """Prometheus-style: linear within the bucket holding rank q*total. Returns (value,
+    overflow) where overflow means the rank fell in +Inf (value = highest finite bound)."""
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return float("nan"), False
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le, True
+            if c == prev_c:
+                return le, False
+            return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c), False
+        prev_le, prev_c = le, c
+    return prev_le, True
+
+
+# ---- py-spy ----------------------------------------------------------------------------------
+def start_pyspy(pid: int, seconds: float, out: str, rate: int = 100) -> subprocess.Popen | None:
+    """`py-spy record --format raw` (collapsed stacks) of `pid`, non-blocking; None when
+    py-spy is not installed."""
+    import shutil
+
+    exe = shutil.which("py-spy")
+    if exe is None:
+        print("py-spy not found (pip install py-spy): no profile", flush=True)
+        return None
+    return subprocess.Popen(
+        [exe, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))),
+         "--rate", str(rate), "--format", "raw", "--nonblocking", "-o", out],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+
+
+def _short(frame: str) -> str:
+    # py-spy raw frames look like "func (path/to/file.py:123)"; drop the line number
+    m = re.match(r"(.*) \((.*?)(?::\d+)?\)$", frame)
+    if not m:
+        return frame
+    func, path = m.groups()
+    parts = Path(path).parts
+    for anchor in ("site-packages", "main", "lib"):
+        if anchor in parts:
+            idx = len(parts) - 1 - parts[::-1].index(anchor)
+            path = "/".join(parts[idx + 1:])
+            break
+    return f"{func} ({path})"
+
+
+def summarize_profile(path: str, top: int = 15) -> str:
+    """Top functions by self and by inclusive share of the sampled (non-idle) stacks."""
+    own: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    total = 0
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return f"(no profile at {path})"
+    for line in lines:
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        count = int(n)
+        total += count
+        frames = [_short(fr) for fr in stack.split(";")]
+        frames = [fr for fr in frames if not fr.startswith("process ")
+                  and not fr.startswith("thread ")]
+        if not frames:
+            continue
+        own[frames[-1]] = own.get(frames[-1], 0) + count
+        for fr in set(frames):
+            incl[fr] = incl.get(fr, 0) + count
+    if not total:
+        return "(empty profile)"
+    rows = [f"  {total} samples (non-idle)", "  self %  function"]
+    rows += [f"  {100 * c / total:5.1f}  {fr}"
+             for fr, c in sorted(own.items(), key=lambda kv: -kv[1])[:top]]
+    rows += ["  incl %  function"]
+    rows += [f"  {100 * c / total:5.1f}  {fr}"
+             for fr, c in sorted(incl.items(), key=lambda kv: -kv[1])[:top]]
+    return "\n".join(rows)
+
+
+def write_json(path: str | None, data: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1, default=str)
