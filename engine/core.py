@@ -187,7 +187,11 @@ class EngineCore:
         """Run one iteration starting at max(now, the end of the previous one)."""
         start = now if now > self.clock else self.clock
         scheduler = self.scheduler
-        decision = scheduler.schedule()
+        if not scheduler.running:
+            head = scheduler.waiting.peek()
+            if head is not None and head.arrival > start:
+                start = head.arrival  # idle until then: nothing had arrived at `start`
+        decision = scheduler.schedule(start)
         full, wins = scheduler.group.attention() if decision.num_decodes else (0, None)
         pairs = [(n, req.num_computed) for req, n in decision.chunks]
         full_np, full_p, win_np, win_p = attention_sums(self.cost.windows, pairs, full, wins)

@@ -115,13 +115,15 @@ class Scheduler:
         return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 0.0
 
     # ---- the decision --------------------------------------------------------------
-    def schedule(self) -> Decision:
+    def schedule(self, now: float) -> Decision:
+        """The iteration starting at simulated time `now`: requests that arrive later
+        (a driver catching up on a step that began in the past) wait for the next one."""
         decision = Decision(num_decodes=0)
         budget = self.config.max_num_batched_tokens
         budget -= self._schedule_decodes(decision)
         budget = self._schedule_prefilling(decision, budget)
         if not decision.preempted:
-            self._admit_waiting(decision, budget)
+            self._admit_waiting(decision, budget, now)
         assert decision.num_tokens <= self.config.max_num_batched_tokens
         return decision
 
@@ -161,11 +163,11 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _admit_waiting(self, decision: Decision, budget: int) -> None:
+    def _admit_waiting(self, decision: Decision, budget: int, now: float) -> None:
         cap = self.config.max_num_seqs
         while budget > 0 and len(self.running) < cap:
             req = self.waiting.peek()
-            if req is None:
+            if req is None or req.arrival > now:
                 break
             n = self._chunk(req, budget)
             if n == 0:

@@ -190,3 +190,29 @@ def test_the_decode_group_matches_per_request_bookkeeping(seed, blocks, policy):
         else:
             assert r.status is Status.FINISHED_CANCELLED
     assert engine.scheduler.free_blocks == engine.total_blocks
+
+
+def test_a_step_that_began_before_an_arrival_does_not_admit_it():
+    # A driver catching up books steps at the previous step's end, which may be earlier
+    # than requests it has already queued: those wait for a step that starts after them.
+    engine = core()
+    engine.submit(16, 50, 0.0)
+    first = engine.step(0.0)
+    late = engine.submit(16, 5, first.end + 0.010)  # arrives 10 ms after the next start
+    second = engine.step(first.end)
+    assert late not in second.admitted and late.status is Status.WAITING
+    now = second.end
+    while late.status is Status.WAITING:
+        now = engine.step(now).end
+    assert late.first_scheduled >= late.arrival
+
+
+def test_an_engine_that_runs_dry_while_catching_up_starts_at_the_next_arrival():
+    engine = core()
+    engine.submit(16, 2, 0.0)
+    first = engine.step(0.0)  # prefill and the first token
+    queued = engine.submit(16, 3, first.end + 5.0)  # the engine is busy: its clock stays
+    second = engine.step(first.end)  # the last token; the queued one has not arrived
+    assert queued not in second.admitted
+    third = engine.step(second.end)
+    assert third.start == queued.arrival and queued in third.admitted
