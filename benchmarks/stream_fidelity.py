@@ -45,7 +45,7 @@ def run_one(clients: int, args: argparse.Namespace) -> dict:
     tokens = args.max_tokens
     loadgens = []
     spies = []
-    with C.serve() as served:
+    with C.serve(*args.serve_args.split()) as served:
         if args.max_num_seqs:
             served.capacity({"max_num_seqs": args.max_num_seqs})
         cap = served.capacity()[0]
@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="at most this long after the window for measured requests to finish")
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--max-num-seqs", type=int, help="POST /control/capacity before the run")
+    parser.add_argument("--serve-args", default="",
+                        help="extra flags for `inference-lab serve`, e.g. '--max-update-rate 20000'")
     parser.add_argument("--loadgen-procs", type=int, default=0,
                         help="load generator processes (default: 1, 2 above 256 clients)")
     parser.add_argument("--ceiling", type=float,

@@ -13,6 +13,12 @@ Rules (DESIGN.md, "Pacing"):
 - When late, every due step is taken in one wake-up and each stream gets one message
   with all its new tokens; the lag (wall clock minus the wall instant of the step end
   being delivered) is measured for every wake-up.
+- Mid-stream token updates are capped at `update_rate` per second across all streams:
+  with N live streams, a stream's next update waits until N / update_rate seconds after
+  its previous one (its tokens then go together). At a few dozen streams this is below
+  one step, so every step is delivered; at hundreds it keeps the process that relays the
+  tokens (the gateway) within what it can write. First tokens and completions are never
+  held back. 0 = no cap.
 """
 
 from __future__ import annotations
@@ -30,19 +36,22 @@ log = logging.getLogger(__name__)
 class Stream:
     """A delivery handle stored on Request.tag: where its progress goes."""
 
-    __slots__ = ("sink", "tag", "sent")
+    __slots__ = ("sink", "tag", "sent", "last")
 
     def __init__(self, sink, tag) -> None:
         self.sink = sink
         self.tag = tag
         self.sent = 0  # tokens already handed to the sink
+        self.last = 0.0  # loop time of the last hand-over
 
 
 class Pacer:
     def __init__(self, core: EngineCore, *, on_step: Callable[[StepResult], None] | None = None,
                  on_lag: Callable[[float], None] | None = None,
-                 on_finished: Callable[[Request], None] | None = None) -> None:
+                 on_finished: Callable[[Request], None] | None = None,
+                 update_rate: float = 0.0) -> None:
         self.core = core
+        self.update_rate = update_rate
         self.loop = asyncio.get_running_loop()
         self.epoch = self.loop.time()  # sim time 0
         self.live: dict[int, Request] = {}  # requests with a stream, not yet finished
@@ -159,17 +168,21 @@ class Pacer:
         """Hand each stream its due tokens (one message per stream), then due finishes."""
         g_due = self.g_due
         dirty = self._dirty_sinks
+        now = self.loop.time()
+        held_since = now - len(self.live) / self.update_rate if self.update_rate else now
         for req in self.live.values():
             stream = req.tag
             due = req.out_off + g_due if req.in_group else req.num_output
-            if due > stream.sent:
+            if due > stream.sent and (stream.sent == 0 or stream.last <= held_since):
                 stream.sent = due
+                stream.last = now
                 stream.sink.on_tokens(stream, due)
                 dirty.add(stream.sink)
         for req in self._finishing:  # its last token belongs to the step in flight
             stream = req.tag
-            if req.num_output - 1 > stream.sent:
+            if req.num_output - 1 > stream.sent and stream.last <= held_since:
                 stream.sent = req.num_output - 1
+                stream.last = now
                 stream.sink.on_tokens(stream, stream.sent)
                 dirty.add(stream.sink)
         if self._due_finished:

@@ -24,13 +24,18 @@ from inference_lab.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# Mid-stream token updates per second per model (see engine.pacer): what one gateway
+# core relays beside the HTTP work of hundreds of streams (BENCHMARKS.md).
+DEFAULT_UPDATE_RATE = 10_000.0
 SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 
 
 class EngineServer:
     def __init__(self, deployments: list[Deployment], host: str = "127.0.0.1", port: int = 50051,
-                 metrics_port: int | None = 9400, control_token: str | None = None) -> None:
+                 metrics_port: int | None = 9400, control_token: str | None = None,
+                 update_rate: float = DEFAULT_UPDATE_RATE) -> None:
         self.deployments = deployments
+        self.update_rate = update_rate  # cap on mid-stream token updates/s per model
         self.control_token = control_token  # required by SetCapacity when set
         self.host = host
         self.port = port
@@ -44,7 +49,8 @@ class EngineServer:
     async def start(self) -> None:
         cores = [EngineCore(d) for d in self.deployments]
         self.metrics = EngineMetrics(cores)
-        self.runtimes = [ModelRuntime(core, self.metrics.for_model(core)) for core in cores]
+        self.runtimes = [ModelRuntime(core, self.metrics.for_model(core), self.update_rate)
+                         for core in cores]
         self.service = EngineService(self.runtimes, self.control_token)
         server = grpc.aio.server(interceptors=[DecodeGuard()], options=[
             ("grpc.max_concurrent_streams", 100_000),

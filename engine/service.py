@@ -39,11 +39,11 @@ FINISH_REASON_PB = {
 class ModelRuntime:
     """One served model: its core, the pacer driving it, its metrics."""
 
-    def __init__(self, core: EngineCore, metrics: ModelMetrics) -> None:
+    def __init__(self, core: EngineCore, metrics: ModelMetrics, update_rate: float = 0.0) -> None:
         self.core = core
         self.metrics = metrics
         self.pacer = Pacer(core, on_step=metrics.on_step, on_lag=metrics.on_lag,
-                           on_finished=metrics.on_finished)
+                           on_finished=metrics.on_finished, update_rate=update_rate)
 
 
 # ---- core objects -> messages ------------------------------------------------------------
@@ -102,16 +102,14 @@ class SessionSink:
 
     def __init__(self) -> None:
         self.events: list[pb.Progress] = []
-        self.tags: list[int] = []
-        self.totals: list[int] = []
+        self.totals: dict[int, int] = {}  # tag -> tokens so far, latest wins
         self.open: dict[int, tuple[ModelRuntime, Request]] = {}
         self.ready = asyncio.Event()
         self.closing = False  # the engine is stopping: end the call once flushed
         self.ended = asyncio.Event()
 
     def on_tokens(self, stream: Stream, total: int) -> None:
-        self.tags.append(stream.tag)
-        self.totals.append(total)
+        self.totals[stream.tag] = total  # while the writer is blocked, updates merge
 
     def on_finished(self, stream: Stream, req: Request) -> None:
         self.open.pop(stream.tag, None)
@@ -121,10 +119,12 @@ class SessionSink:
         self.ready.set()
 
     def take(self) -> pb.ProgressBatch | None:
-        if not (self.events or self.tags):
+        if not (self.events or self.totals):
             return None
-        batch = pb.ProgressBatch(events=self.events, token_tags=self.tags, token_totals=self.totals)
-        self.events, self.tags, self.totals = [], [], []
+        totals = self.totals
+        batch = pb.ProgressBatch(events=self.events, token_tags=totals.keys(),
+                                 token_totals=totals.values())
+        self.events, self.totals = [], {}
         return batch
 
 
@@ -209,7 +209,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                 if sink.closing:
                     return  # the engine is stopping: end the call with OK
                 if reader.done() and (reader.exception() is not None or
-                                      not sink.open and not sink.events and not sink.tags):
+                                      not sink.open and not sink.events and not sink.totals):
                     reader.result()  # a reader failure (a malformed action) ends the call now
                     return
         finally:

@@ -44,6 +44,10 @@ CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    # No BDP probing: the flow-control window must stay small, so that a gateway that
+    # falls behind pushes back on the engine (which then merges each stream's tokens into
+    # fewer, larger updates) instead of gRPC buffering seconds of per-step batches.
+    ("grpc.http2.bdp_probe", 0),
 )
 _MODEL_REFRESH_MIN_INTERVAL_S = 1.0  # an unknown model name refreshes the cache at most this often
 _ENGINE_SERVICE = pb.DESCRIPTOR.services_by_name["Engine"].full_name

@@ -147,7 +147,12 @@ def envelope(err: GatewayError) -> bytes:
 
 def log_error(err: GatewayError, where: str) -> None:
     spec = err.spec
-    level = logging.WARNING if spec.status >= 500 and spec.status != 529 else logging.INFO
+    # A 529 is the product working as intended, possibly thousands of times a second:
+    # counted in /metrics, logged at DEBUG only.
+    if spec.status == 529:
+        level = logging.DEBUG
+    else:
+        level = logging.WARNING if spec.status >= 500 else logging.INFO
     log.log(level, "%s -> %d %s: %s", where, spec.status, spec.code, err.message)
 
 

@@ -32,6 +32,15 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="refuse arrivals once N requests wait, for every model (0 = unbounded)")
 
 
+def add_pacing_arguments(p: argparse.ArgumentParser) -> None:
+    from engine.server import DEFAULT_UPDATE_RATE
+
+    p.add_argument("--max-update-rate", type=float, default=DEFAULT_UPDATE_RATE, metavar="N",
+                   help="cap on mid-stream token updates per second per model: with many "
+                        "streams each stream's tokens are then sent together (first tokens and "
+                        f"completions never wait); 0 = every step (default {DEFAULT_UPDATE_RATE:.0f})")
+
+
 def load_deployments(args: argparse.Namespace):
     from engine.config import default_deployments, load_config_dir
     from inference_lab.cli import UsageError
@@ -51,6 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 = any free)")
     p.add_argument("--metrics-port", type=int, default=9400,
                    help="Prometheus /metrics port (default 9400; 0 = any free)")
+    add_pacing_arguments(p)
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds in-flight requests get to finish on SIGTERM (default 10)")
     add_control_token_argument(p, "SetCapacity, as gRPC metadata `authorization: Bearer TOKEN`")
@@ -74,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
     deployments = load_deployments(args)
     token = control_token(args)
-    server = EngineServer(deployments, args.host, args.port, args.metrics_port, control_token=token)
+    server = EngineServer(deployments, args.host, args.port, args.metrics_port, control_token=token,
+                          update_rate=args.max_update_rate)
     if token:
         log.info("SetCapacity requires the control token")
     try:

@@ -17,7 +17,7 @@ import socket
 import sys
 
 from inference_lab.auth_flags import CONTROL_TOKEN_ENV, control_token
-from inference_lab.cmd_engine import add_model_arguments, load_deployments
+from inference_lab.cmd_engine import add_model_arguments, add_pacing_arguments, load_deployments
 from inference_lab.cmd_gateway import add_gateway_arguments, gateway_app_kwargs
 
 log = logging.getLogger("inference_lab.serve")
@@ -44,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="engine gRPC port on 127.0.0.1 (default: any free port)")
     p.add_argument("--metrics-port", type=int, default=9400,
                    help="engine Prometheus /metrics port (default 9400; 0 = any free)")
+    add_pacing_arguments(p)
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds in-flight requests get to finish on shutdown (default 10)")
     p.set_defaults(func=run)
@@ -63,7 +64,7 @@ class EngineProcess:
         self.argv = [sys.executable, "-m", "inference_lab", "--log-level", args.log_level,
                      "engine", "--hardware", args.hardware, "--host", "127.0.0.1",
                      "--port", str(port), "--metrics-port", str(args.metrics_port),
-                     "--grace", str(args.grace)]
+                     "--grace", str(args.grace), "--max-update-rate", str(args.max_update_rate)]
         if args.config is not None:
             self.argv += ["--config", str(args.config)]
         if args.max_waiting is not None:
