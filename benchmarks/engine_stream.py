@@ -71,8 +71,8 @@ async def run_session(stub, clients: int, seconds: float, max_tokens: int) -> tu
     deadline = time.monotonic() + seconds
 
     def open_one():
-        return pb.SessionAction(open=pb.Open(tag=next(tags), request=pb.SubmitRequest(
-            prompt_tokens=16, max_tokens=max_tokens)))
+        return pb.SessionActions(actions=[pb.SessionAction(open=pb.Open(
+            tag=next(tags), request=pb.SubmitRequest(prompt_tokens=16, max_tokens=max_tokens)))])
 
     for _ in range(clients):
         await call.write(open_one())

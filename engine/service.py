@@ -222,12 +222,13 @@ class EngineService(engine_pb2_grpc.EngineServicer):
 
     async def _read_session(self, request_iterator, sink: SessionSink) -> None:
         try:
-            async for action in request_iterator:
-                kind = action.WhichOneof("action")
-                if kind == "open":
-                    self._session_open(action.open, sink)
-                elif kind == "cancel":
-                    self._session_cancel(action.cancel.tag, sink)
+            async for message in request_iterator:
+                for action in message.actions:
+                    kind = action.WhichOneof("action")
+                    if kind == "open":
+                        self._session_open(action.open, sink)
+                    elif kind == "cancel":
+                        self._session_cancel(action.cancel.tag, sink)
                 sink.flush()
         finally:
             sink.flush()  # let the writer notice the end of input

@@ -133,11 +133,21 @@ class _Session:
         self._outbox.put_nowait(action)
 
     async def _actions(self):  # the request iterator grpc.aio consumes
+        """Every action queued by the time gRPC is ready for the next message goes in it:
+        a burst of requests costs one message, not one each."""
+        outbox = self._outbox
         while True:
-            action = await self._outbox.get()
+            action = await outbox.get()
             if action is None:
                 return
-            yield action
+            actions = [action]
+            while not outbox.empty():
+                action = outbox.get_nowait()
+                if action is None:
+                    yield pb.SessionActions(actions=actions)
+                    return
+                actions.append(action)
+            yield pb.SessionActions(actions=actions)
 
     async def _dispatch(self) -> None:
         reason = "the engine closed the session"

@@ -89,16 +89,17 @@ class FakeEngine(pb_grpc.EngineServicer):
         await self.sessions.add(context)
 
         async def read() -> None:
-            async for action in request_iterator:
-                if action.HasField("open"):
-                    await self.opened.add(action.open)
-                    self._answer(action.open, out, held)
-                elif action.HasField("cancel"):
-                    tag = action.cancel.tag
-                    await self.cancelled.add(tag)
-                    if tag in held:
-                        held.discard(tag)
-                        out.put_nowait(_batch(_finished(tag, pb.FINISH_REASON_CANCELLED, 0)))
+            async for message in request_iterator:
+                for action in message.actions:
+                    if action.HasField("open"):
+                        await self.opened.add(action.open)
+                        self._answer(action.open, out, held)
+                    elif action.HasField("cancel"):
+                        tag = action.cancel.tag
+                        await self.cancelled.add(tag)
+                        if tag in held:
+                            held.discard(tag)
+                            out.put_nowait(_batch(_finished(tag, pb.FINISH_REASON_CANCELLED, 0)))
             out.put_nowait(None)
 
         reader = asyncio.get_running_loop().create_task(read())

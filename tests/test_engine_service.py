@@ -146,7 +146,8 @@ async def test_a_session_multiplexes_requests_with_packed_token_progress():
         call = stub.Session()
 
         async def open_(tag):
-            await call.write(pb.SessionAction(open=pb.Open(tag=tag, request=submit_request(max_tokens=30 + tag))))
+            await call.write(pb.SessionActions(actions=[
+                pb.SessionAction(open=pb.Open(tag=tag, request=submit_request(max_tokens=30 + tag)))]))
 
         totals, outcome = {}, {}
         await open_(1)
@@ -170,7 +171,7 @@ async def test_a_session_multiplexes_requests_with_packed_token_progress():
                 elif kind == "finished":
                     outcome[event.tag] = event.finished
             if not cancelled and totals.get(1):
-                await call.write(pb.SessionAction(cancel=pb.Cancel(tag=1)))
+                await call.write(pb.SessionActions(actions=[pb.SessionAction(cancel=pb.Cancel(tag=1))]))
                 cancelled = True
         await call.done_writing()
     assert outcome[5] == "rejected"  # 2 running + 2 waiting, the fifth refused

@@ -504,11 +504,14 @@ session_action = st.one_of(
 
 
 @fuzz(150)
-@given(actions=st.lists(session_action, max_size=8), garbage=st.booleans())
+@given(actions=st.lists(session_action, max_size=8), per_message=st.integers(1, 3),
+       garbage=st.booleans())
 def test_a_session_answers_every_open_once_and_a_malformed_action_ends_it_with_invalid_argument(
-        lab, actions, garbage):
+        lab, actions, per_message, garbage):
     TRIED["gRPC Session Open/Cancel"] += 1
-    messages = [a.SerializeToString() for a in actions] + ([b"\xff\xff\xff"] if garbage else [])
+    messages = [pb.SessionActions(actions=actions[i:i + per_message]).SerializeToString()
+                for i in range(0, len(actions), per_message)]
+    messages += [b"\xff\xff\xff"] if garbage else []
     call = lab.channel.stream_stream("/inference_lab.v1.Engine/Session")(iter(messages), timeout=20)
     finals: collections.Counter[int] = collections.Counter()
     try:

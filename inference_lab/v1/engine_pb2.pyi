@@ -95,6 +95,12 @@ class Rejected(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
+class SessionActions(_message.Message):
+    __slots__ = ("actions",)
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    actions: _containers.RepeatedCompositeFieldContainer[SessionAction]
+    def __init__(self, actions: _Optional[_Iterable[_Union[SessionAction, _Mapping]]] = ...) -> None: ...
+
 class SessionAction(_message.Message):
     __slots__ = ("open", "cancel")
     OPEN_FIELD_NUMBER: _ClassVar[int]

@@ -41,7 +41,7 @@ class EngineStub:
                 _registered_method=True)
         self.Session = channel.stream_stream(
                 '/inference_lab.v1.Engine/Session',
-                request_serializer=inference__lab_dot_v1_dot_engine__pb2.SessionAction.SerializeToString,
+                request_serializer=inference__lab_dot_v1_dot_engine__pb2.SessionActions.SerializeToString,
                 response_deserializer=inference__lab_dot_v1_dot_engine__pb2.ProgressBatch.FromString,
                 _registered_method=True)
         self.GetCapacity = channel.unary_unary(
@@ -78,8 +78,9 @@ class EngineServicer:
 
     def Session(self, request_iterator, context):
         """Many requests over one bidirectional stream. The client sends Open and Cancel
-        actions tagged with its own ids; the engine answers with batches of Progress, at
-        most one batch per engine wake-up. A refusal is a Progress carrying Rejected.
+        actions tagged with its own ids, as many per message as it has ready; the engine
+        answers with batches of Progress, at most one batch per engine wake-up (plus the
+        answers to each message of actions). A refusal is a Progress carrying Rejected.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -120,7 +121,7 @@ def add_EngineServicer_to_server(servicer, server):
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
-                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.SessionAction.FromString,
+                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.SessionActions.FromString,
                     response_serializer=inference__lab_dot_v1_dot_engine__pb2.ProgressBatch.SerializeToString,
             ),
             'GetCapacity': grpc.unary_unary_rpc_method_handler(
@@ -191,7 +192,7 @@ class Engine:
             request_iterator,
             target,
             '/inference_lab.v1.Engine/Session',
-            inference__lab_dot_v1_dot_engine__pb2.SessionAction.SerializeToString,
+            inference__lab_dot_v1_dot_engine__pb2.SessionActions.SerializeToString,
             inference__lab_dot_v1_dot_engine__pb2.ProgressBatch.FromString,
             options,
             channel_credentials,
