@@ -314,6 +314,21 @@ def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> tuple[fl
 
 
 # ---- py-spy ----------------------------------------------------------------------------------
+def start_profiles(directory: str | None, pids: dict[str, list[int]], seconds: float,
+                   suffix: str) -> list[tuple[str, str, subprocess.Popen]]:
+    """py-spy the engine and the gateway for `seconds` when `directory` is given:
+    [(name, output file, py-spy process)]."""
+    spies = []
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+        for name in ("engine", "gateway"):
+            out = os.path.join(directory, f"{name}-{suffix}.txt")
+            spy = start_pyspy(pids[name][0], seconds, out)
+            if spy is not None:
+                spies.append((name, out, spy))
+    return spies
+
+
 def start_pyspy(pid: int, seconds: float, out: str, rate: int = 100) -> subprocess.Popen | None:
     """`py-spy record --format raw` (collapsed stacks) of `pid`, non-blocking; None when
     py-spy is not installed."""

@@ -13,55 +13,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
+import _common as C
 import grpc
 
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+LAG = "inference_lab_pacing_lag_seconds"
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def metrics_text(port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
 
 
-def lag_histogram(metrics_port: int) -> dict[float, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-    buckets = {}
-    for le, value in re.findall(r'inference_lab_pacing_lag_seconds_bucket\{le="([^"]+)"[^}]*\} (\S+)', text):
-        buckets[float("inf") if le == "+Inf" else float(le)] = float(value)
-    return buckets
-
-
-def quantile(before: dict, after: dict, q: float) -> float:
-    """Bucket-interpolated quantile of the histogram difference."""
-    edges = sorted(after)
-    counts = [after[e] - before.get(e, 0.0) for e in edges]
-    total = counts[-1]
-    if total <= 0:
-        return 0.0
-    rank = q * total
-    prev_edge, prev_count = 0.0, 0.0
-    for edge, count in zip(edges, counts):
-        if count >= rank:
-            if edge == float("inf"):
-                return prev_edge
-            return prev_edge + (edge - prev_edge) * (rank - prev_count) / max(count - prev_count, 1e-12)
-        prev_edge, prev_count = edge, count
-    return edges[-2]
+def lag_quantile(before: str, after: str, q: float) -> float:
+    buckets = C.histogram_delta(C.histogram(before, LAG), C.histogram(after, LAG))[0]
+    return C.histogram_quantile(buckets, q)[0]
 
 
 async def run_session(stub, clients: int, seconds: float, max_tokens: int) -> tuple[int, int, int]:
@@ -108,7 +81,7 @@ async def run_submit(stub, clients: int, seconds: float, max_tokens: int) -> tup
 
 
 async def main_async(args) -> None:
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = C.free_port(), C.free_port()
     engine = subprocess.Popen([sys.executable, "-m", "inference_lab", "--log-level", "WARNING",
                                "engine", "--port", str(port), "--metrics-port", str(metrics_port)],
                               stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
@@ -118,13 +91,13 @@ async def main_async(args) -> None:
             stub = engine_pb2_grpc.EngineStub(channel)
             run = run_session if args.mode == "session" else run_submit
             await run(stub, args.clients, 1.5, args.max_tokens)  # warm-up
-            lag0, cpu0, self0, wall0 = (lag_histogram(metrics_port), cpu_seconds(engine.pid),
+            lag0, cpu0, self0, wall0 = (metrics_text(metrics_port), C.proc_cpu(engine.pid),
                                         time.process_time(), time.perf_counter())
             messages, token_msgs, finished = await run(stub, args.clients, args.seconds, args.max_tokens)
             wall = time.perf_counter() - wall0
-            engine_cpu = cpu_seconds(engine.pid) - cpu0
+            engine_cpu = C.proc_cpu(engine.pid) - cpu0
             client_cpu = time.process_time() - self0
-            lag1 = lag_histogram(metrics_port)
+            lag1 = metrics_text(metrics_port)
         generated = finished * args.max_tokens
         print(f"mode {args.mode}, {args.clients} concurrent requests of {args.max_tokens} tokens, "
               f"{wall:.1f} s (load average {os.getloadavg()[0]:.2f})")
@@ -133,8 +106,8 @@ async def main_async(args) -> None:
         print(f"tokens/s generated (finished requests): {generated / wall:,.0f}")
         print(f"engine CPU: {engine_cpu / wall:.2f} cores, {1000 * engine_cpu / max(generated, 1):.3f} CPU s "
               f"per 1,000 tokens; client CPU {client_cpu / wall:.2f} cores")
-        print(f"pacing lag p50 {1000 * quantile(lag0, lag1, 0.5):.2f} ms, "
-              f"p99 {1000 * quantile(lag0, lag1, 0.99):.2f} ms")
+        print(f"pacing lag p50 {1000 * lag_quantile(lag0, lag1, 0.5):.2f} ms, "
+              f"p99 {1000 * lag_quantile(lag0, lag1, 0.99):.2f} ms")
     finally:
         engine.terminate()
         engine.wait(timeout=30)

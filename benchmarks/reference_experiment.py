@@ -16,20 +16,11 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
 
+import _common as C
 import aiohttp
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def stream_once(session: aiohttp.ClientSession, url: str, max_tokens: int) -> tuple[float, int, dict]:
@@ -74,32 +65,15 @@ async def phase(session, url, clients: int, seconds: float, max_tokens: int) -> 
 
 
 async def main_async(args) -> None:
-    port, engine_port = free_port(), free_port()
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "inference_lab", "--log-level", "WARNING", "serve", "--port", str(port),
-         "--engine-port", str(engine_port), "--metrics-port", "0"],
-        stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    url = base + "/v1/chat/completions"
-    try:
+    with C.serve() as served:
+        url = served.base + "/v1/chat/completions"
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            for _ in range(300):  # wait for /health, bounded
-                try:
-                    async with session.get(base + "/health") as resp:
-                        if resp.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
             await phase(session, url, args.clients, 1.0, args.max_tokens)  # warm-up load
             wide = await phase(session, url, args.clients, args.seconds, args.max_tokens)
-            async with session.post(base + "/control/capacity", json={"max_num_seqs": 8}) as resp:
+            async with session.post(served.base + "/control/capacity", json={"max_num_seqs": 8}) as resp:
                 assert resp.status == 200
             await phase(session, url, args.clients, 1.0, args.max_tokens)  # settle into cohorts
             narrow = await phase(session, url, args.clients, args.seconds, args.max_tokens)
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(timeout=30)
     print(f"{args.clients} streaming clients, {args.max_tokens}-token responses, "
           f"{args.seconds:.0f} s per phase (load average {os.getloadavg()[0]:.2f})")
     for name, r, target in (("max_num_seqs 256", wide, 293), ("max_num_seqs 8", narrow, 646)):

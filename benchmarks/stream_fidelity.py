@@ -65,13 +65,7 @@ def run_one(clients: int, args: argparse.Namespace) -> dict:
             pids = {"gateway": [served.gateway_pid], "engine": [served.engine_pid],
                     "loadgen": [p.pid for p in loadgens]}
             time.sleep(max(0.0, t_warm - time.monotonic()))
-            if args.profile:
-                os.makedirs(args.profile, exist_ok=True)
-                for name in ("engine", "gateway"):
-                    out = os.path.join(args.profile, f"{name}-{clients}.txt")
-                    spy = C.start_pyspy(pids[name][0], args.duration, out)
-                    if spy is not None:
-                        spies.append((name, out, spy))
+            spies = C.start_profiles(args.profile, pids, args.duration, f"{clients}")
             cpu0, m0, w0 = C.cpu_snapshot(pids), served.engine_metrics(), time.monotonic()
             time.sleep(max(0.0, t_end - time.monotonic()))
             cpu1, m1, w1 = C.cpu_snapshot(pids), served.engine_metrics(), time.monotonic()
