@@ -17,8 +17,8 @@ Rules (DESIGN.md, "Pacing"):
   with N live streams, a stream's next update waits until N / update_rate seconds after
   its previous one (its tokens then go together). At a few dozen streams this is below
   one step, so every step is delivered; at hundreds it keeps the process that relays the
-  tokens (the gateway) within what it can write. First tokens and completions are never
-  held back. 0 = no cap.
+  tokens (the gateway) within what it can write; and never more often than every 1 ms
+  (MIN_UPDATE_INTERVAL). First tokens and completions are never held back. 0 = no cap.
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ from engine.core import EngineCore, StepResult
 from engine.request import Request, Status
 
 log = logging.getLogger(__name__)
+
+
+# With the update cap on, no stream gets mid-stream updates more often than this, even
+# alone: a lone decode steps every ~0.5 ms, and a message per step is pure overhead.
+MIN_UPDATE_INTERVAL = 0.001
 
 
 class Stream:
@@ -169,7 +174,10 @@ class Pacer:
         g_due = self.g_due
         dirty = self._dirty_sinks
         now = self.loop.time()
-        held_since = now - len(self.live) / self.update_rate if self.update_rate else now
+        if self.update_rate:
+            held_since = now - max(len(self.live) / self.update_rate, MIN_UPDATE_INTERVAL)
+        else:
+            held_since = now
         for req in self.live.values():
             stream = req.tag
             due = req.out_off + g_due if req.in_group else req.num_output
