@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 
-from engine.cost import AttentionLoad
 from engine.request import Request
 
 
@@ -92,10 +91,6 @@ class DecodeGroup:
             for j, w in enumerate(self.windows)
         )
         return full, wins
-
-    def load(self) -> AttentionLoad:
-        full, wins = self.attention()
-        return AttentionLoad(full, full, wins, wins)
 
     def advance(self) -> list[Request]:
         """Take one step: every member computes one position and samples one token.
