@@ -7,6 +7,7 @@ import asyncio
 import gc
 import logging
 import signal
+import sys
 from pathlib import Path
 
 from inference_lab.auth_flags import add_control_token_argument, control_token
@@ -79,6 +80,7 @@ async def run_until_signal(server, grace: float) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 50, 100)
+    sys.setswitchinterval(0.0005)  # grpc.aio's poller thread should not wait 5 ms for the GIL
     print(f"engine ready: grpc {server.host}:{server.port} metrics {server.metrics_port}", flush=True)
     await stop.wait()
     log.info("stopping: draining in-flight requests for up to %.1f s", grace)
