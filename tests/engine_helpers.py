@@ -16,13 +16,14 @@ from inference_lab.v1 import engine_pb2_grpc
 
 @contextlib.asynccontextmanager
 async def running_engine(max_waiting: int | None = None, max_num_seqs: int | None = None,
-                         deployments=None):
-    """The real engine (gpt-oss-20b on b200 by default) on 127.0.0.1, free ports."""
+                         deployments=None, **server_options):
+    """The real engine (gpt-oss-20b on b200 by default) on 127.0.0.1, free ports;
+    server_options go to EngineServer (update_rate, control_token)."""
     deployments = deployments or default_deployments("b200", max_waiting)
     if max_num_seqs is not None:
         for d in deployments:
             d.scheduler.max_num_seqs = max_num_seqs
-    server = EngineServer(deployments, "127.0.0.1", 0, 0)
+    server = EngineServer(deployments, "127.0.0.1", 0, 0, **server_options)
     await server.start()
     try:
         yield server

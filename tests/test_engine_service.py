@@ -229,3 +229,19 @@ async def test_health_is_serving_and_metrics_use_vllm_names():
     assert 'inference_lab_rejections_total{model_name="gpt-oss-20b",reason="QUEUE_SATURATED"} 1.0' in text
     assert 'inference_lab_max_waiting{model_name="gpt-oss-20b"} 1.0' in text
     assert "vllm:time_to_first_token_seconds_bucket" in text
+
+
+async def test_the_update_cap_groups_mid_stream_tokens_but_never_delays_the_first_or_last():
+    # 100 updates/s for one stream: at most one every 10 ms, over a ~90 ms reply.
+    async with running_engine(update_rate=100.0) as server, engine_stub(server) as stub:
+        capped = await collect(stub.Submit(submit_request(max_tokens=200)))
+    async with running_engine(update_rate=0.0) as server, engine_stub(server) as stub:
+        every_step = await collect(stub.Submit(submit_request(max_tokens=200)))
+    for events in (capped, every_step):
+        tokens = [e.tokens for e in events if e.HasField("tokens")]
+        assert tokens[0].total_tokens == 1  # the first token is never held back
+        assert sum(t.new_tokens for t in tokens) == tokens[-1].total_tokens == 200
+        assert events[-1].finished.completion_tokens == 200
+    capped_updates = sum(e.HasField("tokens") for e in capped)
+    assert capped_updates <= 15  # ~90 ms / 10 ms, plus the first and the last
+    assert sum(e.HasField("tokens") for e in every_step) > 3 * capped_updates
