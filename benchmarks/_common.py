@@ -313,6 +313,36 @@ def histogram_quantile(buckets: list[tuple[float, float]], q: float) -> tuple[fl
     return prev_le, True
 
 
+# ---- a measured window -------------------------------------------------------------------------
+def measure_window(served: "Served", loadgens: list[subprocess.Popen], start: float, stop: float,
+                   *, profile: str | None, duration: float, suffix: str,
+                   collect_timeout: float) -> tuple[dict, str, str, float, list[dict], dict]:
+    """Wait until monotonic `start`, then measure until `stop`: CPU of the gateway, the
+    engine and the load generators (plus "others"), the engine's /metrics at both ends,
+    py-spy of engine and gateway when `profile` is a directory. Returns (cpu, metrics
+    before, metrics after, wall seconds, the load generators' results, {process: py-spy
+    output file})."""
+    pids = {"gateway": [served.gateway_pid], "engine": [served.engine_pid],
+            "loadgen": [p.pid for p in loadgens]}
+    time.sleep(max(0.0, start - time.monotonic()))
+    spies = start_profiles(profile, pids, duration, suffix)
+    try:
+        cpu0, m0, w0 = cpu_snapshot(pids), served.engine_metrics(), time.monotonic()
+        time.sleep(max(0.0, stop - time.monotonic()))
+        cpu1, m1, w1 = cpu_snapshot(pids), served.engine_metrics(), time.monotonic()
+        results = collect_loadgens(loadgens, timeout=collect_timeout)
+        for _, _, spy in spies:
+            try:
+                spy.wait(timeout=30)
+            except Exception:
+                spy.kill()
+    finally:
+        stop_all([spy for _, _, spy in spies])
+    cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
+    cpu["others"] = others(cpu)
+    return cpu, m0, m1, w1 - w0, results, {name: out for name, out, _ in spies}
+
+
 # ---- py-spy ----------------------------------------------------------------------------------
 def start_profiles(directory: str | None, pids: dict[str, list[int]], seconds: float,
                    suffix: str) -> list[tuple[str, str, subprocess.Popen]]:

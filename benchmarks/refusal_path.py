@@ -69,7 +69,6 @@ def wait_saturated(served: C.Served, timeout: float = 15.0) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     loadgens = []
-    spies = []
     holders: list[Holder] = []
     with C.serve() as served:
         try:
@@ -103,30 +102,16 @@ def run(args: argparse.Namespace) -> dict:
                         "t0": t0 + i / args.rate}
                        for i, n in enumerate(C.split(count, procs)) if n]
             loadgens = C.start_loadgens(configs)
-            pids = {"gateway": [served.gateway_pid], "engine": [served.engine_pid],
-                    "loadgen": [p.pid for p in loadgens]}
-            time.sleep(max(0.0, t0 - time.monotonic()))
-            spies = C.start_profiles(args.profile, pids, args.duration, "refusal")
-            cpu0, m0, w0 = C.cpu_snapshot(pids), served.engine_metrics(), time.monotonic()
-            time.sleep(max(0.0, t_stop - time.monotonic()))
-            cpu1, m1, w1 = C.cpu_snapshot(pids), served.engine_metrics(), time.monotonic()
-            results = C.collect_loadgens(loadgens, timeout=30)
+            cpu, m0, m1, wall, results, profiles = C.measure_window(
+                served, loadgens, t0, t_stop, profile=args.profile, duration=args.duration,
+                suffix="refusal", collect_timeout=30)
             cap_after = served.capacity()[0]
-            for _, _, spy in spies:
-                try:
-                    spy.wait(timeout=30)
-                except Exception:
-                    spy.kill()
         finally:
             C.stop_all(loadgens)
-            C.stop_all([spy for _, _, spy in spies])
             for h in holders:
                 h.stop.set()
             for h in holders:
                 h.join(timeout=5)
-    wall = w1 - w0
-    cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
-    cpu["others"] = C.others(cpu)
     records = [r for res in results for r in res["records"]]
     statuses: dict[str, int] = {}
     for res in results:
@@ -165,7 +150,7 @@ def run(args: argparse.Namespace) -> dict:
         "baseline_cpu_frac": baseline,
         "net_cpu_us_per_refusal": {k: 1e6 * (cpu[k] - baseline[k] * wall) / n_ref for k in baseline},
         "holder_bytes": [h.received for h in holders],
-        "profiles": {name: out for name, out, _ in spies},
+        "profiles": profiles,
     }
 
 

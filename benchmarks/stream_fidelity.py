@@ -44,7 +44,6 @@ FRAMES_PER_RESPONSE_EXTRA = 3  # role chunk, final chunk, [DONE]
 def run_one(clients: int, args: argparse.Namespace) -> dict:
     tokens = args.max_tokens
     loadgens = []
-    spies = []
     with C.serve(*args.serve_args.split()) as served:
         if args.max_num_seqs:
             served.capacity({"max_num_seqs": args.max_num_seqs})
@@ -62,26 +61,12 @@ def run_one(clients: int, args: argparse.Namespace) -> dict:
         try:
             loadgens = C.start_loadgens([{**base, "clients": n}
                                          for n in C.split(clients, procs) if n])
-            pids = {"gateway": [served.gateway_pid], "engine": [served.engine_pid],
-                    "loadgen": [p.pid for p in loadgens]}
-            time.sleep(max(0.0, t_warm - time.monotonic()))
-            spies = C.start_profiles(args.profile, pids, args.duration, f"{clients}")
-            cpu0, m0, w0 = C.cpu_snapshot(pids), served.engine_metrics(), time.monotonic()
-            time.sleep(max(0.0, t_end - time.monotonic()))
-            cpu1, m1, w1 = C.cpu_snapshot(pids), served.engine_metrics(), time.monotonic()
-            results = C.collect_loadgens(loadgens, timeout=args.tail + 60)
-            for _, _, spy in spies:
-                try:
-                    spy.wait(timeout=30)
-                except Exception:
-                    spy.kill()
+            cpu, m0, m1, wall, results, profiles = C.measure_window(
+                served, loadgens, t_warm, t_end, profile=args.profile, duration=args.duration,
+                suffix=f"{clients}", collect_timeout=args.tail + 60)
         finally:
             C.stop_all(loadgens)
-            C.stop_all([spy for _, _, spy in spies])
 
-    wall = w1 - w0
-    cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
-    cpu["others"] = C.others(cpu)
     frames = sum(r["win_frames"] for r in results)
     writes = sum(r["win_writes"] for r in results)
     delivered = frames * tokens / (tokens + FRAMES_PER_RESPONSE_EXTRA)
@@ -129,7 +114,7 @@ def run_one(clients: int, args: argparse.Namespace) -> dict:
         "gateway_cpu_per_1k_tokens": 1000 * cpu["gateway"] / delivered if delivered else float("nan"),
         "loadgen_cpu_per_1k_tokens": 1000 * cpu["loadgen"] / delivered if delivered else float("nan"),
         "gateway_events_per_cpu_s": gw_events_per_cpu,
-        "profiles": {name: out for name, out, _ in spies},
+        "profiles": profiles,
     }
 
 
