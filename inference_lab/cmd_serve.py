@@ -128,12 +128,14 @@ async def serve(args: argparse.Namespace) -> None:
     await engine.start()
     supervisor = asyncio.get_running_loop().create_task(engine.supervise())
     gateway = asyncio.get_running_loop().create_task(run_gateway(
-        f"127.0.0.1:{engine.port}", host=args.host, port=args.port, **gateway_app_kwargs(args)))
+        f"127.0.0.1:{engine.port}", host=args.host, port=args.port,
+        on_ready=lambda bound: print(f"serving on http://{args.host}:{bound} (Ctrl-C to stop)",
+                                     flush=True),
+        **gateway_app_kwargs(args)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print(f"serving on http://{args.host}:{args.port} (Ctrl-C to stop)", flush=True)
     stopper = loop.create_task(stop.wait())
     await asyncio.wait({gateway, stopper}, return_when=asyncio.FIRST_COMPLETED)
     stopper.cancel()
