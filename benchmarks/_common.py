@@ -103,15 +103,19 @@ def others(cpu_delta: dict[str, float]) -> float:
     return cpu_delta["machine"] - sum(v for k, v in cpu_delta.items() if k != "machine")
 
 
-def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> int | None:
+    """SIGTERM, then SIGKILL after `timeout`; the exit status when SIGTERM sufficed
+    (or the process had already exited), else None."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=timeout)
+            return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+            return None
+    return proc.returncode
 
 
 def wait_http_ok(url: str, proc: subprocess.Popen, timeout: float = 60.0, log=None) -> None:
@@ -139,6 +143,7 @@ class Served:
         self.base = f"http://127.0.0.1:{port}"
         self.engine_pid = 0
         self.metrics_port = 0
+        self.exit_status: int | None = None  # of serve, once stopped
 
     def log(self) -> str:
         with open(self.log_path) as f:
@@ -192,7 +197,7 @@ def serve(*extra: str, grace: float = 0.5):
         served.find_engine()
         yield served
     finally:
-        stop_process(proc, timeout=grace + 20)
+        served.exit_status = stop_process(proc, timeout=grace + 20)
         for pid in {served.engine_pid} - {0}:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

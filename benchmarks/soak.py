@@ -17,20 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import re
-import signal
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 
+import _common as C
 import aiohttp
 
 MODEL = "gpt-oss-20b"
@@ -68,12 +60,6 @@ class Counts:
 # ---- processes ---------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def rss_mib(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -82,60 +68,8 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-class Serve:
-    """`inference-lab serve` on free ports, its log in a temporary file; stop() in finally."""
-
-    def __init__(self) -> None:
-        self.port, engine_port = free_port(), free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self._log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "inference_lab", "serve", "--port", str(self.port),
-             "--engine-port", str(engine_port), "--metrics-port", "0", "--grace", "2"],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.engine_pid = 0
-
-    def log(self) -> str:
-        with open(self._log.name) as f:
-            return f.read()
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"serve exited with {self.proc.returncode}:\n{self.log()}")
-            match = re.search(r"engine started: pid (\d+)", self.log())
-            if match:
-                self.engine_pid = int(match.group(1))
-                try:
-                    with urllib.request.urlopen(self.base + "/health", timeout=2) as resp:
-                        if resp.status == 200:
-                            return
-                except (urllib.error.URLError, ConnectionError, TimeoutError):
-                    pass
-            time.sleep(0.1)
-        raise RuntimeError(f"serve did not become healthy in {timeout} s:\n{self.log()}")
-
-    def stop(self) -> int | None:
-        code = None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                code = self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.engine_pid:
-            try:
-                os.kill(self.engine_pid, signal.SIGKILL)  # only if serve left it behind
-            except ProcessLookupError:
-                pass
-        os.unlink(self._log.name)
-        return code
-
-    def rss(self) -> dict[str, float]:
-        return {"gateway (serve)": rss_mib(self.proc.pid), "engine": rss_mib(self.engine_pid)}
+def rss_of(served: C.Served) -> dict[str, float]:
+    return {"gateway (serve)": rss_mib(served.gateway_pid), "engine": rss_mib(served.engine_pid)}
 
 
 # ---- load ------------------------------------------------------------------------------------
@@ -205,10 +139,10 @@ async def sample(http: aiohttp.ClientSession, base: str, samples: list, stop_at:
         await asyncio.sleep(0.25)
 
 
-async def drive(serve: Serve, cfg: Config) -> dict:
+async def drive(serve: C.Served, cfg: Config) -> dict:
     rng = random.Random(cfg.seed)
     counts = Counts()
-    rss: dict[str, dict[str, float]] = {"start": serve.rss()}
+    rss: dict[str, dict[str, float]] = {"start": rss_of(serve)}
     timeout = aiohttp.ClientTimeout(total=None, sock_read=30)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=timeout) as http:
@@ -222,7 +156,7 @@ async def drive(serve: Serve, cfg: Config) -> dict:
         samples: list[dict] = []
         sampler = asyncio.create_task(sample(http, serve.base, samples, stop_at))
         await asyncio.sleep(cfg.warmup)
-        rss["after warm-up"] = serve.rss()
+        rss["after warm-up"] = rss_of(serve)
         tokens_at_warm = counts.tokens
         await asyncio.wait_for(asyncio.gather(*tasks), cfg.duration + 60)
         await sampler
@@ -232,7 +166,7 @@ async def drive(serve: Serve, cfg: Config) -> dict:
         while (after["waiting"], after["running"]) != (0, 0) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
             after = await capacity(http, serve.base)
-        rss["end"] = serve.rss()
+        rss["end"] = rss_of(serve)
     growth = {name: 100.0 * (rss["end"][name] - rss["after warm-up"][name]) / rss["after warm-up"][name]
               for name in rss["end"]}
     return {
@@ -249,13 +183,9 @@ async def drive(serve: Serve, cfg: Config) -> dict:
 
 
 def run_soak(cfg: Config) -> dict:
-    serve = Serve()
-    try:
-        serve.wait_ready()
-        result = asyncio.run(drive(serve, cfg))
-    finally:
-        result_code = serve.stop()
-    result["serve_exit_status"] = result_code
+    with C.serve(grace=2.0) as served:
+        result = asyncio.run(drive(served, cfg))
+    result["serve_exit_status"] = served.exit_status
     return result
 
 

@@ -13,6 +13,8 @@ SOAK = Path(__file__).resolve().parent.parent / "benchmarks" / "soak.py"
 
 
 def load_soak():
+    if str(SOAK.parent) not in sys.path:
+        sys.path.insert(0, str(SOAK.parent))  # soak.py imports benchmarks/_common.py
     spec = importlib.util.spec_from_file_location("benchmarks_soak", SOAK)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
