@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 
 import _common as C

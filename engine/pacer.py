@@ -91,6 +91,10 @@ class Pacer:
             self.core.cancel(req, self.sim_now(), status)
             self._wake.set()  # capacity freed: a stalled engine may progress
 
+    def open_streams(self) -> int:
+        """Requests whose stream has not heard its Finished yet."""
+        return len(self.live) + len(self._finishing)
+
     def poke(self) -> None:
         """Capacity changed or work arrived: re-evaluate now."""
         self._wake.set()

@@ -83,7 +83,7 @@ class EngineServer:
                  f"http://{self.host}:{self.metrics_port}/metrics" if self.metrics_port else "off")
 
     def live_requests(self) -> int:
-        return sum(len(rt.pacer.live) + len(rt.pacer._finishing) for rt in self.runtimes)
+        return sum(rt.pacer.open_streams() for rt in self.runtimes)
 
     async def stop(self, grace: float = 5.0) -> None:
         """Graceful: NOT_SERVING, refuse new work, drain up to `grace` seconds, stop."""

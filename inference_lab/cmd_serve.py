@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -82,10 +83,12 @@ class EngineProcess:
             env=self.env, start_new_session=True)  # Ctrl-C reaches us; we stop the engine in order
         try:
             line = await asyncio.wait_for(self.proc.stdout.readline(), READY_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError:  # alive but not ready in time: give up on it
             line = b""
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
         if not line.startswith(b"engine ready"):
-            code = await self.proc.wait() if self.proc.returncode is None and not line else self.proc.returncode
+            code = await self.proc.wait()
             raise RuntimeError(f"the engine did not start (exit status {code}); see its log above")
         print(f"engine started: pid {self.proc.pid}, {line.decode().strip()}", flush=True)
         asyncio.get_running_loop().create_task(self._drain_stdout(self.proc))
