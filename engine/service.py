@@ -58,12 +58,14 @@ def finished_pb(req: Request) -> pb.Finished:
         preemptions=req.preemptions)
 
 
+def saturated_metadata(exc: QueueSaturated) -> dict[str, str]:
+    return {"model": exc.model, "waiting": str(exc.waiting), "max_waiting": str(exc.max_waiting)}
+
+
 def saturated_status(exc: QueueSaturated) -> grpc.Status:
     """RESOURCE_EXHAUSTED with google.rpc.ErrorInfo{reason: QUEUE_SATURATED} in details."""
-    info = error_details_pb2.ErrorInfo(
-        reason="QUEUE_SATURATED", domain=DOMAIN,
-        metadata={"model": exc.model, "waiting": str(exc.waiting),
-                  "max_waiting": str(exc.max_waiting)})
+    info = error_details_pb2.ErrorInfo(reason="QUEUE_SATURATED", domain=DOMAIN,
+                                       metadata=saturated_metadata(exc))
     status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=str(exc))
     status.details.add().Pack(info)
     return rpc_status.to_status(status)
@@ -179,7 +181,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             req = self._admit(rt, request, sink, None)
         except QueueSaturated as exc:
             status = saturated_status(exc)
-            log.info("refused %s: %s", request.request_id or "request", exc)
+            log.debug("refused %s: %s", request.request_id or "request", exc)  # counted in metrics
             await context.abort(status.code, status.details, status.trailing_metadata)
         except SubmitError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -247,10 +249,8 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             try:
                 req = self._admit(rt, request, sink, tag)
             except QueueSaturated as exc:
-                rejected = rejected_pb(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_SATURATED", str(exc),
-                    {"model": exc.model, "waiting": str(exc.waiting),
-                     "max_waiting": str(exc.max_waiting)})
+                rejected = rejected_pb(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_SATURATED",
+                                       str(exc), saturated_metadata(exc))
             except SubmitError as exc:
                 rejected = rejected_pb(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", str(exc))
             else:
