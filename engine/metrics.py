@@ -120,12 +120,12 @@ class ModelMetrics:
             self.queue.observe(req.first_scheduled - req.arrival)
         self.e2e.observe(req.finish_time - req.arrival)
 
-    def on_rejected(self, reason: str) -> None:
+    def on_rejected(self, reason: str, count: int = 1) -> None:
         child = self.rejections.get(reason)
         if child is None:
             child = self.rejections[reason] = self._metrics["inference_lab_rejections"].labels(
                 self.core.name, reason)
-        child.inc()
+        child.inc(count)
 
     def on_lag(self, seconds: float) -> None:
         self.lag.observe(seconds if seconds > 0 else 0.0)

@@ -54,6 +54,7 @@ class Pacer:
     def __init__(self, core: EngineCore, *, on_step: Callable[[StepResult], None] | None = None,
                  on_lag: Callable[[float], None] | None = None,
                  on_finished: Callable[[Request], None] | None = None,
+                 on_change: Callable[[], None] | None = None,
                  update_rate: float = 0.0) -> None:
         self.core = core
         self.update_rate = update_rate
@@ -70,6 +71,7 @@ class Pacer:
         self._on_step = on_step
         self._on_lag = on_lag
         self._on_finished = on_finished
+        self._on_change = on_change  # after every wake-up and cancel: the queue may have moved
         self._task: asyncio.Task | None = None
 
     # ---- clock -------------------------------------------------------------------------
@@ -90,6 +92,8 @@ class Pacer:
         if self.live.pop(req.id, None) is not None:
             self.core.cancel(req, self.sim_now(), status)
             self._wake.set()  # capacity freed: a stalled engine may progress
+            if self._on_change:
+                self._on_change()
 
     def open_streams(self) -> int:
         """Requests whose stream has not heard its Finished yet."""
@@ -214,6 +218,8 @@ class Pacer:
             self._on_finished(req)
 
     def _flush(self) -> None:
+        if self._on_change:
+            self._on_change()
         for sink in self._dirty_sinks:
             sink.flush()
         self._dirty_sinks.clear()

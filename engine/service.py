@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections.abc import Callable
 
 import grpc
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -36,14 +37,43 @@ FINISH_REASON_PB = {
 }
 
 
+def queue_state(core: EngineCore) -> tuple[bool, int, int]:
+    """(saturated, waiting, max_waiting) as a Session announces it: the numbers only
+    matter (and are only set) while saturated, so the state changes rarely."""
+    waiting, max_waiting = core.num_waiting, core.max_waiting
+    if max_waiting and waiting >= max_waiting:
+        return True, waiting, max_waiting
+    return False, 0, 0
+
+
 class ModelRuntime:
-    """One served model: its core, the pacer driving it, its metrics."""
+    """One served model: its core, the pacer driving it, its metrics, and the admission
+    state last announced to Sessions (with a version that counts its changes)."""
 
     def __init__(self, core: EngineCore, metrics: ModelMetrics, update_rate: float = 0.0) -> None:
         self.core = core
         self.metrics = metrics
+        self.queue_state = queue_state(core)
+        self.queue_version = 0
+        self.on_queue_change: Callable[[], None] | None = None
         self.pacer = Pacer(core, on_step=metrics.on_step, on_lag=metrics.on_lag,
-                           on_finished=metrics.on_finished, update_rate=update_rate)
+                           on_finished=metrics.on_finished, on_change=self.check_queue,
+                           update_rate=update_rate)
+
+    def check_queue(self) -> None:
+        """Called wherever the queue or its bound may have moved (admissions, steps,
+        cancels, capacity changes); announces a changed state to every Session."""
+        state = queue_state(self.core)
+        if state != self.queue_state:
+            self.queue_state = state
+            self.queue_version += 1
+            if self.on_queue_change is not None:
+                self.on_queue_change()
+
+    def queue_state_pb(self) -> pb.QueueState:
+        saturated, waiting, max_waiting = self.queue_state
+        return pb.QueueState(model=self.core.name, saturated=saturated, waiting=waiting,
+                             max_waiting=max_waiting)
 
 
 # ---- core objects -> messages ------------------------------------------------------------
@@ -99,10 +129,13 @@ class SubmitSink:
 
 
 class SessionSink:
-    """One Session: events and packed token progress gathered into one ProgressBatch per
-    flush (at most one per pacer wake-up, plus admissions as they happen)."""
+    """One Session: events, packed token progress and changed queue states gathered into
+    one ProgressBatch per flush (at most one per pacer wake-up, plus admissions as they
+    happen)."""
 
-    def __init__(self) -> None:
+    def __init__(self, runtimes: list[ModelRuntime]) -> None:
+        self.runtimes = runtimes
+        self.seen: dict[str, int] = {}  # model -> queue_version announced on this Session
         self.events: list[pb.Progress] = []
         self.totals: dict[int, int] = {}  # tag -> tokens so far, latest wins
         self.open: dict[int, tuple[ModelRuntime, Request]] = {}
@@ -121,11 +154,17 @@ class SessionSink:
         self.ready.set()
 
     def take(self) -> pb.ProgressBatch | None:
-        if not (self.events or self.totals):
+        seen = self.seen
+        states = None
+        for rt in self.runtimes:
+            if seen.get(rt.core.name) != rt.queue_version:
+                seen[rt.core.name] = rt.queue_version
+                (states := states or []).append(rt.queue_state_pb())
+        if not (self.events or self.totals or states):
             return None
         totals = self.totals
         batch = pb.ProgressBatch(events=self.events, token_tags=totals.keys(),
-                                 token_totals=totals.values())
+                                 token_totals=totals.values(), queue_states=states)
         self.events, self.totals = [], {}
         return batch
 
@@ -134,6 +173,8 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     def __init__(self, runtimes: list[ModelRuntime], control_token: str | None = None) -> None:
         self.runtimes = {rt.core.name: rt for rt in runtimes}
         self.sessions: set[SessionSink] = set()
+        for rt in runtimes:
+            rt.on_queue_change = self._queue_changed
         self.accepting = True
         # SetCapacity requires metadata `authorization: Bearer <token>` when set.
         self._control_token = control_token.encode() if control_token else None
@@ -143,6 +184,10 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             return next(iter(self.runtimes.values()))
         return self.runtimes.get(model)
 
+    def _queue_changed(self) -> None:
+        for sink in self.sessions:
+            sink.flush()  # the writer takes the new state with whatever else is due
+
     def _unknown_model(self, model: str) -> str:
         return f"model {model!r} is not served here (models: {', '.join(self.runtimes)})"
 
@@ -150,14 +195,16 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         """The funnel: check and reserve synchronously. Raises QueueSaturated or
         SubmitError; counts refusals."""
         try:
-            return rt.pacer.submit(request.prompt_tokens, request.max_tokens, sink, tag,
-                                   priority=request.priority)
+            req = rt.pacer.submit(request.prompt_tokens, request.max_tokens, sink, tag,
+                                  priority=request.priority)
         except QueueSaturated:
             rt.metrics.on_rejected("QUEUE_SATURATED")
             raise
         except SubmitError:
             rt.metrics.on_rejected("INVALID_REQUEST")
             raise
+        rt.check_queue()
+        return req
 
     async def close_sessions(self, timeout: float = 1.0) -> None:
         """End every Session call cleanly (after what is buffered has been sent)."""
@@ -198,7 +245,8 @@ class EngineService(engine_pb2_grpc.EngineServicer):
 
     # ---- Session: many requests over one stream -----------------------------------------
     async def Session(self, request_iterator, context: grpc.aio.ServicerContext):
-        sink = SessionSink()
+        sink = SessionSink(list(self.runtimes.values()))
+        sink.flush()  # the first batch announces every model's queue state
         self.sessions.add(sink)
         reader = asyncio.create_task(self._read_session(request_iterator, sink))
         try:
@@ -231,6 +279,8 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                         self._session_open(action.open, sink)
                     elif kind == "cancel":
                         self._session_cancel(action.cancel.tag, sink)
+                    elif kind == "refused":
+                        self._session_refused(action.refused)
                 sink.flush()
         finally:
             sink.flush()  # let the writer notice the end of input
@@ -270,6 +320,12 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         del sink.open[tag]
         rt.pacer.cancel(req)
         sink.events.append(pb.Progress(tag=tag, finished=finished_pb(req)))
+        sink.seen.pop(rt.core.name, None)  # the client forgot the queue state: say it again
+
+    def _session_refused(self, refused: pb.Refused) -> None:
+        rt = self.runtimes.get(refused.model)
+        if rt is not None and refused.count:
+            rt.metrics.on_rejected("QUEUE_SATURATED", refused.count)
 
     # ---- capacity and models ------------------------------------------------------------
     def _capacity(self, runtimes) -> pb.CapacityResponse:
@@ -325,6 +381,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         for rt in runtimes:
             rt.core.set_capacity(seqs, waiting)
             rt.pacer.poke()
+            rt.check_queue()
             log.info("capacity of %s: max_num_seqs=%d max_waiting=%d",
                      rt.core.name, rt.core.max_num_seqs, rt.core.max_waiting)
         return self._capacity(runtimes)

@@ -9,6 +9,16 @@ ListModels (cached; refreshed on reconnect and on an unknown model), GetCapacity
 SetCapacity (with the control token as `authorization` metadata when one is set), and the
 engine's gRPC health (`serving()`: NOT_SERVING while it drains for shutdown).
 
+Refusals without a round trip: the engine announces on the Session whenever a model's queue
+becomes full or stops being full (`QueueState`); while the last announcement says
+"saturated", `open()` refuses at once with QUEUE_SATURATED, exactly as the engine would, and
+reports the count back (`Refused`, batched every REFUSED_REPORT_S) so the engine's rejection
+metrics still count every refusal. The engine remains the authority for admission: every
+request that is sent is checked against the live queue there, so this can never over-admit;
+at worst a request is refused for as long as a message takes to cross (well under a
+millisecond), which no client can tell from having arrived that much earlier. A capacity
+change made through this client (`set_capacity`) applies to the announcement at once.
+
 Failure policy: nothing waits for the engine forever. Calls use wait_for_ready=False and
 short deadlines, so a new request learns "engine unavailable" within ~1 s. When the Session
 breaks (engine gone, stream closed) every request in flight fails with engine_unavailable
@@ -30,7 +40,9 @@ from typing import Any, Awaitable, Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.errors import ErrorKind, GatewayError, engine_unavailable, from_grpc_error
+from gateway.errors import (
+    ErrorKind, GatewayError, engine_unavailable, from_grpc_error, saturation_message,
+)
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc as pb_grpc
 
@@ -49,6 +61,7 @@ CHANNEL_OPTIONS = (
     # fewer, larger updates) instead of gRPC buffering seconds of per-step batches.
     ("grpc.http2.bdp_probe", 0),
 )
+REFUSED_REPORT_S = 0.01  # refusals made here reach the engine's metrics within this
 _MODEL_REFRESH_MIN_INTERVAL_S = 1.0  # an unknown model name refreshes the cache at most this often
 _ENGINE_SERVICE = pb.DESCRIPTOR.services_by_name["Engine"].full_name
 
@@ -66,10 +79,12 @@ class RequestStream:
     the Session broke (the engine cancels on its side), or it was cancelled already.
     """
 
-    __slots__ = ("tag", "done", "total", "_taken", "_events", "_waiter", "_error", "_loop")
+    __slots__ = ("tag", "model", "done", "total", "_taken", "_events", "_waiter", "_error",
+                 "_loop")
 
-    def __init__(self, tag: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, tag: int, loop: asyncio.AbstractEventLoop, model: str = "") -> None:
         self.tag = tag
+        self.model = model
         self.done = False
         self.total = 0  # tokens announced by the engine so far
         self._taken = 0  # `total` as of the last next_events()
@@ -124,6 +139,9 @@ class _Session:
     def __init__(self, stub: pb_grpc.EngineStub, on_broken: Callable[["_Session"], None]) -> None:
         self.routes: dict[int, RequestStream] = {}
         self.broken = False
+        # model -> the engine's last QueueState for it, while that says "saturated"
+        self.saturated: dict[str, pb.QueueState] = {}
+        self._refused: dict[str, int] = {}  # refusals made here, not yet reported
         self._outbox: asyncio.Queue[pb.SessionAction | None] = asyncio.Queue()
         self._on_broken = on_broken
         self.call = stub.Session(self._actions(), wait_for_ready=False)
@@ -131,6 +149,29 @@ class _Session:
 
     def send(self, action: pb.SessionAction) -> None:
         self._outbox.put_nowait(action)
+
+    def set_queue_state(self, state: pb.QueueState) -> None:
+        if state.saturated:
+            self.saturated[state.model] = state
+        else:
+            self.saturated.pop(state.model, None)
+
+    def note_refused(self, model: str) -> None:
+        """Count a refusal made on the engine's word; reported in one action per model."""
+        refused = self._refused
+        if not refused:
+            asyncio.get_running_loop().call_later(REFUSED_REPORT_S, self._report_refused)
+        refused[model] = refused.get(model, 0) + 1
+
+    def _report_refused(self) -> None:
+        refused, self._refused = self._refused, {}
+        if self.broken:
+            return
+        for model, count in refused.items():
+            action = pb.SessionAction()
+            action.refused.model = model
+            action.refused.count = count
+            self.send(action)
 
     async def _actions(self):  # the request iterator grpc.aio consumes
         """Every action queued by the time gRPC is ready for the next message goes in it:
@@ -153,6 +194,8 @@ class _Session:
         reason = "the engine closed the session"
         try:
             async for batch in self.call:
+                for state in batch.queue_states:  # before any event: a client that
+                    self.set_queue_state(state)  # hears of a finish sees the queue after it
                 routes = self.routes
                 finals = []
                 for event in batch.events:
@@ -193,6 +236,7 @@ class _Session:
         if self.broken:
             return
         self.broken = True
+        self.saturated.clear()
         routes, self.routes = self.routes, {}
         err = engine_unavailable(reason)
         for stream in routes.values():
@@ -238,14 +282,21 @@ class EngineClient:
         request_id: str = "",
     ) -> RequestStream:
         """Start one request on the Session; its first event is `admitted` or `rejected`.
-        Raises GatewayError(engine_unavailable) when the engine cannot be reached."""
+        Raises GatewayError(queue_saturated) at once while the engine's last word is that
+        the model's queue is full, GatewayError(engine_unavailable) when the engine cannot
+        be reached."""
         for _ in range(2):
             session = self._session
             if session is None or session.broken:
                 await self._ensure_session()
                 continue
+            full = session.saturated.get(model)
+            if full is not None:
+                session.note_refused(model)
+                raise GatewayError(ErrorKind.QUEUE_SATURATED,
+                                   saturation_message(full.waiting, full.max_waiting))
             tag = next(self._tags)
-            stream = RequestStream(tag, asyncio.get_running_loop())
+            stream = RequestStream(tag, asyncio.get_running_loop(), model)
             action = pb.SessionAction()
             action.open.tag = tag
             req = action.open.request
@@ -270,6 +321,9 @@ class EngineClient:
                 action = pb.SessionAction()
                 action.cancel.tag = stream.tag
                 session.send(action)
+                # It may free a place in the queue: requests go to the engine (which sees
+                # the Cancel first) until it announces the queue state again.
+                session.saturated.pop(stream.model, None)
         stream._fail(reason or ClientGone())
 
     @property
@@ -403,6 +457,13 @@ class EngineClient:
             "SetCapacity", pb.SetCapacityRequest(**fields), self._rpc_timeout,
             metadata=self._control_metadata,
         )
+        session = self._session
+        if session is not None and not session.broken:
+            for m in resp.models:  # the new bound counts from now, not from the next push
+                saturated = bool(m.max_waiting) and m.waiting >= m.max_waiting
+                session.set_queue_state(pb.QueueState(
+                    model=m.model, saturated=saturated, waiting=m.waiting if saturated else 0,
+                    max_waiting=m.max_waiting if saturated else 0))
         return list(resp.models)
 
     # ---- health -------------------------------------------------------------------------

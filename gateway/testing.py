@@ -6,7 +6,9 @@ token, the rest coalesced into one Tokens event, finished; "reject": QUEUE_SATUR
 metadata; "hold": admitted, then nothing until cancelled; "partial": admitted and one
 token, then nothing; "silent": no answer at all). Unknown models and prompts longer than
 max_model_len are refused like the engine does. GetCapacity/SetCapacity/ListModels keep
-state and validate like the engine. Every Open and Cancel is recorded, with events a test
+state and validate like the engine. `announce(state)` pushes a QueueState to every open
+Session, as the engine does when a queue fills or empties. Every Open, Cancel and Refused
+report is recorded, with events a test
 can await (never sleep to synchronise). It can be stopped and restarted on the same port.
 
 Does not know: timing, batching or scheduling; it is not the engine.
@@ -61,7 +63,9 @@ class FakeEngine(pb_grpc.EngineServicer):
         self.saturation = {"waiting": "64", "max_waiting": "64"}
         self.opened = _Recorder()  # pb.Open
         self.cancelled = _Recorder()  # tags
+        self.refused = _Recorder()  # pb.Refused reports
         self.sessions = _Recorder()  # one entry per Session started
+        self._outs: set[asyncio.Queue] = set()
         self.server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -86,6 +90,7 @@ class FakeEngine(pb_grpc.EngineServicer):
     async def Session(self, request_iterator, context):
         out: asyncio.Queue[pb.ProgressBatch | None] = asyncio.Queue()
         held: set[int] = set()
+        self._outs.add(out)
         await self.sessions.add(context)
 
         async def read() -> None:
@@ -100,6 +105,8 @@ class FakeEngine(pb_grpc.EngineServicer):
                         if tag in held:
                             held.discard(tag)
                             out.put_nowait(_batch(_finished(tag, pb.FINISH_REASON_CANCELLED, 0)))
+                    elif action.HasField("refused"):
+                        await self.refused.add(action.refused)
             out.put_nowait(None)
 
         reader = asyncio.get_running_loop().create_task(read())
@@ -107,7 +114,13 @@ class FakeEngine(pb_grpc.EngineServicer):
             while (batch := await out.get()) is not None:
                 await context.write(batch)
         finally:
+            self._outs.discard(out)
             reader.cancel()
+
+    def announce(self, state: pb.QueueState) -> None:
+        """Push a queue state to every open Session (as the engine does on a change)."""
+        for out in self._outs:
+            out.put_nowait(pb.ProgressBatch(queue_states=[state]))
 
     def _answer(self, op: pb.Open, out: asyncio.Queue, held: set[int]) -> None:
         tag, req = op.tag, op.request

@@ -245,3 +245,61 @@ async def test_the_update_cap_groups_mid_stream_tokens_but_never_delays_the_firs
     capped_updates = sum(e.HasField("tokens") for e in capped)
     assert capped_updates <= 15  # ~90 ms / 10 ms, plus the first and the last
     assert sum(e.HasField("tokens") for e in every_step) > 3 * capped_updates
+
+
+async def test_a_session_hears_the_queue_state_first_and_on_every_change():
+    async with running_engine(max_waiting=1, max_num_seqs=1) as server, engine_stub(server) as stub:
+        call = stub.Session()
+        states = []  # every QueueState received, in order (quick flips may merge into one)
+        totals, finished = {}, {}
+        full, free = ("gpt-oss-20b", True, 1, 1), ("gpt-oss-20b", False, 0, 0)
+
+        async def read_until(predicate):
+            while not predicate():
+                batch = await call.read()
+                states.extend((s.model, s.saturated, s.waiting, s.max_waiting)
+                              for s in batch.queue_states)
+                totals.update(zip(batch.token_tags, batch.token_totals))
+                for event in batch.events:
+                    if event.WhichOneof("event") == "finished":
+                        finished[event.tag] = event.finished
+
+        async def act(*actions):
+            await call.write(pb.SessionActions(actions=list(actions)))
+
+        def open_(tag, max_tokens):
+            return pb.SessionAction(open=pb.Open(tag=tag, request=submit_request(max_tokens=max_tokens)))
+
+        await act()  # an empty message starts the call; the first batch announces the model
+        await read_until(lambda: states)
+        assert states == [free]
+        await act(open_(1, 3000))
+        await read_until(lambda: totals.get(1) and states[-1] == free)  # 1 runs, none waits
+        await act(open_(2, 20))  # 2 waits: with max_waiting 1 the queue is full
+        await read_until(lambda: states[-1] == full)
+        await act(pb.SessionAction(cancel=pb.Cancel(tag=1)))  # 2 gets the slot
+        await read_until(lambda: 2 in finished and states[-1] == free)
+        assert finished[2].completion_tokens == 20
+        await act(open_(3, 3000))
+        await read_until(lambda: totals.get(3) and states[-1] == free)
+        await act(open_(4, 20))
+        await read_until(lambda: states[-1] == full)
+        await stub.SetCapacity(pb.SetCapacityRequest(max_waiting=0))  # unbounded: never full
+        await read_until(lambda: states[-1] == free)
+        assert set(states) == {full, free}
+        # refusals a client made itself on the engine's word are counted as the engine's own
+        await act(pb.SessionAction(refused=pb.Refused(model="gpt-oss-20b", count=41)),
+                  pb.SessionAction(refused=pb.Refused(model="no-such-model", count=5)))
+        url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+        key = 'inference_lab_rejections_total{model_name="gpt-oss-20b",reason="QUEUE_SATURATED"}'
+
+        def counted() -> float:
+            text = urllib.request.urlopen(url).read().decode()
+            return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                         if line.startswith(key)), 0.0)
+
+        deadline = time.monotonic() + 10
+        while (n := await asyncio.to_thread(counted)) < 41 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert n == 41.0
+        call.cancel()

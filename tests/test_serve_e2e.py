@@ -8,20 +8,32 @@ import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 
 import aiohttp
 import openai
 import pytest
 
-from serve_helpers import serve
+from serve_helpers import free_port, serve
 
 CURL = shutil.which("curl")
 
 
 @pytest.fixture(scope="module")
 def served():
-    with serve() as s:
+    metrics_port = free_port()
+    with serve("--metrics-port", str(metrics_port)) as s:
+        s.metrics_port = metrics_port
         yield s
+
+
+def engine_rejections(served) -> float:
+    """The engine's own count of QUEUE_SATURATED refusals, from its /metrics."""
+    key = 'inference_lab_rejections_total{model_name="gpt-oss-20b",reason="QUEUE_SATURATED"}'
+    with urllib.request.urlopen(f"http://127.0.0.1:{served.metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                 if line.startswith(key)), 0.0)
 
 
 @pytest.fixture
@@ -148,6 +160,43 @@ async def test_saturated_streaming_requests_get_529_json_never_an_event_stream(s
             "message": "Server is at capacity: 2 requests waiting (max_waiting = 2). "
                        "Retry with reduced concurrency.",
             "type": "overloaded_error", "code": "queue_saturated"}}
+
+
+async def test_every_529_is_counted_by_the_engine_and_room_is_served_at_once(served):
+    """Refusals made at the gateway on the engine's announced queue state still show in the
+    engine's metrics; a capacity change and a freed place are honoured by the very next
+    request (no stale 529)."""
+    before = await asyncio.to_thread(engine_rejections, served)
+    body = {"model": "gpt-oss-20b", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5}
+    async with aiohttp.ClientSession() as session:
+        holders = await _saturate(served, session)
+        statuses = []
+        for _ in range(30):
+            async with session.post(served.base + "/v1/chat/completions", json=body) as resp:
+                statuses.append(resp.status)
+        assert statuses == [529] * 30
+        deadline = time.monotonic() + 10
+        while (n := await asyncio.to_thread(engine_rejections, served)) < before + 30:
+            assert time.monotonic() < deadline, f"engine counted {n - before} of 30"
+            await asyncio.sleep(0.02)
+        assert n == before + 30
+        holders[-1].close()  # the last waiting stream leaves: one place is free at once
+        async with session.post(served.base + "/v1/chat/completions",
+                                json={**body, "stream": True}) as resp:
+            assert resp.status == 200  # admitted (it waits behind the running holder)
+            assert resp.content_type == "text/event-stream"
+        for resp in holders:
+            resp.close()
+        holders = await _saturate(served, session)
+        async with session.post(served.base + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 529
+        code, _ = curl_json(served.base, "POST", "/control/capacity", {"max_waiting": 3})
+        assert code == 200
+        async with session.post(served.base + "/v1/chat/completions",
+                                json={**body, "stream": True}) as resp:
+            assert resp.status == 200
+        for resp in holders:
+            resp.close()
 
 
 async def test_the_openai_sdk_sees_529_overloaded_error_queue_saturated(served, client):

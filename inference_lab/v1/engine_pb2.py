@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dinference_lab/v1/engine.proto\x12\x10inference_lab.v1\"o\n\rSubmitRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"6\n\x08\x41\x64mitted\x12\x19\n\x11\x65ngine_request_id\x18\x01 \x01(\x04\x12\x0f\n\x07waiting\x18\x02 \x01(\r\"2\n\x06Tokens\x12\x12\n\nnew_tokens\x18\x01 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x02 \x01(\r\"\xb6\x01\n\x08\x46inished\x12.\n\x06reason\x18\x01 \x01(\x0e\x32\x1e.inference_lab.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\x12\x14\n\x0cqueue_time_s\x18\x04 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x05 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x06 \x01(\x01\x12\x13\n\x0bpreemptions\x18\x07 \x01(\r\"\xa2\x01\n\x0bSubmitEvent\x12.\n\x08\x61\x64mitted\x18\x01 \x01(\x0b\x32\x1a.inference_lab.v1.AdmittedH\x00\x12*\n\x06tokens\x18\x02 \x01(\x0b\x32\x18.inference_lab.v1.TokensH\x00\x12.\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x1a.inference_lab.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"\xa6\x01\n\x08Rejected\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12:\n\x08metadata\x18\x04 \x03(\x0b\x32(.inference_lab.v1.Rejected.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x0eSessionActions\x12\x30\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x1f.inference_lab.v1.SessionAction\"m\n\rSessionAction\x12&\n\x04open\x18\x01 \x01(\x0b\x32\x16.inference_lab.v1.OpenH\x00\x12*\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x18.inference_lab.v1.CancelH\x00\x42\x08\n\x06\x61\x63tion\"E\n\x04Open\x12\x0b\n\x03tag\x18\x01 \x01(\x04\x12\x30\n\x07request\x18\x02 \x01(\x0b\x32\x1f.inference_lab.v1.SubmitRequest\"\x15\n\x06\x43\x61ncel\x12\x0b\n\x03tag\x18\x01 \x01(\x04\"\xdc\x01\n\x08Progress\x12\x0b\n\x03tag\x18\x01 \x01(\x04\x12.\n\x08\x61\x64mitted\x18\x02 \x01(\x0b\x32\x1a.inference_lab.v1.AdmittedH\x00\x12*\n\x06tokens\x18\x03 \x01(\x0b\x32\x18.inference_lab.v1.TokensH\x00\x12.\n\x08\x66inished\x18\x04 \x01(\x0b\x32\x1a.inference_lab.v1.FinishedH\x00\x12.\n\x08rejected\x18\x05 \x01(\x0b\x32\x1a.inference_lab.v1.RejectedH\x00\x42\x07\n\x05\x65vent\"e\n\rProgressBatch\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.inference_lab.v1.Progress\x12\x12\n\ntoken_tags\x18\x02 \x03(\x04\x12\x14\n\x0ctoken_totals\x18\x03 \x03(\r\"#\n\x12GetCapacityRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x88\x01\n\x12SetCapacityRequest\x12\x12\n\x05model\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0cmax_num_seqs\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x18\n\x0bmax_waiting\x18\x03 \x01(\x03H\x02\x88\x01\x01\x42\x08\n\x06_modelB\x0f\n\r_max_num_seqsB\x0e\n\x0c_max_waiting\"k\n\rModelCapacity\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0bmax_waiting\x18\x02 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x03 \x01(\r\x12\x0f\n\x07waiting\x18\x04 \x01(\r\x12\x0f\n\x07running\x18\x05 \x01(\r\"C\n\x10\x43\x61pacityResponse\x12/\n\x06models\x18\x01 \x03(\x0b\x32\x1f.inference_lab.v1.ModelCapacity\"\x13\n\x11ListModelsRequest\"u\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08hardware\x18\x02 \x01(\t\x12\n\n\x02tp\x18\x03 \x01(\r\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x11\n\tkv_blocks\x18\x05 \x01(\x04\x12\x12\n\nblock_size\x18\x06 \x01(\r\"A\n\x12ListModelsResponse\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.inference_lab.v1.ModelInfo*\x7f\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x02\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x03\x32\xb1\x03\n\x06\x45ngine\x12J\n\x06Submit\x12\x1f.inference_lab.v1.SubmitRequest\x1a\x1d.inference_lab.v1.SubmitEvent0\x01\x12P\n\x07Session\x12 .inference_lab.v1.SessionActions\x1a\x1f.inference_lab.v1.ProgressBatch(\x01\x30\x01\x12W\n\x0bGetCapacity\x12$.inference_lab.v1.GetCapacityRequest\x1a\".inference_lab.v1.CapacityResponse\x12W\n\x0bSetCapacity\x12$.inference_lab.v1.SetCapacityRequest\x1a\".inference_lab.v1.CapacityResponse\x12W\n\nListModels\x12#.inference_lab.v1.ListModelsRequest\x1a$.inference_lab.v1.ListModelsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dinference_lab/v1/engine.proto\x12\x10inference_lab.v1\"o\n\rSubmitRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x12\n\nrequest_id\x18\x05 \x01(\t\"6\n\x08\x41\x64mitted\x12\x19\n\x11\x65ngine_request_id\x18\x01 \x01(\x04\x12\x0f\n\x07waiting\x18\x02 \x01(\r\"2\n\x06Tokens\x12\x12\n\nnew_tokens\x18\x01 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x02 \x01(\r\"\xb6\x01\n\x08\x46inished\x12.\n\x06reason\x18\x01 \x01(\x0e\x32\x1e.inference_lab.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\x12\x14\n\x0cqueue_time_s\x18\x04 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x05 \x01(\x01\x12\r\n\x05\x65\x32\x65_s\x18\x06 \x01(\x01\x12\x13\n\x0bpreemptions\x18\x07 \x01(\r\"\xa2\x01\n\x0bSubmitEvent\x12.\n\x08\x61\x64mitted\x18\x01 \x01(\x0b\x32\x1a.inference_lab.v1.AdmittedH\x00\x12*\n\x06tokens\x18\x02 \x01(\x0b\x32\x18.inference_lab.v1.TokensH\x00\x12.\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x1a.inference_lab.v1.FinishedH\x00\x42\x07\n\x05\x65vent\"\xa6\x01\n\x08Rejected\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12:\n\x08metadata\x18\x04 \x03(\x0b\x32(.inference_lab.v1.Rejected.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"B\n\x0eSessionActions\x12\x30\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x1f.inference_lab.v1.SessionAction\"\x9b\x01\n\rSessionAction\x12&\n\x04open\x18\x01 \x01(\x0b\x32\x16.inference_lab.v1.OpenH\x00\x12*\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x18.inference_lab.v1.CancelH\x00\x12,\n\x07refused\x18\x03 \x01(\x0b\x32\x19.inference_lab.v1.RefusedH\x00\x42\x08\n\x06\x61\x63tion\"E\n\x04Open\x12\x0b\n\x03tag\x18\x01 \x01(\x04\x12\x30\n\x07request\x18\x02 \x01(\x0b\x32\x1f.inference_lab.v1.SubmitRequest\"\x15\n\x06\x43\x61ncel\x12\x0b\n\x03tag\x18\x01 \x01(\x04\"\'\n\x07Refused\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"\xdc\x01\n\x08Progress\x12\x0b\n\x03tag\x18\x01 \x01(\x04\x12.\n\x08\x61\x64mitted\x18\x02 \x01(\x0b\x32\x1a.inference_lab.v1.AdmittedH\x00\x12*\n\x06tokens\x18\x03 \x01(\x0b\x32\x18.inference_lab.v1.TokensH\x00\x12.\n\x08\x66inished\x18\x04 \x01(\x0b\x32\x1a.inference_lab.v1.FinishedH\x00\x12.\n\x08rejected\x18\x05 \x01(\x0b\x32\x1a.inference_lab.v1.RejectedH\x00\x42\x07\n\x05\x65vent\"\x99\x01\n\rProgressBatch\x12*\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1a.inference_lab.v1.Progress\x12\x12\n\ntoken_tags\x18\x02 \x03(\x04\x12\x14\n\x0ctoken_totals\x18\x03 \x03(\r\x12\x32\n\x0cqueue_states\x18\x04 \x03(\x0b\x32\x1c.inference_lab.v1.QueueState\"T\n\nQueueState\x12\r\n\x05model\x18\x01 \x01(\t\x12\x11\n\tsaturated\x18\x02 \x01(\x08\x12\x0f\n\x07waiting\x18\x03 \x01(\r\x12\x13\n\x0bmax_waiting\x18\x04 \x01(\r\"#\n\x12GetCapacityRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\x88\x01\n\x12SetCapacityRequest\x12\x12\n\x05model\x18\x01 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0cmax_num_seqs\x18\x02 \x01(\x03H\x01\x88\x01\x01\x12\x18\n\x0bmax_waiting\x18\x03 \x01(\x03H\x02\x88\x01\x01\x42\x08\n\x06_modelB\x0f\n\r_max_num_seqsB\x0e\n\x0c_max_waiting\"k\n\rModelCapacity\x12\r\n\x05model\x18\x01 \x01(\t\x12\x13\n\x0bmax_waiting\x18\x02 \x01(\r\x12\x14\n\x0cmax_num_seqs\x18\x03 \x01(\r\x12\x0f\n\x07waiting\x18\x04 \x01(\r\x12\x0f\n\x07running\x18\x05 \x01(\r\"C\n\x10\x43\x61pacityResponse\x12/\n\x06models\x18\x01 \x03(\x0b\x32\x1f.inference_lab.v1.ModelCapacity\"\x13\n\x11ListModelsRequest\"u\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08hardware\x18\x02 \x01(\t\x12\n\n\x02tp\x18\x03 \x01(\r\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x11\n\tkv_blocks\x18\x05 \x01(\x04\x12\x12\n\nblock_size\x18\x06 \x01(\r\"A\n\x12ListModelsResponse\x12+\n\x06models\x18\x01 \x03(\x0b\x32\x1b.inference_lab.v1.ModelInfo*\x7f\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x02\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x03\x32\xb1\x03\n\x06\x45ngine\x12J\n\x06Submit\x12\x1f.inference_lab.v1.SubmitRequest\x1a\x1d.inference_lab.v1.SubmitEvent0\x01\x12P\n\x07Session\x12 .inference_lab.v1.SessionActions\x1a\x1f.inference_lab.v1.ProgressBatch(\x01\x30\x01\x12W\n\x0bGetCapacity\x12$.inference_lab.v1.GetCapacityRequest\x1a\".inference_lab.v1.CapacityResponse\x12W\n\x0bSetCapacity\x12$.inference_lab.v1.SetCapacityRequest\x1a\".inference_lab.v1.CapacityResponse\x12W\n\nListModels\x12#.inference_lab.v1.ListModelsRequest\x1a$.inference_lab.v1.ListModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REJECTED_METADATAENTRY']._loaded_options = None
   _globals['_REJECTED_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1951
-  _globals['_FINISHREASON']._serialized_end=2078
+  _globals['_FINISHREASON']._serialized_start=2178
+  _globals['_FINISHREASON']._serialized_end=2305
   _globals['_SUBMITREQUEST']._serialized_start=51
   _globals['_SUBMITREQUEST']._serialized_end=162
   _globals['_ADMITTED']._serialized_start=164
@@ -51,30 +51,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REJECTED_METADATAENTRY']._serialized_end=789
   _globals['_SESSIONACTIONS']._serialized_start=791
   _globals['_SESSIONACTIONS']._serialized_end=857
-  _globals['_SESSIONACTION']._serialized_start=859
-  _globals['_SESSIONACTION']._serialized_end=968
-  _globals['_OPEN']._serialized_start=970
-  _globals['_OPEN']._serialized_end=1039
-  _globals['_CANCEL']._serialized_start=1041
-  _globals['_CANCEL']._serialized_end=1062
-  _globals['_PROGRESS']._serialized_start=1065
-  _globals['_PROGRESS']._serialized_end=1285
-  _globals['_PROGRESSBATCH']._serialized_start=1287
-  _globals['_PROGRESSBATCH']._serialized_end=1388
-  _globals['_GETCAPACITYREQUEST']._serialized_start=1390
-  _globals['_GETCAPACITYREQUEST']._serialized_end=1425
-  _globals['_SETCAPACITYREQUEST']._serialized_start=1428
-  _globals['_SETCAPACITYREQUEST']._serialized_end=1564
-  _globals['_MODELCAPACITY']._serialized_start=1566
-  _globals['_MODELCAPACITY']._serialized_end=1673
-  _globals['_CAPACITYRESPONSE']._serialized_start=1675
-  _globals['_CAPACITYRESPONSE']._serialized_end=1742
-  _globals['_LISTMODELSREQUEST']._serialized_start=1744
-  _globals['_LISTMODELSREQUEST']._serialized_end=1763
-  _globals['_MODELINFO']._serialized_start=1765
-  _globals['_MODELINFO']._serialized_end=1882
-  _globals['_LISTMODELSRESPONSE']._serialized_start=1884
-  _globals['_LISTMODELSRESPONSE']._serialized_end=1949
-  _globals['_ENGINE']._serialized_start=2081
-  _globals['_ENGINE']._serialized_end=2514
+  _globals['_SESSIONACTION']._serialized_start=860
+  _globals['_SESSIONACTION']._serialized_end=1015
+  _globals['_OPEN']._serialized_start=1017
+  _globals['_OPEN']._serialized_end=1086
+  _globals['_CANCEL']._serialized_start=1088
+  _globals['_CANCEL']._serialized_end=1109
+  _globals['_REFUSED']._serialized_start=1111
+  _globals['_REFUSED']._serialized_end=1150
+  _globals['_PROGRESS']._serialized_start=1153
+  _globals['_PROGRESS']._serialized_end=1373
+  _globals['_PROGRESSBATCH']._serialized_start=1376
+  _globals['_PROGRESSBATCH']._serialized_end=1529
+  _globals['_QUEUESTATE']._serialized_start=1531
+  _globals['_QUEUESTATE']._serialized_end=1615
+  _globals['_GETCAPACITYREQUEST']._serialized_start=1617
+  _globals['_GETCAPACITYREQUEST']._serialized_end=1652
+  _globals['_SETCAPACITYREQUEST']._serialized_start=1655
+  _globals['_SETCAPACITYREQUEST']._serialized_end=1791
+  _globals['_MODELCAPACITY']._serialized_start=1793
+  _globals['_MODELCAPACITY']._serialized_end=1900
+  _globals['_CAPACITYRESPONSE']._serialized_start=1902
+  _globals['_CAPACITYRESPONSE']._serialized_end=1969
+  _globals['_LISTMODELSREQUEST']._serialized_start=1971
+  _globals['_LISTMODELSREQUEST']._serialized_end=1990
+  _globals['_MODELINFO']._serialized_start=1992
+  _globals['_MODELINFO']._serialized_end=2109
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2111
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2176
+  _globals['_ENGINE']._serialized_start=2308
+  _globals['_ENGINE']._serialized_end=2741
 # @@protoc_insertion_point(module_scope)

@@ -102,12 +102,14 @@ class SessionActions(_message.Message):
     def __init__(self, actions: _Optional[_Iterable[_Union[SessionAction, _Mapping]]] = ...) -> None: ...
 
 class SessionAction(_message.Message):
-    __slots__ = ("open", "cancel")
+    __slots__ = ("open", "cancel", "refused")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     open: Open
     cancel: Cancel
-    def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ...) -> None: ...
+    refused: Refused
+    def __init__(self, open: _Optional[_Union[Open, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., refused: _Optional[_Union[Refused, _Mapping]] = ...) -> None: ...
 
 class Open(_message.Message):
     __slots__ = ("tag", "request")
@@ -122,6 +124,14 @@ class Cancel(_message.Message):
     TAG_FIELD_NUMBER: _ClassVar[int]
     tag: int
     def __init__(self, tag: _Optional[int] = ...) -> None: ...
+
+class Refused(_message.Message):
+    __slots__ = ("model", "count")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    count: int
+    def __init__(self, model: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("tag", "admitted", "tokens", "finished", "rejected")
@@ -138,14 +148,28 @@ class Progress(_message.Message):
     def __init__(self, tag: _Optional[int] = ..., admitted: _Optional[_Union[Admitted, _Mapping]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ...) -> None: ...
 
 class ProgressBatch(_message.Message):
-    __slots__ = ("events", "token_tags", "token_totals")
+    __slots__ = ("events", "token_tags", "token_totals", "queue_states")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TAGS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TOTALS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_STATES_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[Progress]
     token_tags: _containers.RepeatedScalarFieldContainer[int]
     token_totals: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., token_tags: _Optional[_Iterable[int]] = ..., token_totals: _Optional[_Iterable[int]] = ...) -> None: ...
+    queue_states: _containers.RepeatedCompositeFieldContainer[QueueState]
+    def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., token_tags: _Optional[_Iterable[int]] = ..., token_totals: _Optional[_Iterable[int]] = ..., queue_states: _Optional[_Iterable[_Union[QueueState, _Mapping]]] = ...) -> None: ...
+
+class QueueState(_message.Message):
+    __slots__ = ("model", "saturated", "waiting", "max_waiting")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SATURATED_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    saturated: bool
+    waiting: int
+    max_waiting: int
+    def __init__(self, model: _Optional[str] = ..., saturated: _Optional[bool] = ..., waiting: _Optional[int] = ..., max_waiting: _Optional[int] = ...) -> None: ...
 
 class GetCapacityRequest(_message.Message):
     __slots__ = ("model",)
