@@ -27,6 +27,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from engine.alarm import Alarm
 from engine.core import EngineCore, StepResult
 from engine.request import Request, Status
 
@@ -73,6 +74,7 @@ class Pacer:
         self._on_finished = on_finished
         self._on_change = on_change  # after every wake-up and cancel: the queue may have moved
         self._task: asyncio.Task | None = None
+        self._alarm = Alarm(self.loop)  # wakes at step ends to the microsecond
 
     # ---- clock -------------------------------------------------------------------------
     def sim_now(self) -> float:
@@ -115,6 +117,7 @@ class Pacer:
                 await self._task
             except asyncio.CancelledError:
                 pass
+        self._alarm.close()
         for req in self._due_finished + self._finishing:
             self._finish(req)  # completed in simulation: deliver them whole
         self._due_finished.clear()
@@ -139,9 +142,7 @@ class Pacer:
                 await self._sleep_until(self.inflight.end)
 
     async def _sleep_until(self, sim_time: float) -> None:
-        delay = sim_time - self.sim_now()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await self._alarm.sleep_until(self.epoch + sim_time)
 
     def _advance(self, now: float) -> None:
         """Retire every step that has ended and book steps whose start has come,

@@ -1,0 +1,115 @@
+"""A one-shot alarm on the event loop with microsecond precision, for the pacer.
+
+asyncio's own timers wake late: the epoll selector rounds every timeout *up* to whole
+milliseconds, so a step that ends 0.3 ms from now is delivered up to 1 ms late (about
+0.5 ms on average, on every step). On Linux a timerfd armed at the absolute
+CLOCK_MONOTONIC instant wakes the loop's selector within tens of microseconds instead.
+Elsewhere (or if timerfd cannot be had) it falls back to asyncio.sleep.
+
+Knows: the loop and the monotonic clock. Does not know what is being paced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+import os
+import sys
+import time
+
+log = logging.getLogger(__name__)
+
+_CLOCK_MONOTONIC = 1
+_TFD_NONBLOCK = os.O_NONBLOCK
+_TFD_CLOEXEC = os.O_CLOEXEC
+_TFD_TIMER_ABSTIME = 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+def _libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.timerfd_create.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.timerfd_settime.argtypes = [ctypes.c_int, ctypes.c_int,
+                                         ctypes.POINTER(_Itimerspec), ctypes.c_void_p]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()
+
+
+class Alarm:
+    """`await alarm.sleep_until(t)`: return at loop time t (promptly, not up to 1 ms late).
+    One sleeper at a time; close() when done."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.fd = -1
+        self._waiter: asyncio.Future[None] | None = None
+        self._spec = _Itimerspec()
+        if _LIBC is not None:
+            fd = _LIBC.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
+            if fd >= 0:
+                try:
+                    loop.add_reader(fd, self._fired)
+                    self.fd = fd
+                except (NotImplementedError, RuntimeError, ValueError):
+                    os.close(fd)
+        if self.fd < 0:
+            log.debug("no timerfd: pacing with asyncio timers (up to 1 ms late)")
+
+    @property
+    def precise(self) -> bool:
+        return self.fd >= 0
+
+    async def sleep_until(self, loop_time: float) -> None:
+        delay = loop_time - self.loop.time()
+        if delay <= 0:
+            return
+        if self.fd < 0:
+            await asyncio.sleep(delay)
+            return
+        deadline = time.monotonic() + delay  # the loop's clock may not be CLOCK_MONOTONIC
+        sec = int(deadline)
+        spec = self._spec
+        spec.it_value.tv_sec = sec
+        spec.it_value.tv_nsec = int((deadline - sec) * 1e9)
+        if _LIBC.timerfd_settime(self.fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None) != 0:
+            await asyncio.sleep(delay)  # cannot happen with valid arguments; never hang
+            return
+        waiter = self._waiter = self.loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _fired(self) -> None:
+        try:
+            os.read(self.fd, 8)
+        except BlockingIOError:
+            return  # re-armed since it became readable
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
