@@ -96,6 +96,12 @@ class Alarm:
         finally:
             self._waiter = None
 
+    def wake(self) -> None:
+        """End the current sleep now (no-op when nobody sleeps)."""
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     def _fired(self) -> None:
         try:
             os.read(self.fd, 8)

@@ -40,7 +40,7 @@ METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "inference_lab_max_waiting": ("gauge", "Waiting bound (0 = unbounded).", ("model_name",)),
     "inference_lab_max_num_seqs": ("gauge", "Admission cap on running requests.", ("model_name",)),
     "inference_lab_rejections": ("counter", "Requests refused before admission, by reason.", ("model_name", "reason")),
-    "inference_lab_pacing_lag_seconds": ("histogram", "Wall clock minus the wall instant of each delivered step end.", ("model_name",)),
+    "inference_lab_pacing_lag_seconds": ("histogram", "Wall clock minus the instant each pacer wake-up was planned for (a step end or a held update).", ("model_name",)),
     "inference_lab_steps": ("counter", "Engine iterations simulated.", ("model_name",)),
 }
 

@@ -11,14 +11,21 @@ Rules (DESIGN.md, "Pacing"):
   handed out are those of the last step that has *ended* (the decode group's counter as
   of then, `g_due`), never of the step in flight.
 - When late, every due step is taken in one wake-up and each stream gets one message
-  with all its new tokens; the lag (wall clock minus the wall instant of the step end
-  being delivered) is measured for every wake-up.
+  with all its new tokens; the lag (wall clock minus the instant the wake-up was planned
+  for) is measured for every wake-up.
 - Mid-stream token updates are capped at `update_rate` per second across all streams:
   with N live streams, a stream's next update waits until N / update_rate seconds after
   its previous one (its tokens then go together). At a few dozen streams this is below
   one step, so every step is delivered; at hundreds it keeps the process that relays the
   tokens (the gateway) within what it can write; and never more often than every 1 ms
   (MIN_UPDATE_INTERVAL). First tokens and completions are never held back. 0 = no cap.
+- Wake-ups cost the CPU the lab is measuring with, so the pacer wakes at a step's end
+  only when that end matters: the step samples a first token or finishes a request, it
+  prefills, a waiting request could be admitted at the next step, or a held stream's
+  update falls due. Otherwise (a small batch decoding under the update cap) it sleeps
+  until the earliest held update, then books the steps it slept through with their own
+  start times, so the simulation is the same; only undeliverable wake-ups are skipped.
+  An arrival, a cancel or a capacity change wakes it at once (`poke`).
 """
 
 from __future__ import annotations
@@ -69,6 +76,8 @@ class Pacer:
         self._dirty_sinks: set = set()
         self._wake = asyncio.Event()
         self._stalled = False
+        self._release = 0.0  # loop time at which the earliest held running stream may update
+        self._target: float | None = None  # sim time the current sleep was planned to end
         self._on_step = on_step
         self._on_lag = on_lag
         self._on_finished = on_finished
@@ -86,14 +95,14 @@ class Pacer:
         req = self.core.submit(prompt_len, max_tokens, self.sim_now(), priority=priority,
                                tag=Stream(sink, tag))
         self.live[req.id] = req
-        self._wake.set()
+        self.poke()
         return req
 
     def cancel(self, req: Request, status: Status = Status.FINISHED_CANCELLED) -> None:
         """Remove a request wherever it is; its sink hears nothing more."""
         if self.live.pop(req.id, None) is not None:
             self.core.cancel(req, self.sim_now(), status)
-            self._wake.set()  # capacity freed: a stalled engine may progress
+            self.poke()  # capacity freed: a stalled engine may progress
             if self._on_change:
                 self._on_change()
 
@@ -102,8 +111,9 @@ class Pacer:
         return len(self.live) + len(self._finishing)
 
     def poke(self) -> None:
-        """Capacity changed or work arrived: re-evaluate now."""
+        """Capacity changed or work arrived: re-evaluate now (also ends a lazy sleep)."""
         self._wake.set()
+        self._alarm.wake()
 
     # ---- the loop ------------------------------------------------------------------------
     def start(self) -> None:
@@ -134,15 +144,38 @@ class Pacer:
             if self.inflight is None and (self._stalled or not core.has_work()):
                 self._wake.clear()
                 self._stalled = False
+                self._target = None
                 await self._wake.wait()
                 continue
-            self._advance(self.sim_now())
+            now = self.sim_now()
+            if self._target is not None and now >= self._target and self._on_lag:
+                self._on_lag(now - self._target)
+            self._target = None
+            self._advance(now)
             self._deliver()
             if self.inflight is not None:
-                await self._sleep_until(self.inflight.end)
+                self._target = self._next_wake()
+                await self._alarm.sleep_until(self.epoch + self._target)
 
-    async def _sleep_until(self, sim_time: float) -> None:
-        await self._alarm.sleep_until(self.epoch + sim_time)
+    def _next_wake(self) -> float:
+        """The sim time of the next wake-up worth having: the in-flight step's end when
+        it matters (see the module's rules), else the earliest held update."""
+        step = self.inflight
+        if (not self.update_rate or step.first_token or step.finished or step.prefill_tokens
+                or self._finishing):
+            return step.end
+        core = self.core
+        if core.num_waiting and core.num_running < core.max_num_seqs:
+            return step.end  # the next step may admit: its first token must be on time
+        release = self._release - self.epoch
+        if release <= step.end:
+            return step.end
+        group = core.scheduler.group
+        if group.finish_heap:  # wake in time to book the step that finishes the next one
+            steps = group.finish_heap[0][0] - group.G  # (stale entries only come sooner)
+            if release > step.end + (steps - 1) * (step.end - step.start):
+                return step.end
+        return release
 
     def _advance(self, now: float) -> None:
         """Retire every step that has ended and book steps whose start has come,
@@ -175,8 +208,6 @@ class Pacer:
         self._finishing.clear()
         if self._on_step:
             self._on_step(result)
-        if self._on_lag:
-            self._on_lag(self.sim_now() - result.end)
 
     def _deliver(self) -> None:
         """Hand each stream its due tokens (one message per stream), then due finishes."""
@@ -184,9 +215,11 @@ class Pacer:
         dirty = self._dirty_sinks
         now = self.loop.time()
         if self.update_rate:
-            held_since = now - max(len(self.live) / self.update_rate, MIN_UPDATE_INTERVAL)
+            interval = max(len(self.live) / self.update_rate, MIN_UPDATE_INTERVAL)
         else:
-            held_since = now
+            interval = 0.0
+        held_since = now - interval
+        earliest = now  # the oldest last update among running streams
         for req in self.live.values():
             stream = req.tag
             due = req.out_off + g_due if req.in_group else req.num_output
@@ -195,6 +228,9 @@ class Pacer:
                 stream.last = now
                 stream.sink.on_tokens(stream, due)
                 dirty.add(stream.sink)
+            elif req.in_group and stream.last < earliest:
+                earliest = stream.last
+        self._release = earliest + interval
         for req in self._finishing:  # its last token belongs to the step in flight
             stream = req.tag
             if req.num_output - 1 > stream.sent and stream.last <= held_since:
