@@ -190,13 +190,15 @@ class Pacer:
                 self.inflight = None
             if not core.has_work():
                 return
-            g_before = group.G
             result = core.step(core.clock)
             if result.num_tokens == 0:  # nothing can run until something changes
                 self._stalled = True
                 return
-            if g_before != group.G:
-                self.g_due = g_before  # the booked step's tokens are not due yet
+            # The booked step's tokens are not due yet: they are counted as of one group
+            # step earlier. (With decodes that is the G before this step; after a
+            # prefill-only step G has not moved, and the requests that joined the group
+            # in it have their first token at G, which is not due either.)
+            self.g_due = group.G - 1
             for req in result.finished:
                 if self.live.pop(req.id, None) is not None:
                     self._finishing.append(req)
