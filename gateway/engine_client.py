@@ -291,7 +291,8 @@ class EngineClient:
                 await self._ensure_session()
                 continue
             full = session.saturated.get(model)
-            if full is not None:
+            if full is not None and self._fits(model, prompt_tokens + max_tokens):
+                # (one that can never fit goes on: the engine answers it with its 400 first)
                 session.note_refused(model)
                 raise GatewayError(ErrorKind.QUEUE_SATURATED,
                                    saturation_message(full.waiting, full.max_waiting))
@@ -310,6 +311,13 @@ class EngineClient:
             session.send(action)
             return stream
         raise engine_unavailable("the session broke while connecting")
+
+    def _fits(self, model: str, tokens: int) -> bool:
+        """The engine's own checks before its queue's: within max_model_len and the KV
+        cache."""
+        info = self._models.get(model)
+        return info is not None and tokens <= info.max_model_len and (
+            -(-tokens // max(info.block_size, 1)) <= info.kv_blocks)
 
     def cancel(self, stream: RequestStream, reason: BaseException | None = None) -> None:
         """Cancel a request still running in the engine (no-op when it is done)."""

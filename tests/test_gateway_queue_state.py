@@ -60,11 +60,14 @@ async def test_a_saturated_model_is_refused_at_the_gateway_and_counted_by_the_en
     await until(lambda: sum(r.count for r in fake.refused.items) >= 5)
     assert sum(r.count for r in fake.refused.items) == 5
     assert {r.model for r in fake.refused.items} == {FAKE_MODEL}
-    # bad input is still a 400 first, and another model is unaffected by this one's queue
+    # bad input is still a 400 first, also one only the engine can judge (too long)
     assert (await client.post("/v1/chat/completions", json={"model": FAKE_MODEL})).status == 400
+    too_long = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5000})
+    assert too_long.status == 400 and "max_model_len" in (await too_long.json())["error"]["message"]
+    assert len(fake.opened.items) == 2  # that one went to the engine, which refused it
     await announce(client, fake, FREE)
     assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
-    assert len(fake.opened.items) == 2
+    assert len(fake.opened.items) == 3
 
 
 async def test_a_capacity_change_through_the_gateway_applies_at_once(client, fake):
