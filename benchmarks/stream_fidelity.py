@@ -149,7 +149,7 @@ def report(r: dict, ceiling: float | None) -> None:
           f"{r['queue_model_negative']} of {r['requests']} negative (a step booked to start "
           f"before the request arrived)")
     print(f"  pacing lag ms p50 {ms(r['lag_p50'])} p99 {'>' if r['lag_p99_overflow'] else ''}"
-          f"{ms(r['lag_p99'])} mean {ms(r['lag_mean'])} over {r['lag_wakeups']:,.0f} steps")
+          f"{ms(r['lag_p99'])} mean {ms(r['lag_mean'])} over {r['lag_wakeups']:,.0f} wake-ups")
     print(f"  CPU cores  engine {cf['engine']:.2f}, gateway {cf['gateway']:.2f}, loadgen "
           f"{cf['loadgen']:.2f}, other processes {cf['others']:.2f};  CPU-s per 1,000 tokens: engine "
           f"{r['engine_cpu_per_1k_tokens']:.4f}, gateway {r['gateway_cpu_per_1k_tokens']:.4f}, "
