@@ -11,6 +11,10 @@ and CPU of gateway, engine and load generator over the sending window. No pass/f
 
     python benchmarks/refusal_path.py [--rate 2000] [--duration 5] [--loadgen-procs 1]
         [--profile DIR]   # also py-spy the engine and the gateway during the window
+        [--no-floor]      # skip the bare aiohttp 529 server measured first (refusal_floor.py)
+
+The floor is measured in the same run because this machine's noise moves both by a
+factor of two or more within an hour; the gateway's figure means most next to it.
 """
 
 from __future__ import annotations
@@ -190,14 +194,27 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-conns", type=int, default=512, help="per load generator process")
     parser.add_argument("--profile", metavar="DIR",
                         help="py-spy record engine and gateway during the window into DIR")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="do not measure the bare aiohttp 529 server first")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args(argv)
+    floor = None
+    if not args.no_floor:
+        import refusal_floor
+        print("floor: a bare aiohttp server answering the fixed 529 (refusal_floor.py)")
+        floor = refusal_floor.main(["--rate", str(args.rate), "--duration", str(args.duration),
+                                    "--conns", str(args.conns)])
     print(f"machine: {C.machine()}")
     C.print_load(f"refusal path at {args.rate:,.0f}/s")
     load = C.loadavg()
     r = run(args)
     r["load_before"] = load
+    r["floor"] = floor
     report(r)
+    if floor is not None:
+        print(f"  next to the bare floor measured just before: p50 {floor['p50'] * 1e3:.2f} / "
+              f"p99 {floor['p99'] * 1e3:.2f} ms, {floor['server_us_per_request']:.0f} CPU-us "
+              "per request", flush=True)
     C.write_json(args.json, {"machine": C.machine(), "result": r})
     return r
 

@@ -102,6 +102,11 @@ def main() -> None:
     row("529 latency p50 / p99 (client)",
         f"{ref['lat_p50'] * 1e3:.2f} / {ref['lat_p99'] * 1e3:.2f} ms", "p99 < 2 ms",
         ref["lat_p99"] < 0.002)
+    if ref.get("floor"):
+        fl = ref["floor"]
+        row("bare aiohttp 529 floor p50 / p99 (same run)",
+            f"{fl['p50'] * 1e3:.2f} / {fl['p99'] * 1e3:.2f} ms "
+            f"({fl['server_us_per_request']:.0f} CPU-us per request)", "", None)
     row("refusals achieved", f"{ref['completed_529_rate']:,.0f}/s (sent {ref['sent_rate']:,.0f}/s)",
         f"{args.rate:,.0f}/s", ref["completed_529_rate"] >= 0.98 * args.rate)
     row("refusal CPU cores gateway / engine / loadgen",
