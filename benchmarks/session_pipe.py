@@ -45,6 +45,7 @@ sys.path.insert(0, str(C.ROOT))
 from gateway import engine_client as ec  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.server import start_gateway  # noqa: E402
+from inference_lab.v1 import engine_pb2 as pb  # noqa: E402
 
 monotonic = time.monotonic
 OUTBOX_WAITS: list[float] = []
@@ -56,14 +57,22 @@ def instrument(coalesce_s: float = 0.0) -> None:
     def send(self, action):
         self._outbox.put_nowait((action, monotonic()))
 
-    async def actions(self):
+    async def actions(self):  # as _Session._actions: everything queued goes in one message
+        outbox = self._outbox
         while True:
-            item = await self._outbox.get()
+            item = await outbox.get()
+            batch = []
+            while item is not None:
+                action, queued = item
+                OUTBOX_WAITS.append(monotonic() - queued)
+                batch.append(action)
+                if outbox.empty():
+                    break
+                item = outbox.get_nowait()
+            if batch:
+                yield pb.SessionActions(actions=batch)
             if item is None:
                 return
-            action, queued = item
-            OUTBOX_WAITS.append(monotonic() - queued)
-            yield action
 
     class CountingCall:
         def __init__(self, call):
