@@ -180,7 +180,11 @@ async def test_every_529_is_counted_by_the_engine_and_room_is_served_at_once(ser
             assert time.monotonic() < deadline, f"engine counted {n - before} of 30"
             await asyncio.sleep(0.02)
         assert n == before + 30
-        holders[-1].close()  # the last waiting stream leaves: one place is free at once
+        holders[-1].close()  # the last waiting stream leaves: its place is free once the
+        deadline = time.monotonic() + 10  # engine has heard (no event tells the client)
+        while curl_json(served.base, "GET", "/control/capacity")[1][0]["waiting"] != 1:
+            assert time.monotonic() < deadline, "the engine never heard of the hang-up"
+            await asyncio.sleep(0.01)
         async with session.post(served.base + "/v1/chat/completions",
                                 json={**body, "stream": True}) as resp:
             assert resp.status == 200  # admitted (it waits behind the running holder)
