@@ -239,7 +239,11 @@ async def test_the_update_cap_groups_mid_stream_tokens_but_never_delays_the_firs
         every_step = await collect(stub.Submit(submit_request(max_tokens=200)))
     for events in (capped, every_step):
         tokens = [e.tokens for e in events if e.HasField("tokens")]
-        assert tokens[0].total_tokens == 1  # the first token is never held back
+        # The first token is never held back: held for the cap it would come with ~20 more
+        # (10 ms of ~0.45 ms steps). It is handed over at its step's end, so a pacer woken
+        # late on a busy machine may send a step or two more with it; the exact instant
+        # is checked on a virtual clock in test_pacer_wakeups.py.
+        assert tokens[0].total_tokens < 10
         assert sum(t.new_tokens for t in tokens) == tokens[-1].total_tokens == 200
         assert events[-1].finished.completion_tokens == 200
     capped_updates = sum(e.HasField("tokens") for e in capped)
