@@ -97,13 +97,16 @@ async def test_the_first_request_after_idle_is_paced_not_served_at_cpu_speed():
         wall = time.perf_counter() - start
     modelled = events[-1].finished.e2e_s
     assert modelled > 0.05  # 200 decode steps of gpt-oss-20b are tens of milliseconds
-    assert wall == pytest.approx(modelled, rel=0.10), f"wall {wall:.4f} s, modelled {modelled:.4f} s"
+    # Never faster than modelled (a cold-start deficit would serve it in milliseconds);
+    # slower only by what a busy machine adds to one gRPC stream (10 % + 20 ms).
+    assert 0.95 * modelled <= wall <= 1.10 * modelled + 0.02, \
+        f"wall {wall:.4f} s, modelled {modelled:.4f} s"
 
 
 async def test_lowering_max_num_seqs_with_32_running_drains_to_8_and_loses_nothing():
     async with running_engine() as server, engine_stub(server) as stub:
         core = server.runtimes[0].core
-        calls = [stub.Submit(submit_request(max_tokens=150 + 10 * i)) for i in range(32)]
+        calls = [stub.Submit(submit_request(max_tokens=400 + 10 * i)) for i in range(32)]
         for call in calls:
             assert (await call.read()).HasField("admitted")
         await eventually(lambda: core.num_running == 32)
@@ -114,8 +117,8 @@ async def test_lowering_max_num_seqs_with_32_running_drains_to_8_and_loses_nothi
         running_after_each_finish = []
         for i, call in enumerate(calls):
             events = await collect(call)
-            assert events[-1].finished.completion_tokens == 150 + 10 * i
-            assert sum(e.tokens.new_tokens for e in events if e.HasField("tokens")) == 150 + 10 * i
+            assert events[-1].finished.completion_tokens == 400 + 10 * i
+            assert sum(e.tokens.new_tokens for e in events if e.HasField("tokens")) == 400 + 10 * i
             running_after_each_finish.append(
                 (await stub.GetCapacity(pb.GetCapacityRequest())).models[0].running)
         late_events = await collect(late)
