@@ -11,7 +11,9 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from engine_helpers import collect, engine_stub, eventually, running_engine, submit_request
+from engine_helpers import (
+    collect, engine_rejections, engine_stub, eventually, running_engine, submit_request,
+)
 from inference_lab.v1 import engine_pb2 as pb
 
 
@@ -297,16 +299,9 @@ async def test_a_session_hears_the_queue_state_first_and_on_every_change():
         # refusals a client made itself on the engine's word are counted as the engine's own
         await act(pb.SessionAction(refused=pb.Refused(model="gpt-oss-20b", count=41)),
                   pb.SessionAction(refused=pb.Refused(model="no-such-model", count=5)))
-        url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-        key = 'inference_lab_rejections_total{model_name="gpt-oss-20b",reason="QUEUE_SATURATED"}'
-
-        def counted() -> float:
-            text = urllib.request.urlopen(url).read().decode()
-            return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                         if line.startswith(key)), 0.0)
-
         deadline = time.monotonic() + 10
-        while (n := await asyncio.to_thread(counted)) < 41 and time.monotonic() < deadline:
+        while ((n := await asyncio.to_thread(engine_rejections, server.metrics_port)) < 41
+               and time.monotonic() < deadline):
             await asyncio.sleep(0.01)
         assert n == 41.0
         call.cancel()

@@ -8,12 +8,12 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 
 import aiohttp
 import openai
 import pytest
 
+from engine_helpers import engine_rejections
 from serve_helpers import free_port, serve
 
 CURL = shutil.which("curl")
@@ -25,15 +25,6 @@ def served():
     with serve("--metrics-port", str(metrics_port)) as s:
         s.metrics_port = metrics_port
         yield s
-
-
-def engine_rejections(served) -> float:
-    """The engine's own count of QUEUE_SATURATED refusals, from its /metrics."""
-    key = 'inference_lab_rejections_total{model_name="gpt-oss-20b",reason="QUEUE_SATURATED"}'
-    with urllib.request.urlopen(f"http://127.0.0.1:{served.metrics_port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                 if line.startswith(key)), 0.0)
 
 
 @pytest.fixture
@@ -166,7 +157,7 @@ async def test_every_529_is_counted_by_the_engine_and_room_is_served_at_once(ser
     """Refusals made at the gateway on the engine's announced queue state still show in the
     engine's metrics; a capacity change and a freed place are honoured by the very next
     request (no stale 529)."""
-    before = await asyncio.to_thread(engine_rejections, served)
+    before = await asyncio.to_thread(engine_rejections, served.metrics_port)
     body = {"model": "gpt-oss-20b", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5}
     async with aiohttp.ClientSession() as session:
         holders = await _saturate(served, session)
@@ -176,7 +167,7 @@ async def test_every_529_is_counted_by_the_engine_and_room_is_served_at_once(ser
                 statuses.append(resp.status)
         assert statuses == [529] * 30
         deadline = time.monotonic() + 10
-        while (n := await asyncio.to_thread(engine_rejections, served)) < before + 30:
+        while (n := await asyncio.to_thread(engine_rejections, served.metrics_port)) < before + 30:
             assert time.monotonic() < deadline, f"engine counted {n - before} of 30"
             await asyncio.sleep(0.02)
         assert n == before + 30
