@@ -186,7 +186,7 @@ def serve(*extra: str, grace: float = 0.5):
     port, engine_port = free_port(), free_port()
     log = tempfile.NamedTemporaryFile("w+", suffix=".serve.log", delete=False)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inference_lab", "serve", "--host", "127.0.0.1",
+        [sys.executable, "-P", "-m", "inference_lab", "serve", "--host", "127.0.0.1",
          "--port", str(port), "--engine-port", str(engine_port), "--metrics-port", "0",
          "--grace", str(grace), *extra],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

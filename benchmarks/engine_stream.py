@@ -82,7 +82,7 @@ async def run_submit(stub, clients: int, seconds: float, max_tokens: int) -> tup
 
 async def main_async(args) -> None:
     port, metrics_port = C.free_port(), C.free_port()
-    engine = subprocess.Popen([sys.executable, "-m", "inference_lab", "--log-level", "WARNING",
+    engine = subprocess.Popen([sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING",
                                "engine", "--port", str(port), "--metrics-port", str(metrics_port)],
                               stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:

@@ -42,9 +42,9 @@ import _common as C
 
 sys.path.insert(0, str(C.ROOT))
 
-from gateway import engine_client as ec  # noqa: E402
-from gateway.app import create_app  # noqa: E402
-from gateway.server import start_gateway  # noqa: E402
+from inference_lab.gateway import engine_client as ec  # noqa: E402
+from inference_lab.gateway.app import create_app  # noqa: E402
+from inference_lab.gateway.server import start_gateway  # noqa: E402
 from inference_lab.v1 import engine_pb2 as pb  # noqa: E402
 
 monotonic = time.monotonic
@@ -159,7 +159,7 @@ def instrument(coalesce_s: float = 0.0) -> None:
 async def run(args: argparse.Namespace) -> None:
     eport, mport = C.free_port(), C.free_port()
     engine = subprocess.Popen(
-        [sys.executable, "-m", "inference_lab", "--log-level", "WARNING", "engine",
+        [sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING", "engine",
          "--host", "127.0.0.1", "--port", str(eport), "--metrics-port", str(mport)],
         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=C.ROOT)
     loadgens: list[subprocess.Popen] = []

@@ -14,9 +14,9 @@ import platform
 import time
 from pathlib import Path
 
-from engine.config import load_deployment
-from engine.offline import run_offline
-from engine.workload import load_workload
+from inference_lab.engine.sim.config import load_deployment
+from inference_lab.engine.drivers.offline import run_offline
+from inference_lab.common.workload import load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,7 +7,7 @@ them hang up early, mid-stream. Prints, for each process, RSS at start, after th
 and at the end, and the growth over the measured part; the engine's waiting and running
 once the clients stop; and whether every completed stream carried exactly its token count
 (token frames and the usage frame, both equal to max_tokens). No pass/fail here: the
-short version in tests/test_hardening_soak.py asserts.
+short version in tests/e2e/test_hardening_soak.py asserts.
 
     python benchmarks/soak.py [--duration 60] [--warmup 10] [--clients 48] [--json FILE]
 """

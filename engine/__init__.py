@@ -1,11 +1,13 @@
-"""The engine of inference-lab.
+"""The engine of inference-lab (`inference_lab.engine`), one package per layer:
 
-Layers, one direction only:
-  specs, catalog, config   what the hardware, the model and the deployment are (pure data)
-  cost                     roofline step timing of a batch
-  kv, request, scheduler   vLLM-v1-style continuous batching over a KV block pool
-  core                     EngineCore: a state machine told the time by its driver
-  workload, offline        the offline driver (`inference-lab sim`)
-  pacer, service, metrics  the real-time driver and the gRPC service built on it
-The first four import no asyncio, grpc or aiohttp and never read a clock.
+  sim/      the pure simulation core: specs, catalog, config, cost, kv, request,
+            decode_group, scheduler, core. Told the time; imports no asyncio, grpc,
+            aiohttp or clock.
+  drivers/  what owns time: `offline` jumps event to event (`inference-lab sim`);
+            `pacer` + `alarm` step the core in wall-clock time.
+  service/  the gRPC service on the pacer (`rpc`), its server lifecycle (`server`),
+            Prometheus metrics (`metrics`) and the request-decoding guard (`wire_guard`).
+
+Imports point down only: service -> drivers -> sim -> inference_lab.common.
+The layer contracts in pyproject.toml ([tool.importlinter]) check it.
 """

@@ -11,7 +11,7 @@ source of truth for queue depth and capacity. Modules:
 - `testing`: `FakeEngine`, an in-process engine stand-in for tests (not imported here).
 """
 
-from gateway.app import create_app
-from gateway.server import run_gateway
+from inference_lab.gateway.app import create_app
+from inference_lab.gateway.server import run_gateway
 
 __all__ = ["create_app", "run_gateway"]

@@ -15,7 +15,6 @@ single source of truth for depth and capacity.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from dataclasses import dataclass, field
@@ -26,8 +25,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import generate_latest
 
-from gateway.engine_client import ClientGone, EngineClient, RequestStream
-from gateway.errors import (
+from inference_lab.common.auth import bearer_ok
+from inference_lab.gateway.engine_client import ClientGone, EngineClient, RequestStream
+from inference_lab.gateway.errors import (
     ErrorKind,
     GatewayError,
     engine_unavailable,
@@ -36,11 +36,11 @@ from gateway.errors import (
     from_rejected,
     sse_error_frame,
 )
-from gateway.openai_api import Completion, OutputLength, chat_tokens, decode_request
-from gateway.openai_api import invalid, json_encode, modelled_timings, prompt_tokens
+from inference_lab.gateway.openai_api import Completion, OutputLength, chat_tokens, decode_request
+from inference_lab.gateway.openai_api import invalid, json_encode, modelled_timings, prompt_tokens
 from inference_lab.v1 import engine_pb2 as pb
 
-log = logging.getLogger("gateway.app")
+log = logging.getLogger("inference_lab.gateway.app")
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
@@ -130,14 +130,6 @@ def _under(request: web.BaseRequest, prefix: str) -> bool:
     return request.path.startswith(prefix) or _route_label(request).startswith(prefix)
 
 
-def _bearer_ok(request: web.BaseRequest, secret: str) -> bool:
-    """`Authorization: Bearer <secret>` (scheme in any case), the secret compared in
-    constant time."""
-    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
-    got = credentials.encode("utf-8", "surrogateescape")
-    return scheme.lower() == "bearer" and hmac.compare_digest(got, secret.encode())
-
-
 @web.middleware
 async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
     state = request.app[STATE]
@@ -145,10 +137,10 @@ async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
     status = 500
     try:
         if state.api_key is not None and _under(request, "/v1/"):
-            if not _bearer_ok(request, state.api_key):
+            if not bearer_ok(request.headers.get("Authorization"), state.api_key):
                 raise GatewayError(ErrorKind.UNAUTHORIZED, "Invalid or missing API key.")
         elif state.control_token is not None and _under(request, "/control/"):
-            if not _bearer_ok(request, state.control_token):
+            if not bearer_ok(request.headers.get("Authorization"), state.control_token):
                 raise GatewayError(ErrorKind.CONTROL_UNAUTHORIZED,
                                    "Invalid or missing control token.")
         try:

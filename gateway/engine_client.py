@@ -40,13 +40,13 @@ from typing import Any, Awaitable, Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.errors import (
+from inference_lab.gateway.errors import (
     ErrorKind, GatewayError, engine_unavailable, from_grpc_error, saturation_message,
 )
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc as pb_grpc
 
-log = logging.getLogger("gateway.engine_client")
+log = logging.getLogger("inference_lab.gateway.engine_client")
 
 CHANNEL_OPTIONS = (
     # A fresh channel must really reconnect: without a local pool, gRPC core shares one

@@ -20,7 +20,7 @@ import grpc
 import msgspec
 from aiohttp import web
 
-log = logging.getLogger("gateway.errors")
+log = logging.getLogger("inference_lab.gateway.errors")
 
 _json_encode = msgspec.json.Encoder().encode
 

@@ -20,7 +20,7 @@ from typing import Annotated, Callable
 
 import msgspec
 
-from gateway.errors import ErrorKind, GatewayError
+from inference_lab.gateway.errors import ErrorKind, GatewayError
 
 # One JSON library for the whole gateway.
 json_encode = msgspec.json.Encoder().encode
@@ -167,7 +167,7 @@ class OutputLength:
                       seed: int = 0) -> "OutputLength":
         if workload_path is None:
             return cls(default_max_tokens)
-        from engine.workload import load_workload  # lazily: only when a workload is given
+        from inference_lab.common.workload import load_workload  # lazily: only when a workload is given
 
         spec = load_workload(workload_path)
         rng = random.Random(seed)

@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from gateway.app import create_app
+from inference_lab.gateway.app import create_app
 
-log = logging.getLogger("gateway.server")
+log = logging.getLogger("inference_lab.gateway.server")
 
 # Runner settings the gateway relies on; use them when serving `create_app` elsewhere.
 RUNNER_KWARGS: dict[str, Any] = {"handler_cancellation": True, "access_log": None}

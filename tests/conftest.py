@@ -2,7 +2,7 @@
 
 import pytest
 
-from gateway.testing import FakeEngine
+from inference_lab.gateway.testing import FakeEngine
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import urllib.request
 
 import grpc
 
-from engine.config import default_deployments
-from engine.server import EngineServer
+from inference_lab.engine.sim.config import default_deployments
+from inference_lab.engine.service.server import EngineServer
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc
 

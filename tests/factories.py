@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.catalog import load_hardware, load_model
-from engine.core import EngineCore
-from engine.specs import Deployment, SchedulerConfig, TimeCorrection
+from inference_lab.engine.sim.catalog import load_hardware, load_model
+from inference_lab.engine.sim.core import EngineCore
+from inference_lab.engine.sim.specs import Deployment, SchedulerConfig, TimeCorrection
 
 
 def deployment(model: str = "gpt-oss-20b", hardware: str = "b200", tp: int = 1,

@@ -49,10 +49,10 @@ class ThreadedLab:
         return self
 
     async def _start(self) -> None:
-        from engine.config import default_deployments
-        from engine.server import EngineServer
-        from gateway import create_app
-        from gateway.server import start_gateway
+        from inference_lab.engine.sim.config import default_deployments
+        from inference_lab.engine.service.server import EngineServer
+        from inference_lab.gateway import create_app
+        from inference_lab.gateway.server import start_gateway
 
         self.engine = EngineServer(default_deployments("b200"), "127.0.0.1", 0, 0,
                                    **self._engine_kwargs)
@@ -211,7 +211,7 @@ class Proc:
 
 
 def command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "inference_lab", *args]
+    return [sys.executable, "-P", "-m", "inference_lab", *args]
 
 
 @contextlib.contextmanager

@@ -57,7 +57,7 @@ def serve(*extra: str, grace: float = 2.0):
     port, engine_port = free_port(), free_port()
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inference_lab", "serve", "--port", str(port),
+        [sys.executable, "-P", "-m", "inference_lab", "serve", "--port", str(port),
          "--engine-port", str(engine_port), "--metrics-port", "0", "--grace", str(grace), *extra],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -1,0 +1,2 @@
+"""Drivers own time: `offline` runs the core event to event as fast as the CPU allows;
+`pacer` steps it against the wall clock, waking on `alarm` (a Linux timerfd)."""

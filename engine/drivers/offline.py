@@ -1,0 +1,164 @@
+"""The offline driver: runs EngineCore against a workload as fast as the CPU allows,
+jumping the simulated clock from event to event, and summarises latency and throughput.
+
+Knows workloads (open-loop arrival streams and closed-loop users) and the summary's
+shape (compatible with inference-lab's JSON summary). Does not know the wall clock,
+except to report how much CPU the run took.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from inference_lab.engine.sim.core import EngineCore, QueueSaturated, SubmitError
+from inference_lab.engine.sim.specs import Deployment
+from inference_lab.common.workload import WorkloadSpec, open_loop_arrivals
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]) of an ascending list."""
+    if not sorted_values:
+        return 0.0
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def distribution(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    mean = sum(ordered) / len(ordered) if ordered else 0.0
+    return {
+        "mean": mean,
+        "p50": percentile(ordered, 50),
+        "p90": percentile(ordered, 90),
+        "p99": percentile(ordered, 99),
+    }
+
+
+@dataclass(slots=True)
+class RunRecorder:
+    """Per-request outcomes of a run, in simulated seconds."""
+
+    ttft: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    per_token: list[float] = field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total: int = 0
+    rejected_saturated: int = 0
+    rejected_invalid: int = 0
+    first_arrival: float = math.inf
+    last_finish: float = 0.0
+
+
+def summarise(rec: RunRecorder, core: EngineCore, steps: int, cpu_seconds: float) -> dict:
+    span = max(rec.last_finish - (rec.first_arrival if rec.total else 0.0), 1e-12)
+    completed = len(rec.e2e)
+    ms = lambda xs: {k: v * 1000.0 for k, v in distribution(xs).items()}  # noqa: E731
+    return {
+        "model": core.name,
+        "hardware": core.deployment.hardware.name,
+        "latency_metrics": {
+            "ttft_ms": ms(rec.ttft),
+            "e2e_ms": ms(rec.e2e),
+            "per_token_ms": ms(rec.per_token),
+        },
+        "throughput_metrics": {
+            "input_tokens_per_sec": rec.input_tokens / span,
+            "output_tokens_per_sec": rec.output_tokens / span,
+            "requests_per_sec": completed / span,
+        },
+        "requests": {
+            "completed": completed,
+            "total": rec.total,
+            "rejected_queue_saturated": rec.rejected_saturated,
+            "rejected_invalid": rec.rejected_invalid,
+        },
+        "preemptions": {"total": core.scheduler.num_preemptions},
+        "simulation": {
+            "simulated_seconds": span,
+            "steps": steps,
+            "cpu_seconds": cpu_seconds,
+            "output_tokens_per_cpu_second": rec.output_tokens / cpu_seconds if cpu_seconds else 0.0,
+        },
+    }
+
+
+def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None = None,
+                on_progress: Callable[[int, int], None] | None = None) -> dict:
+    """Simulate `spec` on a fresh EngineCore and return the summary dict.
+    on_progress(completed_or_refused, total) is called every few hundred requests."""
+    core = EngineCore(deployment)
+    rng = random.Random(spec.seed if seed is None else seed)
+    rec = RunRecorder()
+    total = spec.num_requests
+    closed = spec.arrival_pattern == "closed_loop"
+    arrivals = None if closed else open_loop_arrivals(spec, rng)
+    next_arrival = next(arrivals, None) if arrivals else None
+    idle_users = spec.num_concurrent_users if closed else 0
+    done = 0
+    report_every = max(total // 200, 100)
+    cpu0 = time.process_time()
+    steps = 0
+
+    def submit(now: float, prompt_len: int, output_len: int) -> bool:
+        rec.total += 1
+        if now < rec.first_arrival:
+            rec.first_arrival = now
+        try:
+            core.submit(prompt_len, output_len, now)
+            return True
+        except QueueSaturated:
+            rec.rejected_saturated += 1
+        except SubmitError:
+            rec.rejected_invalid += 1
+        return False
+
+    def users_arrive(now: float) -> None:
+        nonlocal idle_users, done
+        while idle_users and rec.total < total:
+            idle_users -= 1
+            if not submit(now, spec.input_len_dist.sample(rng), spec.output_len_dist.sample(rng)):
+                done += 1
+                idle_users += 1
+                break  # refused users retry after the next completion
+
+    if closed:
+        users_arrive(0.0)
+    while True:
+        t_step = core.next_event_time()
+        if next_arrival is not None and (t_step is None or next_arrival[0] <= t_step):
+            arrival, prompt_len, output_len = next_arrival
+            if not submit(arrival, prompt_len, output_len):
+                done += 1
+            next_arrival = next(arrivals, None)
+            continue
+        if t_step is None:
+            break
+        result = core.step(t_step)
+        steps += 1
+        for req in result.finished:
+            rec.input_tokens += req.prompt_len
+            rec.output_tokens += req.max_tokens
+            ttft = req.first_token - req.arrival
+            e2e = req.finish_time - req.arrival
+            rec.ttft.append(ttft)
+            rec.e2e.append(e2e)
+            if req.max_tokens > 1:
+                rec.per_token.append((e2e - ttft) / (req.max_tokens - 1))
+            rec.last_finish = req.finish_time
+            done += 1
+            if on_progress and done % report_every == 0:
+                on_progress(done, total)
+        if closed and result.finished:
+            idle_users += len(result.finished)
+            users_arrive(result.end)
+    cpu = time.process_time() - cpu0
+    if on_progress:
+        on_progress(done, total)
+    return summarise(rec, core, steps, cpu)

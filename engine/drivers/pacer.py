@@ -1,0 +1,264 @@
+"""The real-time driver: paces one EngineCore to the wall clock and delivers progress.
+
+Knows the mapping sim time = loop time - epoch, the step in flight, and the streams
+(sinks) waiting for each request's tokens. Does not know gRPC: sinks are plain objects
+with `on_tokens(stream, total)` / `on_finished(stream, request)` / `flush()`.
+
+Rules (docs/architecture.md, "Pacing"):
+- No cold-start deficit: an arrival at an idle engine moves the sim clock to the present
+  (EngineCore.submit), so the first burst after idle is paced like every other.
+- A step is booked at its start and its tokens are delivered at its end: token counts
+  handed out are those of the last step that has *ended* (the decode group's counter as
+  of then, `g_due`), never of the step in flight.
+- When late, every due step is taken in one wake-up and each stream gets one message
+  with all its new tokens; the lag (wall clock minus the instant the wake-up was planned
+  for) is measured for every wake-up.
+- Mid-stream token updates are capped at `update_rate` per second across all streams:
+  with N live streams, a stream's next update waits until N / update_rate seconds after
+  its previous one (its tokens then go together). At a few dozen streams this is below
+  one step, so every step is delivered; at hundreds it keeps the process that relays the
+  tokens (the gateway) within what it can write; and never more often than every 1 ms
+  (MIN_UPDATE_INTERVAL). First tokens and completions are never held back. 0 = no cap.
+- Wake-ups cost the CPU the lab is measuring with, so the pacer wakes at a step's end
+  only when that end matters: the step samples a first token or finishes a request, it
+  prefills, a waiting request could be admitted at the next step, or a held stream's
+  update falls due. Otherwise (a small batch decoding under the update cap) it sleeps
+  until the earliest held update, then books the steps it slept through with their own
+  start times, so the simulation is the same; only undeliverable wake-ups are skipped.
+  An arrival, a cancel or a capacity change wakes it at once (`poke`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from inference_lab.engine.drivers.alarm import Alarm
+from inference_lab.engine.sim.core import EngineCore, StepResult
+from inference_lab.engine.sim.request import Request, Status
+
+log = logging.getLogger(__name__)
+
+
+# With the update cap on, no stream gets mid-stream updates more often than this, even
+# alone: a lone decode steps every ~0.5 ms, and a message per step is pure overhead.
+MIN_UPDATE_INTERVAL = 0.001
+
+
+class Stream:
+    """A delivery handle stored on Request.tag: where its progress goes."""
+
+    __slots__ = ("sink", "tag", "sent", "last")
+
+    def __init__(self, sink, tag) -> None:
+        self.sink = sink
+        self.tag = tag
+        self.sent = 0  # tokens already handed to the sink
+        self.last = 0.0  # loop time of the last hand-over
+
+
+class Pacer:
+    def __init__(self, core: EngineCore, *, on_step: Callable[[StepResult], None] | None = None,
+                 on_lag: Callable[[float], None] | None = None,
+                 on_finished: Callable[[Request], None] | None = None,
+                 on_change: Callable[[], None] | None = None,
+                 update_rate: float = 0.0) -> None:
+        self.core = core
+        self.update_rate = update_rate
+        self.loop = asyncio.get_running_loop()
+        self.epoch = self.loop.time()  # sim time 0
+        self.live: dict[int, Request] = {}  # requests with a stream, not yet finished
+        self.inflight: StepResult | None = None
+        self.g_due = 0  # decode-group step counter as of the last step that ended
+        self._finishing: list[Request] = []  # finish in the step in flight
+        self._due_finished: list[Request] = []
+        self._dirty_sinks: set = set()
+        self._wake = asyncio.Event()
+        self._stalled = False
+        self._release = 0.0  # loop time at which the earliest held running stream may update
+        self._target: float | None = None  # sim time the current sleep was planned to end
+        self._on_step = on_step
+        self._on_lag = on_lag
+        self._on_finished = on_finished
+        self._on_change = on_change  # after every wake-up and cancel: the queue may have moved
+        self._task: asyncio.Task | None = None
+        self._alarm = Alarm(self.loop)  # wakes at step ends to the microsecond
+
+    # ---- clock -------------------------------------------------------------------------
+    def sim_now(self) -> float:
+        return self.loop.time() - self.epoch
+
+    # ---- requests ----------------------------------------------------------------------
+    def submit(self, prompt_len: int, max_tokens: int, sink, tag, priority: int = 0) -> Request:
+        """Check and queue synchronously (raises QueueSaturated / SubmitError)."""
+        req = self.core.submit(prompt_len, max_tokens, self.sim_now(), priority=priority,
+                               tag=Stream(sink, tag))
+        self.live[req.id] = req
+        self.poke()
+        return req
+
+    def cancel(self, req: Request, status: Status = Status.FINISHED_CANCELLED) -> None:
+        """Remove a request wherever it is; its sink hears nothing more."""
+        if self.live.pop(req.id, None) is not None:
+            self.core.cancel(req, self.sim_now(), status)
+            self.poke()  # capacity freed: a stalled engine may progress
+            if self._on_change:
+                self._on_change()
+
+    def open_streams(self) -> int:
+        """Requests whose stream has not heard its Finished yet."""
+        return len(self.live) + len(self._finishing)
+
+    def poke(self) -> None:
+        """Capacity changed or work arrived: re-evaluate now (also ends a lazy sleep)."""
+        self._wake.set()
+        self._alarm.wake()
+
+    # ---- the loop ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = self.loop.create_task(self._run(), name=f"pacer:{self.core.name}")
+
+    async def stop(self) -> None:
+        """Stop pacing and end every live request as aborted."""
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._alarm.close()
+        for req in self._due_finished + self._finishing:
+            self._finish(req)  # completed in simulation: deliver them whole
+        self._due_finished.clear()
+        self._finishing.clear()
+        for req in list(self.live.values()):
+            self.core.cancel(req, self.sim_now(), Status.FINISHED_ABORTED)
+            self.live.pop(req.id, None)
+            self._finish(req)
+        self._flush()
+
+    async def _run(self) -> None:
+        core = self.core
+        while True:
+            if self.inflight is None and (self._stalled or not core.has_work()):
+                self._wake.clear()
+                self._stalled = False
+                self._target = None
+                await self._wake.wait()
+                continue
+            now = self.sim_now()
+            if self._target is not None and now >= self._target and self._on_lag:
+                self._on_lag(now - self._target)
+            self._target = None
+            self._advance(now)
+            self._deliver()
+            if self.inflight is not None:
+                self._target = self._next_wake()
+                await self._alarm.sleep_until(self.epoch + self._target)
+
+    def _next_wake(self) -> float:
+        """The sim time of the next wake-up worth having: the in-flight step's end when
+        it matters (see the module's rules), else the earliest held update."""
+        step = self.inflight
+        if (not self.update_rate or step.first_token or step.finished or step.prefill_tokens
+                or self._finishing):
+            return step.end
+        core = self.core
+        if core.num_waiting and core.num_running < core.max_num_seqs:
+            return step.end  # the next step may admit: its first token must be on time
+        release = self._release - self.epoch
+        if release <= step.end:
+            return step.end
+        group = core.scheduler.group
+        if group.finish_heap:  # wake in time to book the step that finishes the next one
+            steps = group.finish_heap[0][0] - group.G  # (stale entries only come sooner)
+            if release > step.end + (steps - 1) * (step.end - step.start):
+                return step.end
+        return release
+
+    def _advance(self, now: float) -> None:
+        """Retire every step that has ended and book steps whose start has come,
+        until one is in flight (or there is no work)."""
+        core = self.core
+        group = core.scheduler.group
+        while True:
+            if self.inflight is not None:
+                if self.inflight.end > now:
+                    return
+                self._retire(self.inflight)
+                self.inflight = None
+            if not core.has_work():
+                return
+            result = core.step(core.clock)
+            if result.num_tokens == 0:  # nothing can run until something changes
+                self._stalled = True
+                return
+            # The booked step's tokens are not due yet: they are counted as of one group
+            # step earlier. (With decodes that is the G before this step; after a
+            # prefill-only step G has not moved, and the requests that joined the group
+            # in it have their first token at G, which is not due either.)
+            self.g_due = group.G - 1
+            for req in result.finished:
+                if self.live.pop(req.id, None) is not None:
+                    self._finishing.append(req)
+            self.inflight = result
+
+    def _retire(self, result: StepResult) -> None:
+        self.g_due = self.core.scheduler.group.G
+        self._due_finished.extend(self._finishing)
+        self._finishing.clear()
+        if self._on_step:
+            self._on_step(result)
+
+    def _deliver(self) -> None:
+        """Hand each stream its due tokens (one message per stream), then due finishes."""
+        g_due = self.g_due
+        dirty = self._dirty_sinks
+        now = self.loop.time()
+        if self.update_rate:
+            interval = max(len(self.live) / self.update_rate, MIN_UPDATE_INTERVAL)
+        else:
+            interval = 0.0
+        held_since = now - interval
+        earliest = now  # the oldest last update among running streams
+        for req in self.live.values():
+            stream = req.tag
+            due = req.out_off + g_due if req.in_group else req.num_output
+            if due > stream.sent and (stream.sent == 0 or stream.last <= held_since):
+                stream.sent = due
+                stream.last = now
+                stream.sink.on_tokens(stream, due)
+                dirty.add(stream.sink)
+            elif req.in_group and stream.last < earliest:
+                earliest = stream.last
+        self._release = earliest + interval
+        for req in self._finishing:  # its last token belongs to the step in flight
+            stream = req.tag
+            if req.num_output - 1 > stream.sent and stream.last <= held_since:
+                stream.sent = req.num_output - 1
+                stream.last = now
+                stream.sink.on_tokens(stream, stream.sent)
+                dirty.add(stream.sink)
+        if self._due_finished:
+            for req in self._due_finished:
+                self._finish(req)
+            self._due_finished.clear()
+        self._flush()
+
+    def _finish(self, req: Request) -> None:
+        stream = req.tag
+        if req.num_output > stream.sent:
+            stream.sent = req.num_output
+            stream.sink.on_tokens(stream, req.num_output)
+        stream.sink.on_finished(stream, req)
+        self._dirty_sinks.add(stream.sink)
+        if self._on_finished:
+            self._on_finished(req)
+
+    def _flush(self) -> None:
+        if self._on_change:
+            self._on_change()
+        for sink in self._dirty_sinks:
+            sink.flush()
+        self._dirty_sinks.clear()

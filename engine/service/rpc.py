@@ -1,0 +1,390 @@
+"""The engine's gRPC service: the admission funnel, progress delivery and capacity control.
+
+Knows the protobuf messages (inference_lab.v1) and gRPC status codes: this is the one
+place where core objects turn into messages and errors into statuses. Does not know
+timing (engine.pacer) or scheduling (engine.core).
+
+Admission is one synchronous step on the event loop: EngineCore.submit checks the
+waiting depth against max_waiting and queues the request with no await in between, so
+no burst can over-admit; a refusal leaves before any message is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import grpc
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from inference_lab.common.auth import bearer_ok
+from inference_lab.engine.sim.core import CapacityError, EngineCore, QueueSaturated, SubmitError
+from inference_lab.engine.service.metrics import ModelMetrics
+from inference_lab.engine.drivers.pacer import Pacer, Stream
+from inference_lab.engine.sim.request import Request, Status
+from inference_lab.v1 import engine_pb2 as pb
+from inference_lab.v1 import engine_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+DOMAIN = "inference-lab"
+FINISH_REASON_PB = {
+    Status.FINISHED_LENGTH: pb.FINISH_REASON_LENGTH,
+    Status.FINISHED_CANCELLED: pb.FINISH_REASON_CANCELLED,
+    Status.FINISHED_ABORTED: pb.FINISH_REASON_ABORTED,
+}
+
+
+def queue_state(core: EngineCore) -> tuple[bool, int, int]:
+    """(saturated, waiting, max_waiting) as a Session announces it: the numbers only
+    matter (and are only set) while saturated, so the state changes rarely."""
+    waiting, max_waiting = core.num_waiting, core.max_waiting
+    if max_waiting and waiting >= max_waiting:
+        return True, waiting, max_waiting
+    return False, 0, 0
+
+
+class ModelRuntime:
+    """One served model: its core, the pacer driving it, its metrics, and the admission
+    state last announced to Sessions (with a version that counts its changes)."""
+
+    def __init__(self, core: EngineCore, metrics: ModelMetrics, update_rate: float = 0.0) -> None:
+        self.core = core
+        self.metrics = metrics
+        self.queue_state = queue_state(core)
+        self.queue_version = 0
+        self.on_queue_change: Callable[[], None] | None = None
+        self.pacer = Pacer(core, on_step=metrics.on_step, on_lag=metrics.on_lag,
+                           on_finished=metrics.on_finished, on_change=self.check_queue,
+                           update_rate=update_rate)
+
+    def check_queue(self) -> None:
+        """Called wherever the queue or its bound may have moved (admissions, steps,
+        cancels, capacity changes); announces a changed state to every Session."""
+        state = queue_state(self.core)
+        if state != self.queue_state:
+            self.queue_state = state
+            self.queue_version += 1
+            if self.on_queue_change is not None:
+                self.on_queue_change()
+
+    def queue_state_pb(self) -> pb.QueueState:
+        saturated, waiting, max_waiting = self.queue_state
+        return pb.QueueState(model=self.core.name, saturated=saturated, waiting=waiting,
+                             max_waiting=max_waiting)
+
+
+# ---- core objects -> messages ------------------------------------------------------------
+def finished_pb(req: Request) -> pb.Finished:
+    def since_arrival(t: float) -> float:
+        return t - req.arrival if t >= 0 else 0.0
+
+    return pb.Finished(
+        reason=FINISH_REASON_PB[req.status], prompt_tokens=req.prompt_len,
+        completion_tokens=req.num_output, queue_time_s=since_arrival(req.first_scheduled),
+        ttft_s=since_arrival(req.first_token), e2e_s=since_arrival(req.finish_time),
+        preemptions=req.preemptions)
+
+
+def saturated_metadata(exc: QueueSaturated) -> dict[str, str]:
+    return {"model": exc.model, "waiting": str(exc.waiting), "max_waiting": str(exc.max_waiting)}
+
+
+def saturated_status(exc: QueueSaturated) -> grpc.Status:
+    """RESOURCE_EXHAUSTED with google.rpc.ErrorInfo{reason: QUEUE_SATURATED} in details."""
+    info = error_details_pb2.ErrorInfo(reason="QUEUE_SATURATED", domain=DOMAIN,
+                                       metadata=saturated_metadata(exc))
+    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=str(exc))
+    status.details.add().Pack(info)
+    return rpc_status.to_status(status)
+
+
+def rejected_pb(code: grpc.StatusCode, reason: str, message: str,
+                metadata: dict[str, str] | None = None) -> pb.Rejected:
+    return pb.Rejected(code=code.value[0], reason=reason, message=message, metadata=metadata or {})
+
+
+# ---- sinks: where the pacer's deliveries go --------------------------------------------------
+class SubmitSink:
+    """One Submit call: a queue of SubmitEvents drained by the handler."""
+
+    __slots__ = ("queue", "last")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[pb.SubmitEvent] = asyncio.Queue()
+        self.last = 0
+
+    def on_tokens(self, stream: Stream, total: int) -> None:
+        self.queue.put_nowait(pb.SubmitEvent(
+            tokens=pb.Tokens(new_tokens=total - self.last, total_tokens=total)))
+        self.last = total
+
+    def on_finished(self, stream: Stream, req: Request) -> None:
+        self.queue.put_nowait(pb.SubmitEvent(finished=finished_pb(req)))
+
+    def flush(self) -> None:
+        pass
+
+
+class SessionSink:
+    """One Session: events, packed token progress and changed queue states gathered into
+    one ProgressBatch per flush (at most one per pacer wake-up, plus admissions as they
+    happen)."""
+
+    def __init__(self, runtimes: list[ModelRuntime]) -> None:
+        self.runtimes = runtimes
+        self.seen: dict[str, int] = {}  # model -> queue_version announced on this Session
+        self.events: list[pb.Progress] = []
+        self.totals: dict[int, int] = {}  # tag -> tokens so far, latest wins
+        self.open: dict[int, tuple[ModelRuntime, Request]] = {}
+        self.ready = asyncio.Event()
+        self.closing = False  # the engine is stopping: end the call once flushed
+        self.ended = asyncio.Event()
+
+    def on_tokens(self, stream: Stream, total: int) -> None:
+        self.totals[stream.tag] = total  # while the writer is blocked, updates merge
+
+    def on_finished(self, stream: Stream, req: Request) -> None:
+        self.open.pop(stream.tag, None)
+        self.events.append(pb.Progress(tag=stream.tag, finished=finished_pb(req)))
+
+    def flush(self) -> None:
+        self.ready.set()
+
+    def take(self) -> pb.ProgressBatch | None:
+        seen = self.seen
+        states = None
+        for rt in self.runtimes:
+            if seen.get(rt.core.name) != rt.queue_version:
+                seen[rt.core.name] = rt.queue_version
+                (states := states or []).append(rt.queue_state_pb())
+        if not (self.events or self.totals or states):
+            return None
+        totals = self.totals
+        batch = pb.ProgressBatch(events=self.events, token_tags=totals.keys(),
+                                 token_totals=totals.values(), queue_states=states)
+        self.events, self.totals = [], {}
+        return batch
+
+
+class EngineService(engine_pb2_grpc.EngineServicer):
+    def __init__(self, runtimes: list[ModelRuntime], control_token: str | None = None) -> None:
+        self.runtimes = {rt.core.name: rt for rt in runtimes}
+        self.sessions: set[SessionSink] = set()
+        for rt in runtimes:
+            rt.on_queue_change = self._queue_changed
+        self.accepting = True
+        # SetCapacity requires metadata `authorization: Bearer <token>` when set.
+        self._control_token = control_token.encode() if control_token else None
+
+    def _runtime(self, model: str) -> ModelRuntime | None:
+        if not model and len(self.runtimes) == 1:
+            return next(iter(self.runtimes.values()))
+        return self.runtimes.get(model)
+
+    def _queue_changed(self) -> None:
+        for sink in self.sessions:
+            sink.flush()  # the writer takes the new state with whatever else is due
+
+    def _unknown_model(self, model: str) -> str:
+        return f"model {model!r} is not served here (models: {', '.join(self.runtimes)})"
+
+    def _admit(self, rt: ModelRuntime, request: pb.SubmitRequest, sink, tag) -> Request:
+        """The funnel: check and reserve synchronously. Raises QueueSaturated or
+        SubmitError; counts refusals."""
+        try:
+            req = rt.pacer.submit(request.prompt_tokens, request.max_tokens, sink, tag,
+                                  priority=request.priority)
+        except QueueSaturated:
+            rt.metrics.on_rejected("QUEUE_SATURATED")
+            raise
+        except SubmitError:
+            rt.metrics.on_rejected("INVALID_REQUEST")
+            raise
+        rt.check_queue()
+        return req
+
+    async def close_sessions(self, timeout: float = 1.0) -> None:
+        """End every Session call cleanly (after what is buffered has been sent)."""
+        sinks = list(self.sessions)
+        for sink in sinks:
+            sink.closing = True
+            sink.flush()
+        if sinks:
+            await asyncio.wait([asyncio.ensure_future(s.ended.wait()) for s in sinks],
+                               timeout=timeout)
+
+    # ---- Submit: one request per call ---------------------------------------------------
+    async def Submit(self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext):
+        if not self.accepting:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine is shutting down")
+        rt = self._runtime(request.model)
+        if rt is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_model(request.model))
+        sink = SubmitSink()
+        try:
+            req = self._admit(rt, request, sink, None)
+        except QueueSaturated as exc:
+            status = saturated_status(exc)
+            log.debug("refused %s: %s", request.request_id or "request", exc)  # counted in metrics
+            await context.abort(status.code, status.details, status.trailing_metadata)
+        except SubmitError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            await context.write(pb.SubmitEvent(
+                admitted=pb.Admitted(engine_request_id=req.id, waiting=rt.core.num_waiting)))
+            while True:
+                event = await sink.queue.get()
+                await context.write(event)
+                if event.HasField("finished"):
+                    return
+        finally:
+            rt.pacer.cancel(req)  # a no-op once finished; frees the request on disconnect
+
+    # ---- Session: many requests over one stream -----------------------------------------
+    async def Session(self, request_iterator, context: grpc.aio.ServicerContext):
+        sink = SessionSink(list(self.runtimes.values()))
+        sink.flush()  # the first batch announces every model's queue state
+        self.sessions.add(sink)
+        reader = asyncio.create_task(self._read_session(request_iterator, sink))
+        try:
+            while True:
+                await sink.ready.wait()
+                sink.ready.clear()
+                batch = sink.take()
+                if batch is not None:
+                    await context.write(batch)
+                if sink.closing:
+                    return  # the engine is stopping: end the call with OK
+                if reader.done() and (reader.exception() is not None or
+                                      not sink.open and not sink.events and not sink.totals):
+                    reader.result()  # a reader failure (a malformed action) ends the call now
+                    return
+        finally:
+            self.sessions.discard(sink)
+            sink.ended.set()
+            reader.cancel()
+            for rt, req in list(sink.open.values()):
+                rt.pacer.cancel(req)
+            sink.open.clear()
+
+    async def _read_session(self, request_iterator, sink: SessionSink) -> None:
+        try:
+            async for message in request_iterator:
+                for action in message.actions:
+                    kind = action.WhichOneof("action")
+                    if kind == "open":
+                        self._session_open(action.open, sink)
+                    elif kind == "cancel":
+                        self._session_cancel(action.cancel.tag, sink)
+                    elif kind == "refused":
+                        self._session_refused(action.refused)
+                sink.flush()
+        finally:
+            sink.flush()  # let the writer notice the end of input
+
+    def _session_open(self, action: pb.Open, sink: SessionSink) -> None:
+        tag, request = action.tag, action.request
+        if not self.accepting:
+            rejected = rejected_pb(grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN", "engine is shutting down")
+        elif (rt := self._runtime(request.model)) is None:
+            rejected = rejected_pb(grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND",
+                                   self._unknown_model(request.model))
+        elif tag in sink.open:
+            rejected = rejected_pb(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST",
+                                   f"tag {tag} is already open in this session")
+        else:
+            try:
+                req = self._admit(rt, request, sink, tag)
+            except QueueSaturated as exc:
+                rejected = rejected_pb(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_SATURATED",
+                                       str(exc), saturated_metadata(exc))
+            except SubmitError as exc:
+                rejected = rejected_pb(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", str(exc))
+            else:
+                sink.open[tag] = (rt, req)
+                sink.events.append(pb.Progress(tag=tag, admitted=pb.Admitted(
+                    engine_request_id=req.id, waiting=rt.core.num_waiting)))
+                return
+        sink.events.append(pb.Progress(tag=tag, rejected=rejected))
+
+    def _session_cancel(self, tag: int, sink: SessionSink) -> None:
+        entry = sink.open.get(tag)
+        if entry is None:
+            return  # unknown or already finished
+        rt, req = entry
+        if req.id not in rt.pacer.live:
+            return  # finishing in the step in flight: its one Finished is on the way
+        del sink.open[tag]
+        rt.pacer.cancel(req)
+        sink.events.append(pb.Progress(tag=tag, finished=finished_pb(req)))
+        sink.seen.pop(rt.core.name, None)  # the client forgot the queue state: say it again
+
+    def _session_refused(self, refused: pb.Refused) -> None:
+        rt = self.runtimes.get(refused.model)
+        if rt is not None and refused.count:
+            rt.metrics.on_rejected("QUEUE_SATURATED", refused.count)
+
+    # ---- capacity and models ------------------------------------------------------------
+    def _capacity(self, runtimes) -> pb.CapacityResponse:
+        return pb.CapacityResponse(models=[
+            pb.ModelCapacity(model=rt.core.name, max_waiting=rt.core.max_waiting,
+                             max_num_seqs=rt.core.max_num_seqs, waiting=rt.core.num_waiting,
+                             running=rt.core.num_running)
+            for rt in runtimes])
+
+    def _select(self, model: str) -> list[ModelRuntime] | None:
+        if not model:
+            return list(self.runtimes.values())
+        rt = self.runtimes.get(model)
+        return [rt] if rt else None
+
+    async def GetCapacity(self, request: pb.GetCapacityRequest, context):
+        runtimes = self._select(request.model)
+        if runtimes is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_model(request.model))
+        return self._capacity(runtimes)
+
+    def _control_allowed(self, context) -> bool:
+        """Constant-time check of `authorization: Bearer <control token>`, when one is set."""
+        if self._control_token is None:
+            return True
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                return bearer_ok(value, self._control_token)
+        return False
+
+    async def SetCapacity(self, request: pb.SetCapacityRequest, context):
+        if not self._control_allowed(context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "SetCapacity needs metadata `authorization: Bearer <control token>`")
+        seqs = request.max_num_seqs if request.HasField("max_num_seqs") else None
+        waiting = request.max_waiting if request.HasField("max_waiting") else None
+        if seqs is None and waiting is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "set at least one of max_num_seqs and max_waiting")
+        model = request.model if request.HasField("model") else ""
+        runtimes = self._select(model)
+        if runtimes is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_model(model))
+        try:
+            for rt in runtimes:  # validate everything before changing anything
+                rt.core.check_capacity(seqs, waiting)
+        except CapacityError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        for rt in runtimes:
+            rt.core.set_capacity(seqs, waiting)
+            rt.pacer.poke()
+            rt.check_queue()
+            log.info("capacity of %s: max_num_seqs=%d max_waiting=%d",
+                     rt.core.name, rt.core.max_num_seqs, rt.core.max_waiting)
+        return self._capacity(runtimes)
+
+    async def ListModels(self, request, context):
+        return pb.ListModelsResponse(models=[
+            pb.ModelInfo(name=rt.core.name, hardware=rt.core.deployment.hardware.name,
+                         tp=rt.core.deployment.tp, max_model_len=rt.core.max_model_len,
+                         kv_blocks=rt.core.total_blocks, block_size=rt.core.block_size)
+            for rt in self.runtimes.values()])

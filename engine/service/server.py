@@ -1,0 +1,106 @@
+"""The engine process's lifecycle: gRPC server, health, reflection, metrics endpoint.
+
+Knows how the pieces start and stop, in order. Start: cores and pacers, the gRPC server
+(Engine + health + reflection), the Prometheus endpoint, then health SERVING. Stop:
+health NOT_SERVING and refuse new work, let in-flight requests finish within a grace
+period, stop the server, then the pacers (which abort whatever is left).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from inference_lab.engine.sim.core import EngineCore
+from inference_lab.engine.service.metrics import EngineMetrics, serve_metrics
+from inference_lab.engine.service.rpc import EngineService, ModelRuntime
+from inference_lab.engine.sim.specs import Deployment
+from inference_lab.engine.service.wire_guard import DecodeGuard
+from inference_lab.v1 import engine_pb2, engine_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# Mid-stream token updates per second per model (see engine.pacer): what one gateway
+# core relays beside the HTTP work of hundreds of streams (BENCHMARKS.md).
+DEFAULT_UPDATE_RATE = 10_000.0
+SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
+
+
+class EngineServer:
+    def __init__(self, deployments: list[Deployment], host: str = "127.0.0.1", port: int = 50051,
+                 metrics_port: int | None = 9400, control_token: str | None = None,
+                 update_rate: float = DEFAULT_UPDATE_RATE) -> None:
+        self.deployments = deployments
+        self.update_rate = update_rate  # cap on mid-stream token updates/s per model
+        self.control_token = control_token  # required by SetCapacity when set
+        self.host = host
+        self.port = port
+        self.metrics_port = metrics_port
+        self.server: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer()
+        self.runtimes: list[ModelRuntime] = []
+        self.metrics: EngineMetrics | None = None
+        self._metrics_http = None
+
+    async def start(self) -> None:
+        cores = [EngineCore(d) for d in self.deployments]
+        self.metrics = EngineMetrics(cores)
+        self.runtimes = [ModelRuntime(core, self.metrics.for_model(core), self.update_rate)
+                         for core in cores]
+        self.service = EngineService(self.runtimes, self.control_token)
+        server = grpc.aio.server(interceptors=[DecodeGuard()], options=[
+            ("grpc.max_concurrent_streams", 100_000),
+            ("grpc.so_reuseport", 0),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ])
+        engine_pb2_grpc.add_EngineServicer_to_server(self.service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        bound = server.add_insecure_port(f"{self.host}:{self.port}")
+        if not bound:
+            raise OSError(f"cannot listen on {self.host}:{self.port}")
+        self.port = bound
+        await server.start()
+        self.server = server
+        for rt in self.runtimes:
+            rt.pacer.start()
+        if self.metrics_port is not None:
+            self._metrics_http = serve_metrics(self.metrics.registry, self.host, self.metrics_port)
+            self.metrics_port = self._metrics_http.server_port
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        for rt in self.runtimes:
+            log.info("serving %s on %s (tp=%d, %d KV blocks of %d, max_num_seqs=%d, max_waiting=%d)",
+                     rt.core.name, rt.core.deployment.hardware.name, rt.core.deployment.tp,
+                     rt.core.total_blocks, rt.core.block_size, rt.core.max_num_seqs,
+                     rt.core.max_waiting)
+        log.info("engine gRPC on %s:%d, metrics on %s", self.host, self.port,
+                 f"http://{self.host}:{self.metrics_port}/metrics" if self.metrics_port else "off")
+
+    def live_requests(self) -> int:
+        return sum(rt.pacer.open_streams() for rt in self.runtimes)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Graceful: NOT_SERVING, refuse new work, drain up to `grace` seconds, stop."""
+        if self.server is None:
+            return
+        await self.health.enter_graceful_shutdown()
+        self.service.accepting = False
+        deadline = time.monotonic() + grace
+        while self.live_requests() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for rt in self.runtimes:
+            await rt.pacer.stop()  # aborts what is left; its streams get a Finished
+        await self.service.close_sessions()
+        await self.server.stop(grace=0.5)
+        self.server = None
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+            self._metrics_http = None
+        log.info("engine stopped")

@@ -1,0 +1,221 @@
+"""EngineCore: one model's simulated engine, a state machine told the time by its driver.
+
+Knows the scheduler, the cost model and the admission rule (the waiting bound). Does
+not know the wall clock, asyncio, gRPC or HTTP: the offline runner and the real-time
+pacer drive it by calling `submit`, `step(now)` and `cancel` with simulated times.
+A step is decided and booked when it starts; its tokens belong to its end time, which
+the driver honours (the pacer delivers them then).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from inference_lab.engine.sim.cost import CostModel, attention_sums
+from inference_lab.engine.sim.kv import blocks_for, total_blocks
+from inference_lab.engine.sim.request import Request, Status
+from inference_lab.engine.sim.scheduler import Scheduler
+from inference_lab.engine.sim.specs import MAX_COUNT, Deployment
+
+
+class SubmitError(ValueError):
+    """A request that can never run (too long for the model or the KV cache)."""
+
+
+class QueueSaturated(Exception):
+    """The waiting queue holds max_waiting requests: refuse, immediately."""
+
+    def __init__(self, model: str, waiting: int, max_waiting: int) -> None:
+        self.model = model
+        self.waiting = waiting
+        self.max_waiting = max_waiting
+        super().__init__(
+            f"Server is at capacity: {waiting} requests waiting (max_waiting = {max_waiting}). "
+            "Retry with reduced concurrency."
+        )
+
+
+class CapacityError(ValueError):
+    """An impossible capacity setting."""
+
+
+@dataclass(slots=True)
+class StepResult:
+    """One iteration: its time span, what it did, and the stats the service exports."""
+
+    start: float
+    end: float
+    num_tokens: int
+    num_decodes: int
+    bound: str
+    sampled: int  # tokens generated in this step
+    prefill_tokens: int  # prompt positions computed in this step
+    admitted: list[Request] = field(default_factory=list)  # first scheduled now
+    first_token: list[Request] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+
+
+class EngineCore:
+    def __init__(self, deployment: Deployment) -> None:
+        self.deployment = deployment
+        self.name = deployment.name
+        config = deployment.scheduler
+        self.cost = CostModel(deployment)
+        self.total_blocks = total_blocks(deployment)
+        self.block_size = config.block_size
+        self.max_model_len = config.max_model_len or deployment.model.max_seq_len
+        self.max_waiting = config.max_waiting
+        self.scheduler = Scheduler(config, self.total_blocks, self.cost.windows)
+        self.clock = 0.0  # simulated time at which the engine is next free
+        self.requests: dict[int, Request] = {}  # live (not finished)
+        self._ids = itertools.count(1)
+
+    # ---- queries ---------------------------------------------------------------------
+    @property
+    def max_num_seqs(self) -> int:
+        return self.deployment.scheduler.max_num_seqs
+
+    @property
+    def num_waiting(self) -> int:
+        """The depth compared with max_waiting. Arrivals enter the queue synchronously
+        in `submit`, so accepted-but-not-stepped arrivals are already counted here."""
+        return self.scheduler.num_waiting
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    def kv_usage(self) -> float:
+        return self.scheduler.kv_usage()
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def next_event_time(self) -> float | None:
+        """When the next step can start, or None when idle."""
+        return self.clock if self.scheduler.has_work() else None
+
+    def tokens_of(self, req: Request) -> int:
+        """Tokens `req` has sampled so far (booked up to the latest step's end)."""
+        return self.scheduler.group.live_output(req)
+
+    # ---- inputs ----------------------------------------------------------------------
+    def check(self, prompt_len: int, max_tokens: int) -> None:
+        """Refuse a request that could never run, with the reason."""
+        if prompt_len < 1:
+            raise SubmitError("prompt must have at least 1 token")
+        if max_tokens < 1:
+            raise SubmitError("max_tokens must be at least 1")
+        total = prompt_len + max_tokens
+        if total > self.max_model_len:
+            raise SubmitError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
+                f"max_model_len {self.max_model_len} of {self.name}"
+            )
+        if blocks_for(total, self.block_size) > self.total_blocks:
+            raise SubmitError(
+                f"{total} tokens need {blocks_for(total, self.block_size)} KV blocks; "
+                f"{self.name} has {self.total_blocks} in all"
+            )
+        config = self.deployment.scheduler
+        if not config.enable_chunked_prefill and total > config.max_num_batched_tokens:
+            raise SubmitError(
+                f"{total} tokens exceed max_num_batched_tokens {config.max_num_batched_tokens} "
+                "and chunked prefill is off"
+            )
+
+    def submit(self, prompt_len: int, max_tokens: int, now: float, *, priority: int = 0,
+               tag: object = None) -> Request:
+        """Check and queue in one synchronous step: raises QueueSaturated when
+        max_waiting (> 0) requests already wait, SubmitError when it can never run."""
+        self.check(prompt_len, max_tokens)
+        waiting = self.scheduler.num_waiting
+        if self.max_waiting and waiting >= self.max_waiting:
+            raise QueueSaturated(self.name, waiting, self.max_waiting)
+        if now > self.clock and not self.scheduler.has_work():
+            self.clock = now  # idle: the next step starts at this arrival
+        req = Request(next(self._ids), prompt_len, max_tokens, now, priority, tag=tag)
+        self.scheduler.waiting.push(req)
+        self.requests[req.id] = req
+        return req
+
+    def cancel(self, req: Request, now: float, status: Status = Status.FINISHED_CANCELLED) -> bool:
+        """Remove a request from the queue or the batch, freeing its KV blocks.
+        False when it had already finished."""
+        if req.finished:
+            return False
+        req.num_output = self.tokens_of(req)
+        self.scheduler.finish(req, status)
+        req.finish_time = now
+        self.requests.pop(req.id, None)
+        return True
+
+    def check_capacity(self, max_num_seqs: int | None = None, max_waiting: int | None = None) -> None:
+        """Raise CapacityError for a setting set_capacity would refuse."""
+        config = self.deployment.scheduler
+        if max_num_seqs is not None:
+            if max_num_seqs < 1:
+                raise CapacityError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
+            if max_num_seqs > config.max_num_batched_tokens:
+                raise CapacityError(
+                    f"max_num_seqs ({max_num_seqs}) must not exceed max_num_batched_tokens "
+                    f"({config.max_num_batched_tokens}) of {self.name}"
+                )
+        if max_waiting is not None and max_waiting < 0:
+            raise CapacityError(f"max_waiting must be at least 0 (0 = unbounded), got {max_waiting}")
+        for name, value in (("max_num_seqs", max_num_seqs), ("max_waiting", max_waiting)):
+            if value is not None and value > MAX_COUNT:
+                raise CapacityError(f"{name} must be at most {MAX_COUNT}, got {value}")
+
+    def set_capacity(self, max_num_seqs: int | None = None, max_waiting: int | None = None) -> None:
+        """Retune live. Lowering max_num_seqs drains (it gates admission only);
+        lowering max_waiting affects later arrivals only."""
+        self.check_capacity(max_num_seqs, max_waiting)
+        config = self.deployment.scheduler
+        if max_num_seqs is not None:
+            config.max_num_seqs = max_num_seqs
+        if max_waiting is not None:
+            config.max_waiting = self.max_waiting = max_waiting
+
+    # ---- time --------------------------------------------------------------------------
+    def step(self, now: float) -> StepResult:
+        """Run one iteration starting at max(now, the end of the previous one)."""
+        start = now if now > self.clock else self.clock
+        scheduler = self.scheduler
+        if not scheduler.running:
+            head = scheduler.waiting.peek()
+            if head is not None and head.arrival > start:
+                start = head.arrival  # idle until then: nothing had arrived at `start`
+        decision = scheduler.schedule(start)
+        full, wins = scheduler.group.attention() if decision.num_decodes else (0, None)
+        pairs = [(n, req.num_computed) for req, n in decision.chunks]
+        full_np, full_p, win_np, win_p = attention_sums(self.cost.windows, pairs, full, wins)
+        prefill_tokens = sum(n for n, _ in pairs)
+        num_tokens = decision.num_decodes + prefill_tokens
+        if num_tokens:
+            cost = self.cost.step_cost_raw(num_tokens, full_np, full_p, win_np, win_p)
+            seconds, bound = cost
+        else:
+            seconds, bound = 0.0, "idle"
+        end = start + seconds
+        for req in decision.admitted:
+            if req.first_scheduled < 0:
+                req.first_scheduled = start
+        first, done, sampled = scheduler.apply(decision)
+        for req in first:
+            req.first_token = end
+        for req in done:
+            req.status = Status.FINISHED_LENGTH
+            req.finish_time = end
+            del self.requests[req.id]
+        self.clock = end
+        return StepResult(
+            start, end, num_tokens, decision.num_decodes, bound, sampled, prefill_tokens,
+            decision.admitted, first, done, decision.preempted,
+            scheduler.num_running, scheduler.num_waiting, scheduler.kv_usage(),
+        )

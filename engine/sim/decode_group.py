@@ -1,0 +1,122 @@
+"""The decode group: every running request that computes exactly one position per step.
+
+Knows the group's aggregate state so that one step of N decodes costs O(1) Python work
+plus O(log N) per event (a finish, a window saturation), never O(N):
+
+- G counts the steps the group has taken. A member that joined at G = g with c computed
+  positions and o output tokens stores comp_off = c - g and out_off = o - g; at any later
+  G it has c' = comp_off + G computed positions and o' = out_off + G tokens.
+- Attention of a decode uses m = c' + 1 (mean causal context for one new position), so
+  sum m = S + n (G + 1) with S = sum comp_off; sliding windows keep the sum over members
+  that have not reached the window yet and a heap of the step at which each will.
+- A member needs a new KV block in the step where c' % block_size == 0: members are
+  counted by comp_off % block_size, so the number needing one is a table lookup.
+Does not know about budgets, preemption choice or the waiting queue (engine.scheduler).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from inference_lab.engine.sim.request import Request
+
+
+class DecodeGroup:
+    def __init__(self, block_size: int, windows: tuple[int, ...]) -> None:
+        self.G = 0  # steps taken by the group
+        self.n = 0  # members
+        self.comp_sum = 0  # S = sum of comp_off over members
+        self.block_size = block_size
+        self.phase_count = [0] * block_size  # members by comp_off % block_size
+        self.windows = windows
+        # Per window: members still below it, sum of their comp_off, heap of
+        # (G at which the member reaches the window, seq, request, epoch).
+        self.unsat_n = [0] * len(windows)
+        self.unsat_sum = [0] * len(windows)
+        self.sat_heaps: list[list[tuple[int, int, Request, int]]] = [[] for _ in windows]
+        self.finish_heap: list[tuple[int, int, Request, int]] = []  # (G at finish, ...)
+        self._seq = 0
+        self._settled_g = -1  # windows processed up to this G
+
+    # ---- membership -------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        """Join with req.num_computed / req.num_output as of now (after the step)."""
+        g = self.G
+        req.in_group = True
+        req.group_epoch += 1
+        req.comp_off = comp_off = req.num_computed - g
+        req.out_off = req.num_output - g
+        self.n += 1
+        self.comp_sum += comp_off
+        self.phase_count[comp_off % self.block_size] += 1
+        self._seq += 1
+        seq, epoch = self._seq, req.group_epoch
+        heapq.heappush(self.finish_heap, (req.max_tokens - req.out_off, seq, req, epoch))
+        for j, w in enumerate(self.windows):
+            sat_g = w - 1 - comp_off  # first G at which comp_off + G + 1 >= w
+            if sat_g > g:
+                self.unsat_n[j] += 1
+                self.unsat_sum[j] += comp_off
+                heapq.heappush(self.sat_heaps[j], (sat_g, seq, req, epoch))
+
+    def remove(self, req: Request) -> None:
+        """Leave the group, writing the request's live counters back into it."""
+        g = self.G
+        self._settle(g)
+        comp_off = req.comp_off
+        req.num_computed = comp_off + g
+        req.num_output = req.out_off + g
+        req.in_group = False  # heap entries of this epoch are now stale
+        self.n -= 1
+        self.comp_sum -= comp_off
+        self.phase_count[comp_off % self.block_size] -= 1
+        for j, w in enumerate(self.windows):
+            if w - 1 - comp_off > g:
+                self.unsat_n[j] -= 1
+                self.unsat_sum[j] -= comp_off
+
+    # ---- what one step of the group needs ----------------------------------------
+    def blocks_needed(self) -> int:
+        """Members that start a new KV block in the next step."""
+        return self.phase_count[(-self.G) % self.block_size] if self.n else 0
+
+    def attention(self) -> tuple[float, tuple[float, ...]]:
+        """(sum m, per-window sum min(m, W)) for the next step; n_i = 1 for all."""
+        g = self.G
+        self._settle(g)
+        n = self.n
+        full = self.comp_sum + n * (g + 1)
+        wins = tuple(
+            self.unsat_sum[j] + self.unsat_n[j] * (g + 1) + (n - self.unsat_n[j]) * w
+            for j, w in enumerate(self.windows)
+        )
+        return full, wins
+
+    def advance(self) -> list[Request]:
+        """Take one step: every member computes one position and samples one token.
+        Returns the members that reached max_tokens (still members: remove them)."""
+        self.G = g = self.G + 1
+        done = []
+        heap = self.finish_heap
+        while heap and heap[0][0] <= g:
+            _, _, req, epoch = heapq.heappop(heap)
+            if req.in_group and req.group_epoch == epoch:
+                done.append(req)
+        return done
+
+    def live_output(self, req: Request) -> int:
+        return req.out_off + self.G if req.in_group else req.num_output
+
+    def live_computed(self, req: Request) -> int:
+        return req.comp_off + self.G if req.in_group else req.num_computed
+
+    def _settle(self, g: int) -> None:
+        if g == self._settled_g:
+            return
+        self._settled_g = g
+        for j, heap in enumerate(self.sat_heaps):
+            while heap and heap[0][0] <= g:
+                _, _, req, epoch = heapq.heappop(heap)
+                if req.in_group and req.group_epoch == epoch:
+                    self.unsat_n[j] -= 1
+                    self.unsat_sum[j] -= req.comp_off

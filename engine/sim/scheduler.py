@@ -1,0 +1,263 @@
+"""vLLM-v1-style continuous batching for one model: what runs in the next step.
+
+Knows the waiting queue, the running set (in admission order), the KV block pool (a
+counter) and the token budget. One `schedule()` call is one iteration's decision, in
+phases: schedule running requests (preempting by recompute under KV pressure), admit
+waiting requests only if nothing was preempted, check the budget. `apply()` then books
+the iteration's outcome. Does not know time, costs or drivers (engine.core does).
+
+Simplification, stated: decodes are scheduled before partially prefilled running
+requests (vLLM interleaves them in admission order); this only matters when the token
+budget is smaller than the batch, which max_num_seqs <= max_num_batched_tokens excludes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from inference_lab.engine.sim.decode_group import DecodeGroup
+from inference_lab.engine.sim.kv import blocks_for
+from inference_lab.engine.sim.request import Request, Status
+from inference_lab.engine.sim.specs import SchedulerConfig
+
+
+@dataclass(slots=True)
+class Decision:
+    """What one iteration computes: the whole decode group plus prefill chunks."""
+
+    num_decodes: int  # group members, one position each
+    chunks: list[tuple[Request, int]] = field(default_factory=list)  # (request, positions)
+    admitted: list[Request] = field(default_factory=list)  # first scheduled this step
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_decodes + sum(n for _, n in self.chunks)
+
+
+class WaitingQueue:
+    """FCFS deque or priority heap; cancelled entries are skipped lazily, so `len`
+    is kept exact separately."""
+
+    def __init__(self, policy: str) -> None:
+        self.priority = policy == "priority"
+        self._deque: deque[Request] = deque()
+        self._heap: list[tuple[int, float, int, Request]] = []
+        self._seq = itertools.count()
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def push(self, req: Request, front: bool = False) -> None:
+        self.count += 1
+        if self.priority:
+            heapq.heappush(self._heap, (req.priority, req.arrival, next(self._seq), req))
+        elif front:
+            self._deque.appendleft(req)
+        else:
+            self._deque.append(req)
+
+    def peek(self) -> Request | None:
+        if self.priority:
+            heap = self._heap
+            while heap and heap[0][3].status is not Status.WAITING:
+                heapq.heappop(heap)
+            return heap[0][3] if heap else None
+        dq = self._deque
+        while dq and dq[0].status is not Status.WAITING:
+            dq.popleft()
+        return dq[0] if dq else None
+
+    def pop(self) -> Request:
+        req = self.peek()
+        assert req is not None
+        if self.priority:
+            heapq.heappop(self._heap)
+        else:
+            self._deque.popleft()
+        self.count -= 1
+        return req
+
+    def discard(self, req: Request) -> None:
+        """The caller has already moved req out of WAITING; only the count changes."""
+        self.count -= 1
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, total_blocks: int, windows: tuple[int, ...]):
+        self.config = config
+        self.block_size = config.block_size
+        self.total_blocks = total_blocks
+        self.free_blocks = total_blocks
+        self.waiting = WaitingQueue(config.policy)
+        self.running: dict[int, Request] = {}  # admission order
+        self.prefilling: dict[int, Request] = {}  # running, not in the group
+        self.group = DecodeGroup(config.block_size, windows)
+        self.num_preemptions = 0
+
+    # ---- queries -------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    def kv_usage(self) -> float:
+        return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 0.0
+
+    # ---- the decision --------------------------------------------------------------
+    def schedule(self, now: float) -> Decision:
+        """The iteration starting at simulated time `now`: requests that arrive later
+        (a driver catching up on a step that began in the past) wait for the next one."""
+        decision = Decision(num_decodes=0)
+        budget = self.config.max_num_batched_tokens
+        budget -= self._schedule_decodes(decision)
+        budget = self._schedule_prefilling(decision, budget)
+        if not decision.preempted:
+            self._admit_waiting(decision, budget, now)
+        assert decision.num_tokens <= self.config.max_num_batched_tokens
+        return decision
+
+    def _schedule_decodes(self, decision: Decision) -> int:
+        group = self.group
+        need = group.blocks_needed()
+        while need > self.free_blocks and group.n:
+            self._preempt(self._victim(list(self.running.values())), decision)
+            need = group.blocks_needed()
+        self.free_blocks -= need
+        decision.num_decodes = group.n
+        return group.n
+
+    def _schedule_prefilling(self, decision: Decision, budget: int) -> int:
+        pending = list(self.prefilling.values())
+        for i, req in enumerate(pending):
+            if budget <= 0:
+                break
+            if req.status is not Status.RUNNING:
+                continue  # preempted earlier in this pass
+            n = self._chunk(req, budget)
+            if n == 0:
+                continue
+            need = blocks_for(req.num_computed + n, self.block_size) - req.blocks
+            while need > self.free_blocks:
+                # Victims come from what is not scheduled yet: req itself or later ones.
+                rest = [r for r in pending[i:] if r.status is Status.RUNNING]
+                victim = self._victim(rest)
+                self._preempt(victim, decision)
+                if victim is req:
+                    break
+            if req.status is not Status.RUNNING:
+                continue
+            self.free_blocks -= need
+            req.blocks += need
+            decision.chunks.append((req, n))
+            budget -= n
+        return budget
+
+    def _admit_waiting(self, decision: Decision, budget: int, now: float) -> None:
+        cap = self.config.max_num_seqs
+        while budget > 0 and len(self.running) < cap:
+            req = self.waiting.peek()
+            if req is None or req.arrival > now:
+                break
+            n = self._chunk(req, budget)
+            if n == 0:
+                break
+            need = blocks_for(req.num_computed + n, self.block_size) - req.blocks
+            if need > self.free_blocks:
+                break  # KV full: wait for blocks to free up, never preempt to admit
+            self.waiting.pop()
+            req.status = Status.RUNNING
+            self.free_blocks -= need
+            req.blocks += need
+            self.running[req.id] = req
+            self.prefilling[req.id] = req
+            decision.admitted.append(req)
+            decision.chunks.append((req, n))
+            budget -= n
+
+    def _chunk(self, req: Request, budget: int) -> int:
+        """Positions of req's prefill that fit this step (0 = none)."""
+        remaining = req.prompt_len + req.num_output - req.num_computed
+        n = min(remaining, budget)
+        threshold = self.config.long_prefill_token_threshold
+        if threshold and n > threshold:
+            n = threshold
+        if n < remaining and not self.config.enable_chunked_prefill:
+            return 0
+        return n
+
+    # ---- preemption and removal ------------------------------------------------------
+    def _victim(self, candidates: list[Request]) -> Request:
+        """FCFS: the most recently admitted candidate (candidates are in admission
+        order). Priority: the worst (highest priority value, latest arrival)."""
+        if self.waiting.priority:
+            return max(candidates, key=lambda r: (r.priority, r.arrival))
+        return candidates[-1]
+
+    def _preempt(self, req: Request, decision: Decision) -> None:
+        """Recompute preemption: the victim loses its KV, keeps its tokens and goes to
+        the front of the waiting queue."""
+        self._release(req)
+        req.num_computed = 0
+        req.status = Status.WAITING
+        req.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.push(req, front=True)
+        decision.preempted.append(req)
+
+    def _release(self, req: Request) -> None:
+        """Take a running request out of the batch and free its blocks."""
+        if req.in_group:
+            self.group.remove(req)
+            req.blocks = blocks_for(req.num_computed, self.block_size)
+        self.free_blocks += req.blocks
+        req.blocks = 0
+        self.running.pop(req.id, None)
+        self.prefilling.pop(req.id, None)
+
+    def finish(self, req: Request, status: Status) -> None:
+        """End a request wherever it is (running, waiting or already final)."""
+        if req.finished:
+            return
+        if req.status is Status.WAITING:
+            self.waiting.discard(req)
+        else:
+            self._release(req)
+        req.status = status
+
+    # ---- booking one iteration -----------------------------------------------------
+    def apply(self, decision: Decision) -> tuple[list[Request], list[Request], int]:
+        """Advance state by the decided iteration. Returns (requests that sampled their
+        first token, requests that reached max_tokens, tokens sampled). Finished
+        requests are released here; their status is set by the caller."""
+        group = self.group
+        done = group.advance() if decision.num_decodes else []
+        for req in done:
+            self._release(req)
+        first: list[Request] = []
+        sampled = decision.num_decodes
+        for req, n in decision.chunks:
+            req.num_computed += n
+            if req.num_computed < req.prompt_len + req.num_output:
+                continue  # prefill not complete yet
+            sampled += 1
+            if req.num_output == 0:
+                first.append(req)
+            req.num_output += 1
+            if req.num_output >= req.max_tokens:
+                self._release(req)
+                done.append(req)
+            else:
+                del self.prefilling[req.id]
+                group.add(req)
+        return first, done, sampled

@@ -1,0 +1,149 @@
+"""`inference-lab gateway`: the OpenAI-compatible HTTP gateway alone, in front of an engine.
+
+Knows: the subcommand's flags and how to run `gateway.server.run_gateway` (with uvloop when
+it is installed) until Ctrl-C or SIGTERM.
+
+Does not know: anything about HTTP routes or the engine protocol (package `gateway`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import signal
+
+from inference_lab.cli.auth_flags import (
+    add_api_key_argument,
+    add_control_token_argument,
+    api_key,
+    control_token,
+)
+
+log = logging.getLogger("inference_lab.gateway")
+
+DEFAULT_ENGINE = "127.0.0.1:50051"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 0..65535, got {value}")
+    return value
+
+
+def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = True) -> None:
+    """The gateway's flags: shared by `gateway` and `serve` (which starts its own engine)."""
+    if engine_flag:
+        parser.add_argument(
+            "--engine", default=DEFAULT_ENGINE, metavar="HOST:PORT",
+            help="gRPC address of the engine (`inference-lab engine`)",
+        )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on for HTTP")
+    parser.add_argument("--port", type=_port, default=8080, help="HTTP port to listen on")
+    parser.add_argument(
+        "--workload", metavar="FILE", default=None,
+        help="workload TOML whose output-length distribution sets how many tokens a request "
+        "without max_tokens generates (capped by max_tokens when given)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the output-length draws from --workload"
+    )
+    parser.add_argument(
+        "--default-max-tokens", type=_positive_int, default=256, metavar="N",
+        help="tokens generated when a request gives no max_tokens and there is no --workload",
+    )
+    add_api_key_argument(parser)
+    add_control_token_argument(
+        parser, "/control/* as `Authorization: Bearer TOKEN`, and send it to the engine "
+        "with SetCapacity")
+
+
+def gateway_app_kwargs(args: argparse.Namespace) -> dict:
+    """create_app keyword arguments from the parsed gateway flags (secrets from the
+    environment when their flags are absent)."""
+    kwargs = {"workload_path": args.workload, "seed": args.seed,
+              "default_max_tokens": args.default_max_tokens,
+              "api_key": api_key(args), "control_token": control_token(args)}
+    _log_exposure(args.host, kwargs["api_key"], kwargs["control_token"])
+    return kwargs
+
+
+def _log_exposure(host: str, key: str | None, token: str | None) -> None:
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if key:
+        log.info("/v1/* requires the API key")
+    if token:
+        log.info("/control/* requires the control token")
+    missing = [flag for flag, value in (("--api-key", key), ("--control-token", token)) if not value]
+    if missing and not loopback:
+        log.warning("listening on %s without %s: anyone who can reach the port may use it",
+                    host, " or ".join(missing))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "gateway",
+        help="run the OpenAI-compatible HTTP gateway in front of a running engine",
+        description=(
+            "Serve the OpenAI-compatible API (/v1/chat/completions, /v1/completions, "
+            "/v1/models), /health, /metrics and /control/capacity over HTTP, forwarding every "
+            "request to an inference-lab engine over gRPC (one multiplexed Session stream). "
+            "A full waiting queue is answered with HTTP 529 before any response starts; an "
+            "unreachable engine with 503. The gateway reconnects by itself when the engine "
+            "comes back."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_gateway_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from inference_lab.gateway.server import run_gateway
+    from inference_lab.cli import UsageError
+
+    if args.workload is not None and not os.path.isfile(args.workload):
+        raise UsageError(f"--workload: no such file: {args.workload}")
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        assert task is not None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, task.cancel)
+            except (NotImplementedError, RuntimeError):  # not on this platform
+                pass
+        try:
+            await run_gateway(args.engine, host=args.host, port=args.port,
+                              **gateway_app_kwargs(args))
+        except asyncio.CancelledError:
+            pass
+
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
+    return 0

@@ -1,0 +1,174 @@
+"""`inference-lab serve`: engine and gateway as one command (the embedded default).
+
+Knows the process tree: the engine runs as a child process (`inference-lab engine`, its
+own core for the pacer), the gateway in this process. Validates the configs before
+anything starts, restarts the engine if it dies (the gateway answers 503 meanwhile and
+reconnects by itself), and on Ctrl-C / SIGTERM drains the engine, then stops the gateway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+
+from inference_lab.cli.auth_flags import CONTROL_TOKEN_ENV, control_token
+from inference_lab.cli.cmd_engine import add_model_arguments, add_pacing_arguments, load_deployments
+from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs
+
+log = logging.getLogger("inference_lab.serve")
+
+HELP = """\
+Serve the OpenAI-compatible API on a simulated GPU engine: the engine runs as a child
+process, the gateway here. With no --config it serves the embedded gpt-oss-20b.
+
+  inference-lab serve                                   # gpt-oss-20b on a B200 at :8080
+  inference-lab serve --config configs/ --hardware b200 --max-waiting 64
+
+then: curl localhost:8080/control/capacity
+"""
+RESTART_DELAY_S = 1.0
+READY_TIMEOUT_S = 60.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="run engine and gateway together (start here)",
+                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(p)
+    add_gateway_arguments(p, engine_flag=False)
+    p.add_argument("--engine-port", type=int, default=0,
+                   help="engine gRPC port on 127.0.0.1 (default: any free port)")
+    p.add_argument("--metrics-port", type=int, default=9400,
+                   help="engine Prometheus /metrics port (default 9400; 0 = any free)")
+    add_pacing_arguments(p)
+    p.add_argument("--grace", type=float, default=10.0,
+                   help="seconds in-flight requests get to finish on shutdown (default 10)")
+    p.set_defaults(func=run)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EngineProcess:
+    """The engine child: started, watched, restarted when it dies, stopped on request."""
+
+    def __init__(self, args: argparse.Namespace, port: int) -> None:
+        self.port = port
+        self.argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", args.log_level,
+                     "engine", "--hardware", args.hardware, "--host", "127.0.0.1",
+                     "--port", str(port), "--metrics-port", str(args.metrics_port),
+                     "--grace", str(args.grace), "--max-update-rate", str(args.max_update_rate)]
+        if args.config is not None:
+            self.argv += ["--config", str(args.config)]
+        if args.max_waiting is not None:
+            self.argv += ["--max-waiting", str(args.max_waiting)]
+        # The engine requires the gateway's control token too; through the environment,
+        # never argv (which any local user can list).
+        token = control_token(args)
+        self.env = {**os.environ, CONTROL_TOKEN_ENV: token} if token else None
+        self.proc: asyncio.subprocess.Process | None = None
+        self.stopping = False
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+            env=self.env, start_new_session=True)  # Ctrl-C reaches us; we stop the engine in order
+        try:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), READY_TIMEOUT_S)
+        except asyncio.TimeoutError:  # alive but not ready in time: give up on it
+            line = b""
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        if not line.startswith(b"engine ready"):
+            code = await self.proc.wait()
+            raise RuntimeError(f"the engine did not start (exit status {code}); see its log above")
+        print(f"engine started: pid {self.proc.pid}, {line.decode().strip()}", flush=True)
+        asyncio.get_running_loop().create_task(self._drain_stdout(self.proc))
+
+    @staticmethod
+    async def _drain_stdout(proc: asyncio.subprocess.Process) -> None:
+        while await proc.stdout.readline():
+            pass
+
+    async def supervise(self) -> None:
+        """Restart the engine whenever it exits without being asked to."""
+        while not self.stopping:
+            code = await self.proc.wait()
+            if self.stopping:
+                return
+            log.error("engine exited with status %s; the gateway answers 503 until it is back. "
+                      "Restarting in %.0f s", code, RESTART_DELAY_S)
+            await asyncio.sleep(RESTART_DELAY_S)
+            try:
+                await self.start()
+            except RuntimeError as exc:
+                log.error("%s", exc)
+
+    async def stop(self, grace: float) -> None:
+        self.stopping = True
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), grace + 5.0)
+        except asyncio.TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from inference_lab.gateway.server import run_gateway
+
+    engine = EngineProcess(args, args.engine_port or free_port())
+    await engine.start()
+    supervisor = asyncio.get_running_loop().create_task(engine.supervise())
+    gateway = asyncio.get_running_loop().create_task(run_gateway(
+        f"127.0.0.1:{engine.port}", host=args.host, port=args.port,
+        on_ready=lambda bound: print(f"serving on http://{args.host}:{bound} (Ctrl-C to stop)",
+                                     flush=True),
+        **gateway_app_kwargs(args)))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    stopper = loop.create_task(stop.wait())
+    await asyncio.wait({gateway, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    if not gateway.done():
+        # Engine first: it refuses new work (503) and lets in-flight streams finish
+        # within the grace period while the gateway still relays them.
+        log.info("stopping: draining the engine (grace %.1f s), then the gateway", args.grace)
+        await engine.stop(args.grace)
+        gateway.cancel()
+    supervisor.cancel()
+    await engine.stop(args.grace)
+    try:
+        await gateway
+    except asyncio.CancelledError:
+        pass
+
+
+def run(args: argparse.Namespace) -> int:
+    from inference_lab.cli import UsageError
+
+    load_deployments(args)  # refuse a bad config before starting anything
+    if args.workload is not None and not os.path.isfile(args.workload):
+        raise UsageError(f"--workload: no such file: {args.workload}")
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    try:
+        runner(serve(args))
+    except (RuntimeError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    return 0

@@ -1,0 +1,113 @@
+"""`inference-lab sim`: the offline simulation, as fast as the CPU allows."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from inference_lab.cli import UsageError
+
+HELP = """\
+Run a workload through the simulated engine offline: no server, no wall clock. The
+simulated clock jumps from event to event, so a run of 100,000 requests takes seconds.
+Prints TTFT, end-to-end and per-token latency (mean, p50, p90, p99), throughput and
+preemptions; -o also writes them as JSON.
+
+example:
+  inference-lab sim --config configs/gpt-oss-20b.toml --hardware b200 \\
+      --workload configs/workloads/chat-closed-loop-24.toml -o out.json
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "sim", help="simulate a workload offline and report latency and throughput",
+        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, type=Path,
+                   help="deployment config file, or a directory of them (then --model picks one)")
+    p.add_argument("--hardware", default="b200", help="hardware preset (default b200)")
+    p.add_argument("--workload", required=True, type=Path,
+                   help="workload TOML ([workload] table: arrival_pattern, num_requests, ...)")
+    p.add_argument("--model", help="served model name when --config holds several")
+    p.add_argument("-o", "--output", type=Path, help="write the summary as JSON to this file")
+    p.add_argument("--seed", type=int, help="override the workload's seed")
+    p.add_argument("--max-num-seqs", type=int, help="override the scheduler's max_num_seqs")
+    p.add_argument("--max-waiting", type=int, help="override max_waiting (0 = unbounded)")
+    p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    p.set_defaults(func=run)
+
+
+def pick_deployment(args: argparse.Namespace):
+    from inference_lab.engine.sim.config import load_config_dir
+
+    deployments = load_config_dir(args.config, args.hardware, args.max_waiting)
+    if args.model:
+        chosen = [d for d in deployments if d.name == args.model]
+        if not chosen:
+            names = ", ".join(d.name for d in deployments)
+            raise UsageError(f"no model {args.model!r} in {args.config} for {args.hardware} "
+                             f"(have: {names})")
+        return chosen[0]
+    if len(deployments) > 1:
+        names = ", ".join(d.name for d in deployments)
+        raise UsageError(f"{args.config} holds several models ({names}): pick one with --model")
+    return deployments[0]
+
+
+def print_table(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    lat = summary["latency_metrics"]
+    table = Table(title=f"{summary['model']} on {summary['hardware']} (simulated)")
+    table.add_column("latency (ms)")
+    for col in ("mean", "p50", "p90", "p99"):
+        table.add_column(col, justify="right")
+    for label, key in (("TTFT", "ttft_ms"), ("end to end", "e2e_ms"), ("per token", "per_token_ms")):
+        table.add_row(label, *(f"{lat[key][c]:.2f}" for c in ("mean", "p50", "p90", "p99")))
+    console = Console()
+    console.print(table)
+    thr, req, sim = summary["throughput_metrics"], summary["requests"], summary["simulation"]
+    console.print(
+        f"throughput: {thr['output_tokens_per_sec']:,.0f} output tok/s, "
+        f"{thr['input_tokens_per_sec']:,.0f} input tok/s, {thr['requests_per_sec']:,.2f} req/s\n"
+        f"requests: {req['completed']:,} completed of {req['total']:,} "
+        f"({req['rejected_queue_saturated']:,} refused: queue saturated, "
+        f"{req['rejected_invalid']:,} invalid); preemptions: {summary['preemptions']['total']:,}\n"
+        f"simulated {sim['simulated_seconds']:.2f} s in {sim['steps']:,} steps, "
+        f"{sim['cpu_seconds']:.2f} CPU s ({sim['output_tokens_per_cpu_second']:,.0f} output tok/CPU s)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from inference_lab.engine.drivers.offline import run_offline
+    from inference_lab.common.workload import load_workload
+
+    deployment = pick_deployment(args)
+    if args.max_num_seqs is not None:
+        from inference_lab.engine.sim.core import CapacityError, EngineCore
+
+        try:  # validate exactly as a live SetCapacity would
+            EngineCore(deployment).set_capacity(max_num_seqs=args.max_num_seqs)
+        except CapacityError as exc:
+            raise UsageError(str(exc)) from None
+        deployment.scheduler.max_num_seqs = args.max_num_seqs
+    spec = load_workload(args.workload)
+
+    show = not args.no_progress and sys.stderr.isatty() and spec.num_requests >= 2000
+    if show:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as progress:
+            task = progress.add_task("simulating", total=spec.num_requests)
+            summary = run_offline(deployment, spec, seed=args.seed,
+                                  on_progress=lambda done, total: progress.update(task, completed=done))
+    else:
+        summary = run_offline(deployment, spec, seed=args.seed)
+    print_table(summary)
+    if args.output:
+        args.output.write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"wrote {args.output}")
+    return 0

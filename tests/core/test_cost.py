@@ -1,0 +1,94 @@
+"""The roofline cost model, against numbers worked out by hand from docs/timing.md."""
+
+import logging
+
+import pytest
+
+from inference_lab.engine.sim.cost import AttentionLoad, attention_load_of, expected_distinct_experts
+from inference_lab.engine.sim.cost import CostModel
+from inference_lab.engine.sim.specs import TimeCorrection
+from factories import deployment
+
+# gpt-oss-20b preset, written out once: fp4 experts and a bf16 rest.
+FP4_ACTIVE, FP4_RESIDENT = 2_388_787_200, 19_110_297_600
+BF16_ACTIVE = 1_218_355_200
+KV_BYTES_PER_POSITION_PER_CLASS = 12 * 2 * 8 * 64 * 2  # 12 layers, K+V, 8 heads, dim 64, bf16
+
+
+def test_expected_distinct_experts_follows_the_coupon_collector_formula():
+    # One token, top-4 of 32: (31/32)^4 = 0.88074, so 32 * 0.11926 = 3.8164
+    assert expected_distinct_experts(32, 4, 1) == pytest.approx(3.8164, abs=1e-4)
+    # Many tokens touch every expert.
+    assert expected_distinct_experts(32, 4, 10_000) == pytest.approx(32.0)
+
+
+def test_a_decode_step_of_gpt_oss_20b_at_batch_24_on_b200_takes_about_1_46_ms():
+    # 24 decodes with 100 computed positions each: m = 101 < window 128.
+    # fp4: w = (19.110e9 - 2.389e9) / 28 = 597.2e6 params per expert, no shared part;
+    #      distinct = 32 (1 - (31/32)^96) = 30.48 -> 30.48 * 597.2e6 * 0.5 B = 9.10e9 B
+    #      -> 1.1377 ms at 8 TB/s (compute 12.7 us: memory bound).
+    # bf16: 2.437e9 B of weights + 2 classes * 24576 B * 24 * 101 of KV = 2.556e9 B
+    #      -> 0.3195 ms. Total 1.457 ms.
+    model = CostModel(deployment())
+    w = (FP4_RESIDENT - FP4_ACTIVE) / 28
+    fp4_bytes = 32 * (1 - (31 / 32) ** 96) * w * 0.5
+    bf16_bytes = BF16_ACTIVE * 2 + 2 * KV_BYTES_PER_POSITION_PER_CLASS * 24 * 101
+    expected = fp4_bytes / 8e12 + bf16_bytes / 8e12
+    cost = model.step_cost(24, attention_load_of(model.windows, [(1, 100)] * 24))
+    assert cost.seconds == pytest.approx(expected, rel=1e-9)
+    assert cost.seconds == pytest.approx(1.457e-3, abs=0.005e-3)
+    assert cost.bound == "memory"
+
+
+def test_sliding_window_layers_attend_at_most_the_window():
+    model = CostModel(deployment())
+    assert model.windows == (128,)
+    short = attention_load_of(model.windows, [(1, 1000)])
+    # m = 1001: full layers read 1001 positions, windowed layers 128.
+    assert short.full_p == 1001 and short.win_p == (128,)
+
+
+def test_a_prefill_chunk_attends_its_mean_causal_context():
+    load = attention_load_of((128,), [(16, 0)])
+    # m = 0 + ceil(16/2) = 8; FLOP positions n*m = 128.
+    assert load.full_p == 8 and load.full_np == 128 and load.win_np == (128,)
+
+
+def test_a_large_prefill_is_compute_bound():
+    model = CostModel(deployment())
+    cost = model.step_cost(8192, attention_load_of(model.windows, [(8192, 0)]))
+    assert cost.bound == "compute"
+
+
+def test_tensor_parallel_adds_two_all_reduces_per_layer():
+    one = CostModel(deployment("llama-3.1-70b", tp=1))
+    two = CostModel(deployment("llama-3.1-70b", tp=2))
+    load = AttentionLoad()
+    t1 = one.step_cost(8, load).seconds
+    t2 = two.step_cost(8, load).seconds
+    # Weights split over two GPUs halve the memory time; 160 all-reduces of
+    # 8 tokens * 8192 hidden * 2 B each at 900 GB/s plus 5 us latency are added.
+    collectives = 2 * 80 * (5e-6 + 8 * 8192 * 2 / 9e11)
+    assert t2 == pytest.approx(t1 / 2 + collectives, rel=1e-9)
+
+
+def test_time_correction_applies_alpha_and_beta():
+    plain = CostModel(deployment())
+    corrected = CostModel(deployment(time_correction=TimeCorrection(alpha=2.0, beta=1e-3)))
+    load = attention_load_of(plain.windows, [(1, 50)] * 4)
+    assert corrected.step_cost(4, load).seconds == pytest.approx(
+        2.0 * plain.step_cost(4, load).seconds + 1e-3)
+
+
+def test_a_precision_the_hardware_lacks_is_priced_at_the_next_wider_one(caplog):
+    caplog.set_level(logging.INFO)
+    # fp4 experts on an H100 run at its fp8 rate, and the load says so.
+    model = CostModel(deployment(hardware="h100"))
+    assert "fp4 is priced at fp8" in caplog.text
+    # 8192 tokens are compute bound in both streams (weights alone, no attention):
+    # fp4 at the fp8 rate 2 * 2.389e9 * 8192 / 1.979e15 = 19.78 ms,
+    # bf16 2 * 1.218e9 * 8192 / 9.895e14 = 20.17 ms.
+    big = model.step_cost(8192, AttentionLoad())
+    expected = 2 * FP4_ACTIVE * 8192 / 1.979e15 + 2 * BF16_ACTIVE * 8192 / 9.895e14
+    assert big.seconds == pytest.approx(expected, rel=1e-9)
+    assert big.bound == "compute"

@@ -1,0 +1,105 @@
+"""The gateway refuses on the engine's announced queue state, without a round trip, and
+forwards again as soon as the queue may have room (announcement, own capacity change, own
+cancel). A narrow test against the fake engine: which Opens reach the engine is the point."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from inference_lab.gateway import create_app
+from inference_lab.gateway.app import STATE
+from inference_lab.gateway.testing import FAKE_MODEL
+from inference_lab.v1 import engine_pb2 as pb
+
+CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+FULL = pb.QueueState(model=FAKE_MODEL, saturated=True, waiting=7, max_waiting=7)
+FREE = pb.QueueState(model=FAKE_MODEL, saturated=False)
+
+
+@pytest.fixture
+async def client(fake):
+    async with TestClient(TestServer(create_app(fake.target))) as c:
+        yield c
+
+
+async def until(predicate, timeout: float = 5.0) -> None:
+    """The gateway's dispatcher applies an announcement on its own time: wait for it."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+def saturated(client) -> dict:
+    session = client.server.app[STATE].engine._session
+    return session.saturated if session is not None else {}
+
+
+async def announce(client, fake, state: pb.QueueState) -> None:
+    fake.announce(state)
+    await until(lambda: (FAKE_MODEL in saturated(client)) == state.saturated)
+
+
+async def test_a_saturated_model_is_refused_at_the_gateway_and_counted_by_the_engine(client, fake):
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200  # session up
+    await announce(client, fake, FULL)
+    for stream in (False, True, False, True, False):
+        resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+        assert resp.status == 529
+        assert resp.content_type == "application/json"
+        assert (await resp.json())["error"] == {
+            "message": "Server is at capacity: 7 requests waiting (max_waiting = 7). "
+                       "Retry with reduced concurrency.",
+            "type": "overloaded_error", "code": "queue_saturated"}
+    assert len(fake.opened.items) == 1  # none of the five reached the engine
+    await fake.refused.wait(1)
+    await until(lambda: sum(r.count for r in fake.refused.items) >= 5)
+    assert sum(r.count for r in fake.refused.items) == 5
+    assert {r.model for r in fake.refused.items} == {FAKE_MODEL}
+    # bad input is still a 400 first, also one only the engine can judge (too long)
+    assert (await client.post("/v1/chat/completions", json={"model": FAKE_MODEL})).status == 400
+    too_long = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5000})
+    assert too_long.status == 400 and "max_model_len" in (await too_long.json())["error"]["message"]
+    assert len(fake.opened.items) == 2  # that one went to the engine, which refused it
+    await announce(client, fake, FREE)
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    assert len(fake.opened.items) == 3
+
+
+async def test_a_capacity_change_through_the_gateway_applies_at_once(client, fake):
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    await announce(client, fake, FULL)
+    resp = await client.post("/control/capacity", json={"max_waiting": 0})
+    assert resp.status == 200
+    assert saturated(client) == {}  # no announcement needed before the next request
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    assert len(fake.opened.items) == 2
+
+
+async def test_a_cancel_sends_the_next_request_to_the_engine(client, fake):
+    fake.mode = "hold"
+    held = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert held.status == 200
+    await announce(client, fake, FULL)
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 529
+    held.close()  # the client leaves: its Cancel may free a place in the queue
+    await fake.cancelled.wait(1)
+    assert saturated(client) == {}
+    fake.mode = "complete"
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    assert len(fake.opened.items) == 2  # the held one and this one; the 529 never left
+
+
+async def test_a_lost_session_forgets_the_queue_state(client, fake):
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    await announce(client, fake, FULL)
+    await fake.stop()
+    await until(lambda: saturated(client) == {})
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status == 503  # not a 529 from a state nobody vouches for any more
+    await fake.start(fake.port)
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200

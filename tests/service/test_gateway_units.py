@@ -1,0 +1,220 @@
+"""Pure unit tests of the gateway: the error table, prompt lengths, output lengths, bytes."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from inference_lab.gateway.errors import (
+    ERRORS,
+    ErrorKind,
+    GatewayError,
+    envelope,
+    from_rejected,
+    sse_error_frame,
+)
+from inference_lab.gateway.openai_api import (
+    ChatMessage,
+    Completion,
+    ContentPart,
+    OutputLength,
+    chat_tokens,
+    decode_request,
+    prompt_tokens,
+    text_tokens,
+)
+
+SATURATED = (
+    "Server is at capacity: 64 requests waiting (max_waiting = 64). "
+    "Retry with reduced concurrency."
+)
+
+
+# ---- the error table ----------------------------------------------------------------------
+
+
+def test_queue_saturated_maps_to_529_overloaded_with_the_reference_message():
+    err = from_rejected(8, "QUEUE_SATURATED", "queue full",
+                        {"model": "m", "waiting": "64", "max_waiting": "64"})
+    assert err.spec.status == 529
+    assert json.loads(envelope(err)) == {
+        "error": {"message": SATURATED, "type": "overloaded_error", "code": "queue_saturated"}
+    }
+
+
+def test_saturation_message_takes_its_numbers_from_the_metadata():
+    err = from_rejected(8, "QUEUE_SATURATED", "", {"waiting": "7", "max_waiting": "5"})
+    assert err.message == (
+        "Server is at capacity: 7 requests waiting (max_waiting = 5). "
+        "Retry with reduced concurrency."
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "status", "etype", "ecode"),
+    [
+        (3, "INVALID_REQUEST", 400, "invalid_request_error", "invalid_request"),
+        (5, "MODEL_NOT_FOUND", 404, "invalid_request_error", "model_not_found"),
+        (14, "SHUTTING_DOWN", 503, "server_error", "engine_unavailable"),
+        (13, "BOOM", 500, "server_error", "internal_error"),
+    ],
+)
+def test_each_rejection_code_maps_once(code, reason, status, etype, ecode):
+    err = from_rejected(code, reason, "why", {})
+    assert (err.spec.status, err.spec.type, err.spec.code) == (status, etype, ecode)
+
+
+def test_invalid_request_keeps_the_engines_message():
+    err = from_rejected(3, "INVALID_REQUEST", "prompt too long", {})
+    assert err.message == "prompt too long"
+
+
+def test_every_kind_has_a_distinct_status_and_code_pair():
+    pairs = {(spec.status, spec.code) for spec in ERRORS.values()}
+    assert len(pairs) == len(ERRORS)
+    assert ERRORS[ErrorKind.BODY_TOO_LARGE].status == 413
+    assert ERRORS[ErrorKind.UNAUTHORIZED].status == 401
+    assert ERRORS[ErrorKind.QUEUE_SATURATED].grpc_code is grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_sse_error_frame_is_an_error_then_done():
+    frame = sse_error_frame(GatewayError(ErrorKind.ENGINE_UNAVAILABLE, "gone"))
+    first, second, rest = frame.split(b"\n\n")
+    assert json.loads(first.removeprefix(b"data: "))["error"]["code"] == "engine_unavailable"
+    assert second == b"data: [DONE]" and rest == b""
+
+
+# ---- prompt lengths --------------------------------------------------------------------------
+
+
+def test_text_tokens_are_utf8_bytes_over_four_rounded_up_at_least_one():
+    assert text_tokens("") == 1
+    assert text_tokens("abcd") == 1
+    assert text_tokens("abcde") == 2
+    assert text_tokens("é" * 3) == 2  # 6 bytes -> ceil(6/4) = 2
+
+
+def test_chat_tokens_add_three_per_message_and_three_for_the_reply():
+    messages = [ChatMessage("system", "abcd"), ChatMessage("user", "abcdefgh9")]
+    # (3 + 1) + (3 + 3) + 3 = 13
+    assert chat_tokens(messages) == 13
+
+
+def test_chat_tokens_read_text_parts_and_empty_content():
+    messages = [ChatMessage("user", [ContentPart("text", "abcd"), ContentPart("text", "efgh")]),
+                ChatMessage("assistant", None)]
+    # (3 + ceil(8/4)) + (3 + 0) + 3 = 11
+    assert chat_tokens(messages) == 11
+
+
+def test_completion_prompt_forms():
+    assert prompt_tokens("abcdefgh") == 2
+    assert prompt_tokens(["abcdefgh"]) == 2
+    assert prompt_tokens([1, 2, 3]) == 3
+    assert prompt_tokens([[1, 2, 3, 4]]) == 4
+
+
+@pytest.mark.parametrize("prompt", [[], ["a", "b"], [1, "a"], [[1], [2]], [[]]])
+def test_batched_or_empty_prompts_are_refused(prompt):
+    with pytest.raises(GatewayError) as info:
+        prompt_tokens(prompt)
+    assert info.value.spec.status == 400
+    assert "$.prompt" in info.value.message
+
+
+# ---- request decoding -------------------------------------------------------------------------
+
+
+def test_decode_names_the_bad_field():
+    with pytest.raises(GatewayError) as info:
+        decode_request(b'{"model": "m", "messages": [], "max_tokens": 0}', chat=True)
+    assert "$.messages" in info.value.message
+
+
+def test_decode_rejects_zero_max_tokens_naming_it():
+    with pytest.raises(GatewayError) as info:
+        decode_request(b'{"model": "m", "prompt": "x", "max_tokens": 0}', chat=False)
+    assert info.value.message == "Invalid request body: Expected `int` >= 1 - at `$.max_tokens`"
+
+
+def test_decode_ignores_unknown_openai_fields():
+    req = decode_request(b'{"model": "m", "prompt": "x", "temperature": 0.2, "top_p": 1}',
+                         chat=False)
+    assert req.model == "m"
+
+
+def test_decode_refuses_n_above_one_and_bad_json():
+    with pytest.raises(GatewayError, match=r"n = 2"):
+        decode_request(b'{"model": "m", "prompt": "x", "n": 2}', chat=False)
+    with pytest.raises(GatewayError, match="Invalid JSON"):
+        decode_request(b"{nope", chat=False)
+
+
+# ---- output length ----------------------------------------------------------------------------
+
+
+def test_explicit_max_tokens_wins_without_a_workload():
+    assert OutputLength(256).choose(7, prompt_len=10, max_model_len=100) == 7
+
+
+def test_default_is_capped_to_fit_the_model():
+    # 100 - 90 = 10 tokens of room
+    assert OutputLength(256).choose(None, prompt_len=90, max_model_len=100) == 10
+    assert OutputLength(256).choose(None, prompt_len=10, max_model_len=4096) == 256
+
+
+def test_workload_draw_is_seeded_and_capped_by_max_tokens():
+    draws = iter([50, 3])
+    policy = OutputLength(256, sampler=lambda: next(draws))
+    assert policy.choose(20, prompt_len=1, max_model_len=4096) == 20  # min(50, 20)
+    assert policy.choose(20, prompt_len=1, max_model_len=4096) == 3
+
+
+# ---- response bytes ---------------------------------------------------------------------------
+
+
+def test_stream_templates_repeat_per_token_and_end_with_usage_then_done():
+    c = Completion(chat=True, model="m", include_usage=True)
+    c.start_stream()
+    frames = (c.head + c.token * 3 + c.tail(5, 3)).split(b"\n\n")
+    assert frames[-1] == b""
+    payloads = [f.removeprefix(b"data: ") for f in frames[:-1]]
+    assert payloads[-1] == b"[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert [ch["choices"][0]["delta"]["content"] for ch in chunks[1:4]] == [" token"] * 3
+    assert chunks[4]["choices"][0]["finish_reason"] == "length"
+    assert chunks[5]["choices"] == []
+    assert chunks[5]["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+
+
+def test_non_stream_body_has_exactly_the_token_count():
+    body = json.loads(Completion(chat=False, model="m").body(4, 6))
+    assert body["choices"][0]["text"] == " token" * 6
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
+    assert body["object"] == "text_completion"
+
+
+def test_workload_lengths_are_drawn_lazily_and_reproducibly_for_a_seed(monkeypatch):
+    import random
+    import sys
+    import types
+
+    class Dist:
+        def sample(self, rng: random.Random) -> int:
+            return rng.randint(1, 1000)
+
+    fake = types.ModuleType("inference_lab.common.workload")
+    fake.load_workload = lambda path: types.SimpleNamespace(output_len_dist=Dist())
+    monkeypatch.setitem(sys.modules, "inference_lab.common.workload", fake)
+
+    def draws(seed: int) -> list[int]:
+        policy = OutputLength.from_workload(256, "w.toml", seed)
+        return [policy.choose(None, prompt_len=1, max_model_len=4096) for _ in range(5)]
+
+    assert draws(7) == draws(7)
+    assert draws(7) != draws(8)
+    rng = random.Random(7)
+    assert draws(7) == [rng.randint(1, 1000) for _ in range(5)]
