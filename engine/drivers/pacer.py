@@ -1,6 +1,6 @@
 """The real-time driver: paces one EngineCore to the wall clock and delivers progress.
 
-Knows the mapping sim time = loop time - epoch, the step in flight, and the streams
+Knows the mapping sim time = (loop time - epoch) x time_scale, the step in flight, and the streams
 (sinks) waiting for each request's tokens. Does not know gRPC: sinks are plain objects
 with `on_tokens(stream, total)` / `on_finished(stream, request)` / `flush()`.
 
@@ -26,6 +26,10 @@ Rules (docs/architecture.md, "Pacing"):
   until the earliest held update, then books the steps it slept through with their own
   start times, so the simulation is the same; only undeliverable wake-ups are skipped.
   An arrival, a cancel or a capacity change wakes it at once (`poke`).
+- `time_scale` K runs the modelled clock K times faster than the wall clock (every step
+  takes 1/K of its modelled time on the wall); times reported stay modelled. Only the
+  sim/wall conversions (`sim_now`, `wall_of`) know K; the update cap stays in wall time,
+  since it protects the relaying process's CPU.
 """
 
 from __future__ import annotations
@@ -63,9 +67,12 @@ class Pacer:
                  on_lag: Callable[[float], None] | None = None,
                  on_finished: Callable[[Request], None] | None = None,
                  on_change: Callable[[], None] | None = None,
-                 update_rate: float = 0.0) -> None:
+                 update_rate: float = 0.0, time_scale: float = 1.0) -> None:
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.core = core
         self.update_rate = update_rate
+        self.time_scale = time_scale  # modelled seconds per wall second
         self.loop = asyncio.get_running_loop()
         self.epoch = self.loop.time()  # sim time 0
         self.live: dict[int, Request] = {}  # requests with a stream, not yet finished
@@ -87,7 +94,11 @@ class Pacer:
 
     # ---- clock -------------------------------------------------------------------------
     def sim_now(self) -> float:
-        return self.loop.time() - self.epoch
+        return (self.loop.time() - self.epoch) * self.time_scale
+
+    def wall_of(self, sim_time: float) -> float:
+        """The loop time at which the sim clock reads `sim_time`."""
+        return self.epoch + sim_time / self.time_scale
 
     # ---- requests ----------------------------------------------------------------------
     def submit(self, prompt_len: int, max_tokens: int, sink, tag, priority: int = 0) -> Request:
@@ -149,13 +160,13 @@ class Pacer:
                 continue
             now = self.sim_now()
             if self._target is not None and now >= self._target and self._on_lag:
-                self._on_lag(now - self._target)
+                self._on_lag((now - self._target) / self.time_scale)  # wall seconds
             self._target = None
             self._advance(now)
             self._deliver()
             if self.inflight is not None:
                 self._target = self._next_wake()
-                await self._alarm.sleep_until(self.epoch + self._target)
+                await self._alarm.sleep_until(self.wall_of(self._target))
 
     def _next_wake(self) -> float:
         """The sim time of the next wake-up worth having: the in-flight step's end when
@@ -167,7 +178,7 @@ class Pacer:
         core = self.core
         if core.num_waiting and core.num_running < core.max_num_seqs:
             return step.end  # the next step may admit: its first token must be on time
-        release = self._release - self.epoch
+        release = (self._release - self.epoch) * self.time_scale  # as sim time
         if release <= step.end:
             return step.end
         group = core.scheduler.group

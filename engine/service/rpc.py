@@ -50,7 +50,8 @@ class ModelRuntime:
     """One served model: its core, the pacer driving it, its metrics, and the admission
     state last announced to Sessions (with a version that counts its changes)."""
 
-    def __init__(self, core: EngineCore, metrics: ModelMetrics, update_rate: float = 0.0) -> None:
+    def __init__(self, core: EngineCore, metrics: ModelMetrics, update_rate: float = 0.0,
+                 time_scale: float = 1.0) -> None:
         self.core = core
         self.metrics = metrics
         self.queue_state = queue_state(core)
@@ -58,7 +59,7 @@ class ModelRuntime:
         self.on_queue_change: Callable[[], None] | None = None
         self.pacer = Pacer(core, on_step=metrics.on_step, on_lag=metrics.on_lag,
                            on_finished=metrics.on_finished, on_change=self.check_queue,
-                           update_rate=update_rate)
+                           update_rate=update_rate, time_scale=time_scale)
 
     def check_queue(self) -> None:
         """Called wherever the queue or its bound may have moved (admissions, steps,

@@ -33,9 +33,10 @@ SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 class EngineServer:
     def __init__(self, deployments: list[Deployment], host: str = "127.0.0.1", port: int = 50051,
                  metrics_port: int | None = 9400, control_token: str | None = None,
-                 update_rate: float = DEFAULT_UPDATE_RATE) -> None:
+                 update_rate: float = DEFAULT_UPDATE_RATE, time_scale: float = 1.0) -> None:
         self.deployments = deployments
         self.update_rate = update_rate  # cap on mid-stream token updates/s per model
+        self.time_scale = time_scale  # modelled seconds per wall second (engine.drivers.pacer)
         self.control_token = control_token  # required by SetCapacity when set
         self.host = host
         self.port = port
@@ -49,7 +50,8 @@ class EngineServer:
     async def start(self) -> None:
         cores = [EngineCore(d) for d in self.deployments]
         self.metrics = EngineMetrics(cores)
-        self.runtimes = [ModelRuntime(core, self.metrics.for_model(core), self.update_rate)
+        self.runtimes = [ModelRuntime(core, self.metrics.for_model(core), self.update_rate,
+                                     self.time_scale)
                          for core in cores]
         self.service = EngineService(self.runtimes, self.control_token)
         server = grpc.aio.server(interceptors=[DecodeGuard()], options=[

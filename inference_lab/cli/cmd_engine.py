@@ -41,6 +41,20 @@ def add_pacing_arguments(p: argparse.ArgumentParser) -> None:
                    help="cap on mid-stream token updates per second per model: with many "
                         "streams each stream's tokens are then sent together (first tokens and "
                         f"completions never wait); 0 = every step (default {DEFAULT_UPDATE_RATE:.0f})")
+    p.add_argument("--time-scale", type=_time_scale, default=1.0, metavar="K",
+                   help="run the modelled clock K times faster than the wall clock (step times "
+                        "scaled by 1/K on the wall; reported times stay modelled). The CPU "
+                        "bounds K: see README, 'Faster than real time' (default 1)")
+
+
+def _time_scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not 0 < value <= 1000:
+        raise argparse.ArgumentTypeError(f"expected a number > 0 and <= 1000, got {text!r}")
+    return value
 
 
 def load_deployments(args: argparse.Namespace):
@@ -93,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     deployments = load_deployments(args)
     token = control_token(args)
     server = EngineServer(deployments, args.host, args.port, args.metrics_port, control_token=token,
-                          update_rate=args.max_update_rate)
+                          update_rate=args.max_update_rate, time_scale=args.time_scale)
     if token:
         log.info("SetCapacity requires the control token")
     try:

@@ -65,7 +65,8 @@ class EngineProcess:
         self.argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", args.log_level,
                      "engine", "--hardware", args.hardware, "--host", "127.0.0.1",
                      "--port", str(port), "--metrics-port", str(args.metrics_port),
-                     "--grace", str(args.grace), "--max-update-rate", str(args.max_update_rate)]
+                     "--grace", str(args.grace), "--max-update-rate", str(args.max_update_rate),
+                     "--time-scale", repr(args.time_scale)]
         if args.config is not None:
             self.argv += ["--config", str(args.config)]
         if args.max_waiting is not None:

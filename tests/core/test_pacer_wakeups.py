@@ -38,12 +38,13 @@ class Sink:
         pass
 
 
-def drive(update_rate: float, arrivals: list[tuple[float, int]]):
+def drive(update_rate: float, arrivals: list[tuple[float, int]], time_scale: float = 1.0):
     """Run the pacer as its loop would, jumping the clock to each planned wake-up (or to
-    an arrival, which ends a sleep). Returns requests, sink, wake-ups, steps."""
+    an arrival, which ends a sleep). Arrivals are in modelled seconds, the sink's times in
+    the (virtual) wall clock's. Returns requests, sink, wake-ups, steps."""
     core = EngineCore(default_deployments("b200")[0])
     steps = []
-    pacer = Pacer(core, update_rate=update_rate, on_step=steps.append)
+    pacer = Pacer(core, update_rate=update_rate, on_step=steps.append, time_scale=time_scale)
     clock = VirtualClock()
     pacer.loop, pacer.epoch = clock, 0.0
     sink = Sink(clock)
@@ -51,17 +52,17 @@ def drive(update_rate: float, arrivals: list[tuple[float, int]]):
     requests, wakeups = {}, 0
     while pending or pacer.inflight is not None or core.has_work():
         if pacer.inflight is None and not core.has_work():
-            clock.t = pending[0][0]  # idle until the next arrival
-        while pending and pending[0][0] <= clock.t:
+            clock.t = pacer.wall_of(pending[0][0])  # idle until the next arrival
+        while pending and pending[0][0] <= pacer.sim_now():
             _, max_tokens = pending.pop(0)
             tag = len(requests)
             requests[tag] = pacer.submit(16, max_tokens, sink, tag)
         wakeups += 1
-        pacer._advance(clock.t)
+        pacer._advance(pacer.sim_now())
         pacer._deliver()
         if pacer.inflight is not None:
             target = pacer._next_wake()
-            clock.t = min(target, pending[0][0]) if pending else target
+            clock.t = pacer.wall_of(min(target, pending[0][0]) if pending else target)
     pacer._alarm.close()
     return requests, sink, wakeups, steps
 
@@ -86,3 +87,19 @@ async def test_the_simulation_does_not_depend_on_how_often_the_pacer_wakes():
         [(s.start, s.end, s.num_tokens) for s in every_steps]
     assert [(r.first_token, r.finish_time) for r in lazy.values()] == \
         [(r.first_token, r.finish_time) for r in every.values()]
+
+
+async def test_a_time_scale_runs_the_same_simulation_k_times_faster_on_the_wall():
+    # K = 4 (a power of two, so sim <-> wall conversions are exact in floating point).
+    fast, fast_sink, _, fast_steps = drive(10_000.0, ARRIVALS, time_scale=4.0)
+    real, real_sink, _, real_steps = drive(10_000.0, ARRIVALS)
+    assert [(s.start, s.end) for s in fast_steps] == [(s.start, s.end) for s in real_steps]
+    for tag, req in fast.items():
+        assert req.finish_time == real[tag].finish_time  # reported times stay modelled
+        assert fast_sink.first[tag] == req.first_token / 4  # handed over 4x sooner on the wall
+        assert fast_sink.done[tag][0] == req.finish_time / 4
+
+
+def test_a_time_scale_must_be_positive():
+    with pytest.raises(ValueError, match="time_scale"):
+        Pacer(EngineCore(default_deployments("b200")[0]), time_scale=0.0)
