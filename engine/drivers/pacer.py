@@ -8,8 +8,8 @@ Rules (docs/architecture.md, "Pacing"):
 - No cold-start deficit: an arrival at an idle engine moves the sim clock to the present
   (EngineCore.submit), so the first burst after idle is paced like every other.
 - A step is booked at its start and its tokens are delivered at its end: token counts
-  handed out are those of the last step that has *ended* (the decode group's counter as
-  of then, `g_due`), never of the step in flight.
+  handed out are those of the last step that has *ended* (read from the core at that
+  step's progress mark, `due_mark`), never of the step in flight.
 - When late, every due step is taken in one wake-up and each stream gets one message
   with all its new tokens; the lag (wall clock minus the instant the wake-up was planned
   for) is measured for every wake-up.
@@ -75,9 +75,9 @@ class Pacer:
         self.time_scale = time_scale  # modelled seconds per wall second
         self.loop = asyncio.get_running_loop()
         self.epoch = self.loop.time()  # sim time 0
-        self.live: dict[int, Request] = {}  # requests with a stream, not yet finished
+        self._live: dict[int, Request] = {}  # requests with a stream, not yet finished
         self.inflight: StepResult | None = None
-        self.g_due = 0  # decode-group step counter as of the last step that ended
+        self.due_mark = 0  # the core's progress mark as of the last step that ended
         self._finishing: list[Request] = []  # finish in the step in flight
         self._due_finished: list[Request] = []
         self._dirty_sinks: set = set()
@@ -105,21 +105,25 @@ class Pacer:
         """Check and queue synchronously (raises QueueSaturated / SubmitError)."""
         req = self.core.submit(prompt_len, max_tokens, self.sim_now(), priority=priority,
                                tag=Stream(sink, tag))
-        self.live[req.id] = req
+        self._live[req.id] = req
         self.poke()
         return req
 
-    def cancel(self, req: Request, status: Status = Status.FINISHED_CANCELLED) -> None:
-        """Remove a request wherever it is; its sink hears nothing more."""
-        if self.live.pop(req.id, None) is not None:
-            self.core.cancel(req, self.sim_now(), status)
-            self.poke()  # capacity freed: a stalled engine may progress
-            if self._on_change:
-                self._on_change()
+    def cancel(self, req: Request, status: Status = Status.FINISHED_CANCELLED) -> bool:
+        """Remove a request wherever it is; its sink hears nothing more. False when it
+        was not live: finished already, or finishing in the step in flight (its sink
+        then still hears its one on_finished)."""
+        if self._live.pop(req.id, None) is None:
+            return False
+        self.core.cancel(req, self.sim_now(), status)
+        self.poke()  # capacity freed: a stalled engine may progress
+        if self._on_change:
+            self._on_change()
+        return True
 
     def open_streams(self) -> int:
         """Requests whose stream has not heard its Finished yet."""
-        return len(self.live) + len(self._finishing)
+        return len(self._live) + len(self._finishing)
 
     def poke(self) -> None:
         """Capacity changed or work arrived: re-evaluate now (also ends a lazy sleep)."""
@@ -143,9 +147,9 @@ class Pacer:
             self._finish(req)  # completed in simulation: deliver them whole
         self._due_finished.clear()
         self._finishing.clear()
-        for req in list(self.live.values()):
+        for req in list(self._live.values()):
             self.core.cancel(req, self.sim_now(), Status.FINISHED_ABORTED)
-            self.live.pop(req.id, None)
+            self._live.pop(req.id, None)
             self._finish(req)
         self._flush()
 
@@ -181,9 +185,8 @@ class Pacer:
         release = (self._release - self.epoch) * self.time_scale  # as sim time
         if release <= step.end:
             return step.end
-        group = core.scheduler.group
-        if group.finish_heap:  # wake in time to book the step that finishes the next one
-            steps = group.finish_heap[0][0] - group.G  # (stale entries only come sooner)
+        steps = core.steps_to_next_finish()
+        if steps is not None:  # wake in time to book the step that finishes the next one
             if release > step.end + (steps - 1) * (step.end - step.start):
                 return step.end
         return release
@@ -192,7 +195,6 @@ class Pacer:
         """Retire every step that has ended and book steps whose start has come,
         until one is in flight (or there is no work)."""
         core = self.core
-        group = core.scheduler.group
         while True:
             if self.inflight is not None:
                 if self.inflight.end > now:
@@ -205,18 +207,15 @@ class Pacer:
             if result.num_tokens == 0:  # nothing can run until something changes
                 self._stalled = True
                 return
-            # The booked step's tokens are not due yet: they are counted as of one group
-            # step earlier. (With decodes that is the G before this step; after a
-            # prefill-only step G has not moved, and the requests that joined the group
-            # in it have their first token at G, which is not due either.)
-            self.g_due = group.G - 1
+            # The booked step's tokens are not due yet: count as of its start.
+            self.due_mark = core.progress_marks()[0]
             for req in result.finished:
-                if self.live.pop(req.id, None) is not None:
+                if self._live.pop(req.id, None) is not None:
                     self._finishing.append(req)
             self.inflight = result
 
     def _retire(self, result: StepResult) -> None:
-        self.g_due = self.core.scheduler.group.G
+        self.due_mark = self.core.progress_marks()[1]  # the step retired is the latest
         self._due_finished.extend(self._finishing)
         self._finishing.clear()
         if self._on_step:
@@ -224,32 +223,34 @@ class Pacer:
 
     def _deliver(self) -> None:
         """Hand each stream its due tokens (one message per stream), then due finishes."""
-        g_due = self.g_due
+        core = self.core
+        mark = self.due_mark
         dirty = self._dirty_sinks
         now = self.loop.time()
         if self.update_rate:
-            interval = max(len(self.live) / self.update_rate, MIN_UPDATE_INTERVAL)
+            interval = max(len(self._live) / self.update_rate, MIN_UPDATE_INTERVAL)
         else:
             interval = 0.0
         held_since = now - interval
         earliest = now  # the oldest last update among running streams
-        for req in self.live.values():
+        for req in self._live.values():
             stream = req.tag
-            due = req.out_off + g_due if req.in_group else req.num_output
+            due = core.tokens_at(req, mark)
             if due > stream.sent and (stream.sent == 0 or stream.last <= held_since):
                 stream.sent = due
                 stream.last = now
                 stream.sink.on_tokens(stream, due)
                 dirty.add(stream.sink)
-            elif req.in_group and stream.last < earliest:
+            elif stream.last < earliest and core.is_decoding(req):
                 earliest = stream.last
         self._release = earliest + interval
         for req in self._finishing:  # its last token belongs to the step in flight
             stream = req.tag
-            if req.num_output - 1 > stream.sent and stream.last <= held_since:
-                stream.sent = req.num_output - 1
+            due = core.tokens_at(req, mark)
+            if due > stream.sent and stream.last <= held_since:
+                stream.sent = due
                 stream.last = now
-                stream.sink.on_tokens(stream, stream.sent)
+                stream.sink.on_tokens(stream, due)
                 dirty.add(stream.sink)
         if self._due_finished:
             for req in self._due_finished:
@@ -259,9 +260,10 @@ class Pacer:
 
     def _finish(self, req: Request) -> None:
         stream = req.tag
-        if req.num_output > stream.sent:
-            stream.sent = req.num_output
-            stream.sink.on_tokens(stream, req.num_output)
+        total = self.core.tokens_of(req)
+        if total > stream.sent:
+            stream.sent = total
+            stream.sink.on_tokens(stream, total)
         stream.sink.on_finished(stream, req)
         self._dirty_sinks.add(stream.sink)
         if self._on_finished:

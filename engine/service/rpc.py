@@ -316,10 +316,9 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         if entry is None:
             return  # unknown or already finished
         rt, req = entry
-        if req.id not in rt.pacer.live:
+        if not rt.pacer.cancel(req):
             return  # finishing in the step in flight: its one Finished is on the way
         del sink.open[tag]
-        rt.pacer.cancel(req)
         sink.events.append(pb.Progress(tag=tag, finished=finished_pb(req)))
         sink.seen.pop(rt.core.name, None)  # the client forgot the queue state: say it again
 

@@ -72,7 +72,6 @@ class EngineCore:
         self.max_waiting = config.max_waiting
         self.scheduler = Scheduler(config, self.total_blocks, self.cost.windows)
         self.clock = 0.0  # simulated time at which the engine is next free
-        self.requests: dict[int, Request] = {}  # live (not finished)
         self._ids = itertools.count(1)
 
     # ---- queries ---------------------------------------------------------------------
@@ -103,6 +102,26 @@ class EngineCore:
     def tokens_of(self, req: Request) -> int:
         """Tokens `req` has sampled so far (booked up to the latest step's end)."""
         return self.scheduler.group.live_output(req)
+
+    def progress_marks(self) -> tuple[int, int]:
+        """(before, after): the progress marks at the start and at the end of the latest
+        step. `tokens_at(req, before)` is what a request had before that step sampled,
+        `tokens_at(req, after)` what it has once the step has ended."""
+        after = self.scheduler.group.mark
+        return after - 1, after
+
+    def tokens_at(self, req: Request, mark: int) -> int:
+        """Tokens `req` had sampled at `mark`, one of the latest step's progress marks
+        (valid for live requests and for those that finished in that step)."""
+        return self.scheduler.group.output_at(req, mark)
+
+    def is_decoding(self, req: Request) -> bool:
+        """True while `req` gains a token in every step."""
+        return self.scheduler.group.decoding(req)
+
+    def steps_to_next_finish(self) -> int | None:
+        """Steps until the next decoding request reaches max_tokens (None: none decodes)."""
+        return self.scheduler.group.steps_to_next_finish()
 
     # ---- inputs ----------------------------------------------------------------------
     def check(self, prompt_len: int, max_tokens: int) -> None:
@@ -141,7 +160,6 @@ class EngineCore:
             self.clock = now  # idle: the next step starts at this arrival
         req = Request(next(self._ids), prompt_len, max_tokens, now, priority, tag=tag)
         self.scheduler.waiting.push(req)
-        self.requests[req.id] = req
         return req
 
     def cancel(self, req: Request, now: float, status: Status = Status.FINISHED_CANCELLED) -> bool:
@@ -149,10 +167,8 @@ class EngineCore:
         False when it had already finished."""
         if req.finished:
             return False
-        req.num_output = self.tokens_of(req)
-        self.scheduler.finish(req, status)
+        self.scheduler.finish(req, status)  # writes its live counters back
         req.finish_time = now
-        self.requests.pop(req.id, None)
         return True
 
     def check_capacity(self, max_num_seqs: int | None = None, max_waiting: int | None = None) -> None:
@@ -209,10 +225,11 @@ class EngineCore:
         first, done, sampled = scheduler.apply(decision)
         for req in first:
             req.first_token = end
+        mark = scheduler.group.mark
         for req in done:
             req.status = Status.FINISHED_LENGTH
             req.finish_time = end
-            del self.requests[req.id]
+            req.done_mark = mark
         self.clock = end
         return StepResult(
             start, end, num_tokens, decision.num_decodes, bound, sampled, prefill_tokens,

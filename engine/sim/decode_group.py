@@ -12,6 +12,10 @@ plus O(log N) per event (a finish, a window saturation), never O(N):
 - A member needs a new KV block in the step where c' % block_size == 0: members are
   counted by comp_off % block_size, so the number needing one is a table lookup.
 Does not know about budgets, preemption choice or the waiting queue (engine.scheduler).
+
+This encoding stays inside this class: everything else asks it (through EngineCore) how
+many tokens a request had at a progress mark (`output_at`), whether it is decoding
+(`decoding`) and how many steps away the next finish is (`steps_to_next_finish`).
 """
 
 from __future__ import annotations
@@ -104,8 +108,37 @@ class DecodeGroup:
                 done.append(req)
         return done
 
+    # ---- what the rest of the engine may ask ------------------------------------------
+    @property
+    def mark(self) -> int:
+        """The progress mark now: steps the group has taken (see `output_at`)."""
+        return self.G
+
+    def output_at(self, req: Request, mark: int) -> int:
+        """Tokens `req` had sampled at progress mark `mark`, for a mark no older than the
+        step before the one that last changed it: a member counts from its offset; a
+        request that finished in the step ending at its `done_mark` had one token less
+        before it; any other request's own count is exact."""
+        if req.in_group:
+            return req.out_off + mark
+        if req.finished and mark < req.done_mark:
+            return req.num_output - 1
+        return req.num_output
+
     def live_output(self, req: Request) -> int:
         return req.out_off + self.G if req.in_group else req.num_output
+
+    @staticmethod
+    def decoding(req: Request) -> bool:
+        """True while `req` is a member (it gains a token every step)."""
+        return req.in_group
+
+    def steps_to_next_finish(self) -> int | None:
+        """Group steps until the next member reaches max_tokens (None: no member)."""
+        heap = self.finish_heap
+        while heap and not (heap[0][2].in_group and heap[0][2].group_epoch == heap[0][3]):
+            heapq.heappop(heap)  # stale: the member left (preempted or cancelled)
+        return heap[0][0] - self.G if heap else None
 
     def live_computed(self, req: Request) -> int:
         return req.comp_off + self.G if req.in_group else req.num_computed

@@ -2,7 +2,8 @@
 
 A request is described by lengths only (the simulation never sees text). While it sits
 in the scheduler's decode group its counters are kept as offsets from the group's step
-counter G (see engine.decode_group), so that advancing 256 decodes is one increment.
+counter G (see engine.sim.decode_group), so that advancing 256 decodes is one increment;
+outside the engine's core, read a live request's tokens through EngineCore.tokens_at.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Request:
     priority: int = 0  # lower runs first under policy "priority"
     status: Status = Status.WAITING
     num_computed: int = 0  # positions whose KV exists; <= prompt_len + num_output (outside the group)
-    num_output: int = 0  # tokens sampled so far (outside the group)
+    num_output: int = 0  # tokens sampled so far (outside the group; final once finished)
     blocks: int = 0  # KV blocks held (outside the group)
     in_group: bool = False  # True while decoding in the scheduler's decode group
     group_epoch: int = 0  # bumped on every join, to recognise stale heap entries
@@ -46,6 +47,7 @@ class Request:
     first_scheduled: float = -1.0  # start of the first step that computed it
     first_token: float = -1.0  # end of the step that sampled its first token
     finish_time: float = -1.0
+    done_mark: int = -1  # finished by length: the decode group's progress mark at its end
     preemptions: int = 0
     tag: object = None  # the driver's handle (a stream, a closed-loop user, ...)
 

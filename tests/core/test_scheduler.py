@@ -216,3 +216,25 @@ def test_an_engine_that_runs_dry_while_catching_up_starts_at_the_next_arrival():
     assert queued not in second.admitted
     third = engine.step(second.end)
     assert third.start == queued.arrival and queued in third.admitted
+
+
+def test_the_core_answers_tokens_at_a_step_and_steps_to_the_next_finish():
+    # Two 16-token prompts, 3 and 5 tokens: step 1 prefills both (first token each),
+    # then each step adds one token; the first finishes at step 3, the second at step 5.
+    engine = core()
+    short, long_ = engine.submit(16, 3, 0.0), engine.submit(16, 5, 0.0)
+    assert engine.steps_to_next_finish() is None  # nobody decodes yet
+    engine.step(0.0)
+    before, after = engine.progress_marks()
+    assert [engine.tokens_at(r, before) for r in (short, long_)] == [0, 0]
+    assert [engine.tokens_at(r, after) for r in (short, long_)] == [1, 1]
+    assert engine.is_decoding(short) and engine.steps_to_next_finish() == 2
+    engine.step(0.0)
+    finished = engine.step(0.0).finished
+    assert finished == [short] and not engine.is_decoding(short)
+    before, after = engine.progress_marks()
+    assert (engine.tokens_at(short, before), engine.tokens_at(short, after)) == (2, 3)
+    assert (engine.tokens_at(long_, before), engine.tokens_at(long_, after)) == (2, 3)
+    assert engine.steps_to_next_finish() == 2
+    engine.cancel(long_, 0.0)  # its finish-heap entry is now stale: no finish ahead
+    assert engine.steps_to_next_finish() is None and engine.tokens_of(long_) == 3
