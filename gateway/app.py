@@ -36,6 +36,9 @@ from inference_lab.gateway.errors import (
     from_rejected,
     sse_error_frame,
 )
+from inference_lab.gateway.faults import HEADER as FAULT_HEADER
+from inference_lab.gateway.faults import DirectiveError, FaultSpec, directive_for
+from inference_lab.gateway.faults import stream as fault_stream
 from inference_lab.gateway.openai_api import Completion, OutputLength, chat_tokens, decode_request
 from inference_lab.gateway.openai_api import invalid, json_encode, modelled_timings, prompt_tokens
 from inference_lab.v1 import engine_pb2 as pb
@@ -100,6 +103,8 @@ class GatewayState:
     api_key: str | None
     disconnect_poll_s: float
     control_token: str | None = None
+    enable_directives: bool = False  # honour x-inference-lab-fault headers
+    static_faults: dict[str, FaultSpec] = field(default_factory=dict)  # model -> [fault] mode
     inflight: dict[RequestStream, web.BaseRequest] = field(default_factory=dict)
     metrics: GatewayMetrics = field(init=False)
     engine: EngineClient | None = None
@@ -219,11 +224,19 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     state = request.app[STATE]
     req = decode_request(await _read_body(request, state.max_body_bytes), chat)
     n_prompt = chat_tokens(req.messages) if chat else prompt_tokens(req.prompt)
+    try:
+        fault = directive_for(request.headers.get(FAULT_HEADER), req.stream, req.model,
+                              state.enable_directives, state.static_faults)
+    except DirectiveError as exc:
+        raise GatewayError(ErrorKind.INVALID_FAULT_DIRECTIVE,
+                           f"Invalid fault directive: {exc}") from None
     client = state.client
     info = await client.resolve_model(req.model)
+    completion = Completion(chat, req.model, req.include_usage)
+    if fault is not None and fault.after_tokens is None:  # scripted: the engine is not asked
+        return await _scripted_fault(request, completion, fault, n_prompt)
     requested = req.max_completion_tokens or req.max_tokens
     n_out = state.output_length.choose(requested, n_prompt, info.max_model_len)
-    completion = Completion(chat, req.model, req.include_usage)
     stream = await client.open(req.model, n_prompt, n_out, priority=req.priority,
                                request_id=completion.id)
     state.inflight[stream] = request
@@ -237,12 +250,23 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
                 await _refresh_models(client)
             raise err
         if req.stream:
-            return await _stream(request, stream, completion, events, n_prompt)
+            return await _stream(request, stream, completion, events, n_prompt, fault)
         return await _collect(stream, completion, events, n_prompt)
     finally:
         del state.inflight[stream]
         if not stream.done:
             client.cancel(stream)
+
+
+async def _scripted_fault(request: web.Request, completion: Completion, fault: FaultSpec,
+                          n_prompt: int) -> web.StreamResponse:
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    try:
+        await resp.prepare(request)
+        await fault_stream.scripted(request, resp, fault_stream.Frames(completion, fault, n_prompt))
+    except ConnectionError:
+        raise ClientGone() from None
+    return resp
 
 
 async def _refresh_models(client: EngineClient) -> None:
@@ -278,14 +302,24 @@ async def _collect(stream: RequestStream, completion: Completion, events: list[p
 
 
 async def _stream(request: web.Request, stream: RequestStream, completion: Completion,
-                  events: list[pb.Progress], n_prompt: int) -> web.StreamResponse:
-    """Streaming: headers now (the engine admitted), then one write per batch of events."""
+                  events: list[pb.Progress], n_prompt: int,
+                  fault: FaultSpec | None = None) -> web.StreamResponse:
+    """Streaming: headers now (the engine admitted), then one write per batch of events.
+    A fault with `after_tokens` fires inside this real stream (the caller's `finally`
+    then cancels the engine request, as a client's disconnect would)."""
     completion.start_stream()
+    frames = None
+    if fault is not None:
+        frames = fault_stream.Frames(completion, fault, n_prompt)
+        frames.prepare_stream()
     resp = web.StreamResponse(headers=SSE_HEADERS)
     try:
         await resp.prepare(request)
         head = completion.head  # goes out with the first token(s): the first frame is TTFT
         try:
+            if frames is not None:
+                await _pump_until_fault(request, stream, completion, resp, events, frames, head)
+                return resp
             await _pump(stream, completion, resp, events, n_prompt, head)
         except GatewayError as err:  # the engine went away mid-stream: error frame, [DONE]
             await resp.write(sse_error_frame(err, request))
@@ -323,6 +357,28 @@ async def _pump(stream: RequestStream, completion: Completion, resp: web.StreamR
         if out:
             await resp.write(head + out)
             head = b""
+        events = await stream.next_events()
+
+
+async def _pump_until_fault(request: web.Request, stream: RequestStream, completion: Completion,
+                            resp: web.StreamResponse, events: list[pb.Progress],
+                            frames: fault_stream.Frames, head: bytes) -> None:
+    """The real paced stream up to exactly `after_tokens` tokens (or the engine's finish,
+    if it comes first), then the fault's ending instead of the stream's."""
+    token, limit = completion.token, frames.spec.after_tokens
+    streamed = 0
+    while True:
+        finished = next((e.finished for e in events if e.HasField("finished")), None)
+        if finished is not None and (err := _finish_error(finished)) is not None:
+            raise err
+        new = max(min(stream.total, limit) - streamed, 0)
+        if new or (finished is not None and head):
+            await resp.write(head + token * new)
+            head = b""
+            streamed += new
+        if streamed >= limit or finished is not None:
+            await fault_stream.fire(request, resp, frames, streamed)
+            return
         events = await stream.next_events()
 
 
@@ -437,6 +493,8 @@ def create_app(
     api_key: str | None = None,
     control_token: str | None = None,
     disconnect_poll_s: float = 0.5,
+    enable_directives: bool = False,
+    static_faults: dict[str, FaultSpec] | None = None,
 ) -> web.Application:
     """The gateway application for the engine at `engine_target` ("host:port").
 
@@ -445,6 +503,8 @@ def create_app(
     within `disconnect_poll_s`. `api_key`, when set, is required as a Bearer token on /v1/*;
     `control_token` on /control/* (and is sent to the engine with SetCapacity). Both are
     compared in constant time; /health and /metrics stay open for probes and scrapers.
+    `enable_directives` honours `x-inference-lab-fault` headers (else they are a 400);
+    `static_faults` maps a model to the fault every streaming request of it gets.
     """
     state = GatewayState(
         engine_target=engine_target,
@@ -453,6 +513,8 @@ def create_app(
         api_key=api_key,
         disconnect_poll_s=disconnect_poll_s,
         control_token=control_token,
+        enable_directives=enable_directives,
+        static_faults=dict(static_faults or {}),
     )
     app = web.Application(client_max_size=max_body_bytes, middlewares=[edge_middleware])
     app[STATE] = state

@@ -30,6 +30,7 @@ class ErrorKind(enum.StrEnum):
     ENGINE_UNAVAILABLE = "engine_unavailable"
     MODEL_NOT_FOUND = "model_not_found"
     INVALID_REQUEST = "invalid_request"
+    INVALID_FAULT_DIRECTIVE = "invalid_fault_directive"
     BODY_TOO_LARGE = "body_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UNAUTHORIZED = "unauthorized"
@@ -61,6 +62,10 @@ ERRORS: dict[ErrorKind, ErrorSpec] = {
     ),
     ErrorKind.INVALID_REQUEST: ErrorSpec(
         400, "invalid_request_error", "invalid_request", grpc.StatusCode.INVALID_ARGUMENT
+    ),
+    # An x-inference-lab-fault header that cannot be honoured (gateway.faults.directive).
+    ErrorKind.INVALID_FAULT_DIRECTIVE: ErrorSpec(
+        400, "invalid_request_error", "invalid_fault_directive", None
     ),
     ErrorKind.BODY_TOO_LARGE: ErrorSpec(413, "invalid_request_error", "request_too_large", None),
     ErrorKind.UNSUPPORTED_MEDIA_TYPE: ErrorSpec(

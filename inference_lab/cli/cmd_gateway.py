@@ -67,6 +67,12 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         "--default-max-tokens", type=_positive_int, default=256, metavar="N",
         help="tokens generated when a request gives no max_tokens and there is no --workload",
     )
+    parser.add_argument(
+        "--enable-directives", action="store_true",
+        help="honour per-request fault directives (header `x-inference-lab-fault: "
+        "<mode>[;after_chunks=N][;after_tokens=N][;delay_ms=N][;utf8=true]`) on streaming "
+        "chat and completions; without it such a header is a 400 invalid_fault_directive",
+    )
     add_api_key_argument(parser)
     add_control_token_argument(
         parser, "/control/* as `Authorization: Bearer TOKEN`, and send it to the engine "
@@ -78,7 +84,8 @@ def gateway_app_kwargs(args: argparse.Namespace) -> dict:
     environment when their flags are absent)."""
     kwargs = {"workload_path": args.workload, "seed": args.seed,
               "default_max_tokens": args.default_max_tokens,
-              "api_key": api_key(args), "control_token": control_token(args)}
+              "api_key": api_key(args), "control_token": control_token(args),
+              "enable_directives": args.enable_directives}
     _log_exposure(args.host, kwargs["api_key"], kwargs["control_token"])
     return kwargs
 
