@@ -1,83 +1,143 @@
-"""The catalog of hardware and model presets.
+"""The catalog of hardware and model presets, bundled and the user's own.
 
-Knows: where the preset TOML files live (package data `engine/sim/presets/{hardware,models}`),
-what keys a hardware or model table has and what values are possible, and how a precision
-the hardware lacks is priced; bad input is refused through `inference_lab.common.toml`
-with the file and the key path. Returns `sim.specs` dataclasses.
+Knows: where preset TOML files live (package data `engine/sim/presets/{hardware,models}`,
+then each user catalog directory's `hardware/` and `models/`, a later one overriding an
+earlier one and the bundled presets), what keys a hardware or model table has and what
+values are possible, and how a precision the hardware lacks is priced; bad input is
+refused through `inference_lab.common.toml` with the file and the key path. Returns
+`sim.specs` dataclasses.
 Does not know: deployments or schedulers (`sim.config`), workloads (`common.workload`),
-nor how a step is timed (`sim.cost`).
+nor how a step is timed (`sim.cost`, `sim.layers`).
 """
 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Iterable
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
-from inference_lab.common.toml import REQUIRED, ConfigError, Table
-from inference_lab.engine.sim.specs import BYTES_PER_VALUE, PRECISION_ORDER, Hardware, LayerClass, Model, WeightStream
+from inference_lab.common.toml import REQUIRED, ConfigError, Table, read_toml
+from inference_lab.engine.sim.specs import (
+    BYTES_PER_VALUE, LAYER_KINDS, PRECISION_ORDER, Hardware, History, LayerClass, Model, WeightStream,
+)
 
 __all__ = [
-    "ConfigError", "hardware_names", "model_names", "load_hardware",
+    "Catalog", "BUNDLED", "ConfigError", "hardware_names", "model_names", "load_hardware",
     "load_model", "parse_hardware", "parse_model", "compute_precision", "weight_bytes",
 ]
 
+KINDS = ("hardware", "models")
 
-# ---- presets -------------------------------------------------------------------------
 
-def _preset_dir(kind: str) -> Any:
+def _bundled_dir(kind: str) -> Any:
     return resources.files("inference_lab.engine.sim") / "presets" / kind
 
 
-def _names(kind: str) -> list[str]:
-    return sorted(p.name[: -len(".toml")] for p in _preset_dir(kind).iterdir()
-                  if p.name.endswith(".toml"))
+class Catalog:
+    """Presets by lower-case file stem: the bundled ones, then each of `dirs` in order
+    (a later directory's file replaces an earlier one of the same name)."""
+
+    def __init__(self, dirs: Iterable[str | Path] = ()) -> None:
+        self.dirs = tuple(Path(d) for d in dirs)
+        for d in self.dirs:
+            if not d.is_dir():
+                raise ConfigError(str(d), "", "catalog directory: no such directory "
+                                  "(expected one holding models/*.toml and/or hardware/*.toml)")
+        self._files: dict[str, dict[str, tuple[str, Any]]] = {}
+        for kind in KINDS:
+            found: dict[str, tuple[str, Any]] = {}
+            for p in _bundled_dir(kind).iterdir():
+                if p.name.endswith(".toml"):
+                    found[p.name[:-5].lower()] = (f"engine/sim/presets/{kind}/{p.name}", p)
+            for d in self.dirs:
+                for p in sorted((d / kind).glob("*.toml")) if (d / kind).is_dir() else ():
+                    found[p.stem.lower()] = (str(p), p)
+            self._files[kind] = found
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._files[kind])
+
+    def hardware_names(self) -> list[str]:
+        return self.names("hardware")
+
+    def model_names(self) -> list[str]:
+        return self.names("models")
+
+    def where(self, kind: str) -> str:
+        """The places a preset of `kind` is looked for, for messages."""
+        return ", ".join([f"engine/sim/presets/{kind}", *(str(d / kind) for d in self.dirs)])
+
+    def source(self, kind: str, name: str) -> str:
+        """The file a preset comes from."""
+        return self._files[kind][name.lower()][0]
+
+    def _table(self, kind: str, name: str) -> tuple[str, dict[str, Any], str]:
+        stem = name.lower() if isinstance(name, str) else ""
+        if stem not in self._files[kind]:
+            noun = "hardware" if kind == "hardware" else "model"
+            raise ConfigError("", "", f"unknown {noun} preset {name!r}; known presets: "
+                              f"{', '.join(self.names(kind))} (looked in {self.where(kind)})")
+        where, path = self._files[kind][stem]
+        if isinstance(path, Path):
+            return stem, read_toml(path), where
+        try:
+            return stem, tomllib.loads(path.read_text(encoding="utf-8")), where
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(where, "", f"invalid TOML: {exc}") from None
+
+    def load_hardware(self, name: str) -> Hardware:
+        """The hardware preset of that file stem (case-insensitive); its name is the stem."""
+        stem, table, where = self._table("hardware", name)
+        return parse_hardware(table, where, name=stem)
+
+    def load_model(self, name: str) -> Model:
+        """The model preset of that file stem (case-insensitive)."""
+        stem, table, where = self._table("models", name)
+        return parse_model(table, where, name=stem)
+
+
+BUNDLED = Catalog()
 
 
 def hardware_names() -> list[str]:
-    return _names("hardware")
+    return BUNDLED.hardware_names()
 
 
 def model_names() -> list[str]:
-    return _names("models")
-
-
-def _preset(kind: str, name: str) -> tuple[str, dict[str, Any], str]:
-    stem = name.lower() if isinstance(name, str) else ""
-    known = _names(kind)
-    if stem not in known:
-        noun = "hardware" if kind == "hardware" else "model"
-        raise ConfigError("", "", f"unknown {noun} preset {name!r}; known presets: {', '.join(known)}")
-    where = f"engine/catalog/{kind}/{stem}.toml"
-    text = (_preset_dir(kind) / f"{stem}.toml").read_text(encoding="utf-8")
-    try:
-        return stem, tomllib.loads(text), where
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(where, "", f"invalid TOML: {exc}") from None
+    return BUNDLED.model_names()
 
 
 def load_hardware(name: str) -> Hardware:
-    """The hardware preset of that file stem (case-insensitive); its name is the stem."""
-    stem, table, where = _preset("hardware", name)
-    return parse_hardware(table, where, name=stem)
+    return BUNDLED.load_hardware(name)
 
 
 def load_model(name: str) -> Model:
-    """The model preset of that file stem (case-insensitive)."""
-    stem, table, where = _preset("models", name)
-    return parse_model(table, where, name=stem)
+    return BUNDLED.load_model(name)
 
 
 # ---- parsing -------------------------------------------------------------------------
 
 _POSITIVE = "a positive number"
 _HARDWARE_KEYS = ("name", *(f"flops_{p}" for p in PRECISION_ORDER), "memory_bandwidth",
-                  "memory_capacity", "fabric")
+                  "memory_capacity", "fabric", "memory")
+_LINK_KEYS = ("bandwidth", "latency", "in_network_reduction")
+_STORE_KEYS = ("name", "per", "kind", "capacity", "bandwidth", "stripe", "aggregate_bandwidth",
+               "latency", "pin")
 _MODEL_KEYS = ("name", "hidden_dim", "num_layers", "max_seq_len", "attention_precision",
-               "weights", "layers")
+               "activation_bytes", "weights", "layers")
 _WEIGHT_KEYS = ("precision", "active_params", "resident_params", "routing")
 _ROUTING_KEYS = ("routed_experts", "experts_per_tok", "moe_layers")
-_LAYER_KEYS = ("kind", "count", "heads", "head_dim", "kv_heads", "window", "kv_precision")
+_LAYER_KEYS = {
+    "attention": ("kind", "count", "heads", "head_dim", "kv_heads", "kv_shared", "window",
+                  "kv_precision"),
+    "mla": ("kind", "count", "latent_dim", "rope_dim", "kv_precision", "window", "history",
+            "heads", "qk_head_dim", "v_head_dim", "q_latent_dim", "o_latent_dim"),
+    "linear": ("kind", "count", "state_bytes"),
+}
+_HISTORY_KEYS = ("compress_ratio", "index_topk", "indexer")
+_INDEXER_KEYS = ("heads", "head_dim", "kv_precision", "precision")
 _PRECISIONS = f"one of {', '.join(repr(p) for p in BYTES_PER_VALUE)}"
 
 
@@ -85,32 +145,86 @@ def _pos_int(t: Table, key: str, **kw: Any) -> int:
     return t.get(key, int, "an integer >= 1", ok=lambda v: v >= 1, **kw)
 
 
+def _nonneg_int(t: Table, key: str, what: str = "an integer >= 0", default: Any = 0) -> int:
+    return t.get(key, int, what, default, ok=lambda v: v >= 0)
+
+
 def _precision(t: Table, key: str, default: Any = REQUIRED) -> str:
     return t.get(key, str, _PRECISIONS, default, ok=lambda v: v in BYTES_PER_VALUE)
 
 
+def _link(t: Table | None, what: str) -> tuple[float, float, bool]:
+    if t is None:
+        return 0.0, 0.0, False
+    bw = t.get("bandwidth", float, f"{_POSITIVE} ({what} bytes/s per direction)", ok=lambda v: v > 0)
+    latency = t.get("latency", float, "a number >= 0 (seconds)", 5e-6, ok=lambda v: v >= 0)
+    reduce = t.get("in_network_reduction", bool, "true or false", False)
+    t.done()
+    return bw, latency, reduce
+
+
+def _parse_memory(t: Table) -> tuple[str, ...]:
+    """The hardware's KV stores beyond HBM: checked for shape, kept by name only."""
+    _nonneg_int(t, "gpus_per_node", "an integer >= 1", None)
+    names = []
+    per = "'gpu', 'node' or 'cluster'"
+    for s in t.tables("stores", _STORE_KEYS) if "stores" in t.data else ():
+        names.append(s.get("name", str, "a non-empty string", ok=bool))
+        s.get("per", str, per, ok=lambda v: v in ("gpu", "node", "cluster"))
+        s.get("kind", str, "'store' or 'peer_hbm'", "store", ok=lambda v: v in ("store", "peer_hbm"))
+        for key in ("capacity", "bandwidth", "aggregate_bandwidth"):
+            s.get(key, float, f"{_POSITIVE}", None, ok=lambda v: v > 0)
+        s.get("latency", float, "a number >= 0 (seconds)", 0.0, ok=lambda v: v >= 0)
+        _pos_int(s, "stripe", default=1)
+        s.get("pin", bool, "true or false", False)
+        s.done()
+    for j in t.tables("junctions", ("name", "per")) if "junctions" in t.data else ():
+        j.get("name", str, "a non-empty string", ok=bool)
+        j.get("per", str, per, ok=lambda v: v in ("gpu", "node", "cluster"))
+        j.done()
+    for link in t.tables("links", ("name", "from", "to", "bandwidth", "latency")) if "links" in t.data else ():
+        for key in ("name", "from", "to"):
+            link.get(key, str, "a non-empty string", ok=bool)
+        link.get("bandwidth", float, f"{_POSITIVE} (bytes/s)", ok=lambda v: v > 0)
+        link.get("latency", float, "a number >= 0 (seconds)", 0.0, ok=lambda v: v >= 0)
+        link.done()
+    t.get("stores", list, "an array of tables", None)
+    t.get("junctions", list, "an array of tables", None)
+    t.get("links", list, "an array of tables", None)
+    t.done()
+    return tuple(names)
+
+
 def parse_hardware(table: Any, where: str, path: str = "", name: str | None = None) -> Hardware:
     """A Hardware from a hardware table: `flops_<precision>` (at least one),
-    `memory_bandwidth`, `memory_capacity`, `[fabric] scale_up = {bandwidth, latency}`.
-    An optional `name` key names it when the caller gives no `name`."""
+    `memory_bandwidth`, `memory_capacity`, optional `[fabric]` (`gpus_per_node`,
+    `scale_up` and `scale_out` = {bandwidth, latency, in_network_reduction}) and `[memory]`
+    (stores, junctions, links: parsed, not simulated). An optional `name` key names it
+    when the caller gives no `name`."""
     t = Table(table, where, path, _HARDWARE_KEYS)
     own_name = t.get("name", str, "a string", None)
     peaks = {p: t.get(f"flops_{p}", float, _POSITIVE, None, ok=lambda v: v > 0) for p in PRECISION_ORDER}
     flops = {p: v for p, v in peaks.items() if v is not None}
     bandwidth = t.get("memory_bandwidth", float, f"{_POSITIVE} (bytes/s)", ok=lambda v: v > 0)
     capacity = t.get("memory_capacity", float, f"{_POSITIVE} (bytes)", ok=lambda v: v > 0)
-    fabric = t.table("fabric", keys=("scale_up",))
-    scale_up = fabric.table("scale_up", keys=("bandwidth", "latency"))
-    link_bw = scale_up.get("bandwidth", float, f"{_POSITIVE} (bytes/s per direction)",
-                           ok=lambda v: v > 0)
-    latency = scale_up.get("latency", float, "a number >= 0 (seconds)", 5e-6, ok=lambda v: v >= 0)
-    for sub in (scale_up, fabric, t):
-        sub.done()
+    fabric = t.table("fabric", None, ("gpus_per_node", "scale_up", "scale_out"))
+    link_bw, latency, reduce, per_node, out_bw, out_latency = 0.0, 5e-6, False, 0, 0.0, 0.0
+    if fabric is not None:
+        per_node = _nonneg_int(fabric, "gpus_per_node", "an integer >= 1", 0)
+        link_bw, latency, reduce = _link(fabric.table("scale_up", keys=_LINK_KEYS), "scale-up")
+        out_bw, out_latency, _ = _link(fabric.table("scale_out", None, _LINK_KEYS), "scale-out")
+        fabric.done()
+    memory = t.table("memory", None)
+    stores = _parse_memory(memory) if memory is not None else ()
+    t.done()
     if not flops:
         keys = ", ".join(f"flops_{p}" for p in PRECISION_ORDER)
         raise ConfigError(where, t.key("flops_bf16"), f"missing; expected at least one of {keys}")
     return Hardware(name=name or own_name or (path or where), flops=flops, hbm_bandwidth=bandwidth,
-                    hbm_bytes=capacity, link_bandwidth=link_bw, link_latency=latency)
+                    hbm_bytes=capacity, link_bandwidth=link_bw, link_latency=latency,
+                    in_network_reduction=reduce, gpus_per_node=per_node,
+                    scale_out_bandwidth=out_bw, scale_out_latency=out_latency,
+                    memory_stores=stores)
 
 
 def _parse_weights(w: Table) -> WeightStream:
@@ -118,37 +232,82 @@ def _parse_weights(w: Table) -> WeightStream:
     active = w.get("active_params", float, _POSITIVE, ok=lambda v: v > 0)
     resident = w.get("resident_params", float, f"a number >= active_params ({active:g})",
                      ok=lambda v: v >= active)
-    experts = top_k = 0
+    experts = top_k = moe_layers = 0
     routing = w.table("routing", None, _ROUTING_KEYS)
     if routing is not None:
         experts = routing.get("routed_experts", int, "an integer >= 2", ok=lambda v: v >= 2)
         top_k = routing.get("experts_per_tok", int, f"an integer in [1, {experts - 1}]",
                             ok=lambda v: 1 <= v < experts)
-        _pos_int(routing, "moe_layers", default=None)  # documentation only: not used in timing
+        moe_layers = _pos_int(routing, "moe_layers", default=0)
         routing.done()
         if resident <= active:
             raise w.error("resident_params", "more resident than active params (routed)", resident)
     w.done()
-    return WeightStream(precision, active, resident, experts, top_k)
+    return WeightStream(precision, active, resident, experts, top_k, moe_layers)
 
 
-def _parse_layer(layer: Table, default_kv: str) -> tuple[LayerClass, str]:
-    layer.get("kind", str, "'attention'", "attention", ok=lambda v: v == "attention")
+def _parse_history(h: Table, attention_precision: str) -> History:
+    ratio = _pos_int(h, "compress_ratio", default=1)
+    topk = _nonneg_int(h, "index_topk", "an integer >= 0 (0 = every entry)")
+    indexer = h.table("indexer", None, _INDEXER_KEYS)
+    heads = head_dim = 0
+    kv, precision = "bf16", ""
+    if indexer is not None:
+        heads = _pos_int(indexer, "heads")
+        head_dim = _pos_int(indexer, "head_dim")
+        kv = _precision(indexer, "kv_precision", attention_precision)
+        precision = _precision(indexer, "precision", attention_precision)
+        indexer.done()
+    h.done()
+    return History(ratio, topk, heads, head_dim, kv, precision)
+
+
+def _parse_layer(layer: Table, default_kv: str, attention_precision: str) -> LayerClass:
+    kind = layer.get("kind", str, " or ".join(repr(k) for k in LAYER_KINDS), "attention",
+                     ok=lambda v: v in LAYER_KINDS)
+    layer.refuse_unknown(_LAYER_KEYS[kind])
     count = _pos_int(layer, "count")
-    heads = _pos_int(layer, "heads")
-    head_dim = _pos_int(layer, "head_dim")
-    kv_heads = layer.get("kv_heads", int, f"an integer >= 1 dividing heads ({heads})",
-                         ok=lambda v: v >= 1 and heads % v == 0)
+    if kind == "linear":
+        state = layer.get("state_bytes", float, f"{_POSITIVE} (bytes per sequence per layer)",
+                          ok=lambda v: v > 0)
+        layer.done()
+        return LayerClass(count, kind=kind, state_bytes=state)
     window = layer.get("window", int, "an integer >= 0 (0 = full attention)", 0, ok=lambda v: v >= 0)
     kv_precision = _precision(layer, "kv_precision", default_kv)
+    if kind == "attention":
+        heads = _pos_int(layer, "heads")
+        head_dim = _pos_int(layer, "head_dim")
+        kv_heads = layer.get("kv_heads", int, f"an integer >= 1 dividing heads ({heads})",
+                             ok=lambda v: v >= 1 and heads % v == 0)
+        shared = layer.get("kv_shared", bool, "true or false", False)
+        layer.done()
+        return LayerClass(count, heads, head_dim, kv_heads, window, kind=kind,
+                          kv_precision=kv_precision, kv_shared=shared)
+    latent = _pos_int(layer, "latent_dim")
+    rope = _nonneg_int(layer, "rope_dim")
+    shape = {key: _nonneg_int(layer, key, "an integer >= 1", 0)
+             for key in ("heads", "qk_head_dim", "v_head_dim", "q_latent_dim", "o_latent_dim")}
+    given = [key for key in ("heads", "qk_head_dim", "v_head_dim") if shape[key]]
+    if given and len(given) != 3:
+        missing = next(key for key in ("heads", "qk_head_dim", "v_head_dim") if not shape[key])
+        raise ConfigError(layer.where, layer.key(missing),
+                          "missing; expected heads, qk_head_dim and v_head_dim all or none")
+    if given and shape["qk_head_dim"] < rope:
+        raise layer.error("qk_head_dim", f"at least rope_dim ({rope})", shape["qk_head_dim"])
+    h = layer.table("history", None, _HISTORY_KEYS)
+    history = _parse_history(h, attention_precision) if h is not None else None
     layer.done()
-    return LayerClass(count, heads, head_dim, kv_heads, window), kv_precision
+    return LayerClass(count, shape["heads"], 0, 0, window, kind=kind, kv_precision=kv_precision,
+                      latent_dim=latent, rope_dim=rope, qk_head_dim=shape["qk_head_dim"],
+                      v_head_dim=shape["v_head_dim"], q_latent_dim=shape["q_latent_dim"],
+                      o_latent_dim=shape["o_latent_dim"], history=history)
 
 
 def parse_model(table: Any, where: str, path: str = "", name: str | None = None) -> Model:
     """A Model from a model table: `name` (else the `name` given), `hidden_dim`,
     `num_layers` (default: the sum of layer counts), `max_seq_len`, `attention_precision`,
-    `[[weights]]` streams and `[[layers]]` attention classes sharing one `kv_precision`."""
+    `activation_bytes`, `[[weights]]` streams and `[[layers]]` classes of kind
+    attention, mla or linear."""
     t = Table(table, where, path, _MODEL_KEYS)
     own_name = t.get("name", str, "a non-empty string", name, ok=bool)
     if own_name is None:
@@ -157,21 +316,22 @@ def parse_model(table: Any, where: str, path: str = "", name: str | None = None)
     num_layers = _pos_int(t, "num_layers", default=None)
     max_seq_len = _pos_int(t, "max_seq_len")
     attention_precision = _precision(t, "attention_precision", "bf16")
+    activation_bytes = _pos_int(t, "activation_bytes", default=2)
     streams = tuple(_parse_weights(w) for w in t.tables("weights", _WEIGHT_KEYS))
-    layers, kv_precision = [], None
-    for layer in t.tables("layers", _LAYER_KEYS):
-        cls, kv = _parse_layer(layer, kv_precision or attention_precision)
-        if kv_precision is not None and kv != kv_precision:
-            raise layer.error("kv_precision", f"the other layers' kv_precision ({kv_precision!r})", kv)
-        layers.append(cls)
-        kv_precision = kv
+    layers = [_parse_layer(layer, attention_precision, attention_precision)
+              for layer in t.tables("layers")]
     t.done()
+    if all(cls.kind == "linear" for cls in layers):
+        raise ConfigError(where, t.key("layers"), "expected at least one attention or mla layer "
+                          "(a model of linear layers only has no KV cache to page)")
     total = sum(cls.count for cls in layers)
     if num_layers is not None and num_layers < total:
         raise t.error("num_layers", f"at least the sum of layer counts ({total})", num_layers)
+    kv_precision = next(cls.kv_precision for cls in layers if cls.kind != "linear")
     return Model(name=own_name, num_layers=num_layers or total, hidden_size=hidden,
                  max_seq_len=max_seq_len, weight_streams=streams, layer_classes=tuple(layers),
-                 attention_precision=attention_precision, kv_precision=kv_precision or "bf16")
+                 attention_precision=attention_precision, kv_precision=kv_precision,
+                 activation_bytes=activation_bytes)
 
 
 # ---- derived facts -------------------------------------------------------------------

@@ -6,12 +6,18 @@ Knows inference-lab's deployment layout:
     model = "gpt-oss-20b"          # a catalog preset, or an inline [model] table
     [scheduler]                    # the fields of engine.specs.SchedulerConfig
     max_num_seqs = 256
-    [hardware.b200]                # the key must be a hardware preset
-    tp = 1                         # optional, default 1
+    [speculative]                  # optional: speculative decoding (engine.sim.speculative)
+    [hardware.b200]                # a hardware preset, or any name with `spec`
+    tp = 1                         # optional, default 1; ep (divides tp) likewise
+    spec = "b200"                  # optional: another preset, or an inline hardware table
     scheduler = { max_num_seqs = 64 }            # optional, merged over [scheduler]
+    speculative = { ... }                        # optional, replaces [speculative]
     time_correction = { alpha = 1.0, beta = 0.0 }  # optional
 
-and refuses, with the file and the key path, unknown keys, wrong types and impossible
+plus the tables it parses but does not simulate ([router], [decode_router], [memory],
+[fault], `replicas`, `dp_attention`, scheduler policies beyond fcfs/priority ...): each
+one is listed by name in `Deployment.unmodelled` and logged once at load.
+Refuses, with the file and the key path, unknown keys, wrong types and impossible
 values (weights that do not fit included), so that a bad config never starts a server.
 Does not know how a step is timed or how the KV pool is laid out (cost, kv modules).
 """
@@ -19,44 +25,57 @@ Does not know how a step is timed or how the KV pool is laid out (cost, kv modul
 from __future__ import annotations
 
 import logging
-from dataclasses import fields
+from dataclasses import fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from inference_lab.engine.sim import catalog
 from inference_lab.common.toml import ConfigError, Table, read_toml
+from inference_lab.engine.sim import catalog as bundled
+from inference_lab.engine.sim.catalog import Catalog
 from inference_lab.engine.sim.specs import MAX_COUNT, Deployment, Hardware, Model, SchedulerConfig, TimeCorrection
+from inference_lab.engine.sim.speculative import parse_speculative
 
 __all__ = ["ConfigError", "load_deployment", "load_config_dir", "default_deployments"]
 
 logger = logging.getLogger(__name__)
 
 POLICIES = ("fcfs", "priority")
+# Orders inference-lab also accepts (shortest/longest input, output, total first):
+# parsed, scheduled as fcfs.
+OTHER_POLICIES = ("sif", "lif", "sof", "lof", "stf", "ltf", "sjf")
 
-_TOP_KEYS = ("name", "model", "scheduler", "hardware")
-_ENTRY_KEYS = ("tp", "scheduler", "time_correction")
+_TOP_KEYS = ("name", "model", "scheduler", "hardware", "speculative", "router", "decode_router",
+             "memory", "fault")
+_ENTRY_KEYS = ("tp", "ep", "dp_attention", "replicas", "spec", "scheduler", "speculative",
+               "router", "decode_router", "memory", "time_correction")
+_ROUTER_KEYS = ("policy", "max_load_ratio", "load_weight")
+_ROUTERS = ("round_robin", "least_loaded", "prefix_affinity", "kv_aware", "kv_aware_decode")
+_MEMORY_KEYS = ("tiers", "capacity", "preset", "source", "hbm_eviction", "write", "eviction",
+                "prefetch", "backup", "hit_refresh", "promote_fill", "storage_prefetch",
+                "load_overlap", "hbm_evict_backed_first")
 # SchedulerConfig field -> (TOML type, what is expected, check).
 _SCHEDULER: dict[str, tuple[type, str, Any]] = {
     "max_num_seqs": (int, "an integer >= 1", lambda v: v >= 1),
     "max_num_batched_tokens": (int, "an integer >= 1", lambda v: v >= 1),
-    "policy": (str, "'fcfs' or 'priority'", lambda v: v in POLICIES),
+    "policy": (str, f"one of {', '.join(POLICIES + OTHER_POLICIES)}",
+               lambda v: v in POLICIES + OTHER_POLICIES),
     "enable_chunked_prefill": (bool, "true or false", None),
     "block_size": (int, "a positive integer", lambda v: v >= 1),
     "gpu_memory_utilization": (float, "a number in (0, 1]", lambda v: 0 < v <= 1),
-    "kv_cache_capacity": (float, "a positive number of bytes", lambda v: v >= 1),
+    "kv_cache_capacity": (float, "a number of bytes >= 0 (0 = derived)", lambda v: v >= 0),
     "max_model_len": (int, "an integer >= 1", lambda v: v >= 1),
     "long_prefill_token_threshold": (int, "an integer >= 0 (0 = no cap)", lambda v: v >= 0),
     "max_waiting": (int, "an integer >= 0 (0 = unbounded)", lambda v: v >= 0),
 }
 assert set(_SCHEDULER) == {f.name for f in fields(SchedulerConfig)}
-
-
-def _check_hardware_arg(hardware: Any) -> str:
-    known = catalog.hardware_names()
-    if not isinstance(hardware, str) or hardware.lower() not in known:
-        raise ConfigError("", "", f"unknown hardware {hardware!r}; known presets: {', '.join(known)}")
-    return hardware.lower()
+# Scheduler keys inference-lab has that are parsed, not simulated: key -> (type, what,
+# check, value that changes nothing).
+_SCHEDULER_PARSED: dict[str, tuple[type, str, Any, Any]] = {
+    "max_num_partial_prefills": (int, "an integer >= 1", lambda v: v >= 1, 1),
+    "enable_preemption_free": (bool, "true or false", None, False),
+    "enable_cascade_attention": (bool, "true or false", None, False),
+}
 
 
 def _check_max_waiting(max_waiting: Any) -> None:
@@ -66,19 +85,33 @@ def _check_max_waiting(max_waiting: Any) -> None:
         raise ConfigError("--max-waiting", "", f"expected at most {MAX_COUNT}, got {max_waiting!r}")
 
 
+def _unknown_hardware(name: Any, cat: Catalog) -> ConfigError:
+    return ConfigError("", "", f"unknown hardware {name!r}; known presets: "
+                       f"{', '.join(cat.hardware_names())}")
+
+
 def _scheduler_keys(t: Table) -> dict[str, tuple[Any, str]]:
     """The keys set in a scheduler table: name -> (value, key path it came from)."""
     found = {}
-    for name, (kind, what, ok) in _SCHEDULER.items():
+    for name, (kind, what, ok) in {**_SCHEDULER, **{k: v[:3] for k, v in _SCHEDULER_PARSED.items()}}.items():
         value = t.get(name, kind, what, None, ok=ok)
         if value is not None:
-            found[name] = (int(value) if name == "kv_cache_capacity" else value, t.key(name))
+            if name == "kv_cache_capacity":
+                value = int(value) or None
+            found[name] = (value, t.key(name))
     t.done()
     return found
 
 
-def _build_scheduler(keys: dict[str, tuple[Any, str]], model: Model, where: str) -> SchedulerConfig:
-    sched = SchedulerConfig(**{name: value for name, (value, _) in keys.items()})
+def _build_scheduler(keys: dict[str, tuple[Any, str]], model: Model, where: str,
+                     notes: list[str]) -> SchedulerConfig:
+    sched = SchedulerConfig(**{name: value for name, (value, _) in keys.items() if name in _SCHEDULER})
+    for name, (_, _, _, neutral) in _SCHEDULER_PARSED.items():
+        if name in keys and keys[name][0] != neutral:
+            notes.append(f"scheduler {name} = {keys[name][0]!r}: parsed, not modelled")
+    if sched.policy in OTHER_POLICIES:
+        notes.append(f"scheduler policy {sched.policy!r}: parsed, scheduled as fcfs")
+        sched.policy = "fcfs"
 
     def path(name: str) -> str:
         return keys.get(name, (None, f"scheduler.{name}"))[1]
@@ -98,24 +131,91 @@ def _build_scheduler(keys: dict[str, tuple[Any, str]], model: Model, where: str)
     return sched
 
 
-def _parse_model(top: Table, served: str) -> Model:
+def _parse_model(top: Table, served: str, cat: Catalog) -> Model:
     where = top.where
     if "model" not in top.data:
         raise ConfigError(where, "model", "missing; expected a catalog model name "
-                          f"({', '.join(catalog.model_names())}) or a [model] table")
+                          f"({', '.join(cat.model_names())}) or a [model] table")
     if isinstance(top.data["model"], dict):
-        return catalog.parse_model(top.table("model").data, where, "model", name=served)
+        return bundled.parse_model(top.table("model").data, where, "model", name=served)
     name = top.get("model", str, "a catalog model name or a [model] table")
     try:
-        return catalog.load_model(name)
+        return cat.load_model(name)
     except ConfigError as exc:
+        if exc.where:  # the preset file itself is bad: name it
+            raise
         raise ConfigError(where, "model", exc.message) from None
 
 
+def _parse_router(t: Table | None, label: str, notes: list[str]) -> None:
+    if t is None:
+        return
+    policy = t.get("policy", str, " | ".join(_ROUTERS), "round_robin", ok=lambda v: v in _ROUTERS)
+    t.get("max_load_ratio", float, "a number > 0", None, ok=lambda v: v > 0)
+    t.get("load_weight", float, "a number >= 0", None, ok=lambda v: v >= 0)
+    t.done()
+    notes.append(f"{label} ({policy}): parsed, not modelled (one replica)")
+
+
+def _parse_memory(t: Table | None, hardware: Hardware, notes: list[str]) -> None:
+    if t is None:
+        return
+    tiers = t.get("tiers", list, "a list of store names", [],
+                  ok=lambda v: all(isinstance(x, str) for x in v))
+    for tier in tiers:
+        if tier not in hardware.memory_stores:
+            raise ConfigError(t.where, t.key("tiers"), f"unknown store {tier!r}; "
+                              f"{hardware.name} offers: {', '.join(hardware.memory_stores) or 'none'}")
+    t.done()  # the policies are checked for their names only: none of them is simulated
+    notes.append(f"memory tiers ({', '.join(tiers) or 'none'}): parsed, not modelled")
+
+
+class _Shared:
+    """The file-level tables an entry may replace: (table or None, key path)."""
+
+    def __init__(self, top: Table) -> None:
+        self.tables = {key: top.table(key, None) for key in
+                       ("speculative", "router", "decode_router", "memory", "fault")}
+
+
+def _entry_hardware(entry: Table, hw_name: str, cat: Catalog) -> Hardware:
+    spec = entry.data.get("spec")
+    if spec is None:
+        if hw_name not in cat.hardware_names():
+            raise ConfigError(entry.where, entry.path, f"unknown hardware preset {hw_name!r}; known "
+                              f"presets: {', '.join(cat.hardware_names())} (or give `spec`)")
+        entry.get("spec", str, "", None)
+        return cat.load_hardware(hw_name)
+    if isinstance(spec, dict):
+        entry.table("spec")
+        return replace(bundled.parse_hardware(spec, entry.where, entry.key("spec"), name=hw_name))
+    name = entry.get("spec", str, "a hardware preset name or an inline hardware table")
+    try:
+        return replace(cat.load_hardware(name), name=hw_name)
+    except ConfigError as exc:
+        raise ConfigError(entry.where, entry.key("spec"), exc.message) from None
+
+
 def _parse_entry(entry: Table, hw_name: str, model: Model, served: str,
-                 base: dict[str, tuple[Any, str]]) -> Deployment:
+                 base: dict[str, tuple[Any, str]], shared: _Shared, cat: Catalog) -> Deployment:
+    entry.refuse_unknown(_ENTRY_KEYS)
+    notes: list[str] = []
+    hardware = _entry_hardware(entry, hw_name, cat)
     tp = entry.get("tp", int, "an integer >= 1", 1, ok=lambda v: v >= 1)
-    override = entry.table("scheduler", None, tuple(_SCHEDULER))
+    ep = entry.get("ep", int, f"an integer >= 1 dividing tp ({tp})", 1,
+                   ok=lambda v: v >= 1 and tp % v == 0)
+    if entry.get("dp_attention", bool, "true or false", False):
+        notes.append("dp_attention: parsed, priced as tensor-parallel attention")
+    replicas = entry.get("replicas", int, "an integer >= 1", 1, ok=lambda v: v >= 1)
+    if replicas > 1:
+        notes.append(f"replicas = {replicas}: parsed, one replica simulated")
+    if (tp > 1 or ep > 1) and not hardware.link_bandwidth:
+        raise ConfigError(entry.where, entry.key("tp"), f"tp {tp} / ep {ep} needs a [fabric] on "
+                          f"{hardware.name}, which has none")
+    if hardware.gpus_per_node and tp > hardware.gpus_per_node and not hardware.scale_out_bandwidth:
+        raise ConfigError(entry.where, entry.key("tp"), f"tp {tp} spans nodes of "
+                          f"{hardware.gpus_per_node} GPUs; {hardware.name} has no fabric.scale_out")
+    override = entry.table("scheduler", None, tuple(_SCHEDULER) + tuple(_SCHEDULER_PARSED))
     keys = {**base, **(_scheduler_keys(override) if override is not None else {})}
     tc = entry.table("time_correction", None, ("alpha", "beta"))
     correction = TimeCorrection()
@@ -124,19 +224,33 @@ def _parse_entry(entry: Table, hw_name: str, model: Model, served: str,
             alpha=tc.get("alpha", float, "a number > 0", 1.0, ok=lambda v: v > 0),
             beta=tc.get("beta", float, "a number >= 0 (seconds)", 0.0, ok=lambda v: v >= 0))
         tc.done()
+    tables = {key: entry.table(key, None) or shared.tables[key]
+              for key in ("speculative", "router", "decode_router", "memory")}
+    speculative = None
+    if tables["speculative"] is not None:
+        speculative, spec_notes = parse_speculative(tables["speculative"], Path(entry.where).parent)
+        notes += spec_notes
+        if speculative is not None:
+            notes.append("speculative decoding: parsed, not modelled yet")
+            speculative = None
+    _parse_router(tables["router"], "router", notes)
+    _parse_router(tables["decode_router"], "decode_router", notes)
+    _parse_memory(tables["memory"], hardware, notes)
+    if shared.tables["fault"] is not None:
+        notes.append("[fault] static fault injection: parsed, not modelled")
     entry.done()
-    sched = _build_scheduler(keys, model, entry.where)
-    hardware = catalog.load_hardware(hw_name)
+    sched = _build_scheduler(keys, model, entry.where, notes)
     _check_fit(model, hardware, tp, sched, entry)
     return Deployment(name=served, model=model, hardware=hardware, tp=tp, scheduler=sched,
-                      time_correction=correction, source=entry.where)
+                      time_correction=correction, source=entry.where, ep=ep,
+                      speculative=speculative, unmodelled=tuple(dict.fromkeys(notes)))
 
 
 def _check_fit(model: Model, hardware: Hardware, tp: int, sched: SchedulerConfig,
                entry: Table) -> None:
     """Refuse an entry whose weights leave no room for KV (unless the KV size is given)."""
     usable = hardware.hbm_bytes * tp * sched.gpu_memory_utilization
-    weights = catalog.weight_bytes(model)
+    weights = bundled.weight_bytes(model)
     if sched.kv_cache_capacity is None and usable <= weights:
         raise ConfigError(entry.where, entry.key("tp"),
                           f"{model.name} weights ({weights / 1e9:.1f} GB) do not fit in {tp} x "
@@ -147,7 +261,7 @@ def _check_fit(model: Model, hardware: Hardware, tp: int, sched: SchedulerConfig
 def _log_precision_fallbacks(dep: Deployment) -> None:
     needed = {s.precision for s in dep.model.weight_streams} | {dep.model.attention_precision}
     for precision in sorted(needed):
-        priced = catalog.compute_precision(dep.hardware, precision)
+        priced = bundled.compute_precision(dep.hardware, precision)
         if priced is None:
             raise ConfigError(dep.source, "", f"{dep.model.name} needs {precision} compute, which "
                               f"{dep.hardware.name} lacks at that or any wider precision")
@@ -157,54 +271,60 @@ def _log_precision_fallbacks(dep: Deployment) -> None:
 
 
 def _parse_entries(hw_table: Table | None, model: Model, served: str,
-                   base: dict[str, tuple[Any, str]]) -> dict[str, Deployment]:
-    """Every [hardware.<preset>] entry, by lower-case preset name."""
+                   base: dict[str, tuple[Any, str]], shared: _Shared,
+                   cat: Catalog) -> dict[str, Deployment]:
+    """Every [hardware.<name>] entry, by lower-case name."""
     entries: dict[str, Deployment] = {}
     if hw_table is None:
         return entries
-    known = catalog.hardware_names()
     for key in hw_table.data:
         hw = key.lower()
-        if hw not in known:
-            raise ConfigError(hw_table.where, hw_table.key(key), f"unknown hardware preset {key!r}; "
-                              f"known presets: {', '.join(known)}")
         if hw in entries:
             raise ConfigError(hw_table.where, hw_table.key(key), f"a second entry for {hw!r}")
-        entries[hw] = _parse_entry(hw_table.table(key, keys=_ENTRY_KEYS), hw, model, served, base)
+        entries[hw] = _parse_entry(hw_table.table(key), hw, model, served, base, shared, cat)
     hw_table.done()
     return entries
 
 
-def load_deployment(path: str | Path, hardware: str,
-                    max_waiting: int | None = None) -> Deployment | None:
+def load_deployment(path: str | Path, hardware: str, max_waiting: int | None = None,
+                    catalog: Catalog | None = None) -> Deployment | None:
     """The deployment of the model in `path` on `hardware`, or None (logged) when the file
     has no [hardware.<hardware>] entry. Every entry is validated either way.
-    `max_waiting`, when not None, replaces the file's value."""
-    hw_wanted = _check_hardware_arg(hardware)
+    `max_waiting`, when not None, replaces the file's value. Presets come from `catalog`
+    (default: the bundled one)."""
+    cat = catalog or bundled.BUNDLED
+    if not isinstance(hardware, str):
+        raise _unknown_hardware(hardware, cat)
+    hw_wanted = hardware.lower()
     _check_max_waiting(max_waiting)
     where = str(path)
     top = Table(read_toml(path), where, keys=_TOP_KEYS)
     served = top.get("name", str, "a non-empty string", Path(path).stem, ok=bool)
-    model = _parse_model(top, served)
-    base_table = top.table("scheduler", None, tuple(_SCHEDULER))
+    model = _parse_model(top, served, cat)
+    base_table = top.table("scheduler", None, tuple(_SCHEDULER) + tuple(_SCHEDULER_PARSED))
     base = _scheduler_keys(base_table) if base_table is not None else {}
-    entries = _parse_entries(top.table("hardware", None), model, served, base)
+    shared = _Shared(top)
+    entries = _parse_entries(top.table("hardware", None), model, served, base, shared, cat)
     top.done()
     dep = entries.get(hw_wanted)
     if dep is None:
+        if hw_wanted not in cat.hardware_names():
+            raise _unknown_hardware(hardware, cat)
         logger.info("%s: no [hardware.%s] entry; model %s skipped", where, hw_wanted, served)
         return None
     if max_waiting is not None:
         dep.scheduler.max_waiting = max_waiting
     _log_precision_fallbacks(dep)
+    for note in dep.unmodelled:
+        logger.warning("%s on %s: %s", dep.name, dep.hardware.name, note)
     return dep
 
 
-def load_config_dir(path: str | Path, hardware: str,
-                    max_waiting: int | None = None) -> list[Deployment]:
+def load_config_dir(path: str | Path, hardware: str, max_waiting: int | None = None,
+                    catalog: Catalog | None = None) -> list[Deployment]:
     """Every `*.toml` directly in the directory `path` (sorted by name), or the single file
     `path`, as deployments on `hardware`. Refuses an empty result and duplicate served names."""
-    hardware = _check_hardware_arg(hardware)
+    cat = catalog or bundled.BUNDLED
     _check_max_waiting(max_waiting)
     root = Path(path)
     if root.is_file():
@@ -217,7 +337,7 @@ def load_config_dir(path: str | Path, hardware: str,
         raise ConfigError(str(root), "", "no such file or directory")
     deployments: dict[str, Deployment] = {}
     for file in files:
-        dep = load_deployment(file, hardware, max_waiting)
+        dep = load_deployment(file, hardware, max_waiting, cat)
         if dep is None:
             continue
         if dep.name in deployments:
@@ -225,11 +345,15 @@ def load_config_dir(path: str | Path, hardware: str,
                               f"by {deployments[dep.name].source}")
         deployments[dep.name] = dep
     if not deployments:
-        raise ConfigError(str(root), "", f"no model has a [hardware.{hardware}] entry")
+        raise ConfigError(str(root), "", f"no model has a [hardware.{hardware.lower()}] entry")
     return list(deployments.values())
 
 
-def default_deployments(hardware: str = "b200", max_waiting: int | None = None) -> list[Deployment]:
-    """The embedded default: gpt-oss-20b, from package data `engine/catalog/default.toml`."""
+def default_deployments(hardware: str = "b200", max_waiting: int | None = None,
+                        catalog: Catalog | None = None) -> list[Deployment]:
+    """The embedded default: gpt-oss-20b, from package data `engine/sim/presets/default.toml`."""
+    cat = catalog or bundled.BUNDLED
+    if not isinstance(hardware, str) or hardware.lower() not in cat.hardware_names():
+        raise _unknown_hardware(hardware, cat)
     with resources.as_file(resources.files("inference_lab.engine.sim") / "presets" / "default.toml") as path:
-        return load_config_dir(path, hardware, max_waiting)
+        return load_config_dir(path, hardware, max_waiting, cat)

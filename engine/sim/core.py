@@ -12,8 +12,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from inference_lab.engine.sim.cost import CostModel, attention_sums
-from inference_lab.engine.sim.kv import blocks_for, total_blocks
+from inference_lab.engine.sim.cost import CostModel, attention_load
+from inference_lab.engine.sim.kv import fixed_blocks, total_blocks
 from inference_lab.engine.sim.request import Request, Status
 from inference_lab.engine.sim.scheduler import Scheduler
 from inference_lab.engine.sim.specs import MAX_COUNT, Deployment
@@ -46,18 +46,13 @@ class StepResult:
 
     start: float
     end: float
-    num_tokens: int
-    num_decodes: int
-    bound: str
+    num_tokens: int  # positions computed (0: nothing could run)
     sampled: int  # tokens generated in this step
     prefill_tokens: int  # prompt positions computed in this step
     admitted: list[Request] = field(default_factory=list)  # first scheduled now
     first_token: list[Request] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0
 
 
 class EngineCore:
@@ -70,7 +65,8 @@ class EngineCore:
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len or deployment.model.max_seq_len
         self.max_waiting = config.max_waiting
-        self.scheduler = Scheduler(config, self.total_blocks, self.cost.windows)
+        self.scheduler = Scheduler(config, self.total_blocks, self.cost.windows,
+                                   fixed_blocks(deployment))
         self.clock = 0.0  # simulated time at which the engine is next free
         self._ids = itertools.count(1)
 
@@ -136,9 +132,10 @@ class EngineCore:
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
                 f"max_model_len {self.max_model_len} of {self.name}"
             )
-        if blocks_for(total, self.block_size) > self.total_blocks:
+        need = self.scheduler.blocks_for(total)
+        if need > self.total_blocks:
             raise SubmitError(
-                f"{total} tokens need {blocks_for(total, self.block_size)} KV blocks; "
+                f"{total} tokens need {need} KV blocks; "
                 f"{self.name} has {self.total_blocks} in all"
             )
         config = self.deployment.scheduler
@@ -208,16 +205,19 @@ class EngineCore:
             if head is not None and head.arrival > start:
                 start = head.arrival  # idle until then: nothing had arrived at `start`
         decision = scheduler.schedule(start)
-        full, wins = scheduler.group.attention() if decision.num_decodes else (0, None)
-        pairs = [(n, req.num_computed) for req, n in decision.chunks]
-        full_np, full_p, win_np, win_p = attention_sums(self.cost.windows, pairs, full, wins)
-        prefill_tokens = sum(n for n, _ in pairs)
-        num_tokens = decision.num_decodes + prefill_tokens
-        if num_tokens:
-            cost = self.cost.step_cost_raw(num_tokens, full_np, full_p, win_np, win_p)
-            seconds, bound = cost
+        decodes = decision.num_decodes
+        if decodes:
+            full, wins = scheduler.group.attention()
+            decode = (full, *wins)
         else:
-            seconds, bound = 0.0, "idle"
+            decode = ()
+        pairs = [(n, req.num_computed) for req, n in decision.chunks]
+        prefill_tokens = sum(n for n, _ in pairs)
+        num_tokens = decodes + prefill_tokens
+        seconds = 0.0
+        if num_tokens:
+            load = attention_load(self.cost.caps, pairs, decode, decodes=decodes)
+            seconds = self.cost.step_cost(num_tokens, load).seconds
         end = start + seconds
         for req in decision.admitted:
             if req.first_scheduled < 0:
@@ -231,8 +231,5 @@ class EngineCore:
             req.finish_time = end
             req.done_mark = mark
         self.clock = end
-        return StepResult(
-            start, end, num_tokens, decision.num_decodes, bound, sampled, prefill_tokens,
-            decision.admitted, first, done, decision.preempted,
-            scheduler.num_running, scheduler.num_waiting, scheduler.kv_usage(),
-        )
+        return StepResult(start, end, num_tokens, sampled, prefill_tokens,
+                          decision.admitted, first, done, decision.preempted)

@@ -3,11 +3,11 @@
 Knows the deployment's hardware, model and tensor-parallel degree. Does not know about
 requests or scheduling: callers describe a batch by its token count and its attention
 load, already summed over requests (so a batch of 256 decodes costs the same Python work
-as a batch of 1).
+as a batch of 1). What each layer kind costs per position is engine.sim.layers'.
 
 Per precision stream p:  t_p = max(FLOPs_p / (rate_p * tp), bytes_p / (bw * tp)).
-Streams are summed; tensor parallelism adds two all-reduces per layer; the deployment's
-time_correction maps t to alpha * t + beta.
+Streams are summed; tensor parallelism adds two collectives per layer; the deployment's
+time_correction maps t to alpha * t + beta. docs/timing.md has the formulas.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from inference_lab.engine.sim import layers
 from inference_lab.engine.sim.specs import BYTES_PER_VALUE, PRECISION_ORDER, Deployment, Hardware
 
 log = logging.getLogger(__name__)
@@ -26,24 +27,25 @@ class StepCost:
 
     seconds: float
     bound: str  # "compute" or "memory"
-    flops: float
-    bytes: float
 
 
 @dataclass(frozen=True, slots=True)
 class AttentionLoad:
-    """Attention work of a batch, summed over its requests.
+    """Attention work of a batch, summed over its requests, per reach `cap` of the
+    model (CostModel.caps order; cap 0 = the whole context).
 
-    For request i with n_i new positions and mean causal context m_i = c_i + ceil(n_i/2):
-      full_np  = sum n_i * m_i        full_p  = sum m_i
-      win_np[j] = sum n_i * min(m_i, W_j)   win_p[j] = sum min(m_i, W_j)
-    for each distinct sliding window W_j of the model (CostModel.windows order).
+    For a request with n new positions and c computed ones, m = c + ceil(n/2) and
+    a = min(m, cap) (a = m for cap 0):
+      decodes (n = `decode_width` each):  decode_p[j]  = sum a
+      prefill chunks:                     prefill_np[j] = sum n * a,  prefill_p[j] = sum a
+    `sequences` counts the requests of the step (recurrent states are read per sequence).
     """
 
-    full_np: float = 0.0
-    full_p: float = 0.0
-    win_np: tuple[float, ...] = ()
-    win_p: tuple[float, ...] = ()
+    decode_p: tuple[float, ...] = ()
+    prefill_np: tuple[float, ...] = ()
+    prefill_p: tuple[float, ...] = ()
+    decode_width: int = 1
+    sequences: int = 0
 
 
 def rate_for(hardware: Hardware, precision: str) -> tuple[float, str]:
@@ -62,8 +64,27 @@ def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> floa
     return num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** (tokens * top_k))
 
 
+def all_reduce_seconds(hw: Hardware, group: int, nbytes: float) -> float:
+    """One all-reduce of `nbytes` over `group` GPUs. In a node: latency + f * V / bw with
+    f = 1 when the switch reduces, else 2 (g - 1) / g (ring). Across nodes: reduce inside
+    each node, all-reduce the node's V / gpus_per_node shard over the NICs (ring over the
+    nodes), gather inside the node again."""
+    if group <= 1:
+        return 0.0
+    per_node = hw.gpus_per_node or group
+    g = min(group, per_node)
+    f = 1.0 if hw.in_network_reduction else 2.0 * (g - 1) / g
+    inside = hw.link_latency + f * nbytes / hw.link_bandwidth
+    if group <= per_node:
+        return inside
+    nodes = -(-group // per_node)
+    shard = nbytes / per_node
+    across = hw.scale_out_latency + 2.0 * (nodes - 1) / nodes * shard / hw.scale_out_bandwidth
+    return inside + across
+
+
 class CostModel:
-    """Step time of one deployment. Build once; `step_seconds` is the hot call."""
+    """Step time of one deployment. Build once; `step_cost` is the hot call."""
 
     def __init__(self, deployment: Deployment) -> None:
         hw, model, tp = deployment.hardware, deployment.model, deployment.tp
@@ -87,8 +108,12 @@ class CostModel:
         # precision before the max): precision -> [rate, 2*active, dense bytes, MoE parts]
         # where each MoE part is (E, k, bytes per expert).
         groups: dict[str, list] = {}
+
+        def group_of(precision: str) -> list:
+            return groups.setdefault(precision, [rate(precision), 0.0, 0.0, []])
+
         for stream in model.weight_streams:
-            group = groups.setdefault(stream.precision, [rate(stream.precision), 0.0, 0.0, []])
+            group = group_of(stream.precision)
             bpv = BYTES_PER_VALUE[stream.precision]
             group[1] += 2.0 * stream.active_params
             if stream.num_experts:
@@ -98,32 +123,41 @@ class CostModel:
                 group[3].append((e, k, w * bpv))
             else:
                 group[2] += stream.active_params * bpv
-        if model.attention_precision not in groups:  # attention at a precision no weight uses
-            groups[model.attention_precision] = [rate(model.attention_precision), 0.0, 0.0, []]
+        group_of(model.attention_precision)
+
+        # Attention paths by reach: cap -> per stream [decode, prefill, prefill/attended]
+        # FLOP coefficients, and the bytes read per attended position (charged to the
+        # attention stream, where the KV reads happen).
+        all_terms = layers.terms(model, tp)
+        for term in all_terms:
+            group_of(term.precision)
+        names = list(groups)
+        self.caps: tuple[int, ...] = (0, *sorted({t.cap for t in all_terms if t.cap}))
+        self.windows = self.caps[1:]  # the decode group's per-window sums
+        flop = [[[0.0, 0.0, 0.0] for _ in names] for _ in self.caps]
+        read = [0.0] * len(self.caps)
+        for term in all_terms:
+            j = self.caps.index(term.cap)
+            coef = flop[j][names.index(term.precision)]
+            coef[0] += term.scale * term.decode_flops
+            coef[1] += term.scale * term.prefill_flops
+            coef[2] += term.scale * term.prefill_flops_per_attended
+            read[j] += term.scale * term.read_bytes
+        self._flop_coefs = tuple(tuple(tuple(c) for c in row) for row in flop)
+        self._read_coefs = tuple(read)
+        self._state_bytes = layers.state_bytes_per_step(model)
         self._streams = [(g[0], g[1], g[2], tuple(g[3])) for g in groups.values()]
-        self._attention_index = list(groups).index(model.attention_precision)
+        self._attention_index = names.index(model.attention_precision)
 
-        kv_bytes = BYTES_PER_VALUE[model.kv_precision]
-        self.full_flop_coef = 0.0  # FLOPs per (new position x attended position)
-        self.full_byte_coef = 0.0  # KV bytes read per attended position
-        windows: dict[int, list[float]] = {}
-        for layer in model.layer_classes:
-            flop = layer.count * 4.0 * layer.heads * layer.head_dim
-            byte = layer.count * 2.0 * layer.kv_heads * layer.head_dim * kv_bytes
-            if layer.window:
-                coef = windows.setdefault(layer.window, [0.0, 0.0])
-                coef[0] += flop
-                coef[1] += byte
-            else:
-                self.full_flop_coef += flop
-                self.full_byte_coef += byte
-        self.windows: tuple[int, ...] = tuple(sorted(windows))
-        self._win_coefs = tuple((windows[w][0], windows[w][1]) for w in self.windows)
-
-        # Tensor-parallel collectives: two all-reduces per layer, in-switch reduction.
-        self._ar_count = 2 * model.num_layers if tp > 1 else 0
-        self._ar_latency = hw.link_latency
-        self._ar_bytes_per_token = model.hidden_size * 2.0 / hw.link_bandwidth
+        # Collectives: one all-reduce after each token-mixing layer and one after each FFN
+        # (dense or routed; a model may have FFN-only layers, so max(layers, moe_layers)),
+        # each of T * hidden * activation_bytes over the TP group. Experts sharded over
+        # `ep` ranks are combined by the same FFN all-reduce (attention is tensor-parallel).
+        ffn = max(model.num_layers, model.moe_layers)
+        self._collectives = model.num_layers + ffn if tp > 1 else 0
+        self._ar_latency = all_reduce_seconds(hw, tp, 0.0)
+        self._ar_per_token = (all_reduce_seconds(hw, tp, float(model.hidden_size * model.activation_bytes))
+                              - self._ar_latency) if tp > 1 else 0.0
         self._distinct_cache: dict[tuple[int, int], float] = {}
 
     def _moe_bytes(self, parts: tuple[tuple[int, int, float], ...], tokens: int) -> float:
@@ -138,33 +172,30 @@ class CostModel:
                 cache[key] = value
         return value
 
-    def step_cost(self, tokens: int, attn: AttentionLoad) -> StepCost:
+    def step_cost(self, tokens: int, load: AttentionLoad) -> StepCost:
         """The cost of one iteration computing `tokens` new positions."""
-        return self._combine(tokens, attn.full_np, attn.full_p, attn.win_np, attn.win_p)
-
-    def step_cost_raw(self, tokens: int, full_np: float, full_p: float,
-                      win_np, win_p) -> tuple[float, str]:
-        """(seconds, bound) of an iteration given the AttentionLoad sums (hot path)."""
-        cost = self._combine(tokens, full_np, full_p, win_np, win_p)
-        return cost.seconds, cost.bound
-
-    def _combine(self, tokens: int, full_np: float, full_p: float, win_np, win_p) -> StepCost:
-        attn_flops = self.full_flop_coef * full_np
-        attn_bytes = self.full_byte_coef * full_p
-        for (flop, byte), np_, p in zip(self._win_coefs, win_np, win_p):
-            attn_flops += flop * np_
-            attn_bytes += byte * p
+        nstreams = len(self._streams)
+        attn_flops = [0.0] * nstreams
+        attn_bytes = self._state_bytes * load.sequences
+        width = load.decode_width
+        dec, pnp, pp = load.decode_p, load.prefill_np, load.prefill_p
+        for j, row in enumerate(self._flop_coefs):
+            d = dec[j] if dec else 0.0
+            n = pnp[j] if pnp else 0.0
+            p = pp[j] if pp else 0.0
+            if not (d or p):
+                continue
+            for i, (cd, cp, cu) in enumerate(row):
+                attn_flops[i] += cd * width * d + cp * n + cu * p
+            attn_bytes += self._read_coefs[j] * (d + p)
         seconds = 0.0
         worst = 0.0
         bound = "memory"
-        total_flops = 0.0
-        total_bytes = 0.0
         bandwidth = self.bandwidth
         for i, (rate, flops_per_token, dense_bytes, moe) in enumerate(self._streams):
-            flops = flops_per_token * tokens
+            flops = flops_per_token * tokens + attn_flops[i]
             nbytes = dense_bytes + self._moe_bytes(moe, tokens) if moe else dense_bytes
             if i == self._attention_index:
-                flops += attn_flops
                 nbytes += attn_bytes
             t_compute = flops / rate
             t_memory = nbytes / bandwidth
@@ -173,33 +204,33 @@ class CostModel:
                 worst = t
                 bound = "compute" if t_compute > t_memory else "memory"
             seconds += t
-            total_flops += flops
-            total_bytes += nbytes
-        if self._ar_count:
-            seconds += self._ar_count * (self._ar_latency + tokens * self._ar_bytes_per_token)
-        return StepCost(self.alpha * seconds + self.beta, bound, total_flops, total_bytes)
+        if self._collectives:
+            seconds += self._collectives * (self._ar_latency + tokens * self._ar_per_token)
+        return StepCost(self.alpha * seconds + self.beta, bound)
 
 
-def attention_sums(windows: tuple[int, ...], pairs, full: float = 0.0,
-                   wins: tuple[float, ...] | None = None):
-    """Add the reference formula's sums for explicit (new positions n, computed
-    positions c) pairs to a starting load (full, wins) where n = 1 for all, as the
-    decode group returns it. Returns (full_np, full_p, win_np, win_p)."""
-    full_np = full_p = full
-    win_np = list(wins) if wins is not None else [0.0] * len(windows)
-    win_p = list(win_np)
-    for n, c in pairs:
+def _reach(m: float, cap: int) -> float:
+    return m if not cap or m < cap else cap
+
+
+def attention_load(caps: tuple[int, ...], chunks, decode: tuple[float, ...] = (),
+                   decode_width: int = 1, decodes: int = 0) -> AttentionLoad:
+    """The AttentionLoad of prefill `chunks`, (new positions n, computed positions c)
+    pairs, plus the decode sums per cap as the decode group returns them."""
+    pnp = [0.0] * len(caps)
+    pp = [0.0] * len(caps)
+    count = 0
+    for n, c in chunks:
+        count += 1
         m = c + (n + 1) // 2  # c + ceil(n / 2)
-        full_np += n * m
-        full_p += m
-        for j, w in enumerate(windows):
-            a = m if m < w else w
-            win_np[j] += n * a
-            win_p[j] += a
-    return full_np, full_p, win_np, win_p
+        for j, cap in enumerate(caps):
+            a = _reach(m, cap)
+            pnp[j] += n * a
+            pp[j] += a
+    return AttentionLoad(tuple(decode), tuple(pnp), tuple(pp), decode_width, decodes + count)
 
 
-def attention_load_of(windows: tuple[int, ...], requests: list[tuple[int, int]]) -> AttentionLoad:
-    """AttentionLoad of explicit (new positions n, computed positions c) pairs."""
-    full_np, full_p, win_np, win_p = attention_sums(windows, requests)
-    return AttentionLoad(full_np, full_p, tuple(win_np), tuple(win_p))
+def decode_sums(caps: tuple[int, ...], contexts) -> tuple[float, ...]:
+    """Per-cap sums of the attended positions of decodes with `contexts` computed
+    positions each (m = c + 1): what the decode group keeps incrementally."""
+    return tuple(sum(_reach(c + 1, cap) for c in contexts) for cap in caps)

@@ -1,13 +1,16 @@
 """KV cache capacity in blocks, and the block count a request needs.
 
-Knows the deployment's memory arithmetic. Block bytes count only full-context attention
-layers: sliding-window layers hold a fixed, small per-request amount that is not paged.
-The pool itself is a counter (engine.scheduler owns it): no block ids are simulated,
-because nothing here models prefix sharing.
+Knows the deployment's memory arithmetic, per GPU: the pool is what one GPU keeps after
+its share of the weights (HBM x gpu_memory_utilization - weights / tp, or the
+configured kv_cache_capacity / tp), a block is `block_size` positions of the paged
+layers' cache on one GPU (engine.sim.layers: KV heads are never split, MLA latents are
+replicated), and a running sequence also holds `fixed_blocks` for its recurrent states.
+The pool itself is a counter (engine.scheduler owns it): no block ids are simulated.
 """
 
 from __future__ import annotations
 
+from inference_lab.engine.sim import layers
 from inference_lab.engine.sim.specs import BYTES_PER_VALUE, Deployment
 
 
@@ -18,26 +21,31 @@ def weight_bytes(deployment: Deployment) -> float:
 
 
 def bytes_per_token(deployment: Deployment) -> float:
-    """KV bytes one cached position takes in the paged (full-attention) layers."""
-    model = deployment.model
-    kv = BYTES_PER_VALUE[model.kv_precision]
-    full = [layer for layer in model.layer_classes if not layer.window]
-    layers = full or list(model.layer_classes)  # an all-windowed model pages its windows
-    return sum(layer.count * 2 * layer.kv_heads * layer.head_dim * kv for layer in layers)
+    """KV bytes one cached position takes on each GPU in the paged layers."""
+    return layers.paged_bytes_per_token(deployment.model, deployment.tp)
 
 
 def kv_capacity_bytes(deployment: Deployment) -> float:
+    """Bytes of KV pool per GPU."""
     sched = deployment.scheduler
     if sched.kv_cache_capacity is not None:
-        return float(sched.kv_cache_capacity)
+        return float(sched.kv_cache_capacity) / deployment.tp
     hw = deployment.hardware
-    return hw.hbm_bytes * deployment.tp * sched.gpu_memory_utilization - weight_bytes(deployment)
+    return hw.hbm_bytes * sched.gpu_memory_utilization - weight_bytes(deployment) / deployment.tp
 
 
 def total_blocks(deployment: Deployment) -> int:
     """Blocks of `block_size` positions that fit in the KV capacity (>= 0)."""
     block_bytes = bytes_per_token(deployment) * deployment.scheduler.block_size
     return max(int(kv_capacity_bytes(deployment) // block_bytes), 0)
+
+
+def fixed_blocks(deployment: Deployment) -> int:
+    """Blocks a running sequence holds whatever its length (its recurrent states)."""
+    fixed = layers.fixed_bytes_per_sequence(deployment.model, deployment.tp)
+    if not fixed:
+        return 0
+    return int(-(-fixed // (bytes_per_token(deployment) * deployment.scheduler.block_size)))
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

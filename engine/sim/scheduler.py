@@ -88,9 +88,11 @@ class WaitingQueue:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, total_blocks: int, windows: tuple[int, ...]):
+    def __init__(self, config: SchedulerConfig, total_blocks: int, windows: tuple[int, ...],
+                 fixed_blocks: int = 0):
         self.config = config
         self.block_size = config.block_size
+        self.fixed_blocks = fixed_blocks  # held by every running sequence (recurrent state)
         self.total_blocks = total_blocks
         self.free_blocks = total_blocks
         self.waiting = WaitingQueue(config.policy)
@@ -110,6 +112,10 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
+
+    def blocks_for(self, positions: int) -> int:
+        """Blocks a running sequence with `positions` cached positions holds."""
+        return blocks_for(positions, self.block_size) + self.fixed_blocks
 
     def kv_usage(self) -> float:
         return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 0.0
@@ -147,7 +153,7 @@ class Scheduler:
             n = self._chunk(req, budget)
             if n == 0:
                 continue
-            need = blocks_for(req.num_computed + n, self.block_size) - req.blocks
+            need = self.blocks_for(req.num_computed + n) - req.blocks
             while need > self.free_blocks:
                 # Victims come from what is not scheduled yet: req itself or later ones.
                 rest = [r for r in pending[i:] if r.status is Status.RUNNING]
@@ -172,7 +178,7 @@ class Scheduler:
             n = self._chunk(req, budget)
             if n == 0:
                 break
-            need = blocks_for(req.num_computed + n, self.block_size) - req.blocks
+            need = self.blocks_for(req.num_computed + n) - req.blocks
             if need > self.free_blocks:
                 break  # KV full: wait for blocks to free up, never preempt to admit
             self.waiting.pop()
@@ -219,7 +225,7 @@ class Scheduler:
         """Take a running request out of the batch and free its blocks."""
         if req.in_group:
             self.group.remove(req)
-            req.blocks = blocks_for(req.num_computed, self.block_size)
+            req.blocks = self.blocks_for(req.num_computed)
         self.free_blocks += req.blocks
         req.blocks = 0
         self.running.pop(req.id, None)

@@ -17,7 +17,10 @@ PRECISION_ORDER: tuple[str, ...] = ("fp4", "fp8", "bf16", "fp16", "fp32")
 
 @dataclass(frozen=True, slots=True)
 class Hardware:
-    """One GPU: dense tensor-core peaks (no sparsity), HBM and the scale-up fabric."""
+    """One GPU: dense tensor-core peaks (no sparsity), HBM and the collective fabric.
+
+    A group of up to `gpus_per_node` GPUs talks over the scale-up fabric (NVLink /
+    NVSwitch / Infinity Fabric); a wider one also crosses the scale-out NICs."""
 
     name: str
     flops: dict[str, float]  # precision -> FLOP/s per GPU
@@ -25,6 +28,11 @@ class Hardware:
     hbm_bytes: float  # bytes per GPU
     link_bandwidth: float  # scale-up bytes/s per direction per GPU
     link_latency: float = 5e-6  # seconds per collective
+    in_network_reduction: bool = False  # the switch reduces (NVLink SHARP): no ring factor
+    gpus_per_node: int = 0  # 0 = any group fits one scale-up domain
+    scale_out_bandwidth: float = 0.0  # bytes/s per direction per GPU across nodes; 0 = none
+    scale_out_latency: float = 0.0
+    memory_stores: tuple[str, ...] = ()  # KV tiers beyond HBM the node offers (parsed only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,17 +45,52 @@ class WeightStream:
     resident_params: float
     num_experts: int = 0  # 0 = dense
     top_k: int = 0
+    moe_layers: int = 0  # layers with a routed FFN (0 = dense stream)
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """An MLA layer's long-range path: the context at stride `compress_ratio`, all of
+    it or the `index_topk` entries an indexer (its own small keys) selects."""
+
+    compress_ratio: int = 1
+    index_topk: int = 0  # 0 = attend every compressed entry
+    indexer_heads: int = 0  # 0 = no indexer
+    indexer_head_dim: int = 0
+    indexer_kv_precision: str = "bf16"
+    indexer_precision: str = ""  # "" = the model's attention precision
+
+
+LAYER_KINDS = ("attention", "mla", "linear")
 
 
 @dataclass(frozen=True, slots=True)
 class LayerClass:
-    """`count` attention layers of one shape. window = 0 is full causal attention."""
+    """`count` token-mixing layers of one shape (engine.sim.layers prices each kind).
+
+    attention: GQA/MHA, `heads` x `head_dim` queries, `kv_heads` KV heads (K and V one
+      tensor when `kv_shared`); `window` > 0 attends only the last `window` positions.
+    mla: multi-head latent attention, a cache of `latent_dim + rope_dim` values per
+      position shared by all heads; `qk_head_dim`/`v_head_dim` the per-head shapes
+      (0 = unknown: 4 x hidden FLOPs per pair); optional `history` path.
+    linear: recurrent state of `state_bytes` per sequence, no growth with context."""
 
     count: int
-    heads: int
-    head_dim: int
-    kv_heads: int
+    heads: int = 0
+    head_dim: int = 0
+    kv_heads: int = 0
     window: int = 0
+    kind: str = "attention"
+    kv_precision: str = "bf16"
+    kv_shared: bool = False
+    latent_dim: int = 0
+    rope_dim: int = 0
+    qk_head_dim: int = 0
+    v_head_dim: int = 0
+    q_latent_dim: int = 0
+    o_latent_dim: int = 0
+    history: History | None = None
+    state_bytes: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +102,13 @@ class Model:
     weight_streams: tuple[WeightStream, ...]
     layer_classes: tuple[LayerClass, ...]
     attention_precision: str = "bf16"
-    kv_precision: str = "bf16"
+    kv_precision: str = "bf16"  # of the first cache-holding layer (for display)
+    activation_bytes: int = 2  # bytes per activation element on the wire
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose FFN is routed (the rest have a dense FFN)."""
+        return max((s.moe_layers for s in self.weight_streams), default=0)
 
 
 # The largest request count a capacity knob may hold: counts are reported as 32-bit
@@ -92,6 +141,39 @@ class TimeCorrection:
     beta: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Drafter:
+    """What producing a draft costs (engine.sim.speculative prices it).
+
+    fraction: `frac` x draft length x the verify step; autoregressive: one pass per draft
+    token over `dense_params` plus a small MoE (`expert_params` per expert, `num_experts`
+    routed, `experts_per_tok`, `shared_experts`); block_parallel: one pass over `params`
+    for a fixed block of `block` positions."""
+
+    kind: str = "fraction"  # fraction | autoregressive | block_parallel
+    frac: float = 0.0
+    dense_params: float = 0.0
+    expert_params: float = 0.0
+    num_experts: int = 0
+    experts_per_tok: int = 0
+    shared_experts: int = 0
+    params: float = 0.0
+    block: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Speculative:
+    """Speculative decoding: each decode verifies 1 + g positions and advances by
+    1 + accepted. `expected[g]` is E[accepted draft tokens] at draft length g
+    (g = 0..gamma, expected[0] = 0). policy "fixed" drafts `gamma`; "goodput_budget"
+    picks, each step, the g that maximises (1 + expected[g]) / step time."""
+
+    gamma: int
+    expected: tuple[float, ...]
+    policy: str = "fixed"
+    drafter: Drafter = field(default_factory=Drafter)
+
+
 @dataclass(slots=True)
 class Deployment:
     """One served model on one hardware preset: what a scheduler and cost model need."""
@@ -103,3 +185,6 @@ class Deployment:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     time_correction: TimeCorrection = field(default_factory=TimeCorrection)
     source: str = ""  # file it came from, for messages
+    ep: int = 1  # expert-parallel ranks (divides tp); experts priced as balanced
+    speculative: Speculative | None = None
+    unmodelled: tuple[str, ...] = ()  # features parsed but not simulated, by name

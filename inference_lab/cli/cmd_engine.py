@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from inference_lab.cli.auth_flags import add_control_token_argument, control_token
+from inference_lab.cli.catalog_flags import add_catalog_argument, build_catalog
 
 log = logging.getLogger("inference_lab.engine")
 
@@ -32,6 +33,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", default="b200", help="hardware preset to simulate (default b200)")
     p.add_argument("--max-waiting", type=int, metavar="N",
                    help="refuse arrivals once N requests wait, for every model (0 = unbounded)")
+    add_catalog_argument(p)
 
 
 def add_pacing_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,9 +65,10 @@ def load_deployments(args: argparse.Namespace):
 
     if args.max_waiting is not None and args.max_waiting < 0:
         raise UsageError(f"--max-waiting must be at least 0 (0 = unbounded), got {args.max_waiting}")
+    catalog = build_catalog(args)
     if args.config is None:
-        return default_deployments(args.hardware, args.max_waiting)
-    return load_config_dir(args.config, args.hardware, args.max_waiting)
+        return default_deployments(args.hardware, args.max_waiting, catalog)
+    return load_config_dir(args.config, args.hardware, args.max_waiting, catalog)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -71,6 +71,8 @@ class EngineProcess:
             self.argv += ["--config", str(args.config)]
         if args.max_waiting is not None:
             self.argv += ["--max-waiting", str(args.max_waiting)]
+        for directory in args.catalog:
+            self.argv += ["--catalog", str(directory)]
         # The engine requires the gateway's control token too; through the environment,
         # never argv (which any local user can list).
         token = control_token(args)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from inference_lab.cli import UsageError
+from inference_lab.cli.catalog_flags import add_catalog_argument, build_catalog
 
 HELP = """\
 Run a workload through the simulated engine offline: no server, no wall clock. The
@@ -27,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, type=Path,
                    help="deployment config file, or a directory of them (then --model picks one)")
-    p.add_argument("--hardware", default="b200", help="hardware preset (default b200)")
+    p.add_argument("--hardware", default="b200",
+                   help="hardware entry of the config: a preset name (default b200)")
     p.add_argument("--workload", required=True, type=Path,
                    help="workload TOML ([workload] table: arrival_pattern, num_requests, ...)")
     p.add_argument("--model", help="served model name when --config holds several")
@@ -36,13 +38,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-seqs", type=int, help="override the scheduler's max_num_seqs")
     p.add_argument("--max-waiting", type=int, help="override max_waiting (0 = unbounded)")
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    add_catalog_argument(p)
     p.set_defaults(func=run)
 
 
 def pick_deployment(args: argparse.Namespace):
     from inference_lab.engine.sim.config import load_config_dir
 
-    deployments = load_config_dir(args.config, args.hardware, args.max_waiting)
+    deployments = load_config_dir(args.config, args.hardware, args.max_waiting, build_catalog(args))
     if args.model:
         chosen = [d for d in deployments if d.name == args.model]
         if not chosen:

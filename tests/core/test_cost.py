@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from inference_lab.engine.sim.cost import AttentionLoad, attention_load_of, expected_distinct_experts
+from inference_lab.engine.sim.cost import AttentionLoad, attention_load, decode_sums, expected_distinct_experts
 from inference_lab.engine.sim.cost import CostModel
 from inference_lab.engine.sim.specs import TimeCorrection
 from factories import deployment
@@ -13,6 +13,11 @@ from factories import deployment
 FP4_ACTIVE, FP4_RESIDENT = 2_388_787_200, 19_110_297_600
 BF16_ACTIVE = 1_218_355_200
 KV_BYTES_PER_POSITION_PER_CLASS = 12 * 2 * 8 * 64 * 2  # 12 layers, K+V, 8 heads, dim 64, bf16
+
+
+def decodes(model: CostModel, contexts: list[int]) -> AttentionLoad:
+    """The load of one decode per entry, each with that many computed positions."""
+    return attention_load(model.caps, [], decode_sums(model.caps, contexts), decodes=len(contexts))
 
 
 def test_expected_distinct_experts_follows_the_coupon_collector_formula():
@@ -34,7 +39,7 @@ def test_a_decode_step_of_gpt_oss_20b_at_batch_24_on_b200_takes_about_1_46_ms():
     fp4_bytes = 32 * (1 - (31 / 32) ** 96) * w * 0.5
     bf16_bytes = BF16_ACTIVE * 2 + 2 * KV_BYTES_PER_POSITION_PER_CLASS * 24 * 101
     expected = fp4_bytes / 8e12 + bf16_bytes / 8e12
-    cost = model.step_cost(24, attention_load_of(model.windows, [(1, 100)] * 24))
+    cost = model.step_cost(24, decodes(model, [100] * 24))
     assert cost.seconds == pytest.approx(expected, rel=1e-9)
     assert cost.seconds == pytest.approx(1.457e-3, abs=0.005e-3)
     assert cost.bound == "memory"
@@ -42,21 +47,21 @@ def test_a_decode_step_of_gpt_oss_20b_at_batch_24_on_b200_takes_about_1_46_ms():
 
 def test_sliding_window_layers_attend_at_most_the_window():
     model = CostModel(deployment())
-    assert model.windows == (128,)
-    short = attention_load_of(model.windows, [(1, 1000)])
+    assert model.caps == (0, 128)
+    short = decodes(model, [1000])
     # m = 1001: full layers read 1001 positions, windowed layers 128.
-    assert short.full_p == 1001 and short.win_p == (128,)
+    assert short.decode_p == (1001, 128)
 
 
 def test_a_prefill_chunk_attends_its_mean_causal_context():
-    load = attention_load_of((128,), [(16, 0)])
+    load = attention_load((0, 128), [(16, 0)])
     # m = 0 + ceil(16/2) = 8; FLOP positions n*m = 128.
-    assert load.full_p == 8 and load.full_np == 128 and load.win_np == (128,)
+    assert load.prefill_p == (8, 8) and load.prefill_np == (128, 128) and load.sequences == 1
 
 
 def test_a_large_prefill_is_compute_bound():
     model = CostModel(deployment())
-    cost = model.step_cost(8192, attention_load_of(model.windows, [(8192, 0)]))
+    cost = model.step_cost(8192, attention_load(model.caps, [(8192, 0)]))
     assert cost.bound == "compute"
 
 
@@ -75,7 +80,7 @@ def test_tensor_parallel_adds_two_all_reduces_per_layer():
 def test_time_correction_applies_alpha_and_beta():
     plain = CostModel(deployment())
     corrected = CostModel(deployment(time_correction=TimeCorrection(alpha=2.0, beta=1e-3)))
-    load = attention_load_of(plain.windows, [(1, 50)] * 4)
+    load = decodes(plain, [50] * 4)
     assert corrected.step_cost(4, load).seconds == pytest.approx(
         2.0 * plain.step_cost(4, load).seconds + 1e-3)
 
