@@ -1,11 +1,14 @@
-"""The gateway: OpenAI-compatible HTTP (aiohttp) in front of the engine's gRPC API.
+"""The gateway: OpenAI- and Anthropic-compatible HTTP (aiohttp) in front of the engine's gRPC API.
 
 HTTP <-> gRPC translation only. It holds no scheduling state: the engine is the single
 source of truth for queue depth and capacity. Modules:
 
-- `errors`: the one table from error kind to HTTP status, OpenAI type/code, gRPC code.
+- `errors`: the one table from error kind to HTTP status, OpenAI type/code, Anthropic type,
+  gRPC code.
 - `engine_client`: one grpc.aio channel and ONE multiplexed Session stream for all requests.
-- `openai_api`: request schemas (msgspec), token counting, pre-encoded SSE templates.
+- `protocols`: one module per API dialect (OpenAI chat/completions, OpenAI Responses,
+  Anthropic Messages: request schemas, token counting, pre-encoded SSE templates) and the
+  one engine path they share (`protocols.generate`).
 - `app`: the aiohttp application factory, routes, metrics and lifecycles.
 - `server`: `run_gateway`, running the app until cancelled.
 - `testing`: `FakeEngine`, an in-process engine stand-in for tests (not imported here).

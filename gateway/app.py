@@ -1,15 +1,16 @@
 """The gateway's aiohttp application: routes, the error/metrics edge, lifecycles.
 
-Knows: the HTTP surface (OpenAI-compatible /v1/*, /health, /metrics, /control/capacity),
-that response headers go out only after the engine admitted a request (a refusal is a bare
-JSON error, never an event stream), how engine events become SSE writes (all tokens pending
-for a request go out in one write), that a client who leaves has its engine request
-cancelled (aiohttp handler cancellation, plus a watchdog on closed transports for runners
-that do not enable it), and the gateway's own Prometheus registry.
+Knows: the HTTP surface (the generation routes of `gateway.protocols.ROUTES`: OpenAI chat
+completions, completions and Responses, Anthropic Messages; /v1/models, /health, /metrics,
+/control/capacity), the edge every request passes (the API key as a Bearer token or
+`x-api-key`, errors in the envelope of the route's dialect, metrics by route and status),
+that a client who leaves has its engine request cancelled (aiohttp handler cancellation,
+plus a watchdog on closed transports for runners that do not enable it), and the
+gateway's own Prometheus registry.
 
-Does not know: gRPC details (gateway.engine_client), request schemas and response bytes
-(gateway.openai_api), the error table (gateway.errors), or scheduling: the engine is the
-single source of truth for depth and capacity.
+Does not know: gRPC details (gateway.engine_client), request schemas, response bytes and
+the engine path they share (gateway.protocols), the error table (gateway.errors), or
+scheduling: the engine is the single source of truth for depth and capacity.
 """
 
 from __future__ import annotations
@@ -27,33 +28,27 @@ from prometheus_client import generate_latest
 
 from inference_lab.common.auth import bearer_ok
 from inference_lab.gateway.engine_client import ClientGone, EngineClient, RequestStream
+from inference_lab.gateway.errors import envelope as openai_envelope
 from inference_lab.gateway.errors import (
     ErrorKind,
     GatewayError,
     engine_unavailable,
     error_response,
     from_http_exception,
-    from_rejected,
-    sse_error_frame,
 )
 from inference_lab.gateway.faults import HEADER as FAULT_HEADER
 from inference_lab.gateway.faults import DirectiveError, FaultSpec, directive_for
 from inference_lab.gateway.faults import stream as fault_stream
-from inference_lab.gateway.openai_api import Completion, OutputLength, chat_tokens, decode_request
-from inference_lab.gateway.openai_api import invalid, json_encode, modelled_timings, prompt_tokens
+from inference_lab.gateway.protocols import ROUTES, Dialect
+from inference_lab.gateway.protocols.base import Generation, OutputLength, invalid, json_encode
+from inference_lab.gateway.protocols.generate import generate
+from inference_lab.gateway.protocols.openai import Completion
 from inference_lab.v1 import engine_pb2 as pb
 
 log = logging.getLogger("inference_lab.gateway.app")
 
-SSE_HEADERS = {
-    "Content-Type": "text/event-stream",
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",
-}
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _U32 = 2**32 - 1
-_FINISH_ABORTED = pb.FINISH_REASON_ABORTED
-_FINISH_CANCELLED = pb.FINISH_REASON_CANCELLED
 CLIENT_CLOSED_STATUS = 499  # recorded in metrics when the client left before the response
 
 
@@ -135,14 +130,31 @@ def _under(request: web.BaseRequest, prefix: str) -> bool:
     return request.path.startswith(prefix) or _route_label(request).startswith(prefix)
 
 
+def _api_key_ok(request: web.BaseRequest, api_key: str) -> bool:
+    """`Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY` (Anthropic's)."""
+    x_api_key = request.headers.get("x-api-key")
+    if x_api_key is not None and bearer_ok("Bearer " + x_api_key, api_key):
+        return True
+    return bearer_ok(request.headers.get("Authorization"), api_key)
+
+
+def _envelope_for(request: web.BaseRequest):
+    """The error body renderer of the route's API dialect (OpenAI's by default)."""
+    dialect = ROUTES.get(_route_label(request))
+    if dialect is None and request.path.startswith("/v1/messages"):
+        dialect = ROUTES["/v1/messages"]  # e.g. an unknown sub-route: Anthropic's clients
+    return dialect.error_body if dialect is not None else openai_envelope
+
+
 @web.middleware
 async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
     state = request.app[STATE]
     started = time.perf_counter()
     status = 500
+    render = _envelope_for(request)
     try:
         if state.api_key is not None and _under(request, "/v1/"):
-            if not bearer_ok(request.headers.get("Authorization"), state.api_key):
+            if not _api_key_ok(request, state.api_key):
                 raise GatewayError(ErrorKind.UNAUTHORIZED, "Invalid or missing API key.")
         elif state.control_token is not None and _under(request, "/control/"):
             if not bearer_ok(request.headers.get("Authorization"), state.control_token):
@@ -151,12 +163,12 @@ async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
         try:
             resp = await handler(request)
         except GatewayError as err:
-            resp = error_response(err, request)
+            resp = error_response(err, request, render)
         except web.HTTPException as exc:
             if exc.status < 400:  # redirects pass through
                 status = exc.status
                 raise
-            resp = error_response(from_http_exception(exc), request)
+            resp = error_response(from_http_exception(exc), request, render)
         except ClientGone:
             log.debug("%s %s: client went away; engine request cancelled",
                       request.method, request.path)
@@ -166,11 +178,12 @@ async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
             raise
         except Exception:
             log.exception("unhandled error in %s %s", request.method, request.path)
-            resp = error_response(GatewayError(ErrorKind.INTERNAL, "Internal server error."))
+            resp = error_response(GatewayError(ErrorKind.INTERNAL, "Internal server error."),
+                                  request, render)
         status = resp.status
         return resp
     except GatewayError as err:  # refused before the handler (auth)
-        resp = error_response(err, request)
+        resp = error_response(err, request, render)
         status = resp.status
         return resp
     finally:
@@ -209,177 +222,44 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         raise too_large from None
 
 
-# ---- generation ------------------------------------------------------------------------
+# ---- generation ----------------------------------------------------------------------
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, chat=True)
+def _generation_handler(dialect: Dialect):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        state = request.app[STATE]
+        gen = dialect.parse(await _read_body(request, state.max_body_bytes))
+        fault = _fault_for(request, state, gen)
+        pump = None
+        if fault is not None:
+            if fault.after_tokens is None:  # scripted: the engine is not asked
+                await state.client.resolve_model(gen.model)
+                return await fault_stream.serve_scripted(request, gen.reply, fault,
+                                                         gen.prompt_tokens)
+            pump = fault_stream.pump_until_fault(fault)  # fires inside the real stream
+        return await generate(request, gen, state.client, state.output_length, state.inflight,
+                              pump)
+
+    handler.__name__ = dialect.name.replace(".", "_")
+    return handler
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, chat=False)
-
-
-async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
-    state = request.app[STATE]
-    req = decode_request(await _read_body(request, state.max_body_bytes), chat)
-    n_prompt = chat_tokens(req.messages) if chat else prompt_tokens(req.prompt)
+def _fault_for(request: web.Request, state: GatewayState, gen: Generation) -> FaultSpec | None:
+    """The fault directive (header or the model's static mode) a request gets; faults speak
+    OpenAI chat and completions streams, one choice."""
+    header = request.headers.get(FAULT_HEADER)
+    if not isinstance(gen.reply, Completion) or gen.n != 1:
+        if header is not None:
+            raise GatewayError(ErrorKind.INVALID_FAULT_DIRECTIVE,
+                               f"Invalid fault directive: {FAULT_HEADER} applies to "
+                               "/v1/chat/completions and /v1/completions with n = 1 only")
+        return None
     try:
-        fault = directive_for(request.headers.get(FAULT_HEADER), req.stream, req.model,
-                              state.enable_directives, state.static_faults)
+        return directive_for(header, gen.stream, gen.model, state.enable_directives,
+                             state.static_faults)
     except DirectiveError as exc:
         raise GatewayError(ErrorKind.INVALID_FAULT_DIRECTIVE,
                            f"Invalid fault directive: {exc}") from None
-    client = state.client
-    info = await client.resolve_model(req.model)
-    completion = Completion(chat, req.model, req.include_usage)
-    if fault is not None and fault.after_tokens is None:  # scripted: the engine is not asked
-        return await _scripted_fault(request, completion, fault, n_prompt)
-    requested = req.max_completion_tokens or req.max_tokens
-    n_out = state.output_length.choose(requested, n_prompt, info.max_model_len)
-    stream = await client.open(req.model, n_prompt, n_out, priority=req.priority,
-                               request_id=completion.id)
-    state.inflight[stream] = request
-    try:
-        events = await stream.next_events()  # Admitted or Rejected comes first
-        first = events[0]
-        if first.HasField("rejected"):
-            r = first.rejected
-            err = from_rejected(r.code, r.reason, r.message, r.metadata)
-            if err.kind is ErrorKind.MODEL_NOT_FOUND:
-                await _refresh_models(client)
-            raise err
-        if req.stream:
-            return await _stream(request, stream, completion, events, n_prompt, fault)
-        return await _collect(stream, completion, events, n_prompt)
-    finally:
-        del state.inflight[stream]
-        if not stream.done:
-            client.cancel(stream)
-
-
-async def _scripted_fault(request: web.Request, completion: Completion, fault: FaultSpec,
-                          n_prompt: int) -> web.StreamResponse:
-    resp = web.StreamResponse(headers=SSE_HEADERS)
-    try:
-        await resp.prepare(request)
-        await fault_stream.scripted(request, resp, fault_stream.Frames(completion, fault, n_prompt))
-    except ConnectionError:
-        raise ClientGone() from None
-    return resp
-
-
-async def _refresh_models(client: EngineClient) -> None:
-    try:
-        await client.list_models(refresh=True)
-    except GatewayError:
-        pass
-
-
-def _finish_error(finished: pb.Finished) -> GatewayError | None:
-    if finished.reason == _FINISH_ABORTED:
-        return engine_unavailable("the engine aborted the request (shutting down)")
-    if finished.reason == _FINISH_CANCELLED:
-        return engine_unavailable("the engine cancelled the request")
-    return None
-
-
-async def _collect(stream: RequestStream, completion: Completion, events: list[pb.Progress],
-                   n_prompt: int) -> web.Response:
-    """Non-streaming: wait for Finished; the text has exactly the engine's token count."""
-    while True:
-        for event in events:
-            if event.HasField("finished"):
-                fin = event.finished
-                err = _finish_error(fin)
-                if err is not None:
-                    raise err
-                body = completion.body(fin.prompt_tokens or n_prompt,
-                                       fin.completion_tokens or stream.total,
-                                       modelled=modelled_timings(fin))
-                return web.Response(body=body, content_type="application/json")
-        events = await stream.next_events()
-
-
-async def _stream(request: web.Request, stream: RequestStream, completion: Completion,
-                  events: list[pb.Progress], n_prompt: int,
-                  fault: FaultSpec | None = None) -> web.StreamResponse:
-    """Streaming: headers now (the engine admitted), then one write per batch of events.
-    A fault with `after_tokens` fires inside this real stream (the caller's `finally`
-    then cancels the engine request, as a client's disconnect would)."""
-    completion.start_stream()
-    frames = None
-    if fault is not None:
-        frames = fault_stream.Frames(completion, fault, n_prompt)
-        frames.prepare_stream()
-    resp = web.StreamResponse(headers=SSE_HEADERS)
-    try:
-        await resp.prepare(request)
-        head = completion.head  # goes out with the first token(s): the first frame is TTFT
-        try:
-            if frames is not None:
-                await _pump_until_fault(request, stream, completion, resp, events, frames, head)
-                return resp
-            await _pump(stream, completion, resp, events, n_prompt, head)
-        except GatewayError as err:  # the engine went away mid-stream: error frame, [DONE]
-            await resp.write(sse_error_frame(err, request))
-    except ConnectionError:  # the client went away: the caller's finally cancels
-        raise ClientGone() from None
-    return resp
-
-
-async def _pump(stream: RequestStream, completion: Completion, resp: web.StreamResponse,
-                events: list[pb.Progress], n_prompt: int, head: bytes) -> None:
-    """Turns wake-ups into writes: k new tokens are `token * k`, one write."""
-    token = completion.token
-    streamed = 0
-    while True:
-        finished = None
-        for event in events:
-            if event.HasField("finished"):
-                finished = event.finished
-        new = stream.total - streamed
-        out = token * new if new > 0 else b""
-        streamed += max(new, 0)
-        if finished is not None:
-            err = _finish_error(finished)
-            if err is not None:
-                if out:
-                    await resp.write(head + out)
-                raise err
-            missing = finished.completion_tokens - streamed
-            if missing > 0:  # never short of the engine's count
-                out += token * missing
-                streamed += missing
-            await resp.write(head + out + completion.tail(finished.prompt_tokens or n_prompt,
-                                                          streamed, modelled=modelled_timings(finished)))
-            return
-        if out:
-            await resp.write(head + out)
-            head = b""
-        events = await stream.next_events()
-
-
-async def _pump_until_fault(request: web.Request, stream: RequestStream, completion: Completion,
-                            resp: web.StreamResponse, events: list[pb.Progress],
-                            frames: fault_stream.Frames, head: bytes) -> None:
-    """The real paced stream up to exactly `after_tokens` tokens (or the engine's finish,
-    if it comes first), then the fault's ending instead of the stream's."""
-    token, limit = completion.token, frames.spec.after_tokens
-    streamed = 0
-    while True:
-        finished = next((e.finished for e in events if e.HasField("finished")), None)
-        if finished is not None and (err := _finish_error(finished)) is not None:
-            raise err
-        new = max(min(stream.total, limit) - streamed, 0)
-        if new or (finished is not None and head):
-            await resp.write(head + token * new)
-            head = b""
-            streamed += new
-        if streamed >= limit or finished is not None:
-            await fault_stream.fire(request, resp, frames, streamed)
-            return
-        events = await stream.next_events()
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -519,8 +399,8 @@ def create_app(
     app = web.Application(client_max_size=max_body_bytes, middlewares=[edge_middleware])
     app[STATE] = state
     app.cleanup_ctx.append(_engine_ctx)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
+    for path, dialect in ROUTES.items():
+        app.router.add_post(path, _generation_handler(dialect))
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

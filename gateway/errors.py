@@ -1,9 +1,11 @@
 """The gateway's one error table and the translations at its edges.
 
 Knows: every kind of failure the gateway reports, each mapped ONCE to (HTTP status,
-OpenAI error `type`, `code`, gRPC status code); how an engine refusal (a Session
-`Rejected`, or a unary call's gRPC status) becomes one of them; the OpenAI error envelope
-`{"error": {"message", "type", "code"}}` as an HTTP response or as an SSE frame; and that
+OpenAI error `type`, `code`, Anthropic error `type`, gRPC status code); how an engine
+refusal (a Session `Rejected`, or a unary call's gRPC status) becomes one of them; the
+OpenAI error envelope `{"error": {"message", "type", "code"}}` and the Anthropic one
+`{"type": "error", "error": {"type", "message"}}` as HTTP responses (the API dialect of the
+route picks which: `gateway.protocols`); the OpenAI envelope as an SSE frame; and that
 every error is logged as one line.
 
 Does not know: routes, request schemas, or how the engine is reached.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import grpc
 import msgspec
@@ -46,19 +48,28 @@ class ErrorSpec:
     type: str  # OpenAI error type
     code: str  # OpenAI error code
     grpc_code: grpc.StatusCode | None  # the engine status that means this kind, if any
+    anthropic_type: str = "invalid_request_error"  # the Anthropic Messages API's error type
 
 
 # The one table. 529 vs 503: 529 is "no room in the queue" (clients shed load on it),
-# 503 is a liveness failure (engine unreachable, channel closed, shutting down).
+# 503 is a liveness failure (engine unreachable, channel closed, shutting down). The
+# Anthropic column follows Anthropic's documented error types; the `anthropic` SDK picks
+# its exception class by status (anthropic/_error_classes.py; the lab sends no
+# `error.details.error_code`, its other key): 529 OverloadedError,
+# 503 ServiceUnavailableError, 500 InternalServerError (both are InternalServerError
+# subclasses), 404 NotFoundError, 413 ContentTooLargeError, 401 AuthenticationError,
+# 400 BadRequestError; 405 and 415 are plain APIStatusError.
 ERRORS: dict[ErrorKind, ErrorSpec] = {
     ErrorKind.QUEUE_SATURATED: ErrorSpec(
-        529, "overloaded_error", "queue_saturated", grpc.StatusCode.RESOURCE_EXHAUSTED
+        529, "overloaded_error", "queue_saturated", grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "overloaded_error",
     ),
     ErrorKind.ENGINE_UNAVAILABLE: ErrorSpec(
-        503, "server_error", "engine_unavailable", grpc.StatusCode.UNAVAILABLE
+        503, "server_error", "engine_unavailable", grpc.StatusCode.UNAVAILABLE, "api_error"
     ),
     ErrorKind.MODEL_NOT_FOUND: ErrorSpec(
-        404, "invalid_request_error", "model_not_found", grpc.StatusCode.NOT_FOUND
+        404, "invalid_request_error", "model_not_found", grpc.StatusCode.NOT_FOUND,
+        "not_found_error",
     ),
     ErrorKind.INVALID_REQUEST: ErrorSpec(
         400, "invalid_request_error", "invalid_request", grpc.StatusCode.INVALID_ARGUMENT
@@ -67,20 +78,29 @@ ERRORS: dict[ErrorKind, ErrorSpec] = {
     ErrorKind.INVALID_FAULT_DIRECTIVE: ErrorSpec(
         400, "invalid_request_error", "invalid_fault_directive", None
     ),
-    ErrorKind.BODY_TOO_LARGE: ErrorSpec(413, "invalid_request_error", "request_too_large", None),
+    ErrorKind.BODY_TOO_LARGE: ErrorSpec(
+        413, "invalid_request_error", "request_too_large", None, "request_too_large"
+    ),
     ErrorKind.UNSUPPORTED_MEDIA_TYPE: ErrorSpec(
         415, "invalid_request_error", "unsupported_media_type", None
     ),
-    ErrorKind.UNAUTHORIZED: ErrorSpec(401, "authentication_error", "invalid_api_key", None),
+    ErrorKind.UNAUTHORIZED: ErrorSpec(
+        401, "authentication_error", "invalid_api_key", None, "authentication_error"
+    ),
     # /control/* without the control token, or the engine refusing the gateway's (SetCapacity).
     ErrorKind.CONTROL_UNAUTHORIZED: ErrorSpec(
-        401, "authentication_error", "invalid_control_token", grpc.StatusCode.UNAUTHENTICATED
+        401, "authentication_error", "invalid_control_token", grpc.StatusCode.UNAUTHENTICATED,
+        "authentication_error",
     ),
-    ErrorKind.ROUTE_NOT_FOUND: ErrorSpec(404, "invalid_request_error", "not_found", None),
+    ErrorKind.ROUTE_NOT_FOUND: ErrorSpec(
+        404, "invalid_request_error", "not_found", None, "not_found_error"
+    ),
     ErrorKind.METHOD_NOT_ALLOWED: ErrorSpec(
         405, "invalid_request_error", "method_not_allowed", None
     ),
-    ErrorKind.INTERNAL: ErrorSpec(500, "server_error", "internal_error", grpc.StatusCode.INTERNAL),
+    ErrorKind.INTERNAL: ErrorSpec(
+        500, "server_error", "internal_error", grpc.StatusCode.INTERNAL, "api_error"
+    ),
 }
 
 _KIND_BY_GRPC: dict[grpc.StatusCode, ErrorKind] = {
@@ -150,6 +170,12 @@ def envelope(err: GatewayError) -> bytes:
     return _json_encode({"error": {"message": err.message, "type": spec.type, "code": spec.code}})
 
 
+def anthropic_envelope(err: GatewayError) -> bytes:
+    """Anthropic's error body: `{"type": "error", "error": {"type", "message"}}`."""
+    return _json_encode({"type": "error",
+                         "error": {"type": err.spec.anthropic_type, "message": err.message}})
+
+
 def log_error(err: GatewayError, where: str) -> None:
     spec = err.spec
     # A 529 is the product working as intended, possibly thousands of times a second:
@@ -161,18 +187,20 @@ def log_error(err: GatewayError, where: str) -> None:
     log.log(level, "%s -> %d %s: %s", where, spec.status, spec.code, err.message)
 
 
-def error_response(err: GatewayError, request: web.BaseRequest | None = None) -> web.Response:
-    """The bare JSON error response (never an event stream), logged as one line."""
+def error_response(err: GatewayError, request: web.BaseRequest | None = None,
+                   render: Callable[[GatewayError], bytes] = envelope) -> web.Response:
+    """The bare JSON error response (never an event stream), logged as one line; `render`
+    is the route's envelope (OpenAI's unless the route's API dialect says otherwise)."""
     log_error(err, f"{request.method} {request.path}" if request is not None else "-")
     return web.Response(
-        status=err.spec.status, body=envelope(err), content_type="application/json",
+        status=err.spec.status, body=render(err), content_type="application/json",
         headers={"WWW-Authenticate": "Bearer"} if err.spec.status == 401 else None,
     )
 
 
-def sse_error_frame(err: GatewayError, request: web.BaseRequest | None = None) -> bytes:
-    """An in-stream failure (after headers went out): an error frame, then [DONE]."""
-    log_error(err, f"{request.method} {request.path} (in stream)" if request is not None else "-")
+def sse_error_frame(err: GatewayError) -> bytes:
+    """An in-stream failure (after headers went out) in OpenAI's streams: an error frame,
+    then [DONE]. (The engine path logs it.)"""
     return b"data: " + envelope(err) + b"\n\ndata: [DONE]\n\n"
 
 

@@ -116,20 +116,49 @@ def http(port: int, method: str, path: str, body: bytes | None = None,
         conn.close()
 
 
-def assert_error_envelope(status: int, headers: dict[str, str], body: bytes,
-                          allowed: tuple[int, ...] | None = None) -> dict:
-    """A 4xx carrying exactly {"error": {"message", "type", "code"}} as JSON, no trace."""
+def _json_4xx(status: int, headers: dict[str, str], body: bytes,
+              allowed: tuple[int, ...] | None) -> dict:
+    """A 4xx (one of `allowed`) with a JSON body and no trace; the parsed body."""
     assert 400 <= status < 500, (status, body[:300])
     if allowed is not None:
         assert status in allowed, (status, body[:300])
     assert headers.get("content-type", "").startswith("application/json"), (status, headers)
     assert b"Traceback" not in body and b'File "' not in body, body[:300]
-    doc = json.loads(body)
+    return json.loads(body)
+
+
+def assert_error_envelope(status: int, headers: dict[str, str], body: bytes,
+                          allowed: tuple[int, ...] | None = None) -> dict:
+    """A 4xx carrying exactly {"error": {"message", "type", "code"}} as JSON, no trace."""
+    doc = _json_4xx(status, headers, body, allowed)
     assert set(doc) == {"error"} and set(doc["error"]) == ENVELOPE_KEYS, doc
     err = doc["error"]
     assert isinstance(err["message"], str) and err["message"], doc
     assert isinstance(err["type"], str) and isinstance(err["code"], str), doc
     return err
+
+
+def assert_anthropic_envelope(status: int, headers: dict[str, str], body: bytes,
+                              allowed: tuple[int, ...] | None = None) -> dict:
+    """A 4xx carrying exactly Anthropic's {"type": "error", "error": {"type", "message"}}."""
+    doc = _json_4xx(status, headers, body, allowed)
+    assert set(doc) == {"type", "error"} and doc["type"] == "error", doc
+    err = doc["error"]
+    assert set(err) == {"type", "message"}, doc
+    assert isinstance(err["message"], str) and err["message"], doc
+    assert isinstance(err["type"], str) and err["type"].endswith("_error") or \
+        err["type"] == "request_too_large", doc
+    return err
+
+
+def named_events(body: bytes) -> list[tuple[str, dict]]:
+    """(event name, data) of each named SSE event (Anthropic, OpenAI Responses)."""
+    out = []
+    for block in body.split(b"\n\n"):
+        if block.startswith(b"event: "):
+            name, _, data = block.partition(b"\n")
+            out.append((name[len(b"event: "):].decode(), json.loads(data[len(b"data: "):])))
+    return out
 
 
 def sse_frames(body: bytes) -> list[bytes]:

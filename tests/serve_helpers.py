@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import json
 import urllib.error
 import urllib.request
 
@@ -77,3 +78,15 @@ def serve(*extra: str, grace: float = 2.0):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         os.unlink(log.name)
+
+
+def json_request(base: str, method: str, path: str, body=None) -> tuple[int, dict | list]:
+    """One JSON request with urllib: (status, parsed body), error statuses included."""
+    req = urllib.request.Request(base + path, method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())

@@ -7,8 +7,8 @@ reasoning and tool calls are raw text as a base model would write them); how a c
 is ended abruptly: a FIN without the chunked terminator (`transport.close()`), or an RST
 (`SO_LINGER` 0, then `transport.abort()`), each after what was written has left the
 process; and the scripted stream (`after_chunks` placeholder frames `delay_ms` apart),
-which does not touch the engine. A fault that fires inside a real paced stream
-(`after_tokens`) uses `Frames.prepare_stream` and `fire` from the handler's pump.
+which does not touch the engine (`serve_scripted`). A fault that fires inside a real paced
+stream (`after_tokens`) is a pump of its own for the engine path (`pump_until_fault`).
 
 Does not know: the header's grammar (gateway.faults.directive) or the engine.
 """
@@ -22,8 +22,11 @@ import struct
 
 from aiohttp import web
 
+from inference_lab.gateway.engine_client import ClientGone, RequestStream
 from inference_lab.gateway.faults.directive import FaultMode, FaultSpec
-from inference_lab.gateway.openai_api import DONE_FRAME, PLACEHOLDER_TOKEN, Completion, json_encode
+from inference_lab.gateway.protocols.base import DONE_FRAME, PLACEHOLDER_TOKEN, json_encode
+from inference_lab.gateway.protocols.generate import SSE_HEADERS, Pump, finish_error
+from inference_lab.gateway.protocols.openai import Completion
 
 log = logging.getLogger("inference_lab.gateway.faults")
 
@@ -218,3 +221,46 @@ async def scripted(request: web.BaseRequest, resp: web.StreamResponse, frames: F
         await resp.write(frames.content(i))
     await asyncio.sleep(delay)
     await fire(request, resp, frames, spec.after_chunks)
+
+
+async def serve_scripted(request: web.Request, completion: Completion, spec: FaultSpec,
+                         n_prompt: int) -> web.StreamResponse:
+    """The scripted faulting stream as a whole response (the engine is not asked)."""
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    try:
+        await resp.prepare(request)
+        await scripted(request, resp, Frames(completion, spec, n_prompt))
+    except ConnectionError:
+        raise ClientGone() from None
+    return resp
+
+
+def pump_until_fault(spec: FaultSpec) -> Pump:
+    """The engine path's pump for a fault with `after_tokens`: the real paced stream up
+    to exactly that many tokens (or the engine's finish, if it comes first), then the
+    fault's ending instead of the stream's (the engine path's `finally` then cancels the
+    engine request, as a client's disconnect would)."""
+
+    async def pump(request: web.Request, stream: RequestStream, completion: Completion,
+                   resp: web.StreamResponse, events: list, n_prompt: int) -> None:
+        frames = Frames(completion, spec, n_prompt)
+        completion.start_stream()
+        frames.prepare_stream()
+        head = completion.head
+        token, limit = completion.token, spec.after_tokens
+        streamed = 0
+        while True:
+            finished = next((e.finished for e in events if e.HasField("finished")), None)
+            if finished is not None and (err := finish_error(finished)) is not None:
+                raise err
+            new = max(min(stream.total, limit) - streamed, 0)
+            if new or (finished is not None and head):
+                await resp.write(head + token * new)
+                head = b""
+                streamed += new
+            if streamed >= limit or finished is not None:
+                await fire(request, resp, frames, streamed)
+                return
+            events = await stream.next_events()
+
+    return pump

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTRACTS = 4
+CONTRACTS = 5
 
 
 def _assemble(where: Path) -> Path:
@@ -51,6 +51,8 @@ def test_every_layer_contract_is_kept(tmp_path):
     ("engine/sim/core.py", "import inference_lab.engine.drivers.pacer",
      "service over drivers over the simulation core"),
     ("common/toml.py", "import inference_lab.cli", "command line on top"),
+    ("gateway/protocols/base.py", "import inference_lab.gateway.app",
+     "the app over faults over the API dialects"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
     package = _assemble(tmp_path)

@@ -25,9 +25,11 @@ from hypothesis import strategies as st
 
 from hardening_helpers import (
     ThreadedLab,
+    assert_anthropic_envelope,
     assert_error_envelope,
     content_tokens,
     http,
+    named_events,
     sse_frames,
     wait_until,
 )
@@ -166,6 +168,33 @@ completion_objects = with_unknown(st.fixed_dictionaries(
                                       st.lists(st.text(max_size=5), max_size=3),
                                       st.lists(st.lists(st.integers(0, 9), max_size=3), max_size=2)),
                   **common_fields}))
+anthropic_block = st.fixed_dictionaries({"type": sometimes_junk(st.just("text"))},
+                                        optional={"text": sometimes_junk(st.text(max_size=20))})
+anthropic_message = st.fixed_dictionaries(
+    {"role": sometimes_junk(st.sampled_from(["user", "assistant"]))},
+    optional={"content": st.one_of(texts, json_values, st.lists(anthropic_block, max_size=3))},
+)
+messages_objects = with_unknown(st.fixed_dictionaries(
+    {}, optional={"model": model_name,
+                  "messages": sometimes_junk(st.lists(anthropic_message, max_size=3)),
+                  "max_tokens": sometimes_junk(ints),
+                  "system": sometimes_junk(texts | st.lists(anthropic_block, max_size=2)),
+                  "stream": sometimes_junk(st.booleans()),
+                  "temperature": json_values}))
+response_item = st.fixed_dictionaries(
+    {"role": sometimes_junk(st.sampled_from(["user", "assistant", "system", "developer"]))},
+    optional={"content": st.one_of(texts, json_values, st.lists(st.fixed_dictionaries(
+        {"type": sometimes_junk(st.sampled_from(["input_text", "output_text"]))},
+        optional={"text": sometimes_junk(st.text(max_size=20))}), max_size=3)),
+        "type": sometimes_junk(st.just("message"))},
+)
+responses_objects = with_unknown(st.fixed_dictionaries(
+    {}, optional={"model": model_name,
+                  "input": st.one_of(texts, json_values, st.lists(response_item, max_size=3)),
+                  "instructions": sometimes_junk(texts),
+                  "max_output_tokens": sometimes_junk(ints),
+                  "stream": sometimes_junk(st.booleans()),
+                  "store": json_values}))
 capacity_objects = with_unknown(st.fixed_dictionaries(
     {}, optional={"model": st.one_of(st.just(MODEL), st.just(""), st.text(max_size=8), json_values),
                   "max_num_seqs": sometimes_junk(ints | st.integers(1, MAX_BATCHED + 1)),
@@ -270,15 +299,84 @@ def test_completions_answers_any_body_with_200_or_a_4xx_envelope(lab, body, ctyp
                            headers_for(ctype)))
 
 
+def check_message(status: int, headers: dict, data: bytes) -> None:
+    """Anthropic Messages: 200 with a message or its full event stream, or a 4xx in
+    Anthropic's envelope."""
+    if status != 200:
+        assert_anthropic_envelope(status, headers, data, allowed=(400, 404, 413, 415))
+        return
+    if headers.get("content-type", "").startswith("text/event-stream"):
+        events = named_events(data)
+        names = [name for name, _ in events]
+        assert names[:3] == ["message_start", "content_block_start", "ping"], names
+        assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"], names
+        deltas = names.count("content_block_delta")
+        assert deltas >= 1 and events[-2][1]["usage"]["output_tokens"] == deltas
+    else:
+        doc = json.loads(data)
+        assert doc["type"] == "message"
+        assert doc["content"][0]["text"].count(" token") == doc["usage"]["output_tokens"] >= 1
+
+
+def check_response(status: int, headers: dict, data: bytes) -> None:
+    """OpenAI Responses: 200 with a response or its typed stream, or a 4xx envelope."""
+    if status != 200:
+        assert_error_envelope(status, headers, data, allowed=(400, 404, 413, 415))
+        return
+    if headers.get("content-type", "").startswith("text/event-stream"):
+        events = named_events(data)
+        assert [d["sequence_number"] for _, d in events] == list(range(len(events)))
+        assert events[-1][0] in ("response.completed", "response.incomplete"), events[-1][0]
+        deltas = sum(1 for name, _ in events if name == "response.output_text.delta")
+        assert deltas >= 1 and events[-1][1]["response"]["usage"]["output_tokens"] == deltas
+    else:
+        doc = json.loads(data)
+        text = doc["output"][0]["content"][0]["text"]
+        assert text.count(" token") == doc["usage"]["output_tokens"] >= 1
+
+
+@fuzz(300)
+@given(body=bodies(messages_objects), ctype=content_types)
+@example(body=json.dumps({"model": MODEL, "max_tokens": 3, "stream": True,
+                          "messages": [{"role": "user", "content": "hi"}]}).encode(),
+         ctype="application/json")
+@example(body=json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode(),
+         ctype="application/json")
+@example(body=json.dumps({"model": MODEL, "max_tokens": 3, "system": "x" * 600_000,
+                          "messages": [{"role": "user", "content": "hi"}]}).encode(),
+         ctype="application/json")
+def test_messages_answers_any_body_with_200_or_a_4xx_anthropic_envelope(lab, body, ctype):
+    TRIED["HTTP POST /v1/messages"] += 1
+    check_message(*http(lab.ports["open"], "POST", "/v1/messages", body, headers_for(ctype)))
+
+
+@fuzz(300)
+@given(body=bodies(responses_objects), ctype=content_types)
+@example(body=json.dumps({"model": MODEL, "input": "hi", "stream": True}).encode(),
+         ctype="application/json")
+@example(body=json.dumps({"model": MODEL, "input": []}).encode(), ctype="application/json")
+@example(body=json.dumps({"model": MODEL, "input": "hi", "max_output_tokens": 2**31}).encode(),
+         ctype="application/json")
+def test_responses_answers_any_body_with_200_or_a_4xx_envelope(lab, body, ctype):
+    TRIED["HTTP POST /v1/responses"] += 1
+    check_response(*http(lab.ports["open"], "POST", "/v1/responses", body, headers_for(ctype)))
+
+
 @fuzz(6)
-@given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/control/capacity"]),
+@given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/control/capacity",
+                             "/v1/messages", "/v1/responses"]),
        size=st.integers(BODY_LIMIT + 1, 2 * BODY_LIMIT), chunked=st.booleans())
 def test_bodies_over_the_limit_are_413_with_or_without_a_content_length(lab, path, size, chunked):
     TRIED["HTTP POST over the body limit"] += 1
     body = b'{"model": "' + b"x" * size + b'"}'
     status, headers, data = http(lab.ports["open"], "POST", path, body,
                                  {"Content-Type": "application/json"}, chunked=chunked)
-    assert assert_error_envelope(status, headers, data, allowed=(413,))["code"] == "request_too_large"
+    if path == "/v1/messages":
+        assert assert_anthropic_envelope(status, headers, data, allowed=(413,))["type"] == \
+            "request_too_large"
+    else:
+        assert assert_error_envelope(status, headers, data, allowed=(413,))["code"] == \
+            "request_too_large"
 
 
 @pytest.mark.parametrize("ctype, status", [
@@ -319,6 +417,7 @@ def test_post_capacity_answers_any_body_with_200_or_a_4xx_envelope(lab, body, ct
 @fuzz(300)
 @given(path=st.sampled_from(["/v1/models", "/health", "/metrics", "/control/capacity",
                              "/v1/chat/completions", "/v1/completions", "/v1/nope", "/",
+                             "/v1/messages", "/v1/responses", "/v1/messages/count_tokens",
                              "/control", "/control/capacity/x", "/v1//models", "/%ff"]),
        method=st.sampled_from(["GET", "GET", "GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]),
        query=st.one_of(st.just(""), st.dictionaries(st.sampled_from(["model", "x", ""]),
@@ -337,6 +436,8 @@ def test_every_route_and_method_answers_with_success_or_a_4xx_envelope(lab, path
             restore_capacity(lab)
         if path != "/metrics":
             json.loads(data)
+    elif path.startswith("/v1/messages"):
+        assert_anthropic_envelope(status, headers, data, allowed=(400, 404, 405, 413, 415))
     else:
         assert_error_envelope(status, headers, data, allowed=(400, 404, 405, 413, 415))
 
@@ -348,15 +449,25 @@ def test_every_route_and_method_answers_with_success_or_a_4xx_envelope(lab, path
                                        b"Bearer " + API_KEY[:-1].encode(),
                                        b"Bearer " + CONTROL_TOKEN.encode(),
                                        b"Bearer  " + API_KEY.encode()])),
-       path=st.sampled_from(["/v1/models", "/v1/completions", "/control/capacity"]))
-def test_a_wrong_or_missing_secret_is_401_with_the_envelope(lab, auth, path):
+       path=st.sampled_from(["/v1/models", "/v1/completions", "/control/capacity",
+                             "/v1/messages"]),
+       x_api_key=st.booleans())
+def test_a_wrong_or_missing_secret_is_401_with_the_envelope(lab, auth, path, x_api_key):
     TRIED["HTTP bad Authorization"] += 1
-    headers = {} if auth is None else {"Authorization": auth}
+    if x_api_key and not path.startswith("/control") and auth is not None:
+        headers = {"x-api-key": auth}  # Anthropic's header, on every /v1 route
+        auth = b"Bearer " + auth
+    else:
+        headers = {} if auth is None else {"Authorization": auth}
     status, resp_headers, data = http(lab.ports["locked"], "GET", path, None, headers)
     secret = CONTROL_TOKEN if path.startswith("/control") else API_KEY
     scheme, _, credentials = (auth or b"").partition(b" ")
     if scheme.lower() == b"bearer" and credentials == secret.encode():  # generated right
         assert status in (200, 405)
+        return
+    if path == "/v1/messages":
+        err = assert_anthropic_envelope(status, resp_headers, data, allowed=(401,))
+        assert err["type"] == "authentication_error"
         return
     err = assert_error_envelope(status, resp_headers, data, allowed=(401,))
     assert err["type"] == "authentication_error" and resp_headers["www-authenticate"] == "Bearer"

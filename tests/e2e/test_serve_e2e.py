@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from engine_helpers import engine_rejections
-from serve_helpers import free_port, serve
+from serve_helpers import free_port, json_request, serve
 
 CURL = shutil.which("curl")
 
@@ -49,15 +49,7 @@ def curl_json(base: str, method: str, path: str, body=None) -> tuple[int, dict |
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
         text, _, code = out.rpartition("\n")
         return int(code), json.loads(text)
-    import urllib.request, urllib.error  # noqa: E401
-    req = urllib.request.Request(base + path, method=method,
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+    return json_request(base, method, path, body)
 
 
 def test_chat_completion_non_streaming_has_exact_usage(client):

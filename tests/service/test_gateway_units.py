@@ -15,15 +15,14 @@ from inference_lab.gateway.errors import (
     from_rejected,
     sse_error_frame,
 )
-from inference_lab.gateway.openai_api import (
+from inference_lab.gateway.protocols.base import Outcome, OutputLength, text_tokens
+from inference_lab.gateway.protocols.openai import (
     ChatMessage,
     Completion,
     ContentPart,
-    OutputLength,
     chat_tokens,
     decode_request,
     prompt_tokens,
-    text_tokens,
 )
 
 SATURATED = (
@@ -145,9 +144,11 @@ def test_decode_ignores_unknown_openai_fields():
     assert req.model == "m"
 
 
-def test_decode_refuses_n_above_one_and_bad_json():
-    with pytest.raises(GatewayError, match=r"n = 2"):
-        decode_request(b'{"model": "m", "prompt": "x", "n": 2}', chat=False)
+def test_decode_refuses_n_out_of_range_and_bad_json():
+    with pytest.raises(GatewayError, match=r"\$\.n"):
+        decode_request(b'{"model": "m", "prompt": "x", "n": 129}', chat=False)
+    with pytest.raises(GatewayError, match=r"\$\.n"):
+        decode_request(b'{"model": "m", "prompt": "x", "n": 0}', chat=False)
     with pytest.raises(GatewayError, match="Invalid JSON"):
         decode_request(b"{nope", chat=False)
 
@@ -177,8 +178,7 @@ def test_workload_draw_is_seeded_and_capped_by_max_tokens():
 
 def test_stream_templates_repeat_per_token_and_end_with_usage_then_done():
     c = Completion(chat=True, model="m", include_usage=True)
-    c.start_stream()
-    frames = (c.head + c.token * 3 + c.tail(5, 3)).split(b"\n\n")
+    frames = (c.opening() + c.tokens(0, 3) + c.closing(Outcome(5, [3]))).split(b"\n\n")
     assert frames[-1] == b""
     payloads = [f.removeprefix(b"data: ") for f in frames[:-1]]
     assert payloads[-1] == b"[DONE]"
@@ -191,7 +191,7 @@ def test_stream_templates_repeat_per_token_and_end_with_usage_then_done():
 
 
 def test_non_stream_body_has_exactly_the_token_count():
-    body = json.loads(Completion(chat=False, model="m").body(4, 6))
+    body = json.loads(Completion(chat=False, model="m").body(Outcome(4, [6])))
     assert body["choices"][0]["text"] == " token" * 6
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
     assert body["object"] == "text_completion"

@@ -1,0 +1,27 @@
+"""The client-facing generation APIs, one module per dialect, over one engine path.
+
+- `base`: the contract (`Dialect` parses a body into a `Generation` with its `Reply`,
+  which renders the response bytes), the lab's tokenizer, output lengths, SSE framing.
+- `openai`: chat completions and completions (`n` choices, `echo`).
+- `anthropic`: the Anthropic Messages API, with Anthropic's error envelope.
+- `responses`: the OpenAI Responses API (text only, typed stream events).
+- `generate`: the shared engine path: admission (529 before any byte), streaming paced by
+  the engine's progress, cancellation when the client leaves.
+
+`ROUTES` maps each generation route to its dialect; `gateway.app` registers them and
+renders errors on a route in that route's envelope.
+"""
+
+from inference_lab.gateway.protocols.anthropic import MESSAGES
+from inference_lab.gateway.protocols.base import Dialect
+from inference_lab.gateway.protocols.openai import CHAT, COMPLETIONS
+from inference_lab.gateway.protocols.responses import RESPONSES
+
+ROUTES: dict[str, Dialect] = {
+    "/v1/chat/completions": CHAT,
+    "/v1/completions": COMPLETIONS,
+    "/v1/messages": MESSAGES,
+    "/v1/responses": RESPONSES,
+}
+
+__all__ = ["ROUTES", "Dialect"]

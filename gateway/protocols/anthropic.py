@@ -1,0 +1,140 @@
+"""The Anthropic Messages API (`POST /v1/messages`), text only.
+
+Knows: the request body (`model`, `messages` with string or content-block content,
+`system`, `max_tokens` required as Anthropic requires it, `stream`; other fields such as
+`temperature`, `metadata` or `stop_sequences` are accepted and ignored), its prompt length
+under the lab's tokenizer, the non-streaming `message` object, the streaming event
+sequence (`message_start`, `content_block_start`, `ping`, one `content_block_delta` per
+token, `content_block_stop`, `message_delta` with `stop_reason` and the cumulative usage,
+`message_stop`), and Anthropic's error envelope, as a body and as an `error` event.
+
+`stop_reason` is "max_tokens" when the reply reached the request's `max_tokens` (always,
+unless a workload drew a shorter length) and "end_turn" otherwise.
+
+Does not know: aiohttp, gRPC, or the engine's events (`gateway.protocols.generate`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Literal
+
+import msgspec
+
+from inference_lab.gateway.errors import GatewayError, anthropic_envelope
+from inference_lab.gateway.protocols.base import (
+    _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
+    json_encode, message_tokens, utf8_len,
+)
+
+
+class ContentBlock(msgspec.Struct):
+    type: str
+    text: str | None = None  # text blocks; other kinds (images, tool results) count as 0
+
+
+class Message(msgspec.Struct):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+
+class MessagesRequest(msgspec.Struct, kw_only=True):
+    model: str
+    messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=_U31)]
+    system: str | list[ContentBlock] | None = None
+    stream: bool = False
+
+
+_decoder = msgspec.json.Decoder(MessagesRequest)
+
+
+def _content_len(content: str | list[ContentBlock] | None) -> int:
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return utf8_len(content)
+    return sum(utf8_len(block.text) for block in content if block.text)
+
+
+def messages_tokens(req: MessagesRequest) -> int:
+    """The messages (and the system prompt, as one more message) under the lab's
+    tokenizer, as chat completions count them."""
+    lengths = [_content_len(m.content) for m in req.messages]
+    if req.system is not None:
+        lengths.append(_content_len(req.system))
+    return message_tokens(lengths)
+
+
+class AnthropicMessage(Reply):
+    """One request's response: a `message` object, or its event stream."""
+
+    __slots__ = ("id", "model", "prompt_tokens", "max_tokens", "_token")
+
+    def __init__(self, model: str, prompt_tokens: int, max_tokens: int) -> None:
+        self.id = "msg_" + uuid.uuid4().hex
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self._token = event_frame("content_block_delta", {
+            "type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": PLACEHOLDER_TOKEN}})
+
+    def _message(self, text: str, stop_reason: str | None, output_tokens: int) -> dict:
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                "content": [{"type": "text", "text": text}] if text or stop_reason else [],
+                "stop_reason": stop_reason, "stop_sequence": None,
+                "usage": {"input_tokens": self.prompt_tokens, "output_tokens": output_tokens}}
+
+    def _stop_reason(self, count: int) -> str:
+        return "max_tokens" if count >= self.max_tokens else "end_turn"
+
+    def opening(self) -> bytes:
+        # Goes out with the first token, which is counted in it.
+        return (event_frame("message_start", {"type": "message_start",
+                                              "message": self._message("", None, 1)})
+                + event_frame("content_block_start", {
+                    "type": "content_block_start", "index": 0,
+                    "content_block": {"type": "text", "text": ""}})
+                + event_frame("ping", {"type": "ping"}))
+
+    def tokens(self, index: int, k: int) -> bytes:
+        return self._token * k
+
+    def closing(self, outcome: Outcome) -> bytes:
+        count = outcome.completion_tokens
+        delta = {"type": "message_delta",
+                 "delta": {"stop_reason": self._stop_reason(count), "stop_sequence": None},
+                 "usage": {"input_tokens": outcome.prompt_tokens, "output_tokens": count}}
+        if outcome.modelled:
+            delta["inference_lab"] = outcome.modelled
+        return (event_frame("content_block_stop", {"type": "content_block_stop", "index": 0})
+                + event_frame("message_delta", delta)
+                + event_frame("message_stop", {"type": "message_stop"}))
+
+    def body(self, outcome: Outcome) -> bytes:
+        count = outcome.completion_tokens
+        message = self._message(PLACEHOLDER_TOKEN * count, self._stop_reason(count), count)
+        message["usage"]["input_tokens"] = outcome.prompt_tokens
+        if outcome.modelled:
+            message["inference_lab"] = outcome.modelled
+        return json_encode(message)
+
+    def error_frame(self, err: GatewayError) -> bytes:
+        return b"event: error\ndata: " + anthropic_envelope(err) + b"\n\n"
+
+
+class Messages(Dialect):
+    name = "anthropic.messages"
+
+    def parse(self, body: bytes) -> Generation:
+        req = decode(_decoder, body)
+        n_prompt = messages_tokens(req)
+        reply = AnthropicMessage(req.model, n_prompt, req.max_tokens)
+        return Generation(req.model, n_prompt, req.max_tokens, req.stream, reply)
+
+    def error_body(self, err: GatewayError) -> bytes:
+        return anthropic_envelope(err)
+
+
+MESSAGES = Messages()

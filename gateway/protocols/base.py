@@ -1,0 +1,199 @@
+"""What every API dialect shares: the contract between a dialect and the engine path.
+
+Knows: `Generation`, what a dialect makes of a request body (the model, the prompt length,
+the explicit output cap, how many sequences, streaming or not) together with its `Reply`,
+the object that renders that request's response bytes; `Outcome`, what the engine reported
+when the request finished; the lab's tokenizer (a deterministic length estimate: the
+engine simulates lengths, not text, so every token is the same placeholder text); how many
+tokens a request generates when it does not say (`OutputLength`); and the SSE framing.
+
+Does not know: aiohttp, gRPC or the engine's events (`gateway.protocols.generate` turns
+those into calls of a Reply), nor any one API's shapes (one module per dialect).
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable
+
+import msgspec
+
+from inference_lab.gateway.errors import ErrorKind, GatewayError, envelope
+
+# One JSON library for the whole gateway.
+json_encode = msgspec.json.Encoder().encode
+
+PLACEHOLDER_TOKEN = " token"  # the text of every simulated token
+_U31 = 2**31 - 1
+
+
+def invalid(message: str) -> GatewayError:
+    return GatewayError(ErrorKind.INVALID_REQUEST, message)
+
+
+def decode(decoder: msgspec.json.Decoder, body: bytes):
+    """Parse and validate a body with a msgspec decoder; GatewayError(invalid_request)
+    names the field (msgspec's message carries its JSON path)."""
+    if not body:
+        raise invalid("Invalid request body: expected a JSON object, got an empty body")
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise invalid(f"Invalid request body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise invalid(f"Invalid JSON body: {exc}") from None
+
+
+# ---- the lab's tokenizer (deterministic: the engine needs lengths only) ---------------------
+
+
+def utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def ceil4(n: int) -> int:
+    return (n + 3) // 4
+
+
+def text_tokens(text: str) -> int:
+    """max(1, ceil(utf-8 bytes / 4))."""
+    return max(1, ceil4(utf8_len(text)))
+
+
+def message_tokens(texts_per_message: list[int]) -> int:
+    """A conversation: sum over messages of (3 + ceil(content bytes / 4)), plus 3 for the
+    reply's priming. Takes each message's content length in UTF-8 bytes."""
+    return 3 + sum(3 + ceil4(n) for n in texts_per_message)
+
+
+# ---- output length --------------------------------------------------------------------
+
+
+class OutputLength:
+    """How many tokens a request generates (the simulation has no EOS: exactly this many).
+
+    Explicit max_completion_tokens / max_tokens wins; with a workload the length is a
+    seeded draw from its output distribution, capped by an explicit max when both; else
+    the default. Draws and the default are also capped to fit max_model_len (an explicit
+    value is not: the engine refuses it with 400, like vLLM).
+    """
+
+    def __init__(self, default_max_tokens: int, sampler: Callable[[], int] | None = None):
+        if default_max_tokens < 1:
+            raise ValueError("default_max_tokens must be at least 1")
+        self.default = default_max_tokens
+        self._sampler = sampler
+
+    @classmethod
+    def from_workload(cls, default_max_tokens: int, workload_path: str | None,
+                      seed: int = 0) -> "OutputLength":
+        if workload_path is None:
+            return cls(default_max_tokens)
+        from inference_lab.common.workload import load_workload  # lazily: only when a workload is given
+
+        spec = load_workload(workload_path)
+        rng = random.Random(seed)
+        dist = spec.output_len_dist
+        return cls(default_max_tokens, lambda: int(dist.sample(rng)))
+
+    def choose(self, requested: int | None, prompt_len: int, max_model_len: int) -> int:
+        if self._sampler is None and requested is not None:
+            return requested
+        n = self._sampler() if self._sampler is not None else self.default
+        if requested is not None:
+            return max(1, min(n, requested))
+        room = max_model_len - prompt_len
+        if max_model_len > 0 and room >= 1:
+            n = min(n, room)
+        return max(1, n)
+
+
+# ---- what the engine reported, and what a dialect renders -------------------------------
+
+
+@dataclass(slots=True)
+class Outcome:
+    """A finished request: prompt tokens, each sequence's generated tokens, and the
+    engine's modelled timings (empty when it gave none)."""
+
+    prompt_tokens: int
+    counts: list[int]
+    modelled: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.counts)
+
+
+def modelled_timings(finished) -> dict[str, float]:
+    """The engine's modelled (simulated) times of a finished request, in seconds: what
+    the modelled GPU would have shown, for clients to compare with what they measured."""
+    return {"queue_time_s": finished.queue_time_s, "ttft_s": finished.ttft_s,
+            "e2e_s": finished.e2e_s, "preemptions": finished.preemptions}
+
+
+class Reply(ABC):
+    """The response of one request in one dialect. Streaming: `opening()` goes out with
+    the first token(s) (so the first bytes a client sees mark its time to first token),
+    then `tokens(i, k)` per wake-up for k new tokens of sequence i (pre-encoded, so k
+    tokens cost a `bytes * k` where the format allows), then `closing()`. Not streaming:
+    `body()`. A failure after the headers went out: `error_frame()`."""
+
+    id: str
+
+    @abstractmethod
+    def opening(self) -> bytes: ...
+
+    @abstractmethod
+    def tokens(self, index: int, k: int) -> bytes: ...
+
+    @abstractmethod
+    def closing(self, outcome: Outcome) -> bytes: ...
+
+    @abstractmethod
+    def body(self, outcome: Outcome) -> bytes: ...
+
+    @abstractmethod
+    def error_frame(self, err: GatewayError) -> bytes: ...
+
+
+@dataclass(slots=True)
+class Generation:
+    """What the engine path needs from a parsed request."""
+
+    model: str
+    prompt_tokens: int
+    max_tokens: int | None  # the client's explicit cap, if it gave one
+    stream: bool
+    reply: Reply
+    n: int = 1  # sequences to sample (parallel sampling)
+    priority: int = 0  # vLLM extension: lower runs first under policy "priority"
+
+
+class Dialect(ABC):
+    """One client-facing API: parses its request bodies, renders its error bodies."""
+
+    name: str
+
+    @abstractmethod
+    def parse(self, body: bytes) -> Generation: ...
+
+    def error_body(self, err: GatewayError) -> bytes:
+        return envelope(err)
+
+
+# ---- SSE framing ----------------------------------------------------------------------
+
+DONE_FRAME = b"data: [DONE]\n\n"
+
+
+def data_frame(obj: object) -> bytes:
+    """An unnamed SSE event (OpenAI chat and completions)."""
+    return b"data: " + json_encode(obj) + b"\n\n"
+
+
+def event_frame(name: str, obj: object) -> bytes:
+    """A named SSE event (Anthropic Messages, OpenAI Responses)."""
+    return b"event: " + name.encode() + b"\ndata: " + json_encode(obj) + b"\n\n"

@@ -1,0 +1,157 @@
+"""The one engine path every API dialect rides: admission, streaming, cancellation.
+
+Knows: that a request is opened on the engine Session and its response headers go out
+only after the engine admitted it (a refusal, 529 included, is a bare JSON error in the
+route's envelope, never an event stream); how the engine's events become writes (all
+tokens pending for a request go out in one write, the dialect's opening with the first of
+them); that a non-streaming request waits for Finished; that a request whose client left
+has its engine request cancelled (the caller's `finally`); and that a failure after the
+headers is the dialect's error frame.
+
+Does not know: any API's shapes (a dialect's `Generation` and `Reply`), gRPC details
+(`gateway.engine_client`), fault directives (`gateway.faults` brings its own pump), routes
+or metrics (`gateway.app`).
+"""
+
+from __future__ import annotations
+
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from inference_lab.gateway.engine_client import ClientGone, EngineClient, RequestStream
+from inference_lab.gateway.errors import (
+    ErrorKind, GatewayError, engine_unavailable, from_rejected, log_error,
+)
+from inference_lab.gateway.protocols.base import (
+    Generation, Outcome, OutputLength, Reply, invalid, modelled_timings,
+)
+from inference_lab.v1 import engine_pb2 as pb
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+_FINISH_ABORTED = pb.FINISH_REASON_ABORTED
+_FINISH_CANCELLED = pb.FINISH_REASON_CANCELLED
+
+
+# A pump turns a request's engine events into writes: (request, stream, reply, response,
+# the events so far, prompt tokens). `_pump` is the normal one; a fault directive brings
+# its own (gateway.faults).
+Pump = Callable[[web.Request, RequestStream, Reply, web.StreamResponse, list, int],
+                Awaitable[None]]
+
+
+async def generate(request: web.Request, gen: Generation, client: EngineClient,
+                   output_length: OutputLength, inflight: dict[RequestStream, web.BaseRequest],
+                   pump: Pump | None = None) -> web.StreamResponse:
+    """Serve one parsed generation request; `inflight` holds it while it is open."""
+    if gen.n != 1:
+        raise invalid(f"Only n = 1 is supported, got n = {gen.n} - at `$.n`")
+    info = await client.resolve_model(gen.model)
+    n_out = output_length.choose(gen.max_tokens, gen.prompt_tokens, info.max_model_len)
+    reply = gen.reply
+    stream = await client.open(gen.model, gen.prompt_tokens, n_out, priority=gen.priority,
+                               request_id=reply.id)
+    inflight[stream] = request
+    try:
+        events = await stream.next_events()  # Admitted or Rejected comes first
+        first = events[0]
+        if first.HasField("rejected"):
+            r = first.rejected
+            err = from_rejected(r.code, r.reason, r.message, r.metadata)
+            if err.kind is ErrorKind.MODEL_NOT_FOUND:
+                await _refresh_models(client)
+            raise err
+        if gen.stream:
+            return await _stream(request, stream, reply, events, gen.prompt_tokens,
+                                 pump or _pump)
+        return await _collect(stream, reply, events, gen.prompt_tokens)
+    finally:
+        del inflight[stream]
+        if not stream.done:
+            client.cancel(stream)
+
+
+async def _refresh_models(client: EngineClient) -> None:
+    try:
+        await client.list_models(refresh=True)
+    except GatewayError:
+        pass
+
+
+def finish_error(finished: pb.Finished) -> GatewayError | None:
+    """The error a Finished that is not a completion stands for (else None)."""
+    if finished.reason == _FINISH_ABORTED:
+        return engine_unavailable("the engine aborted the request (shutting down)")
+    if finished.reason == _FINISH_CANCELLED:
+        return engine_unavailable("the engine cancelled the request")
+    return None
+
+
+async def _collect(stream: RequestStream, reply: Reply, events: list[pb.Progress],
+                   n_prompt: int) -> web.Response:
+    """Non-streaming: wait for Finished; the text has exactly the engine's token count."""
+    while True:
+        for event in events:
+            if event.HasField("finished"):
+                fin = event.finished
+                err = finish_error(fin)
+                if err is not None:
+                    raise err
+                outcome = Outcome(fin.prompt_tokens or n_prompt,
+                                  [fin.completion_tokens or stream.total], modelled_timings(fin))
+                return web.Response(body=reply.body(outcome), content_type="application/json")
+        events = await stream.next_events()
+
+
+async def _stream(request: web.Request, stream: RequestStream, reply: Reply,
+                  events: list[pb.Progress], n_prompt: int, pump: Pump) -> web.StreamResponse:
+    """Streaming: headers now (the engine admitted), then one write per batch of events."""
+    resp = web.StreamResponse(headers=SSE_HEADERS)
+    try:
+        await resp.prepare(request)
+        try:
+            await pump(request, stream, reply, resp, events, n_prompt)
+        except GatewayError as err:  # the engine went away mid-stream: the error frame
+            log_error(err, f"{request.method} {request.path} (in stream)")
+            await resp.write(reply.error_frame(err))
+    except ConnectionError:  # the client went away: the caller's finally cancels
+        raise ClientGone() from None
+    return resp
+
+
+async def _pump(request: web.Request, stream: RequestStream, reply: Reply,
+                resp: web.StreamResponse, events: list[pb.Progress], n_prompt: int) -> None:
+    """Turns wake-ups into writes: k new tokens are one `reply.tokens(0, k)`, one write;
+    the opening goes out with the first of them (the first bytes mark TTFT)."""
+    head = reply.opening()
+    streamed = 0
+    while True:
+        finished = None
+        for event in events:
+            if event.HasField("finished"):
+                finished = event.finished
+        new = stream.total - streamed
+        out = reply.tokens(0, new) if new > 0 else b""
+        streamed += max(new, 0)
+        if finished is not None:
+            err = finish_error(finished)
+            if err is not None:
+                if out:
+                    await resp.write(head + out)
+                raise err
+            missing = finished.completion_tokens - streamed
+            if missing > 0:  # never short of the engine's count
+                out += reply.tokens(0, missing)
+                streamed += missing
+            outcome = Outcome(finished.prompt_tokens or n_prompt, [streamed],
+                              modelled_timings(finished))
+            await resp.write(head + out + reply.closing(outcome))
+            return
+        if out:
+            await resp.write(head + out)
+            head = b""
+        events = await stream.next_events()

@@ -1,0 +1,271 @@
+"""OpenAI chat completions and (text) completions: request shapes and response bytes.
+
+Knows: the request bodies of /v1/chat/completions and /v1/completions as msgspec schemas
+(precise 400 messages naming the field; unknown OpenAI fields are ignored), their prompt
+lengths under the lab's tokenizer, `n` choices (parallel sampling: `index` per choice,
+usage counting every choice), `echo` on completions (the prompt text before the
+completion), and the response bytes: per-request pre-encoded SSE chunk templates so that
+k coalesced tokens cost one `bytes * k`, the final chunks, the usage frame
+(`choices: []`), `[DONE]`, and the non-streaming JSON body.
+
+Does not know: aiohttp, gRPC, or the engine's events (`gateway.protocols.generate`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated
+
+import msgspec
+
+from inference_lab.gateway.errors import GatewayError, sse_error_frame
+from inference_lab.gateway.protocols.base import (
+    _U31, DONE_FRAME, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, data_frame,
+    decode, invalid, json_encode, message_tokens, text_tokens, utf8_len,
+)
+
+PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=_U31)]
+Priority = Annotated[int, msgspec.Meta(ge=-(2**31), le=_U31)]
+MAX_N = 128  # OpenAI's own bound on `n`
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class ContentPart(msgspec.Struct):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class _GenerationRequest(msgspec.Struct, kw_only=True):
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: PositiveInt | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] = 1
+    priority: Priority = 0  # vLLM extension: lower runs first under policy "priority"
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionRequest(_GenerationRequest, kw_only=True):
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+
+
+class CompletionRequest(_GenerationRequest, kw_only=True):
+    prompt: str | list[str | int | list[int]]
+    max_completion_tokens: PositiveInt | None = None  # accepted for symmetry
+    echo: bool = False
+
+
+_chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+
+
+def decode_request(body: bytes, chat: bool) -> ChatCompletionRequest | CompletionRequest:
+    """Parse and validate a generation body; GatewayError(invalid_request) names the field."""
+    return decode(_chat_decoder if chat else _completion_decoder, body)
+
+
+# ---- prompt length (the lab's tokenizer) ---------------------------------------------------
+
+
+def chat_tokens(messages: list[ChatMessage]) -> int:
+    """Sum over messages of (3 + ceil(content bytes / 4)), plus 3 for the reply's priming."""
+    lengths = []
+    for message in messages:
+        content = message.content
+        if content is None:
+            lengths.append(0)
+        elif isinstance(content, str):
+            lengths.append(utf8_len(content))
+        else:
+            lengths.append(sum(utf8_len(part.text) for part in content if part.text))
+    return message_tokens(lengths)
+
+
+def _single_prompt(prompt: str | list[str | int | list[int]]) -> str | list[int]:
+    """A completions prompt as one string or one list of token ids."""
+    if isinstance(prompt, str):
+        return prompt
+    if not prompt:
+        raise invalid("`prompt` must not be empty - at `$.prompt`")
+    if all(type(item) is int for item in prompt):
+        return prompt  # type: ignore[return-value]
+    if len(prompt) == 1:
+        (only,) = prompt
+        if isinstance(only, str) or (isinstance(only, list) and only):
+            return only
+    raise invalid(
+        "Batched or mixed prompts are not supported: send a string, a list of one string, "
+        "or a list of token ids - at `$.prompt`"
+    )
+
+
+def prompt_tokens(prompt: str | list[str | int | list[int]]) -> int:
+    """A completions prompt: a string, a list of one string, or token ids (flat or [[...]])."""
+    single = _single_prompt(prompt)
+    return text_tokens(single) if isinstance(single, str) else len(single)
+
+
+def prompt_text(prompt: str | list[str | int | list[int]]) -> str:
+    """The prompt as `echo` returns it: its text, or one placeholder token per token id
+    (the lab's tokenizer has no vocabulary to decode ids with)."""
+    single = _single_prompt(prompt)
+    return single if isinstance(single, str) else PLACEHOLDER_TOKEN * len(single)
+
+
+# ---- responses ------------------------------------------------------------------------
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+class Completion(Reply):
+    """The response of one request, chat or text completion, in either mode, with `n`
+    choices. Streaming: the chat role delta (and an `echo`ed prompt) goes out with the
+    first token(s); each choice's per-token chunk is pre-encoded once."""
+
+    __slots__ = ("chat", "id", "created", "model", "include_usage", "n", "echo", "head",
+                 "token", "_tokens")
+
+    def __init__(self, chat: bool, model: str, include_usage: bool = False, n: int = 1,
+                 echo: str | None = None) -> None:
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.model = model
+        self.include_usage = include_usage
+        self.n = n
+        self.echo = echo  # completions: the prompt text to put before the completion
+        self.head: bytes | None = None  # the opening, once start_stream() made it
+        self.token = b""  # choice 0's per-token chunk (a fault may swap it: gateway.faults)
+        self._tokens: list[bytes] = []  # every choice's per-token chunk
+
+    def _chunk(self, choices: list[dict], **extra: object) -> dict:
+        chunk: dict = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if self.include_usage:
+            chunk["usage"] = None  # as OpenAI does on every chunk but the usage frame
+        chunk.update(extra)
+        return chunk
+
+    def _choice(self, index: int, text: str | None, finish_reason: str | None,
+                role: bool = False) -> dict:
+        if self.chat:
+            delta: dict = {"role": "assistant", "content": ""} if role else {}
+            if text is not None:
+                delta["content"] = text
+            return {"index": index, "delta": delta, "logprobs": None,
+                    "finish_reason": finish_reason}
+        return {"index": index, "text": text or "", "logprobs": None,
+                "finish_reason": finish_reason}
+
+    def start_stream(self) -> None:
+        """Pre-encode the opening (chat: every choice's role delta; completions with echo:
+        every choice's prompt text) and each choice's per-token chunk."""
+        if self.chat:
+            self.head = b"".join(data_frame(self._chunk([self._choice(i, None, None, role=True)]))
+                                 for i in range(self.n))
+        elif self.echo:
+            self.head = b"".join(data_frame(self._chunk([self._choice(i, self.echo, None)]))
+                                 for i in range(self.n))
+        else:
+            self.head = b""
+        self._tokens = [data_frame(self._chunk([self._choice(i, PLACEHOLDER_TOKEN, None)]))
+                        for i in range(self.n)]
+        self.token = self._tokens[0]
+
+    def opening(self) -> bytes:
+        if self.head is None:
+            self.start_stream()
+        return self.head
+
+    def tokens(self, index: int, k: int) -> bytes:
+        if self.head is None:
+            self.start_stream()
+        return (self.token if index == 0 else self._tokens[index]) * k
+
+    def closing(self, outcome: Outcome, finish_reason: str = "length") -> bytes:
+        """Each choice's final chunk (the last carries the engine's modelled timings,
+        when given, under "inference_lab"), the usage frame if asked for, and [DONE]."""
+        out = b""
+        for i in range(self.n):
+            last = i == self.n - 1 and outcome.modelled
+            extra = {"inference_lab": outcome.modelled} if last else {}
+            out += data_frame(self._chunk(
+                [self._choice(i, None if self.chat else "", finish_reason)], **extra))
+        if self.include_usage:
+            usage_chunk = self._chunk([])
+            usage_chunk["usage"] = _usage(outcome.prompt_tokens, outcome.completion_tokens)
+            out += data_frame(usage_chunk)
+        return out + DONE_FRAME
+
+    def body(self, outcome: Outcome, finish_reason: str = "length") -> bytes:
+        """The non-streaming JSON response (modelled timings under "inference_lab")."""
+        choices = []
+        for i, count in enumerate(outcome.counts):
+            text = PLACEHOLDER_TOKEN * count
+            if self.chat:
+                choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                                "logprobs": None, "finish_reason": finish_reason})
+            else:
+                choices.append({"index": i, "text": (self.echo or "") + text, "logprobs": None,
+                                "finish_reason": finish_reason})
+        modelled = outcome.modelled
+        return json_encode({
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": _usage(outcome.prompt_tokens, outcome.completion_tokens),
+            **({"inference_lab": modelled} if modelled else {}),
+        })
+
+    def error_frame(self, err: GatewayError) -> bytes:
+        return sse_error_frame(err)
+
+
+class ChatCompletions(Dialect):
+    name = "openai.chat"
+
+    def parse(self, body: bytes) -> Generation:
+        req = decode_request(body, chat=True)
+        reply = Completion(True, req.model, req.include_usage, req.n)
+        return Generation(req.model, chat_tokens(req.messages),
+                          req.max_completion_tokens or req.max_tokens, req.stream, reply,
+                          n=req.n, priority=req.priority)
+
+
+class Completions(Dialect):
+    name = "openai.completions"
+
+    def parse(self, body: bytes) -> Generation:
+        req = decode_request(body, chat=False)
+        echo = prompt_text(req.prompt) if req.echo else None
+        reply = Completion(False, req.model, req.include_usage, req.n, echo=echo)
+        return Generation(req.model, prompt_tokens(req.prompt),
+                          req.max_completion_tokens or req.max_tokens, req.stream, reply,
+                          n=req.n, priority=req.priority)
+
+
+CHAT = ChatCompletions()
+COMPLETIONS = Completions()
