@@ -230,9 +230,6 @@ def _parse_entry(entry: Table, hw_name: str, model: Model, served: str,
     if tables["speculative"] is not None:
         speculative, spec_notes = parse_speculative(tables["speculative"], Path(entry.where).parent)
         notes += spec_notes
-        if speculative is not None:
-            notes.append("speculative decoding: parsed, not modelled yet")
-            speculative = None
     _parse_router(tables["router"], "router", notes)
     _parse_router(tables["decode_router"], "decode_router", notes)
     _parse_memory(tables["memory"], hardware, notes)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from inference_lab.engine.sim.cost import CostModel, attention_load
+from inference_lab.engine.sim.cost import CostModel, attention_load, rate_for
+from inference_lab.engine.sim.speculative import draft_seconds
 from inference_lab.engine.sim.kv import fixed_blocks, total_blocks
 from inference_lab.engine.sim.request import Request, Status
 from inference_lab.engine.sim.scheduler import Scheduler
@@ -67,6 +68,10 @@ class EngineCore:
         self.max_waiting = config.max_waiting
         self.scheduler = Scheduler(config, self.total_blocks, self.cost.windows,
                                    fixed_blocks(deployment))
+        self.speculative = deployment.speculative
+        if self.speculative is not None:
+            self.scheduler.group.max_advance = 1 + self.speculative.gamma
+        self._accepted = 0.0  # expected positions not yet kept (fractional carry)
         self.clock = 0.0  # simulated time at which the engine is next free
         self._ids = itertools.count(1)
 
@@ -103,8 +108,8 @@ class EngineCore:
         """(before, after): the progress marks at the start and at the end of the latest
         step. `tokens_at(req, before)` is what a request had before that step sampled,
         `tokens_at(req, after)` what it has once the step has ended."""
-        after = self.scheduler.group.mark
-        return after - 1, after
+        group = self.scheduler.group
+        return group.mark - group.last_advance, group.mark
 
     def tokens_at(self, req: Request, mark: int) -> int:
         """Tokens `req` had sampled at `mark`, one of the latest step's progress marks
@@ -196,6 +201,36 @@ class EngineCore:
             config.max_waiting = self.max_waiting = max_waiting
 
     # ---- time --------------------------------------------------------------------------
+    # ---- speculative decoding -------------------------------------------------------------
+    def _draft_seconds(self, g: int, batch: int, verify: float) -> float:
+        cost = self.cost
+        peak = rate_for(self.deployment.hardware, "bf16")[0] * cost.tp
+        return draft_seconds(self.speculative.drafter, g, batch, peak, cost.bandwidth, verify)
+
+    def _draft(self) -> tuple[int, int]:
+        """(positions each decode verifies, positions it keeps) for the next step: the
+        draft length by the policy, capped so the decodes fit the token budget; the
+        kept count is 1 + the expected accepted tokens, carried as whole tokens."""
+        spec = self.speculative
+        group = self.scheduler.group
+        n = group.n
+        longest = min(spec.gamma, self.deployment.scheduler.max_num_batched_tokens // n - 1)
+        g = longest
+        if spec.policy == "goodput_budget" and longest > 0:
+            best = -1.0
+            for candidate in range(longest + 1):
+                full, wins = group.attention(1 + candidate)
+                load = attention_load(self.cost.caps, (), (full, *wins), 1 + candidate, n)
+                verify = self.cost.step_cost(n * (1 + candidate), load).seconds
+                seconds = verify + self._draft_seconds(candidate, n, verify)
+                rate = (1.0 + spec.expected[candidate]) / seconds
+                if rate > best:
+                    best, g = rate, candidate
+        self._accepted += 1.0 + spec.expected[g]
+        keep = int(self._accepted + 1e-9)
+        self._accepted -= keep
+        return 1 + g, keep
+
     def step(self, now: float) -> StepResult:
         """Run one iteration starting at max(now, the end of the previous one)."""
         start = now if now > self.clock else self.clock
@@ -204,20 +239,25 @@ class EngineCore:
             head = scheduler.waiting.peek()
             if head is not None and head.arrival > start:
                 start = head.arrival  # idle until then: nothing had arrived at `start`
-        decision = scheduler.schedule(start)
+        width = advance = 1
+        if self.speculative is not None and scheduler.group.n:
+            width, advance = self._draft()
+        decision = scheduler.schedule(start, width, advance)
         decodes = decision.num_decodes
         if decodes:
-            full, wins = scheduler.group.attention()
+            full, wins = scheduler.group.attention(width)
             decode = (full, *wins)
         else:
             decode = ()
         pairs = [(n, req.num_computed) for req, n in decision.chunks]
         prefill_tokens = sum(n for n, _ in pairs)
-        num_tokens = decodes + prefill_tokens
+        num_tokens = decodes * width + prefill_tokens
         seconds = 0.0
         if num_tokens:
-            load = attention_load(self.cost.caps, pairs, decode, decodes=decodes)
+            load = attention_load(self.cost.caps, pairs, decode, width, decodes)
             seconds = self.cost.step_cost(num_tokens, load).seconds
+            if width > 1:
+                seconds += self._draft_seconds(width - 1, decodes, seconds)
         end = start + seconds
         for req in decision.admitted:
             if req.first_scheduled < 0:

@@ -3,14 +3,18 @@
 Knows the group's aggregate state so that one step of N decodes costs O(1) Python work
 plus O(log N) per event (a finish, a window saturation), never O(N):
 
-- G counts the steps the group has taken. A member that joined at G = g with c computed
-  positions and o output tokens stores comp_off = c - g and out_off = o - g; at any later
-  G it has c' = comp_off + G computed positions and o' = out_off + G tokens.
-- Attention of a decode uses m = c' + 1 (mean causal context for one new position), so
-  sum m = S + n (G + 1) with S = sum comp_off; sliding windows keep the sum over members
-  that have not reached the window yet and a heap of the step at which each will.
-- A member needs a new KV block in the step where c' % block_size == 0: members are
-  counted by comp_off % block_size, so the number needing one is a table lookup.
+- G counts the positions every member has advanced: one per step, or 1 + accepted draft
+  tokens per step under speculative decoding (`advance(by)`). A member that joined at
+  G = g with c computed positions and o output tokens stores comp_off = c - g and
+  out_off = o - g; at any later G it has c' = comp_off + G computed positions and
+  o' = out_off + G tokens (capped at max_tokens in the step that finishes it).
+- Attention of a decode verifying w positions uses m = c' + ceil(w / 2) (mean causal
+  context), so sum m = S + n (G + ceil(w / 2)) with S = sum comp_off; sliding windows keep
+  the sum over members that have not reached the window yet and a heap of the G at
+  which each will.
+- A member needs a new KV block for each position p it advances over with
+  p % block_size == 0: members are counted by comp_off % block_size, so the number
+  needing one is a table lookup per position.
 Does not know about budgets, preemption choice or the waiting queue (engine.scheduler).
 
 This encoding stays inside this class: everything else asks it (through EngineCore) how
@@ -41,6 +45,8 @@ class DecodeGroup:
         self.finish_heap: list[tuple[int, int, Request, int]] = []  # (G at finish, ...)
         self._seq = 0
         self._settled_g = -1  # windows processed up to this G
+        self.last_advance = 1  # positions the latest step advanced
+        self.max_advance = 1  # the most one step may advance (1 + the longest draft)
 
     # ---- membership -------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -69,7 +75,7 @@ class DecodeGroup:
         self._settle(g)
         comp_off = req.comp_off
         req.num_computed = comp_off + g
-        req.num_output = req.out_off + g
+        req.num_output = min(req.out_off + g, req.max_tokens)
         req.in_group = False  # heap entries of this epoch are now stale
         self.n -= 1
         self.comp_sum -= comp_off
@@ -80,49 +86,60 @@ class DecodeGroup:
                 self.unsat_sum[j] -= comp_off
 
     # ---- what one step of the group needs ----------------------------------------
-    def blocks_needed(self) -> int:
-        """Members that start a new KV block in the next step."""
-        return self.phase_count[(-self.G) % self.block_size] if self.n else 0
+    def blocks_needed(self, advance: int = 1) -> int:
+        """New KV blocks the members need to advance `advance` positions next step."""
+        if not self.n:
+            return 0
+        g, bs, phases = self.G, self.block_size, self.phase_count
+        return sum(phases[(-g - k) % bs] for k in range(advance))
 
-    def attention(self) -> tuple[float, tuple[float, ...]]:
-        """(sum m, per-window sum min(m, W)) for the next step; n_i = 1 for all."""
+    def attention(self, width: int = 1) -> tuple[float, tuple[float, ...]]:
+        """(sum m, per-window sum min(m, W)) for the next step, each member computing
+        `width` positions (1, or 1 + draft tokens to verify)."""
         g = self.G
         self._settle(g)
         n = self.n
-        full = self.comp_sum + n * (g + 1)
+        off = g + (width + 1) // 2
+        full = self.comp_sum + n * off
         wins = tuple(
-            self.unsat_sum[j] + self.unsat_n[j] * (g + 1) + (n - self.unsat_n[j]) * w
+            self.unsat_sum[j] + self.unsat_n[j] * off + (n - self.unsat_n[j]) * w
             for j, w in enumerate(self.windows)
         )
         return full, wins
 
-    def advance(self) -> list[Request]:
-        """Take one step: every member computes one position and samples one token.
-        Returns the members that reached max_tokens (still members: remove them)."""
-        self.G = g = self.G + 1
+    def advance(self, by: int = 1) -> tuple[list[Request], int]:
+        """Take one step: every member advances `by` positions and samples as many
+        tokens (fewer for one that reaches max_tokens). Returns the members that reached
+        max_tokens (still members: remove them) and the tokens sampled."""
+        old = self.G
+        self.G = g = old + by
+        self.last_advance = by
         done = []
+        sampled = self.n * by
         heap = self.finish_heap
         while heap and heap[0][0] <= g:
             _, _, req, epoch = heapq.heappop(heap)
             if req.in_group and req.group_epoch == epoch:
+                req.done_gain = req.max_tokens - (req.out_off + old)
+                sampled -= by - req.done_gain
                 done.append(req)
-        return done
+        return done, sampled
 
     # ---- what the rest of the engine may ask ------------------------------------------
     @property
     def mark(self) -> int:
-        """The progress mark now: steps the group has taken (see `output_at`)."""
+        """The progress mark now: positions the group has advanced (see `output_at`)."""
         return self.G
 
     def output_at(self, req: Request, mark: int) -> int:
         """Tokens `req` had sampled at progress mark `mark`, for a mark no older than the
         step before the one that last changed it: a member counts from its offset; a
-        request that finished in the step ending at its `done_mark` had one token less
-        before it; any other request's own count is exact."""
+        request that finished in the step ending at its `done_mark` had what that step
+        gave it (`done_gain`) less before it; any other request's own count is exact."""
         if req.in_group:
             return req.out_off + mark
         if req.finished and mark < req.done_mark:
-            return req.num_output - 1
+            return req.num_output - req.done_gain
         return req.num_output
 
     def live_output(self, req: Request) -> int:
@@ -134,11 +151,12 @@ class DecodeGroup:
         return req.in_group
 
     def steps_to_next_finish(self) -> int | None:
-        """Group steps until the next member reaches max_tokens (None: no member)."""
+        """Group steps until the next member may reach max_tokens (None: no member); a
+        lower bound when steps can advance several positions."""
         heap = self.finish_heap
         while heap and not (heap[0][2].in_group and heap[0][2].group_epoch == heap[0][3]):
             heapq.heappop(heap)  # stale: the member left (preempted or cancelled)
-        return heap[0][0] - self.G if heap else None
+        return -(-(heap[0][0] - self.G) // self.max_advance) if heap else None
 
     def live_computed(self, req: Request) -> int:
         return req.comp_off + self.G if req.in_group else req.num_computed

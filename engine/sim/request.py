@@ -47,6 +47,7 @@ class Request:
     first_scheduled: float = -1.0  # start of the first step that computed it
     first_token: float = -1.0  # end of the step that sampled its first token
     finish_time: float = -1.0
+    done_gain: int = 1  # finished by length: tokens its final step gave it
     done_mark: int = -1  # finished by length: the decode group's progress mark at its end
     preemptions: int = 0
     tag: object = None  # the driver's handle (a stream, a closed-loop user, ...)

@@ -28,14 +28,17 @@ from inference_lab.engine.sim.specs import SchedulerConfig
 class Decision:
     """What one iteration computes: the whole decode group plus prefill chunks."""
 
-    num_decodes: int  # group members, one position each
+    num_decodes: int  # group members, `decode_width` positions each
     chunks: list[tuple[Request, int]] = field(default_factory=list)  # (request, positions)
     admitted: list[Request] = field(default_factory=list)  # first scheduled this step
     preempted: list[Request] = field(default_factory=list)
 
+    decode_width: int = 1  # positions each decode computes: 1 + draft tokens to verify
+    decode_advance: int = 1  # positions each decode keeps: 1 + accepted draft tokens
+
     @property
     def num_tokens(self) -> int:
-        return self.num_decodes + sum(n for _, n in self.chunks)
+        return self.num_decodes * self.decode_width + sum(n for _, n in self.chunks)
 
 
 class WaitingQueue:
@@ -121,10 +124,11 @@ class Scheduler:
         return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 0.0
 
     # ---- the decision --------------------------------------------------------------
-    def schedule(self, now: float) -> Decision:
+    def schedule(self, now: float, width: int = 1, advance: int = 1) -> Decision:
         """The iteration starting at simulated time `now`: requests that arrive later
-        (a driver catching up on a step that began in the past) wait for the next one."""
-        decision = Decision(num_decodes=0)
+        (a driver catching up on a step that began in the past) wait for the next one.
+        Each decode verifies `width` positions and keeps `advance` of them."""
+        decision = Decision(num_decodes=0, decode_width=width, decode_advance=advance)
         budget = self.config.max_num_batched_tokens
         budget -= self._schedule_decodes(decision)
         budget = self._schedule_prefilling(decision, budget)
@@ -135,13 +139,14 @@ class Scheduler:
 
     def _schedule_decodes(self, decision: Decision) -> int:
         group = self.group
-        need = group.blocks_needed()
+        advance = decision.decode_advance
+        need = group.blocks_needed(advance)
         while need > self.free_blocks and group.n:
             self._preempt(self._victim(list(self.running.values())), decision)
-            need = group.blocks_needed()
+            need = group.blocks_needed(advance)
         self.free_blocks -= need
         decision.num_decodes = group.n
-        return group.n
+        return group.n * decision.decode_width
 
     def _schedule_prefilling(self, decision: Decision, budget: int) -> int:
         pending = list(self.prefilling.values())
@@ -247,11 +252,10 @@ class Scheduler:
         first token, requests that reached max_tokens, tokens sampled). Finished
         requests are released here; their status is set by the caller."""
         group = self.group
-        done = group.advance() if decision.num_decodes else []
+        done, sampled = group.advance(decision.decode_advance) if decision.num_decodes else ([], 0)
         for req in done:
             self._release(req)
         first: list[Request] = []
-        sampled = decision.num_decodes
         for req, n in decision.chunks:
             req.num_computed += n
             if req.num_computed < req.prompt_len + req.num_output:
