@@ -24,7 +24,7 @@ from typing import Annotated, AsyncIterator
 import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client import generate_latest
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, generate_latest
 
 from inference_lab.common.auth import bearer_ok
 from inference_lab.gateway.engine_client import ClientGone, EngineClient, RequestStream
@@ -72,6 +72,13 @@ class GatewayMetrics:
             "Generation requests open in the engine on behalf of HTTP clients.",
             registry=self.registry,
         ).set_function(lambda: len(inflight))
+        self.engine_up = Gauge(
+            "inference_lab_gateway_engine_metrics_up",
+            "1 when the last /metrics scrape got the engine's series, 0 when it could not.",
+            registry=self.registry,
+        )
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)  # the process's own, as vLLM's API server has
         self._counter_children: dict[tuple[str, int], Counter] = {}
         self._duration_children: dict[str, Histogram] = {}
 
@@ -289,7 +296,16 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[STATE].metrics.exposition()
+    """vLLM's series where vLLM serves them: the engine's exposition (every vllm:* series
+    of the models this gateway fronts, and the engine's inference_lab_*), then the
+    gateway's own. Without an engine, the gateway's own alone (engine_metrics_up 0)."""
+    state = request.app[STATE]
+    try:
+        engine = await state.client.metrics_text()
+    except GatewayError:
+        engine = b""
+    state.metrics.engine_up.set(1 if engine else 0)
+    body = engine + state.metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -474,6 +474,15 @@ class EngineClient:
                     max_waiting=m.max_waiting if saturated else 0))
         return list(resp.models)
 
+    # ---- metrics ------------------------------------------------------------------------
+
+    async def metrics_text(self, models: list[str] | None = None) -> bytes:
+        """The engine's Prometheus exposition (vllm:* and inference_lab_*) of `models`
+        (None: every model it serves), as text; one unary call with a short deadline."""
+        resp = await self._unary("GetMetrics", pb.GetMetricsRequest(models=models or ()),
+                                 self._connect_timeout)
+        return resp.text
+
     # ---- health -------------------------------------------------------------------------
 
     async def serving(self) -> bool:

@@ -65,7 +65,7 @@ class Stream:
 class Pacer:
     def __init__(self, core: EngineCore, *, on_step: Callable[[StepResult], None] | None = None,
                  on_lag: Callable[[float], None] | None = None,
-                 on_finished: Callable[[Request], None] | None = None,
+                 on_finished: Callable[[Request, int, float], None] | None = None,
                  on_change: Callable[[], None] | None = None,
                  update_rate: float = 0.0, time_scale: float = 1.0) -> None:
         if not time_scale > 0:
@@ -78,6 +78,7 @@ class Pacer:
         self._live: dict[int, Request] = {}  # requests with a stream, not yet finished
         self.inflight: StepResult | None = None
         self.due_mark = 0  # the core's progress mark as of the last step that ended
+        self.last_end = -1.0  # sim time at which the last retired step ended
         self._finishing: list[Request] = []  # finish in the step in flight
         self._due_finished: list[Request] = []
         self._dirty_sinks: set = set()
@@ -110,16 +111,34 @@ class Pacer:
         return req
 
     def cancel(self, req: Request, status: Status = Status.FINISHED_CANCELLED) -> bool:
-        """Remove a request wherever it is; its sink hears nothing more. False when it
-        was not live: finished already, or finishing in the step in flight (its sink
-        then still hears its one on_finished)."""
+        """Remove a request wherever it is; its sink hears nothing more, and its finish is
+        reported (vLLM's `abort`) with the tokens delivered by then. False when it was not
+        live: finished already, or finishing in the step in flight (its sink then still
+        hears its one on_finished)."""
         if self._live.pop(req.id, None) is None:
             return False
-        self.core.cancel(req, self.sim_now(), status)
+        now = self.sim_now()
+        tokens, last = self._delivered(req, now)
+        self.core.cancel(req, now, status)
+        if self._on_finished:
+            self._on_finished(req, tokens, last)
         self.poke()  # capacity freed: a stalled engine may progress
         if self._on_change:
             self._on_change()
         return True
+
+    def _delivered(self, req: Request, now: float) -> tuple[int, float]:
+        """(tokens, sim time of the latest) of a live request as of the last step that
+        ended: what a request ended early had really received."""
+        if self.core.is_decoding(req):
+            tokens = self.core.tokens_at(req, self.due_mark)
+            return tokens, (self.last_end if tokens > 1 else req.first_token if tokens else -1.0)
+        if not 0 <= req.first_token <= now:
+            return 0, -1.0  # no token yet (or only in the step in flight)
+        # Preempted, or prefilling again after a preemption: its tokens so far had all
+        # ended by the start of the step that preempted it.
+        tokens = req.num_output
+        return tokens, (req.preempted_at if tokens > 1 and req.preempted_at > 0 else req.first_token)
 
     def open_streams(self) -> int:
         """Requests whose stream has not heard its Finished yet."""
@@ -148,9 +167,11 @@ class Pacer:
         self._due_finished.clear()
         self._finishing.clear()
         for req in list(self._live.values()):
-            self.core.cancel(req, self.sim_now(), Status.FINISHED_ABORTED)
+            now = self.sim_now()
+            ended = self._delivered(req, now)
+            self.core.cancel(req, now, Status.FINISHED_ABORTED)
             self._live.pop(req.id, None)
-            self._finish(req)
+            self._finish(req, ended)
         self._flush()
 
     async def _run(self) -> None:
@@ -216,6 +237,7 @@ class Pacer:
 
     def _retire(self, result: StepResult) -> None:
         self.due_mark = self.core.progress_marks()[1]  # the step retired is the latest
+        self.last_end = result.end
         self._due_finished.extend(self._finishing)
         self._finishing.clear()
         if self._on_step:
@@ -258,7 +280,9 @@ class Pacer:
             self._due_finished.clear()
         self._flush()
 
-    def _finish(self, req: Request) -> None:
+    def _finish(self, req: Request, ended: tuple[int, float] | None = None) -> None:
+        """Deliver a finish: `ended` (tokens, time of the latest) for one ended early,
+        else it completed with all its tokens at its finish time."""
         stream = req.tag
         total = self.core.tokens_of(req)
         if total > stream.sent:
@@ -267,7 +291,7 @@ class Pacer:
         stream.sink.on_finished(stream, req)
         self._dirty_sinks.add(stream.sink)
         if self._on_finished:
-            self._on_finished(req)
+            self._on_finished(req, *(ended or (total, req.finish_time)))
 
     def _flush(self) -> None:
         if self._on_change:

@@ -1,142 +1,424 @@
-"""The engine's Prometheus metrics: a table of names plus one update point per step.
+"""The engine's Prometheus metrics: a table of names, one update point per step and per
+finish, and an exposition cheap enough to scrape every 50 ms.
 
-Names mirror vLLM's `vllm:*` so that tools that scrape vLLM read the simulator
-unchanged; the lab's own carry the `inference_lab_` prefix. Everything lives in one
-CollectorRegistry per engine (never the global one). Gauges of live state (depth,
-running, KV usage, the capacity knobs) are read from the cores at scrape time, so they
-are exact at every scrape and cost nothing in between. The pacer calls `on_step` once
-per retired step and `on_finished` once per finished request; the service calls
-`on_rejected`.
+Names, types, labels and label values are vLLM's (`vllm:*`, labels `model_name` and
+`engine`, the replica index; `finished_reason` stop / length / abort / error / repetition),
+so tools that scrape vLLM read the simulator unchanged; the lab's own carry the
+`inference_lab_` prefix. What each series observes, and when, follows vLLM's
+`IterationStats` / `FinishedRequestStats` on the modelled timeline (docs/metrics.md):
+TTFT and the prompt-token counter when the first token's step ends, one inter-token
+observation per decoding request per step, and at every finish, whatever its reason
+(length, a client hang-up or cancellation, shutdown): e2e, queue, prefill, decode,
+inference, per-request TPOT and the token histograms.
+
+Storage is plain numbers (a list of bucket counts per histogram, `observe(value, n)` in
+one bisect), so a step of 256 decodes costs one observation, not 256. Gauges of live
+state are read from the cores at scrape time. The exposition: the text of every series
+(HELP, TYPE, name and labels) is rendered once by prometheus-client; a scrape only fills
+in the numbers with prometheus-client's own float formatting, and a model whose numbers
+have not changed since the last scrape is served from cache
+(tests/core/test_metrics_exposition.py checks the bytes equal prometheus-client's
+`generate_latest` of the same families). Writes happen on the event loop; renders may run
+in another thread (the HTTP port's) and read a consistent-enough copy (a histogram's
+count is its cumulated copy).
 """
 
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
+from inference_lab.engine.service import metric_buckets as B
 from inference_lab.engine.sim.core import EngineCore, StepResult
-from inference_lab.engine.sim.request import FINISH_REASON, Request
+from inference_lab.engine.sim.request import Request, Status
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
-                   0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 LAG_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
 
-# name -> (kind, help, labels). Histograms and counters get their usual suffixes.
-METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "vllm:num_requests_waiting": ("gauge", "Requests waiting (queued + accepted, not yet scheduled).", ("model_name",)),
-    "vllm:num_requests_running": ("gauge", "Requests holding a batch slot.", ("model_name",)),
-    "vllm:kv_cache_usage_perc": ("gauge", "Fraction of KV cache blocks in use (0-1).", ("model_name",)),
-    "vllm:time_to_first_token_seconds": ("histogram", "Modelled time to first token.", ("model_name",)),
-    "vllm:e2e_request_latency_seconds": ("histogram", "Modelled end-to-end request latency.", ("model_name",)),
-    "vllm:request_queue_time_seconds": ("histogram", "Modelled time waiting before first scheduled.", ("model_name",)),
-    "vllm:prompt_tokens": ("counter", "Prompt tokens of finished requests.", ("model_name",)),
-    "vllm:generation_tokens": ("counter", "Tokens generated.", ("model_name",)),
-    "vllm:num_preemptions": ("counter", "Recompute preemptions.", ("model_name",)),
-    "vllm:request_success": ("counter", "Finished requests by finish reason.", ("model_name", "finished_reason")),
-    "inference_lab_max_waiting": ("gauge", "Waiting bound (0 = unbounded).", ("model_name",)),
-    "inference_lab_max_num_seqs": ("gauge", "Admission cap on running requests.", ("model_name",)),
-    "inference_lab_rejections": ("counter", "Requests refused before admission, by reason.", ("model_name", "reason")),
-    "inference_lab_pacing_lag_seconds": ("histogram", "Wall clock minus the instant each pacer wake-up was planned for (a step end or a held update).", ("model_name",)),
-    "inference_lab_steps": ("counter", "Engine iterations simulated.", ("model_name",)),
+# vLLM's FinishReason strings, in its order; the lab produces length and abort.
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+FINISHED_REASON: dict[Status, str] = {
+    Status.FINISHED_LENGTH: "length",
+    Status.FINISHED_CANCELLED: "abort",  # a client hang-up or cancellation
+    Status.FINISHED_ABORTED: "abort",  # engine shutdown
 }
+REJECTION_REASONS = ("QUEUE_SATURATED", "INVALID_REQUEST")  # shown from the start, at 0
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+SLEEP_STATES = (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0))
 
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    kind: str  # "counter" | "gauge" | "histogram"
+    doc: str
+    labels: tuple[str, ...] = ()  # beyond model_name and engine
+    buckets: str = ""  # a key of BucketSets for histograms
+
+
+# name -> Spec. Counters get `_total` in the exposition, histograms their suffixes.
+METRICS: dict[str, Spec] = {
+    # live state, read at scrape time
+    "vllm:num_requests_running": Spec("gauge", "Requests in the running batch."),
+    "vllm:num_requests_waiting": Spec("gauge", "Requests waiting to be scheduled."),
+    "vllm:kv_cache_usage_perc": Spec("gauge", "Fraction of KV cache blocks in use (1 = full)."),
+    "vllm:engine_sleep_state": Spec("gauge", "Sleep state (the lab never sleeps: awake = 1).",
+                                    ("sleep_state",)),
+    # counters
+    "vllm:num_preemptions": Spec("counter", "Recompute preemptions."),
+    "vllm:prompt_tokens": Spec("counter", "Prompt tokens of requests whose prefill completed."),
+    "vllm:prompt_tokens_by_source": Spec("counter", "Prompt tokens by where their KV came from.",
+                                         ("source",)),
+    "vllm:prompt_tokens_cached": Spec("counter", "Prompt tokens served from a cache."),
+    "vllm:prompt_tokens_recomputed": Spec("counter", "Cached prompt tokens computed again."),
+    "vllm:generation_tokens": Spec("counter", "Tokens generated."),
+    "vllm:request_success": Spec("counter", "Finished requests by finish reason.",
+                                 ("finished_reason",)),
+    # histograms of counts
+    "vllm:request_prompt_tokens": Spec("histogram", "Prompt tokens per finished request.",
+                                       buckets="tokens"),
+    "vllm:request_generation_tokens": Spec("histogram", "Generated tokens per finished request.",
+                                           buckets="tokens"),
+    "vllm:iteration_tokens_total": Spec("histogram", "Tokens per engine step (prompt tokens of "
+                                        "prefills completed in it + tokens generated).",
+                                        buckets="iteration"),
+    "vllm:request_max_num_generation_tokens": Spec("histogram", "Most tokens generated by one "
+                                                   "sequence of a finished request.", buckets="tokens"),
+    "vllm:request_params_n": Spec("histogram", "The n parameter of finished requests.",
+                                  buckets="n"),
+    "vllm:request_params_max_tokens": Spec("histogram", "The max_tokens of finished requests.",
+                                           buckets="tokens"),
+    "vllm:request_prefill_kv_computed_tokens": Spec("histogram", "Prompt tokens computed (not "
+                                                    "cached) per finished request.", buckets="tokens"),
+    # histograms of modelled time
+    "vllm:time_to_first_token_seconds": Spec("histogram", "Arrival to the end of the step that "
+                                             "sampled the first token.", buckets="ttft"),
+    "vllm:inter_token_latency_seconds": Spec("histogram", "Time between successive tokens of a "
+                                             "request.", buckets="per_token"),
+    "vllm:request_time_per_output_token_seconds": Spec("histogram", "Per request: decode time / "
+                                                       "(tokens - 1).", buckets="per_token"),
+    "vllm:e2e_request_latency_seconds": Spec("histogram", "Arrival to finish.", buckets="e2e"),
+    "vllm:request_queue_time_seconds": Spec("histogram", "Arrival to first scheduled.",
+                                            buckets="phase"),
+    "vllm:request_inference_time_seconds": Spec("histogram", "First scheduled to last token.",
+                                                buckets="phase"),
+    "vllm:request_prefill_time_seconds": Spec("histogram", "First scheduled to first token.",
+                                              buckets="phase"),
+    "vllm:request_decode_time_seconds": Spec("histogram", "First token to last token.",
+                                             buckets="phase"),
+    # the lab's own
+    "inference_lab_max_waiting": Spec("gauge", "Waiting bound (0 = unbounded)."),
+    "inference_lab_max_num_seqs": Spec("gauge", "Admission cap on running requests."),
+    "inference_lab_rejections": Spec("counter", "Requests refused before admission, by reason.",
+                                     ("reason",)),
+    "inference_lab_pacing_lag_seconds": Spec("histogram", "Wall clock minus the instant each "
+                                             "pacer wake-up was planned for.", buckets="lag"),
+    "inference_lab_steps": Spec("counter", "Engine iterations simulated."),
+}
+CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labelled like vLLM's: config keys + engine
 
 # Live gauges: name -> how to read it from a core.
 LIVE = {
-    "vllm:num_requests_waiting": lambda core: core.num_waiting,
     "vllm:num_requests_running": lambda core: core.num_running,
+    "vllm:num_requests_waiting": lambda core: core.num_waiting,
     "vllm:kv_cache_usage_perc": lambda core: core.kv_usage(),
     "inference_lab_max_waiting": lambda core: core.max_waiting,
     "inference_lab_max_num_seqs": lambda core: core.max_num_seqs,
 }
+# Series fed by a request's finish and by each step (the rest are live or event counters).
+FINISH_HISTOGRAMS = {
+    "e2e": "vllm:e2e_request_latency_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "decode": "vllm:request_decode_time_seconds",
+    "inference": "vllm:request_inference_time_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",
+    "prompt": "vllm:request_prompt_tokens",
+    "generation": "vllm:request_generation_tokens",
+    "max_generation": "vllm:request_max_num_generation_tokens",
+    "n": "vllm:request_params_n",
+    "max_tokens": "vllm:request_params_max_tokens",
+    "kv_computed": "vllm:request_prefill_kv_computed_tokens",
+}
 
 
-class LiveGauges(Collector):
-    def __init__(self, cores: list[EngineCore]) -> None:
-        self.cores = cores
-
-    def collect(self):
-        for name, read in LIVE.items():
-            family = GaugeMetricFamily(name, METRICS[name][1], labels=["model_name"])
-            for core in self.cores:
-                family.add_metric([core.name], float(read(core)))
-            yield family
+def bucket_sets(max_model_len: int) -> dict[str, tuple[float, ...]]:
+    return {"ttft": B.TTFT, "per_token": B.PER_TOKEN, "e2e": B.E2E, "phase": B.PHASE,
+            "tokens": B.one_two_five(max_model_len), "iteration": B.VLLM_ITERATION_TOKENS,
+            "n": B.VLLM_PARAMS_N, "lag": LAG_BUCKETS}
 
 
-class EngineMetrics:
-    def __init__(self, cores: list[EngineCore], registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        self.registry.register(LiveGauges(cores))
-        self._m = {}
-        for name, (kind, doc, labels) in METRICS.items():
-            if kind == "gauge":
-                continue  # live, see LiveGauges
-            if kind == "counter":
-                self._m[name] = Counter(name, doc, labels, registry=self.registry)
-            else:
-                buckets = LAG_BUCKETS if "lag" in name else LATENCY_BUCKETS
-                self._m[name] = Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
+class Hist:
+    """A histogram as plain numbers: counts per bucket (the last is +Inf) and the sum."""
 
-    def for_model(self, core: EngineCore) -> "ModelMetrics":
-        return ModelMetrics(self._m, core)
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += n  # le: value <= bound
+        self.sum += value * n
+
+    def cumulative(self) -> tuple[list[int], float]:
+        counts, total = list(self.counts), self.sum  # a copy: the loop may write meanwhile
+        run = 0
+        for i, c in enumerate(counts):
+            run += c
+            counts[i] = run
+        return counts, total
 
 
 class ModelMetrics:
-    """The children of every metric for one model, bound once (label lookups are slow)."""
+    """One model's numbers and its update points (called by the pacer and the service)."""
 
-    def __init__(self, metrics: dict, core: EngineCore) -> None:
-        name = core.name
+    def __init__(self, core: EngineCore, engine_index: int = 0) -> None:
         self.core = core
-        self._metrics = metrics
-        self.ttft = metrics["vllm:time_to_first_token_seconds"].labels(name)
-        self.e2e = metrics["vllm:e2e_request_latency_seconds"].labels(name)
-        self.queue = metrics["vllm:request_queue_time_seconds"].labels(name)
-        self.prompt = metrics["vllm:prompt_tokens"].labels(name)
-        self.generation = metrics["vllm:generation_tokens"].labels(name)
-        self.preemptions = metrics["vllm:num_preemptions"].labels(name)
-        self.lag = metrics["inference_lab_pacing_lag_seconds"].labels(name)
-        self.steps = metrics["inference_lab_steps"].labels(name)
-        self.success = {reason: metrics["vllm:request_success"].labels(name, reason)
-                        for reason in FINISH_REASON.values()}
-        self.rejections = {}
+        self.labels = (core.name, str(engine_index))
+        self.version = 0  # bumped on every change: an unchanged model is served from cache
+        sets = bucket_sets(core.max_model_len)
+        self.hists = {name: Hist(sets[spec.buckets])
+                      for name, spec in METRICS.items() if spec.kind == "histogram"}
+        self.counters = {name: 0.0 for name, spec in METRICS.items()
+                         if spec.kind == "counter" and not spec.labels}
+        self.success = dict.fromkeys(FINISHED_REASONS, 0.0)
+        self.rejections = dict.fromkeys(REJECTION_REASONS, 0.0)
+        h = self.hists
+        self._ttft = h["vllm:time_to_first_token_seconds"]
+        self._itl = h["vllm:inter_token_latency_seconds"]
+        self._iteration = h["vllm:iteration_tokens_total"]
+        self._lag = h["inference_lab_pacing_lag_seconds"]
+        self._finish = {key: h[name] for key, name in FINISH_HISTOGRAMS.items()}
 
+    # ---- update points ---------------------------------------------------------------
     def on_step(self, result: StepResult) -> None:
-        self.steps.inc()
-        if result.sampled:
-            self.generation.inc(result.sampled)
+        """A retired step: its tokens, first tokens, inter-token gaps and preemptions."""
+        c = self.counters
+        c["inference_lab_steps"] += 1
+        c["vllm:generation_tokens"] += result.sampled
         if result.preempted:
-            self.preemptions.inc(len(result.preempted))
+            c["vllm:num_preemptions"] += len(result.preempted)
+        prompt = 0
+        for req in result.first_token:
+            if 0 <= req.finish_time < req.first_token:
+                continue  # ended (hung up) before the step that would sample it ended
+            prompt += req.prompt_len
+            self._ttft.observe(req.first_token - req.arrival)
+        if prompt:
+            c["vllm:prompt_tokens"] += prompt
+        if result.num_decodes:  # every member of the decode group: one token each, whose
+            self._itl.observe(result.end - result.start, result.num_decodes)  # previous
+            # token came at the end of the previous (back-to-back) step
+        self._iteration.observe(prompt + result.sampled)
+        self.version += 1
 
-    def on_finished(self, req: Request) -> None:
-        self.prompt.inc(req.prompt_len)
-        self.success[FINISH_REASON[req.status]].inc()
-        if req.first_token >= 0:
-            self.ttft.observe(req.first_token - req.arrival)
-        if req.first_scheduled >= 0:
-            self.queue.observe(req.first_scheduled - req.arrival)
-        self.e2e.observe(req.finish_time - req.arrival)
+    def on_finished(self, req: Request, tokens: int, last_token: float) -> None:
+        """Any finish (length, client hang-up or cancellation, shutdown): `tokens` had been
+        generated by the end of the last step that ended, the latest at `last_token`
+        (sim time; -1 when none)."""
+        self.success[FINISHED_REASON[req.status]] += 1
+        arrival, end = req.arrival, req.finish_time
+        scheduled = req.first_scheduled if 0 <= req.first_scheduled <= end else -1.0
+        first = req.first_token if tokens and 0 <= req.first_token <= end else -1.0
+        f = self._finish
+        f["e2e"].observe(end - arrival)
+        f["queue"].observe((scheduled if scheduled >= 0 else end) - arrival)
+        if scheduled >= 0:
+            prefill = (first if first >= 0 else end) - scheduled
+            decode = last_token - first if first >= 0 and last_token > first else 0.0
+            inference = (last_token if first >= 0 else end) - scheduled
+        else:
+            prefill = decode = inference = 0.0
+        f["prefill"].observe(prefill)
+        f["decode"].observe(decode)
+        f["inference"].observe(inference)
+        f["tpot"].observe(decode / (tokens - 1) if tokens > 1 else 0.0)
+        f["prompt"].observe(req.prompt_len)
+        f["kv_computed"].observe(req.prompt_len)
+        f["generation"].observe(tokens)
+        f["max_generation"].observe(tokens)
+        f["n"].observe(1)
+        f["max_tokens"].observe(req.max_tokens)
+        self.version += 1
 
     def on_rejected(self, reason: str, count: int = 1) -> None:
-        child = self.rejections.get(reason)
-        if child is None:
-            child = self.rejections[reason] = self._metrics["inference_lab_rejections"].labels(
-                self.core.name, reason)
-        child.inc(count)
+        self.rejections[reason] = self.rejections.get(reason, 0.0) + count
+        self.version += 1
 
     def on_lag(self, seconds: float) -> None:
-        self.lag.observe(seconds if seconds > 0 else 0.0)
+        self._lag.observe(seconds if seconds > 0 else 0.0)
+        self.version += 1
+
+    # ---- what a scrape reads ---------------------------------------------------------
+    def samples(self, name: str) -> list[tuple[tuple[str, ...], object]]:
+        """(extra label values, value) of one series; a histogram's value is
+        (cumulative counts, sum)."""
+        spec = METRICS[name]
+        if name in LIVE:
+            return [((), float(LIVE[name](self.core)))]
+        if spec.kind == "histogram":
+            return [((), self.hists[name].cumulative())]
+        if name == "vllm:request_success":
+            return [((r,), self.success[r]) for r in FINISHED_REASONS]
+        if name == "vllm:engine_sleep_state":
+            return [((s,), v) for s, v in SLEEP_STATES]
+        if name == "vllm:prompt_tokens_by_source":
+            computed = self.counters["vllm:prompt_tokens"]
+            return [((s,), computed if s == "local_compute" else 0.0) for s in PROMPT_SOURCES]
+        if name == "inference_lab_rejections":
+            return [((r,), v) for r, v in sorted(self.rejections.items())]
+        return [((), self.counters[name])]
+
+    def shape(self) -> tuple[str, ...]:
+        """The label values that come and go (rejection reasons): a new one needs a new
+        template."""
+        return tuple(sorted(self.rejections))
+
+    def cache_config(self) -> dict[str, str]:
+        """vllm:cache_config_info's labels (vLLM's CacheConfig keys the lab knows)."""
+        config = self.core.deployment.scheduler
+        return {"block_size": str(self.core.block_size), "cache_dtype": "auto",
+                "enable_prefix_caching": "False",
+                "gpu_memory_utilization": str(config.gpu_memory_utilization),
+                "num_gpu_blocks": str(self.core.total_blocks), "engine": self.labels[1]}
 
 
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> ThreadingHTTPServer:
+# ---- exposition --------------------------------------------------------------------------
+def families(models: list[ModelMetrics]):
+    """The families of `models` as prometheus-client objects (what generate_latest takes)."""
+    for name, spec in METRICS.items():
+        labels = ["model_name", "engine", *spec.labels]
+        if spec.kind == "histogram":
+            family = HistogramMetricFamily(name, spec.doc, labels=labels)
+        elif spec.kind == "counter":
+            family = CounterMetricFamily(name, spec.doc, labels=labels)
+        else:
+            family = GaugeMetricFamily(name, spec.doc, labels=labels)
+        for m in models:
+            for extra, value in m.samples(name):
+                if spec.kind == "histogram":
+                    counts, total = value
+                    bounds = [floatToGoString(b) for b in m.hists[name].bounds] + ["+Inf"]
+                    family.add_metric([*m.labels, *extra], list(zip(bounds, counts)), total)
+                else:
+                    family.add_metric([*m.labels, *extra], value)
+        yield family
+    if models:
+        info = GaugeMetricFamily(CACHE_CONFIG_INFO, "Cache configuration of each engine.",
+                                 labels=list(models[0].cache_config()))
+        for m in models:
+            info.add_metric(list(m.cache_config().values()), 1.0)
+        yield info
+
+
+class _Collect:
+    def __init__(self, models: list[ModelMetrics]) -> None:
+        self.models = models
+
+    def collect(self):
+        return families(self.models)
+
+
+class _Template:
+    """One model's exposition with its numbers taken out, family by family: rendered once
+    by prometheus-client, then filled in per scrape (and cached while nothing changed)."""
+
+    def __init__(self, model: ModelMetrics) -> None:
+        self.model = model
+        self.shape = model.shape()
+        self.headers: list[str] = []  # HELP and TYPE lines of each family
+        self.prefixes: list[list[str]] = []  # each family's sample lines, number removed
+        for line in generate_latest(_Collect([model])).decode().splitlines(keepends=True):
+            if line.startswith("# HELP"):
+                self.headers.append(line)
+                self.prefixes.append([])
+            elif line.startswith("#"):
+                self.headers[-1] += line
+            else:
+                self.prefixes[-1].append(line.rsplit(" ", 1)[0] + " ")
+        self.key: tuple = ()
+        self.chunks: list[str] = []
+
+    def render(self) -> list[str]:
+        """The sample lines of each family, as text."""
+        m = self.model
+        key = (m.version, *(read(m.core) for read in LIVE.values()))
+        if key == self.key:
+            return self.chunks
+        chunks = []
+        fmt = floatToGoString
+        for prefixes, name in zip(self.prefixes, METRICS):
+            values: list[float] = []
+            for _, value in m.samples(name):
+                if METRICS[name].kind == "histogram":
+                    counts, total = value
+                    values.extend(counts)
+                    values.append(counts[-1])  # _count
+                    values.append(total)  # _sum
+                else:
+                    values.append(value)
+            chunks.append("".join([p + fmt(v) + "\n" for p, v in zip(prefixes, values)]))
+        chunks.append("".join(p + "1.0\n" for p in self.prefixes[-1]))  # cache_config_info
+        self.key, self.chunks = key, chunks
+        return chunks
+
+
+class Exposition:
+    """The models' metrics as Prometheus text: all of them, or the ones asked for."""
+
+    def __init__(self, models: list[ModelMetrics]) -> None:
+        self.models = models
+        self._templates: dict[int, _Template] = {}
+        self._lock = threading.Lock()  # renders come from the HTTP thread and the loop's pool
+
+    def render(self, names: list[str] | None = None) -> bytes:
+        """The exposition of the models called `names` (None or empty: every model),
+        merged family by family."""
+        chosen = [m for m in self.models if not names or m.core.name in names]
+        if not chosen:
+            return b""
+        with self._lock:
+            rendered = [self._template(m).render() for m in chosen]
+            headers = self._templates[id(chosen[0])].headers
+        out = []
+        for i, header in enumerate(headers):
+            out.append(header)
+            out.extend(chunks[i] for chunks in rendered)
+        return "".join(out).encode()
+
+    def _template(self, model: ModelMetrics) -> _Template:
+        template = self._templates.get(id(model))
+        if template is None or template.shape != model.shape():
+            template = self._templates[id(model)] = _Template(model)
+        return template
+
+
+class EngineMetrics:
+    """Every served model's metrics, one ModelMetrics per core."""
+
+    def __init__(self, cores: list[EngineCore], engine_index: int = 0) -> None:
+        self.models = [ModelMetrics(core, engine_index) for core in cores]
+        self.exposition = Exposition(self.models)
+
+    def for_model(self, core: EngineCore) -> ModelMetrics:
+        return next(m for m in self.models if m.core is core)
+
+    def render(self, names: list[str] | None = None) -> bytes:
+        return self.exposition.render(names)
+
+
+def serve_metrics(metrics: EngineMetrics, host: str, port: int) -> ThreadingHTTPServer:
     """GET /metrics in the classic text format, whatever the Accept header asks.
 
-    prometheus_client's own server negotiates OpenMetrics with Prometheus 2.x, and its
-    OpenMetrics output rewrites `vllm:` sample names to `vllm_` (client_python#1177),
-    which would break every vLLM-compatible query. The text format keeps the colons.
+    prometheus-client's OpenMetrics output rewrites `vllm:` sample names to `vllm_`
+    (client_python#1177), which would break every vLLM-compatible query. The text format
+    keeps the colons.
     """
 
     class Handler(BaseHTTPRequestHandler):
@@ -144,7 +426,7 @@ def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> Threadin
             if self.path.split("?", 1)[0] not in ("/metrics", "/"):
                 self.send_error(404, "only /metrics is served here")
                 return
-            body = generate_latest(registry)
+            body = metrics.render()
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE_LATEST)
             self.send_header("Content-Length", str(len(body)))

@@ -21,7 +21,7 @@ from grpc_status import rpc_status
 
 from inference_lab.common.auth import bearer_ok
 from inference_lab.engine.sim.core import CapacityError, EngineCore, QueueSaturated, SubmitError
-from inference_lab.engine.service.metrics import ModelMetrics
+from inference_lab.engine.service.metrics import EngineMetrics, ModelMetrics
 from inference_lab.engine.drivers.pacer import Pacer, Stream
 from inference_lab.engine.sim.request import Request, Status
 from inference_lab.v1 import engine_pb2 as pb
@@ -171,8 +171,10 @@ class SessionSink:
 
 
 class EngineService(engine_pb2_grpc.EngineServicer):
-    def __init__(self, runtimes: list[ModelRuntime], control_token: str | None = None) -> None:
+    def __init__(self, runtimes: list[ModelRuntime], control_token: str | None = None,
+                 metrics: EngineMetrics | None = None) -> None:
         self.runtimes = {rt.core.name: rt for rt in runtimes}
+        self.metrics = metrics
         self.sessions: set[SessionSink] = set()
         for rt in runtimes:
             rt.on_queue_change = self._queue_changed
@@ -381,6 +383,14 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             log.info("capacity of %s: max_num_seqs=%d max_waiting=%d",
                      rt.core.name, rt.core.max_num_seqs, rt.core.max_waiting)
         return self._capacity(runtimes)
+
+    async def GetMetrics(self, request: pb.GetMetricsRequest, context):
+        """Rendered off the event loop: the pacer keeps its wake-ups meanwhile."""
+        if self.metrics is None:
+            return pb.MetricsText()
+        text = await asyncio.get_running_loop().run_in_executor(
+            None, self.metrics.render, list(request.models))
+        return pb.MetricsText(text=text)
 
     async def ListModels(self, request, context):
         return pb.ListModelsResponse(models=[

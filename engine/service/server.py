@@ -27,13 +27,17 @@ log = logging.getLogger(__name__)
 # Mid-stream token updates per second per model (see engine.pacer): what one gateway
 # core relays beside the HTTP work of hundreds of streams (BENCHMARKS.md).
 DEFAULT_UPDATE_RATE = 10_000.0
+# The engine's own /metrics port: beside its gRPC port, outside Prometheus' exporter range
+# (9100-9999 is allocated to exporters; 9400 is NVIDIA DCGM's).
+DEFAULT_METRICS_PORT = 50052
 SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 
 
 class EngineServer:
     def __init__(self, deployments: list[Deployment], host: str = "127.0.0.1", port: int = 50051,
-                 metrics_port: int | None = 9400, control_token: str | None = None,
-                 update_rate: float = DEFAULT_UPDATE_RATE, time_scale: float = 1.0) -> None:
+                 metrics_port: int | None = DEFAULT_METRICS_PORT, control_token: str | None = None,
+                 update_rate: float = DEFAULT_UPDATE_RATE, time_scale: float = 1.0,
+                 engine_index: int = 0) -> None:
         self.deployments = deployments
         self.update_rate = update_rate  # cap on mid-stream token updates/s per model
         self.time_scale = time_scale  # modelled seconds per wall second (engine.drivers.pacer)
@@ -41,6 +45,7 @@ class EngineServer:
         self.host = host
         self.port = port
         self.metrics_port = metrics_port
+        self.engine_index = engine_index  # the `engine` label of every metric
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
         self.runtimes: list[ModelRuntime] = []
@@ -49,11 +54,11 @@ class EngineServer:
 
     async def start(self) -> None:
         cores = [EngineCore(d) for d in self.deployments]
-        self.metrics = EngineMetrics(cores)
+        self.metrics = EngineMetrics(cores, self.engine_index)
         self.runtimes = [ModelRuntime(core, self.metrics.for_model(core), self.update_rate,
                                      self.time_scale)
                          for core in cores]
-        self.service = EngineService(self.runtimes, self.control_token)
+        self.service = EngineService(self.runtimes, self.control_token, self.metrics)
         server = grpc.aio.server(interceptors=[DecodeGuard()], options=[
             ("grpc.max_concurrent_streams", 100_000),
             ("grpc.so_reuseport", 0),
@@ -72,7 +77,7 @@ class EngineServer:
         for rt in self.runtimes:
             rt.pacer.start()
         if self.metrics_port is not None:
-            self._metrics_http = serve_metrics(self.metrics.registry, self.host, self.metrics_port)
+            self._metrics_http = serve_metrics(self.metrics, self.host, self.metrics_port)
             self.metrics_port = self._metrics_http.server_port
         for name in ("", SERVICE_NAME):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)

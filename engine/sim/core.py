@@ -262,6 +262,8 @@ class EngineCore:
         for req in decision.admitted:
             if req.first_scheduled < 0:
                 req.first_scheduled = start
+        for req in decision.preempted:
+            req.preempted_at = start
         first, done, sampled = scheduler.apply(decision)
         for req in first:
             req.first_token = end

@@ -49,6 +49,7 @@ class Request:
     finish_time: float = -1.0
     done_gain: int = 1  # finished by length: tokens its final step gave it
     done_mark: int = -1  # finished by length: the decode group's progress mark at its end
+    preempted_at: float = -1.0  # start of the step that last preempted it (its tokens had ended)
     preemptions: int = 0
     tag: object = None  # the driver's handle (a stream, a closed-loop user, ...)
 

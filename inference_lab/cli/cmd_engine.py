@@ -77,8 +77,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 = any free)")
-    p.add_argument("--metrics-port", type=int, default=9400,
-                   help="Prometheus /metrics port (default 9400; 0 = any free)")
+    from inference_lab.engine.service.server import DEFAULT_METRICS_PORT
+
+    p.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+                   help=f"Prometheus /metrics port (default {DEFAULT_METRICS_PORT}, beside the gRPC "
+                        "port and outside the exporters' 9100-9999; 0 = any free). A gateway "
+                        "serves the same series on its API port's /metrics")
     add_pacing_arguments(p)
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds in-flight requests get to finish on SIGTERM (default 10)")

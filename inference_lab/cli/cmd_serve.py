@@ -43,8 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_gateway_arguments(p, engine_flag=False)
     p.add_argument("--engine-port", type=int, default=0,
                    help="engine gRPC port on 127.0.0.1 (default: any free port)")
-    p.add_argument("--metrics-port", type=int, default=9400,
-                   help="engine Prometheus /metrics port (default 9400; 0 = any free)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="the engine's own Prometheus /metrics port (default 0 = any free, "
+                        "printed at start); the API port's /metrics serves the same vllm:* "
+                        "series with the gateway's own")
     add_pacing_arguments(p)
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds in-flight requests get to finish on shutdown (default 10)")

@@ -59,6 +59,11 @@ class EngineStub:
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=inference__lab_dot_v1_dot_engine__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.GetMetrics = channel.unary_unary(
+                '/inference_lab.v1.Engine/GetMetrics',
+                request_serializer=inference__lab_dot_v1_dot_engine__pb2.GetMetricsRequest.SerializeToString,
+                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.MetricsText.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -111,6 +116,15 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetMetrics(self, request, context):
+        """The engine's Prometheus metrics (vLLM's vllm:* series and the lab's inference_lab_*)
+        in the text exposition format, for a gateway to serve on its API port as vLLM does.
+        Every series carries the labels model_name and engine (the engine's index).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -138,6 +152,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=inference__lab_dot_v1_dot_engine__pb2.ListModelsRequest.FromString,
                     response_serializer=inference__lab_dot_v1_dot_engine__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'GetMetrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMetrics,
+                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.GetMetricsRequest.FromString,
+                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.MetricsText.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -275,6 +294,33 @@ class Engine:
             '/inference_lab.v1.Engine/ListModels',
             inference__lab_dot_v1_dot_engine__pb2.ListModelsRequest.SerializeToString,
             inference__lab_dot_v1_dot_engine__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference_lab.v1.Engine/GetMetrics',
+            inference__lab_dot_v1_dot_engine__pb2.GetMetricsRequest.SerializeToString,
+            inference__lab_dot_v1_dot_engine__pb2.MetricsText.FromString,
             options,
             channel_credentials,
             insecure,

@@ -229,10 +229,11 @@ async def test_health_is_serving_and_metrics_use_vllm_names():
             text = await asyncio.to_thread(lambda: urllib.request.urlopen(url).read().decode())
             for call in calls:
                 call.cancel()
-    assert 'vllm:num_requests_waiting{model_name="gpt-oss-20b"} 1.0' in text
-    assert 'vllm:num_requests_running{model_name="gpt-oss-20b"} 1.0' in text
-    assert 'inference_lab_rejections_total{model_name="gpt-oss-20b",reason="QUEUE_SATURATED"} 1.0' in text
-    assert 'inference_lab_max_waiting{model_name="gpt-oss-20b"} 1.0' in text
+    assert 'vllm:num_requests_waiting{engine="0",model_name="gpt-oss-20b"} 1.0' in text
+    assert 'vllm:num_requests_running{engine="0",model_name="gpt-oss-20b"} 1.0' in text
+    assert ('inference_lab_rejections_total{engine="0",model_name="gpt-oss-20b",'
+            'reason="QUEUE_SATURATED"} 1.0') in text
+    assert 'inference_lab_max_waiting{engine="0",model_name="gpt-oss-20b"} 1.0' in text
     assert "vllm:time_to_first_token_seconds_bucket" in text
 
 

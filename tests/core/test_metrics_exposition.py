@@ -1,0 +1,89 @@
+"""The engine's vLLM-compatible metrics without sockets: what each finish and step
+records on the modelled timeline, bucket boundaries that contain vLLM's, and the fast
+exposition equal, byte for byte, to prometheus-client's own rendering."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from factories import core, run_until_idle
+from inference_lab.engine.service import metric_buckets as B
+from inference_lab.engine.service.metrics import EngineMetrics, _Collect
+from inference_lab.engine.sim.request import Status
+
+
+def drive(engine, metrics, results):
+    model = metrics.for_model(engine)
+    for result in results:
+        model.on_step(result)
+        for req in result.finished:
+            model.on_finished(req, req.num_output, req.finish_time)
+    return model
+
+
+def test_a_completed_request_records_vllms_intervals_on_the_modelled_timeline():
+    engine = core()
+    metrics = EngineMetrics([engine])
+    req = engine.submit(100, 5, 0.0)
+    _, results = run_until_idle(engine)
+    model = drive(engine, metrics, results)
+    # One prefill step then four decode steps; every interval is a difference of step ends.
+    assert [len(r.first_token) for r in results] == [1, 0, 0, 0, 0]
+    h = model.hists
+    assert h["vllm:time_to_first_token_seconds"].sum == req.first_token - 0.0
+    assert h["vllm:e2e_request_latency_seconds"].sum == req.finish_time
+    assert h["vllm:request_queue_time_seconds"].sum == req.first_scheduled == 0.0
+    assert h["vllm:request_prefill_time_seconds"].sum == req.first_token
+    assert h["vllm:request_decode_time_seconds"].sum == req.finish_time - req.first_token
+    itl = h["vllm:inter_token_latency_seconds"]
+    assert sum(itl.counts) == 4  # one gap per token after the first
+    assert abs(itl.sum - (req.finish_time - req.first_token)) < 1e-12
+    tpot = h["vllm:request_time_per_output_token_seconds"]
+    assert abs(tpot.sum - (req.finish_time - req.first_token) / 4) < 1e-12
+    assert model.success["length"] == 1 and model.counters["vllm:generation_tokens"] == 5
+    assert model.counters["vllm:prompt_tokens"] == 100
+    assert sum(h["vllm:iteration_tokens_total"].counts) == 5  # one observation per step
+
+
+def test_an_early_end_is_an_abort_with_what_it_had_received():
+    engine = core()
+    metrics = EngineMetrics([engine])
+    req = engine.submit(100, 50, 0.0)
+    results = [engine.step(engine.clock) for _ in range(4)]  # first token + 3 more
+    model = drive(engine, metrics, results)
+    last = results[-1].end
+    engine.cancel(req, last + 0.0001, Status.FINISHED_CANCELLED)
+    model.on_finished(req, 4, last)
+    h = model.hists
+    assert model.success["abort"] == 1
+    assert h["vllm:e2e_request_latency_seconds"].sum == req.finish_time == last + 0.0001
+    assert h["vllm:request_generation_tokens"].sum == 4
+    assert abs(h["vllm:request_decode_time_seconds"].sum - (last - req.first_token)) < 1e-12
+
+
+def test_every_timing_histogram_contains_vllms_boundaries_and_reads_within_5_percent():
+    for ours, vllm in ((B.TTFT, B.VLLM_TTFT), (B.PER_TOKEN, B.VLLM_PER_TOKEN),
+                       (B.E2E, B.VLLM_REQUEST), (B.PHASE, B.VLLM_REQUEST)):
+        assert set(vllm) <= set(ours)
+        assert list(ours) == sorted(set(ours))
+    for bounds, lo, hi in ((B.TTFT, 5e-4, 10.0), (B.PER_TOKEN, 2e-4, 0.2), (B.E2E, 0.01, 100.0)):
+        inside = [b for b in bounds if lo <= b <= hi]
+        assert max(b / a for a, b in zip(inside, inside[1:])) < 1.0505  # p99 of a point mass
+
+
+def test_the_fast_exposition_is_prometheus_clients_own_text():
+    engines = [core(), core(model="llama-3.1-8b")]
+    metrics = EngineMetrics(engines, engine_index=3)
+    for engine in engines:
+        for i in range(8):
+            engine.submit(50 + i, 20, 0.0)
+        _, results = run_until_idle(engine)
+        drive(engine, metrics, results)
+    metrics.for_model(engines[0]).on_rejected("QUEUE_SATURATED", 2)
+    metrics.for_model(engines[1]).on_rejected("SOMETHING_NEW")  # a label value appears later
+    for names in (None, ["gpt-oss-20b"], ["llama-3.1-8b"]):
+        chosen = [m for m in metrics.models if not names or m.core.name in names]
+        assert metrics.render(names) == generate_latest(_Collect(chosen))
+    again = metrics.render()
+    assert again == metrics.render()  # served from cache while nothing changed
+    assert b'engine="3"' in again and b'vllm:request_success_total{engine="3",finished_reason="length"' in again

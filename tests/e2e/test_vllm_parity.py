@@ -1,0 +1,102 @@
+"""Looking like vLLM to the tools that measure vLLM, against a real `serve`: the API port's
+/metrics carries every vllm:* series (promtool-clean but for vLLM's own names), a client
+hang-up is a finish with reason `abort` and its observations, and the endpoints vLLM adds
+to the OpenAI API answer in vLLM's shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+
+import aiohttp
+import pytest
+
+from metrics_helpers import PROMTOOL, promtool_check, sample
+from serve_helpers import serve
+
+MODEL = "gpt-oss-20b"
+LABELS = {"model_name": MODEL, "engine": "0"}
+VLLM_SERIES = (
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:engine_sleep_state", "vllm:cache_config_info", "vllm:num_preemptions_total",
+    "vllm:prompt_tokens_total", "vllm:prompt_tokens_by_source_total",
+    "vllm:prompt_tokens_cached_total", "vllm:generation_tokens_total",
+    "vllm:request_success_total", "vllm:request_prompt_tokens_bucket",
+    "vllm:request_generation_tokens_bucket", "vllm:iteration_tokens_total_bucket",
+    "vllm:request_max_num_generation_tokens_bucket", "vllm:request_params_n_bucket",
+    "vllm:request_params_max_tokens_bucket", "vllm:request_prefill_kv_computed_tokens_bucket",
+    "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+    "vllm:request_time_per_output_token_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+    "vllm:request_queue_time_seconds_bucket", "vllm:request_inference_time_seconds_bucket",
+    "vllm:request_prefill_time_seconds_bucket", "vllm:request_decode_time_seconds_bucket",
+)
+
+
+@pytest.fixture(scope="module")
+def served():
+    with serve() as s:
+        yield s
+
+
+def metrics(base: str) -> str:
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+        assert resp.headers["Content-Type"].startswith("text/plain")
+        return resp.read().decode()
+
+
+def test_api_port_metrics_have_the_vllm_series_and_pass_promtool(served):
+    body = metrics(served.base)
+    names = {line.split("{")[0].split(" ")[0] for line in body.splitlines()
+             if line and not line.startswith("#")}
+    missing = [n for n in VLLM_SERIES if n not in names]
+    assert not missing, missing
+    assert "inference_lab_gateway_http_requests_total" in names  # and the gateway's own
+    assert sample(body, "inference_lab_gateway_engine_metrics_up") == 1.0
+    for reason in ("stop", "length", "abort", "error", "repetition"):  # vLLM's label values
+        assert f'finished_reason="{reason}"' in body
+    assert sample(body, "vllm:engine_sleep_state", sleep_state="awake", **LABELS) == 1.0
+    assert 'vllm:cache_config_info{block_size="' in body and 'num_gpu_blocks="' in body
+    if PROMTOOL is None:
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    _, problems = promtool_check(body)
+    assert not problems, "\n".join(problems)
+
+
+async def test_a_hang_up_is_an_abort_with_its_observations(served):
+    before = metrics(served.base)
+    count = lambda body, name: sample(body, name + "_count", **LABELS)  # noqa: E731
+    body = {"model": MODEL, "stream": True, "max_tokens": 5000,
+            "messages": [{"role": "user", "content": "Tell me a long story."}]}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(served.base + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            chunks = 0
+            async for line in resp.content:
+                chunks += line.startswith(b"data: ")
+                if chunks >= 20:
+                    break  # hang up mid-stream
+    deadline = time.monotonic() + 10
+    while True:
+        after = await asyncio.to_thread(metrics, served.base)
+        aborted = sample(after, "vllm:request_success_total", finished_reason="abort", **LABELS)
+        if aborted >= sample(before, "vllm:request_success_total", finished_reason="abort",
+                             **LABELS) + 1 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    was = lambda name: sample(before, name, finished_reason="abort", **LABELS)  # noqa: E731
+    assert aborted == was("vllm:request_success_total") + 1
+    for series in ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+                   "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+                   "vllm:request_inference_time_seconds", "vllm:request_generation_tokens",
+                   "vllm:request_time_per_output_token_seconds", "vllm:time_to_first_token_seconds"):
+        assert count(after, series) == count(before, series) + 1, series
+    # It had streamed ~20 tokens when it left (never its 5000): the histograms say so.
+    generated = (sample(after, "vllm:request_generation_tokens_sum", **LABELS)
+                 - sample(before, "vllm:request_generation_tokens_sum", **LABELS))
+    assert 19 <= generated < 200
+    decode = (sample(after, "vllm:request_decode_time_seconds_sum", **LABELS)
+              - sample(before, "vllm:request_decode_time_seconds_sum", **LABELS))
+    assert 0 < decode < 1.0
+    itl = count(after, "vllm:inter_token_latency_seconds") - count(before, "vllm:inter_token_latency_seconds")
+    assert itl >= generated - 1
