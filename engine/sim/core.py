@@ -50,6 +50,7 @@ class StepResult:
     num_tokens: int  # positions computed (0: nothing could run)
     sampled: int  # tokens generated in this step
     prefill_tokens: int  # prompt positions computed in this step
+    num_decodes: int  # requests that decoded one token each (their previous came at `start`)
     admitted: list[Request] = field(default_factory=list)  # first scheduled now
     first_token: list[Request] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)
@@ -273,5 +274,5 @@ class EngineCore:
             req.finish_time = end
             req.done_mark = mark
         self.clock = end
-        return StepResult(start, end, num_tokens, sampled, prefill_tokens,
+        return StepResult(start, end, num_tokens, sampled, prefill_tokens, decodes,
                           decision.admitted, first, done, decision.preempted)
