@@ -11,7 +11,7 @@ import importlib
 import logging
 import sys
 
-SUBCOMMANDS = ("serve", "engine", "gateway", "sim")
+SUBCOMMANDS = ("serve", "engine", "gateway", "sim", "experiment")
 
 
 class UsageError(Exception):

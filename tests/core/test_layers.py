@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTRACTS = 5
+CONTRACTS = 6
 
 
 def _assemble(where: Path) -> Path:
@@ -53,6 +53,8 @@ def test_every_layer_contract_is_kept(tmp_path):
     ("common/toml.py", "import inference_lab.cli", "command line on top"),
     ("gateway/protocols/base.py", "import inference_lab.gateway.app",
      "the app over faults over the API dialects"),
+    ("experiments/runner.py", "import inference_lab.gateway.app", "over HTTP only"),
+    ("engine/service/rpc.py", "import inference_lab.experiments.runner", "command line on top"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
     package = _assemble(tmp_path)

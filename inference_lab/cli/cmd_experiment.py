@@ -1,0 +1,215 @@
+"""`inference-lab experiment`: run a capacity scenario against a server and report on it;
+`inference-lab experiment compare DIR...`: several runs side by side.
+
+Knows the flags and the private server's lifecycle (`--serve` starts `inference-lab serve`
+on free loopback ports with the scenario's model config, and stops it afterwards). The
+experiment itself is inference_lab.experiments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from inference_lab.cli.auth_flags import API_KEY_ENV, CONTROL_TOKEN_ENV
+
+HELP = """\
+Run a capacity experiment: a scenario TOML (load, controller, timeline of actions) against
+a server over HTTP, then write DIR/requests.parquet (one row per request),
+DIR/controller.parquet, DIR/server.parquet (queue gauges every 250 ms), DIR/summary.json
+(per phase, with the offline simulator's oracle and the controller's scores) and
+DIR/report.html (plots).
+
+  inference-lab experiment configs/experiments/reference-page.toml --serve --out runs/ref
+  inference-lab experiment configs/experiments/capacity-step.toml --serve --controller aimd --out runs/aimd
+  inference-lab experiment compare runs/ref runs/aimd --out runs/compare
+
+Controllers: fixed, aimd, vegas, gradient2, envoy, sre (published defaults; override
+with --param NAME=VALUE). With --url the server's clock must run at --time-scale.
+"""
+READY_TIMEOUT_S = 60.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("experiment", help="run a capacity experiment and report on it",
+                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("target", metavar="SCENARIO.toml | compare",
+                   help="the scenario to run, or `compare` followed by run directories")
+    p.add_argument("dirs", nargs="*", metavar="DIR", help="with `compare`: the run directories")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--url", metavar="URL", help="the server to drive (e.g. http://127.0.0.1:8080)")
+    where.add_argument("--serve", action="store_true",
+                       help="start a private `inference-lab serve` for the run, stop it after")
+    p.add_argument("--controller", metavar="NAME", help="override the scenario's controller")
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a controller parameter (repeatable), e.g. --param min_limit=1")
+    p.add_argument("--time-scale", type=float, metavar="K",
+                   help="the server's modelled clock runs K times faster than the wall "
+                        "(default: the scenario's [server] time_scale, else 1)")
+    p.add_argument("--metrics-url", metavar="URL",
+                   help="the engine's Prometheus /metrics to scrape (default with --serve: its "
+                        "own; with --url: GET /control/capacity on the server)")
+    p.add_argument("--out", type=Path, required=False, metavar="DIR", help="output directory")
+    p.set_defaults(func=run)
+
+
+def _param(text: str) -> tuple[str, object]:
+    from inference_lab.cli import UsageError
+
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise UsageError(f"--param: expected NAME=VALUE, got {text!r}")
+    for kind in (int, float):
+        try:
+            return name, kind(value)
+        except ValueError:
+            pass
+    return name, value
+
+
+class PrivateServer:
+    """`inference-lab serve` on free loopback ports, for one run."""
+
+    def __init__(self, scenario, time_scale: float, log_path: Path) -> None:
+        self.argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING",
+                     "serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
+                     "--hardware", scenario.hardware, "--time-scale", repr(time_scale),
+                     "--grace", "1"]
+        if scenario.config is not None:
+            self.argv += ["--config", str(scenario.config)]
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+        self.metrics_url = ""
+
+    def __enter__(self) -> "PrivateServer":
+        from inference_lab.cli import UsageError
+
+        env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, CONTROL_TOKEN_ENV)}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=self._log,
+                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline().decode(errors="replace")
+            if not line:
+                break
+            self._log.write(line.encode())
+            if m := re.search(r"metrics (\d+)", line):
+                self.metrics_url = f"http://127.0.0.1:{m.group(1)}/metrics"
+            if m := re.search(r"serving on (http://\S+:\d+)", line):
+                self.url = m.group(1)
+                break
+        if not self.url:
+            self.__exit__(None, None, None)
+            raise UsageError(f"--serve: the server did not start; its log: {self.log_path}")
+        # Keep reading its stdout so that it never blocks on a full pipe.
+        self._drain = threading.Thread(target=shutil.copyfileobj, args=(self.proc.stdout, self._log),
+                                       daemon=True)
+        self._drain.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        drain = getattr(self, "_drain", None)
+        if drain is not None:
+            drain.join(5)
+        self._log.close()
+
+
+def _run_scenario(args: argparse.Namespace) -> int:
+    from inference_lab.cli import UsageError
+    from inference_lab.cli.auth_flags import api_key, control_token
+    from inference_lab.experiments.experiment import run_experiment
+    from inference_lab.experiments.scenario import load_scenario
+
+    if args.dirs:
+        raise UsageError(f"unexpected arguments after the scenario: {' '.join(args.dirs)} "
+                         "(did you mean `experiment compare DIR...`?)")
+    if not args.url and not args.serve:
+        raise UsageError("give --url URL (a running server) or --serve (start a private one)")
+    if args.out is None:
+        raise UsageError("--out DIR is required")
+    scenario = load_scenario(args.target)
+    if args.controller or args.param:
+        params = dict(_param(p) for p in args.param)
+        scenario = scenario.with_controller(args.controller or scenario.controller,
+                                            params if args.param else None)
+    from inference_lab.experiments.controllers import make_controller
+
+    try:
+        make_controller(scenario.controller, scenario.controller_params)  # refuse bad input now
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    scale = args.time_scale if args.time_scale is not None else scenario.time_scale
+    if not 0 < scale <= 1000:
+        raise UsageError(f"--time-scale: expected a number > 0 and <= 1000, got {scale}")
+    out: Path = args.out
+
+    def progress(line: str) -> None:
+        print(f"  {line}", flush=True)
+
+    def go(url: str, metrics_url: str | None) -> dict:
+        print(f"running {scenario.name} ({scenario.duration:g} modelled s, "
+              f"{scenario.duration / scale:.1f} s on the wall) with controller "
+              f"{scenario.controller} against {url}", flush=True)
+        return asyncio.run(run_experiment(
+            scenario, url, out, time_scale=scale, metrics_url=metrics_url,
+            api_key=api_key(args) if not args.serve else None,
+            control_token=control_token(args) if not args.serve else None,
+            on_progress=progress))
+
+    try:
+        if args.serve:
+            with PrivateServer(scenario, scale, out / "server.log") as server:
+                summary = go(server.url, args.metrics_url or server.metrics_url)
+        else:
+            summary = go(args.url, args.metrics_url)
+    except (OSError, RuntimeError) as exc:
+        raise UsageError(str(exc)) from None
+    for p in summary["phases"]:
+        s, sc = p["steady"], p["scores"]
+        e2e = f"{s['e2e_p50_s'] * 1000:.0f}" if s["e2e_p50_s"] is not None else "-"
+        print(f"  phase {p['index']} ({p['action']}): limit p50 {s['limit_p50']}, "
+              f"goodput {s['goodput_tok_s']:.0f} tok/s (oracle {p['oracle']['goodput_tok_s']:.0f}), "
+              f"e2e p50 {e2e} ms, 529 {100 * s['frac_529']:.1f} %, "
+              f"score goodput {sc['goodput'] or 0:.2f}")
+    print(f"wrote {out / 'report.html'} and {out / 'summary.json'}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from inference_lab.cli import UsageError
+    from inference_lab.experiments.experiment import compare
+
+    if not args.dirs:
+        raise UsageError("compare: give one or more run directories")
+    out = args.out or Path("compare")
+    try:
+        path = compare([Path(d) for d in args.dirs], out)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {path}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.target == "compare":
+        return _compare(args)
+    return _run_scenario(args)

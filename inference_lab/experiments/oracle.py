@@ -1,0 +1,107 @@
+"""The oracle: what the engine's own model predicts for each phase of a scenario, from the
+offline simulator (inference_lab.engine.drivers.offline), so that a controller's result
+can be scored against the best it could have done. No guessing, no fitted constants.
+
+For a phase with capacity (max_num_seqs, max_waiting) and a load:
+- The sustainable concurrency c* is the most requests the engine runs at once without
+  queueing: min(closed-loop users, max_num_seqs); under an open loop of rate r that the
+  engine can carry, the concurrency Little's law gives for it (r x mean e2e), which is
+  below max_num_seqs.
+- The oracle goodput and latency are those of the offline simulation of that phase's
+  deployment at c* (a closed loop of c* users), or, for an open loop the engine can
+  carry, of the Poisson load itself at rate r. Queueing beyond c* only adds latency, and
+  beyond max_num_seqs + max_waiting it only adds 529s: no controller can do better.
+
+Knows the offline driver and the deployment configs. Does not know HTTP or the records.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+from inference_lab.common.workload import WorkloadSpec
+from inference_lab.engine.drivers.offline import run_offline
+from inference_lab.engine.sim.config import default_deployments, load_config_dir
+from inference_lab.engine.sim.specs import Deployment
+from inference_lab.experiments.scenario import Phase, Scenario
+
+__all__ = ["deployment_for", "phase_oracle", "oracles"]
+
+MIN_REQUESTS = 200
+MAX_REQUESTS = 6000
+REQUESTS_PER_USER = 25
+
+
+def deployment_for(scenario: Scenario) -> Deployment:
+    deps = (load_config_dir(scenario.config, scenario.hardware) if scenario.config is not None
+            else default_deployments(scenario.hardware))
+    for dep in deps:
+        if dep.name == scenario.model:
+            return dep
+    raise ValueError(f"{scenario.path}: model {scenario.model!r} is not in the server's config "
+                     f"(models: {', '.join(d.name for d in deps)})")
+
+
+def _with_capacity(dep: Deployment, max_num_seqs: int) -> Deployment:
+    sched = copy.copy(dep.scheduler)
+    sched.max_num_seqs = max_num_seqs
+    sched.max_waiting = 0  # the oracle never queues past c*, so never refuses
+    return replace(dep, scheduler=sched)
+
+
+def _facts(summary: dict, concurrency: float, kind: str) -> dict:
+    lat = summary["latency_metrics"]
+    thr = summary["throughput_metrics"]
+    return {
+        "kind": kind,
+        "concurrency": concurrency,
+        "goodput_tok_s": thr["output_tokens_per_sec"],
+        "requests_per_s": thr["requests_per_sec"],
+        "e2e_p50_s": lat["e2e_ms"]["p50"] / 1000.0,
+        "e2e_p99_s": lat["e2e_ms"]["p99"] / 1000.0,
+        "ttft_p50_s": lat["ttft_ms"]["p50"] / 1000.0,
+        "ttft_p99_s": lat["ttft_ms"]["p99"] / 1000.0,
+        "e2e_mean_s": lat["e2e_ms"]["mean"] / 1000.0,
+    }
+
+
+def _closed(dep: Deployment, spec: WorkloadSpec, users: int) -> dict:
+    n = max(MIN_REQUESTS, min(MAX_REQUESTS, users * REQUESTS_PER_USER))
+    run = run_offline(dep, replace(spec, arrival_pattern="closed_loop", num_concurrent_users=users,
+                                   num_requests=n, arrival_rate=None))
+    return _facts(run, users, "closed_loop")
+
+
+def phase_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase) -> dict:
+    dep = _with_capacity(dep, phase.max_num_seqs)
+    if phase.users is not None and spec.arrival_pattern == "closed_loop":
+        if phase.users == 0:
+            return {"kind": "idle", "concurrency": 0, "goodput_tok_s": 0.0, "requests_per_s": 0.0,
+                    "e2e_p50_s": 0.0, "e2e_p99_s": 0.0, "ttft_p50_s": 0.0, "ttft_p99_s": 0.0,
+                    "e2e_mean_s": 0.0}
+        return _closed(dep, spec, min(phase.users, phase.max_num_seqs))
+    saturated = _closed(dep, spec, phase.max_num_seqs)
+    rate = phase.rate or 0.0
+    if rate >= 0.98 * saturated["requests_per_s"]:
+        saturated["kind"] = "open_loop_overloaded"
+        return saturated
+    n = max(MIN_REQUESTS, min(MAX_REQUESTS, int(rate * (phase.end - phase.start) * 2)))
+    run = run_offline(dep, replace(spec, arrival_pattern="poisson", arrival_rate=rate,
+                                   num_requests=n, num_concurrent_users=None))
+    facts = _facts(run, 0.0, "open_loop")
+    facts["concurrency"] = rate * facts["e2e_mean_s"]  # Little's law
+    return facts
+
+
+def oracles(scenario: Scenario) -> list[dict]:
+    """One oracle per phase, in order (phases with the same capacity and load share one)."""
+    dep = deployment_for(scenario)
+    cache: dict[tuple, dict] = {}
+    out = []
+    for phase in scenario.phases():
+        key = (phase.max_num_seqs, phase.users, phase.rate)
+        if key not in cache:
+            cache[key] = phase_oracle(dep, scenario.workload, phase)
+        out.append(dict(cache[key]))
+    return out

@@ -1,0 +1,245 @@
+"""report.html: one self-contained page per run (or per comparison of runs), plots made
+with matplotlib and embedded as PNG data URIs, plus the per-phase summary as a table.
+
+Plots of one run: controller limit and in-flight over time with the timeline's actions
+marked and each phase's band [max_num_seqs, max_num_seqs + max_waiting] shaded; goodput
+(tokens/s of 200s) and the 529 rate per window, with the oracle's goodput; TTFT and e2e
+p50/p99 per window, with the oracle's e2e p50; the server's waiting and running.
+A comparison overlays the runs' limits, goodput and e2e p50 and tables their scores.
+
+Knows matplotlib (Agg, no display) and HTML. Does not know how the numbers were made.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from inference_lab.experiments.summary import window_series
+
+__all__ = ["write_report", "write_comparison"]
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
+img { width: 100%; height: auto; border: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.6em 0; }
+td, th { border: 1px solid #ccc; padding: 3px 7px; text-align: right; }
+th { background: #f3f3f3; } td.l, th.l { text-align: left; }
+.muted { color: #666; font-size: 0.9em; }
+"""
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _mark_actions(ax, actions: list[dict], label: bool = False) -> None:
+    for a in actions:
+        ax.axvline(a["at"], color="#d62728", linestyle="--", linewidth=1)
+        if label:
+            ax.annotate(a["label"], (a["at"], 1.0), xycoords=("data", "axes fraction"),
+                        xytext=(3, -12), textcoords="offset points", fontsize=8, color="#d62728")
+
+
+def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    return f"{v * scale:,.{digits}f}{unit}"
+
+
+def _phase_table(summary: dict) -> str:
+    rows = ["<tr><th class=l>phase</th><th>from–to s</th><th>max_num_seqs / max_waiting</th>"
+            "<th>limit p50</th><th>in band</th><th>goodput tok/s</th><th>oracle tok/s</th>"
+            "<th>529 %</th><th>e2e p50 / p99 ms</th><th>oracle e2e p50 ms</th>"
+            "<th>score goodput</th><th>score e2e p50</th><th>settle s</th></tr>"]
+    for p in summary["phases"]:
+        s, o, sc = p["steady"], p["oracle"], p["scores"]
+        rows.append(
+            f"<tr><td class=l>{html.escape(p['action'])}</td>"
+            f"<td>{p['start_s']:.0f}–{p['end_s']:.0f}</td>"
+            f"<td>{p['capacity']['max_num_seqs']} / {p['capacity']['max_waiting']}</td>"
+            f"<td>{_fmt(s['limit_p50'])}</td><td>{_fmt(p['limit_in_band'], ' %', 100, 0)}</td>"
+            f"<td>{_fmt(s['goodput_tok_s'], digits=0)}</td><td>{_fmt(o['goodput_tok_s'], digits=0)}</td>"
+            f"<td>{_fmt(s['frac_529'], '', 100)}</td>"
+            f"<td>{_fmt(s['e2e_p50_s'], '', 1000, 0)} / {_fmt(s['e2e_p99_s'], '', 1000, 0)}</td>"
+            f"<td>{_fmt(o['e2e_p50_s'], '', 1000, 0)}</td>"
+            f"<td>{_fmt(sc['goodput'], digits=2)}</td><td>{_fmt(sc['e2e_p50'], digits=2)}</td>"
+            f"<td>{_fmt(sc['settle_s'])}</td></tr>")
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def _run_figures(run: dict, summary: dict, window: float) -> list[tuple[str, str]]:
+    plt = _plt()
+    req, ctl, srv = run["requests"], run["controller"], run["server"]
+    actions = run.get("actions", [])
+    duration = summary["duration_s"]
+    w = window_series(req, 0.0, duration, window)
+    figs = []
+
+    fig, ax = plt.subplots(figsize=(11, 3.4))
+    for p in summary["phases"]:
+        lo, hi = p["band"]
+        ax.axhspan(lo, hi if hi is not None else lo, xmin=p["start_s"] / duration,
+                   xmax=p["end_s"] / duration, color="#2ca02c", alpha=0.12, linewidth=0)
+        ax.hlines(p["oracle"]["concurrency"], p["start_s"], p["end_s"], colors="#2ca02c",
+                  linestyles=":", linewidth=1.5)
+    limit = np.where(np.isfinite(ctl["limit"]), ctl["limit"], np.nan)
+    ax.step(ctl["t"], limit, where="post", label="controller limit", color="#1f77b4")
+    ax.step(ctl["t"], ctl["inflight"], where="post", label="in flight", color="#ff7f0e",
+            alpha=0.6, linewidth=0.8)
+    _mark_actions(ax, actions, label=True)
+    ax.set_xlim(0, duration)
+    ax.set_xlabel("modelled seconds")
+    ax.set_ylabel("requests")
+    ax.plot([], [], color="#2ca02c", alpha=0.4, linewidth=6, label="max_num_seqs .. + max_waiting")
+    ax.plot([], [], color="#2ca02c", linestyle=":", label="oracle concurrency")
+    ax.legend(loc="upper right", fontsize=8)
+    figs.append(("Controller limit and in-flight requests", _png(fig)))
+
+    fig, ax = plt.subplots(figsize=(11, 3.0))
+    ax.plot(w["t"], w["goodput"], label="goodput (tokens/s of 200s)", color="#1f77b4")
+    for p in summary["phases"]:
+        ax.hlines(p["oracle"]["goodput_tok_s"], p["start_s"], p["end_s"], colors="#2ca02c",
+                  linestyles=":", linewidth=1.5)
+    ax.plot([], [], color="#2ca02c", linestyle=":", label="oracle goodput")
+    ax.set_ylabel("tokens/s")
+    ax.set_ylim(bottom=0)
+    ax2 = ax.twinx()
+    ax2.plot(w["t"], w["rate_529"], color="#d62728", alpha=0.7, label="529/s")
+    ax2.set_ylabel("529 per second", color="#d62728")
+    ax2.set_ylim(bottom=0)
+    _mark_actions(ax, actions)
+    ax.set_xlim(0, duration)
+    ax.set_xlabel("modelled seconds")
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="lower left", fontsize=8)
+    figs.append(("Goodput and 529 rate", _png(fig)))
+
+    fig, ax = plt.subplots(figsize=(11, 3.0))
+    for name, color in (("e2e", "#1f77b4"), ("ttft", "#9467bd")):
+        ax.plot(w["t"], w[f"{name}_p50"] * 1000, color=color, label=f"{name} p50")
+        ax.plot(w["t"], w[f"{name}_p99"] * 1000, color=color, linestyle="--", alpha=0.7,
+                label=f"{name} p99")
+    for p in summary["phases"]:
+        ax.hlines(p["oracle"]["e2e_p50_s"] * 1000, p["start_s"], p["end_s"], colors="#2ca02c",
+                  linestyles=":", linewidth=1.5)
+    ax.plot([], [], color="#2ca02c", linestyle=":", label="oracle e2e p50")
+    _mark_actions(ax, actions)
+    ax.set_xlim(0, duration)
+    ax.set_ylabel("ms (modelled)")
+    ax.set_xlabel("modelled seconds")
+    positive = np.concatenate([w["ttft_p50"], w["e2e_p99"]]) * 1000
+    positive = positive[np.isfinite(positive) & (positive > 0)]
+    if positive.size:
+        ax.set_yscale("log")
+        ax.set_ylim(positive.min() / 1.5, positive.max() * 1.5)
+    ax.legend(loc="upper left", fontsize=8, ncol=3)
+    figs.append((f"TTFT and end-to-end latency per {window:g} s window", _png(fig)))
+
+    fig, ax = plt.subplots(figsize=(11, 2.8))
+    if srv["t"].size:
+        ax.step(srv["t"], srv["running"], where="post", label="running", color="#1f77b4")
+        ax.step(srv["t"], srv["waiting"], where="post", label="waiting", color="#ff7f0e")
+        ax.step(srv["t"], srv["max_num_seqs"], where="post", label="max_num_seqs",
+                color="#7f7f7f", linestyle=":")
+    _mark_actions(ax, actions)
+    ax.set_xlim(0, duration)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("requests")
+    ax.set_xlabel("modelled seconds")
+    ax.legend(loc="upper right", fontsize=8)
+    figs.append(("Server queue (scraped every 250 ms)", _png(fig)))
+    return figs
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!doctype html><html lang=en><head><meta charset=utf-8>"
+            f"<meta name=viewport content='width=device-width, initial-scale=1'>"
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head>"
+            f"<body>{body}</body></html>")
+
+
+def write_report(out: Path, run: dict, summary: dict, window: float) -> Path:
+    figs = _run_figures(run, summary, window)
+    head = (f"<h1>{html.escape(summary['scenario'])}: controller "
+            f"<code>{html.escape(summary['controller'])}</code></h1>"
+            f"<p>{html.escape(summary.get('description') or '')}</p>"
+            f"<p class=muted>model {html.escape(summary['model'])}, {summary['duration_s']:g} "
+            f"modelled s at time scale {summary['time_scale']:g}; {summary['requests']} requests, "
+            f"{_fmt(summary['frac_529'], ' %', 100)} 529s, {summary['errors']} other errors. "
+            f"Latencies are client-measured in modelled seconds; phase figures are over each "
+            f"phase's second half (summary.json has both halves).</p>")
+    body = head + "<h2>Phases</h2>" + _phase_table(summary)
+    for title, uri in figs:
+        body += f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='{uri}'>"
+    path = out / "report.html"
+    path.write_text(_page(f"{summary['scenario']} – {summary['controller']}", body))
+    return path
+
+
+def write_comparison(out: Path, runs: list[tuple[str, dict, dict]], window: float = 2.0) -> Path:
+    """runs: (label, run, summary) each; one page overlaying them."""
+    plt = _plt()
+    duration = max(s["duration_s"] for _, _, s in runs)
+    figs = []
+    panels = (("Controller limit", "limit"), ("Goodput (tokens/s of 200s)", "goodput"),
+              ("End-to-end p50 (ms, modelled)", "e2e_p50"))
+    for title, what in panels:
+        fig, ax = plt.subplots(figsize=(11, 3.0))
+        for label, run, summary in runs:
+            if what == "limit":
+                ctl = run["controller"]
+                limit = np.where(np.isfinite(ctl["limit"]), ctl["limit"], np.nan)
+                ax.step(ctl["t"], limit, where="post", label=label)
+            else:
+                w = window_series(run["requests"], 0.0, summary["duration_s"], window)
+                ax.plot(w["t"], w[what] * (1000 if what == "e2e_p50" else 1), label=label)
+        _mark_actions(ax, runs[0][1].get("actions", []), label=True)
+        ax.set_xlim(0, duration)
+        ax.set_xlabel("modelled seconds")
+        ax.legend(loc="upper right", fontsize=8)
+        figs.append((title, _png(fig)))
+    rows = ["<tr><th class=l>run</th><th class=l>phase</th><th>limit p50</th><th>goodput tok/s</th>"
+            "<th>529 %</th><th>e2e p50 ms</th><th>score goodput</th><th>score e2e p50</th>"
+            "<th>settle s</th></tr>"]
+    for label, _, s in runs:
+        for p in s["phases"]:
+            st, sc = p["steady"], p["scores"]
+            rows.append(f"<tr><td class=l>{html.escape(label)}</td><td class=l>{html.escape(p['action'])}</td>"
+                        f"<td>{_fmt(st['limit_p50'])}</td><td>{_fmt(st['goodput_tok_s'], digits=0)}</td>"
+                        f"<td>{_fmt(st['frac_529'], '', 100)}</td><td>{_fmt(st['e2e_p50_s'], '', 1000, 0)}</td>"
+                        f"<td>{_fmt(sc['goodput'], digits=2)}</td><td>{_fmt(sc['e2e_p50'], digits=2)}</td>"
+                        f"<td>{_fmt(sc['settle_s'])}</td></tr>")
+    body = (f"<h1>Comparison of {len(runs)} runs</h1><p class=muted>"
+            + html.escape(", ".join(f"{label}: {s['scenario']} / {s['controller']}" for label, _, s in runs))
+            + "</p><h2>Scores per phase</h2><table>" + "".join(rows) + "</table>")
+    for title, uri in figs:
+        body += f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='{uri}'>"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.html"
+    path.write_text(_page("comparison", body))
+    (out / "summary.json").write_text(json.dumps(
+        {"runs": [{"label": label, **s} for label, _, s in runs]}, indent=1))
+    return path

@@ -1,0 +1,353 @@
+"""Runs a scenario against a server over HTTP: the load (closed-loop users or Poisson
+arrivals) through a controller, the timeline's actions, and a 250 ms scrape of the
+server's queue gauges; every request becomes one record.
+
+Times: the scenario is written in modelled seconds; with a time scale K the server's
+clock runs K times faster than the wall, so the runner waits `at / K` wall seconds for
+an action at `at`, and records client-measured durations multiplied by K (modelled
+seconds, comparable with the engine's own `inference_lab` timings, which are recorded
+beside them). Send delays are recorded in wall milliseconds.
+
+Knows: HTTP endpoints (/v1/completions, /control/capacity, /metrics), the scenario and
+the controller interface. Does not know how the server is started (the CLI does) or how
+results are summarised (summary, report).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from inference_lab.experiments.client import Connection, ConnectionError_, Endpoint, Result
+from inference_lab.experiments.controllers import Controller, Outcome
+from inference_lab.experiments.records import Records
+from inference_lab.experiments.scenario import Action, Scenario
+
+log = logging.getLogger(__name__)
+
+SCRAPE_INTERVAL = 0.25  # wall seconds between scrapes of the queue gauges
+SLOT_RECHECK = 0.01  # modelled seconds: a waiting user re-checks a limit that grew on its own
+DRAIN_TIMEOUT = 60.0  # wall seconds the requests still open at the end may take
+STATUS_SHED = 0  # refused by the client's own controller, never sent
+STATUS_NO_RESPONSE = -1
+
+GAUGES = {
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:num_requests_running": "running",
+    "inference_lab_max_num_seqs": "max_num_seqs",
+    "inference_lab_max_waiting": "max_waiting",
+}
+
+
+def parse_gauges(text: str, model: str) -> dict[str, float]:
+    """The queue gauges of `model` from a Prometheus text exposition."""
+    out: dict[str, float] = {}
+    label = f'model_name="{model}"'
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name, _, rest = line.partition("{")
+        key = GAUGES.get(name)
+        if key is None or label not in rest:
+            continue
+        try:
+            out[key] = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            pass
+    return out
+
+
+class Http:
+    """Small control-plane requests (capacity, scrapes): a fresh connection each, so they
+    never queue behind the load's keep-alive streams."""
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token
+
+    async def request(self, method: str, url: str, body: dict | None = None,
+                      timeout: float = 5.0) -> tuple[int, bytes]:
+        parts = urlsplit(url)
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        raw = json.dumps(body).encode() if body is not None else b""
+        head = [f"{method} {path or '/'} HTTP/1.1", f"Host: {parts.hostname}:{parts.port}",
+                "Connection: close", f"Content-Length: {len(raw)}"]
+        if body is not None:
+            head.append("Content-Type: application/json")
+        if self.token:
+            head.append(f"Authorization: Bearer {self.token}")
+
+        async def go() -> tuple[int, bytes]:
+            reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+            try:
+                writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + raw)
+                data = await reader.read(-1)
+            finally:
+                writer.close()
+            status = int(data[9:12]) if data.startswith(b"HTTP/1.") else -1
+            return status, data.partition(b"\r\n\r\n")[2]
+
+        return await asyncio.wait_for(go(), timeout)
+
+
+class Runner:
+    def __init__(self, scenario: Scenario, base_url: str, controller: Controller, *,
+                 time_scale: float = 1.0, metrics_url: str | None = None,
+                 api_key: str | None = None, control_token: str | None = None,
+                 on_progress: Callable[[str], None] | None = None) -> None:
+        self.sc = scenario
+        self.base = base_url.rstrip("/")
+        self.endpoint = Endpoint(self.base, scenario.model, api_key)
+        self.ctl = controller
+        self.k = time_scale
+        self.metrics_url = metrics_url
+        self.http = Http(control_token)
+        self.records = Records()
+        self.rng = random.Random(scenario.workload.seed)
+        self.users_target = scenario.workload.num_concurrent_users or 0
+        self.rate = scenario.workload.arrival_rate or 0.0
+        self.phase = 0
+        self.progress = on_progress or (lambda line: None)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.t0 = 0.0
+        self.end = 0.0  # loop time the load stops
+        self._slot_waiters: list[asyncio.Future] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._idle: list[Connection] = []
+        self._users: list[asyncio.Task] = []
+
+    # ---- clocks ------------------------------------------------------------------------
+    def now(self) -> float:
+        """Modelled seconds since the start."""
+        return (self.loop.time() - self.t0) * self.k
+
+    def wall_at(self, modelled: float) -> float:
+        return self.t0 + modelled / self.k
+
+    # ---- control plane -------------------------------------------------------------------
+    async def set_capacity(self, update: dict) -> None:
+        body = {"model": self.sc.model, **update}
+        status, text = await self.http.request("POST", self.base + "/control/capacity", body)
+        if status != 200:
+            raise RuntimeError(f"POST /control/capacity {body} answered {status}: "
+                               f"{text[:200].decode('utf-8', 'replace')}")
+
+    async def scrape(self) -> dict[str, float]:
+        if self.metrics_url:
+            status, body = await self.http.request("GET", self.metrics_url)
+            if status == 200:
+                return parse_gauges(body.decode("utf-8", "replace"), self.sc.model)
+            return {}
+        status, body = await self.http.request("GET", self.base + "/control/capacity")
+        if status != 200:
+            return {}
+        for row in json.loads(body):
+            if row.get("model") == self.sc.model:
+                return {k: float(row[k]) for k in GAUGES.values() if k in row}
+        return {}
+
+    async def _scraper(self) -> None:
+        while True:
+            started = self.now()
+            try:
+                gauges = await self.scrape()
+            except (OSError, asyncio.TimeoutError, ValueError) as exc:
+                log.debug("scrape failed: %s", exc)
+                gauges = {}
+            if gauges:
+                self.records.server(started, gauges)
+            await asyncio.sleep(SCRAPE_INTERVAL)
+
+    # ---- the controller's slots -------------------------------------------------------------
+    def _trace(self) -> None:
+        self.records.controller(self.now(), self.ctl.limit, self.ctl.inflight)
+
+    def _wake_one(self) -> None:
+        while self._slot_waiters:
+            fut = self._slot_waiters.pop(0)
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    async def _acquire_blocking(self):
+        """A slot for a closed-loop user: wait for a release (or a limit that grew)."""
+        while True:
+            ticket = self.ctl.acquire(self.now())
+            if ticket is not None:
+                self._trace()
+                return ticket
+            if self.loop.time() >= self.end:
+                return None
+            fut = self.loop.create_future()
+            self._slot_waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, SLOT_RECHECK / self.k)
+            except asyncio.TimeoutError:
+                pass
+
+    def _release(self, ticket, result: Result | None) -> None:
+        now = self.now()
+        if result is None or result.status == STATUS_NO_RESPONSE:
+            outcome, rtt = Outcome.IGNORED, 0.0
+        else:
+            e2e = (result.done - result.sent) * self.k
+            if result.status == 200:
+                outcome = Outcome.OK
+                if self.sc.rtt == "ttft" and result.first:
+                    rtt = (result.first - result.sent) * self.k
+                elif self.sc.rtt == "per_token" and result.completion_tokens > 1 and result.first:
+                    rtt = (result.done - result.first) * self.k / (result.completion_tokens - 1)
+                else:
+                    rtt = e2e
+            elif result.status == 529:
+                outcome, rtt = Outcome.DROPPED, e2e
+            else:
+                outcome, rtt = Outcome.IGNORED, e2e
+        self.ctl.release(ticket, now, outcome, rtt)
+        self._trace()
+        self._wake_one()
+
+    # ---- one request ------------------------------------------------------------------------
+    async def _one(self, conn: Connection | None, due: float, user: int, ticket) -> tuple[Result, Connection | None]:
+        """Send one request (on `conn`, or a new connection) and record it."""
+        prompt = self.sc.workload.input_len_dist.sample(self.rng)
+        output = self.sc.workload.output_len_dist.sample(self.rng)
+        raw = self.endpoint.request(prompt, output)
+        limit, inflight, phase = self.ctl.limit, self.ctl.inflight, self.phase
+        try:
+            if conn is None or conn.closed:
+                conn = await self.endpoint.connect()
+            result = await conn.send(raw)
+        except (OSError, ConnectionError_) as exc:
+            now = self.loop.time()
+            result = Result(STATUS_NO_RESPONSE, now, 0.0, now, error=str(exc)[:300])
+            if conn is not None:
+                conn.close()
+            conn = None
+        self._release(ticket, result)
+        self.records.request(self, due, user, phase, limit, inflight, prompt, output, result)
+        return result, conn
+
+    # ---- load ------------------------------------------------------------------------------
+    async def _user(self, i: int) -> None:
+        conn: Connection | None = None
+        try:
+            while self.loop.time() < self.end:
+                if i >= self.users_target:
+                    await asyncio.sleep(0.05 / self.k + 0.001)  # parked by a load change
+                    continue
+                due = self.loop.time()
+                ticket = await self._acquire_blocking()
+                if ticket is None:
+                    break
+                if i >= self.users_target:  # parked while it waited
+                    self.ctl.release(ticket, self.now(), Outcome.IGNORED, 0.0)
+                    self._wake_one()
+                    continue
+                result, conn = await self._one(conn, due, i, ticket)
+                if result.status != 200 and self.sc.retry_after_529 > 0:
+                    await asyncio.sleep(self.sc.retry_after_529 / self.k)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _ensure_users(self) -> None:
+        while len(self._users) < self.users_target:
+            self._users.append(self.loop.create_task(self._user(len(self._users))))
+
+    async def _open_loop(self) -> None:
+        """Poisson arrivals at the current rate; each is due at its scheduled instant (its
+        send delay is measured from there: no coordinated omission)."""
+        t = self.loop.time()
+        while True:
+            rate = self.rate
+            if rate <= 0:
+                t = self.loop.time() + 0.01
+                await asyncio.sleep(0.01)
+                continue
+            t += self.rng.expovariate(rate) / self.k
+            if t >= self.end:
+                return
+            delay = t - self.loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            ticket = self.ctl.acquire(self.now())
+            if ticket is None:
+                self.records.shed(self, t, self.phase)
+                continue
+            self._trace()
+            conn = self._idle.pop() if self._idle else None
+            task = self.loop.create_task(self._open_request(conn, t, ticket))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _open_request(self, conn, due, ticket) -> None:
+        _, conn = await self._one(conn, due, -1, ticket)
+        if conn is not None and not conn.closed:
+            self._idle.append(conn)
+
+    # ---- the timeline -------------------------------------------------------------------------
+    async def _apply(self, action: Action) -> None:
+        if action.capacity:
+            await self.set_capacity(action.capacity)
+        if "num_concurrent_users" in action.load:
+            self.users_target = action.load["num_concurrent_users"]
+            self._ensure_users()
+            self._wake_one()
+        if "arrival_rate" in action.load:
+            self.rate = action.load["arrival_rate"]
+        self.phase += 1
+        self.records.action(self.now(), action.at, action.describe())
+        self.progress(f"t={action.at:.1f}s: {action.describe()}")
+
+    async def _timeline(self) -> None:
+        for action in self.sc.timeline:
+            delay = self.wall_at(action.at) - self.loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await self._apply(action)
+
+    async def run(self) -> Records:
+        self.loop = asyncio.get_running_loop()
+        await self.set_capacity({"max_num_seqs": self.sc.max_num_seqs,
+                                 "max_waiting": self.sc.max_waiting})
+        self.t0 = self.loop.time()
+        self.records.start(time.time(), self.k)
+        self.end = self.wall_at(self.sc.duration)
+        self._trace()
+        scraper = self.loop.create_task(self._scraper())
+        timeline = self.loop.create_task(self._timeline())
+        try:
+            if self.sc.workload.arrival_pattern == "closed_loop":
+                self._ensure_users()
+                await asyncio.sleep(max(0.0, self.end - self.loop.time()))
+                for fut in self._slot_waiters:
+                    if not fut.done():
+                        fut.set_result(None)
+                done, pending = await asyncio.wait(self._users, timeout=DRAIN_TIMEOUT)
+            else:
+                await self._open_loop()
+                pending = set(self._tasks)
+                if pending:
+                    _, pending = await asyncio.wait(pending, timeout=DRAIN_TIMEOUT)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("%d requests still open %.0f s after the end: cancelled",
+                            len(pending), DRAIN_TIMEOUT)
+                await asyncio.gather(*pending, return_exceptions=True)
+        finally:
+            failed = timeline.done() and not timeline.cancelled() and timeline.exception()
+            timeline.cancel()
+            scraper.cancel()
+            await asyncio.gather(timeline, scraper, return_exceptions=True)
+            for conn in self._idle:
+                conn.close()
+        if failed:
+            raise RuntimeError(f"the timeline failed: {failed}")
+        self.records.finish(self.now())
+        return self.records

@@ -1,0 +1,226 @@
+"""A capacity experiment as a TOML file: what to serve, the load, the controller, and a
+timeline of actions at given (modelled) seconds.
+
+    name = "reference-page"
+    duration = 60                       # modelled seconds
+    model = "gpt-oss-20b"
+    window = 2.0                        # seconds per plotted window (default 2)
+
+    [server]                            # used by --serve (ignored with --url)
+    config = "../gpt-oss-20b.toml"      # relative to this file; default: the embedded model
+    hardware = "b200"
+    max_num_seqs = 256                  # set through /control/capacity at the start
+    max_waiting = 0
+    time_scale = 1.0                    # --time-scale overrides
+
+    [load]                              # the keys of inference_lab.common.workload ...
+    arrival_pattern = "closed_loop"     # closed_loop | poisson
+    num_concurrent_users = 24           # closed_loop
+    arrival_rate = 50.0                 # poisson: requests per second
+    input_len_dist = { type = "fixed", value = 16 }
+    output_len_dist = { type = "fixed", value = 200 }
+    seed = 1
+    retry_after_529 = 0.1               # ... plus: a closed-loop user's pause after a 529
+
+    [controller]
+    name = "fixed"                      # fixed | aimd | vegas | gradient2 | envoy | sre
+    rtt = "e2e"                         # the latency sample: e2e | ttft | per_token
+    params = { limit = 24 }             # the class's keyword arguments (published defaults)
+
+    [[timeline]]
+    at = 30
+    capacity = { max_num_seqs = 8 }     # POST /control/capacity
+    [[timeline]]
+    at = 45
+    load = { num_concurrent_users = 48 }   # or { arrival_rate = 80 }
+    label = "double the users"
+
+Knows: the file's shape and its validation (errors name the file and key, via
+common.toml). Does not know HTTP or the controllers' rules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from inference_lab.common.toml import ConfigError, Table, read_toml
+from inference_lab.common.workload import WorkloadSpec, parse_workload
+
+__all__ = ["Action", "Scenario", "Phase", "load_scenario", "parse_scenario", "ConfigError"]
+
+RTT_KINDS = ("e2e", "ttft", "per_token")
+PATTERNS = ("closed_loop", "poisson")
+UNBOUNDED_REQUESTS = 10**9  # the workload parser wants a count; a scenario stops on time
+_TOP = ("name", "description", "duration", "model", "window", "server", "load", "controller",
+        "timeline")
+_SERVER = ("config", "hardware", "max_num_seqs", "max_waiting", "time_scale")
+_CONTROLLER = ("name", "rtt", "params")
+_ACTION = ("at", "capacity", "load", "label")
+_CAPACITY = ("max_num_seqs", "max_waiting")
+_LOAD_CHANGE = ("num_concurrent_users", "arrival_rate")
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    at: float  # modelled seconds from the start
+    capacity: dict = field(default_factory=dict)  # POST /control/capacity body
+    load: dict = field(default_factory=dict)  # num_concurrent_users / arrival_rate
+    label: str = ""
+
+    def describe(self) -> str:
+        if self.label:
+            return self.label
+        parts = [f"{k}={v}" for k, v in {**self.capacity, **self.load}.items()]
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """The stretch between two actions, with the capacity and load in force."""
+
+    index: int
+    start: float
+    end: float
+    max_num_seqs: int
+    max_waiting: int
+    users: int | None
+    rate: float | None
+    action: Action | None  # the action that began it (None for the first)
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    duration: float
+    model: str
+    workload: WorkloadSpec
+    controller: str = "fixed"
+    controller_params: dict = field(default_factory=dict)
+    rtt: str = "e2e"
+    retry_after_529: float = 0.1
+    window: float = 2.0
+    description: str = ""
+    config: Path | None = None
+    hardware: str = "b200"
+    max_num_seqs: int = 256
+    max_waiting: int = 0
+    time_scale: float = 1.0
+    timeline: tuple[Action, ...] = ()
+    path: str = ""
+
+    def with_controller(self, name: str, params: dict | None = None) -> "Scenario":
+        same = name == self.controller
+        return replace(self, controller=name,
+                       controller_params=params if params is not None else
+                       (self.controller_params if same else {}))
+
+    def phases(self) -> list[Phase]:
+        seqs, waiting = self.max_num_seqs, self.max_waiting
+        users, rate = self.workload.num_concurrent_users, self.workload.arrival_rate
+        out, start, action = [], 0.0, None
+        for nxt in [*self.timeline, None]:
+            end = nxt.at if nxt is not None else self.duration
+            if end > start:
+                out.append(Phase(len(out), start, end, seqs, waiting, users, rate, action))
+            if nxt is None:
+                break
+            seqs = nxt.capacity.get("max_num_seqs", seqs)
+            waiting = nxt.capacity.get("max_waiting", waiting)
+            users = nxt.load.get("num_concurrent_users", users)
+            rate = nxt.load.get("arrival_rate", rate)
+            start, action = nxt.at, nxt
+        return out
+
+
+def _action(t: Table, duration: float) -> Action:
+    at = t.get("at", float, f"a number of seconds in [0, duration = {duration}]",
+               ok=lambda v: 0 <= v <= duration)
+    cap, load = {}, {}
+    if "capacity" in t.data:
+        c = t.table("capacity", keys=_CAPACITY)
+        for key in _CAPACITY:
+            value = c.get(key, int, "an integer >= 1" if key == "max_num_seqs" else "an integer >= 0",
+                          None, ok=(lambda v: v >= 1) if key == "max_num_seqs" else (lambda v: v >= 0))
+            if value is not None:
+                cap[key] = value
+        c.done()
+    if "load" in t.data:
+        lt = t.table("load", keys=_LOAD_CHANGE)
+        users = lt.get("num_concurrent_users", int, "an integer >= 0", None, ok=lambda v: v >= 0)
+        rate = lt.get("arrival_rate", float, "a number >= 0", None, ok=lambda v: v >= 0)
+        lt.done()
+        if users is not None:
+            load["num_concurrent_users"] = users
+        if rate is not None:
+            load["arrival_rate"] = rate
+    label = t.get("label", str, "a string", "")
+    t.done()
+    if not cap and not load:
+        raise t.error("capacity", "a `capacity` or `load` table (an action must change something)", None)
+    return Action(at, cap, load, label)
+
+
+def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
+    top = Table(doc, where, "", _TOP)
+    name = top.get("name", str, "a string", Path(where).stem)
+    duration = top.get("duration", float, "a number of seconds > 0", ok=lambda v: v > 0)
+    model = top.get("model", str, "a model name", "gpt-oss-20b")
+    window = top.get("window", float, "a number of seconds > 0", 2.0, ok=lambda v: v > 0)
+    description = top.get("description", str, "a string", "")
+
+    st = top.table("server", None, keys=_SERVER)
+    config = hardware = None
+    seqs, waiting, scale = 256, 0, 1.0
+    if st is not None:
+        config_text = st.get("config", str, "a path to a model TOML file or directory", None)
+        if config_text is not None:
+            config = (base / config_text) if base is not None else Path(config_text)
+        hardware = st.get("hardware", str, "a hardware preset name", None)
+        seqs = st.get("max_num_seqs", int, "an integer >= 1", 256, ok=lambda v: v >= 1)
+        waiting = st.get("max_waiting", int, "an integer >= 0", 0, ok=lambda v: v >= 0)
+        scale = st.get("time_scale", float, "a number > 0", 1.0, ok=lambda v: v > 0)
+        st.done()
+
+    lt = top.table("load")
+    retry = lt.get("retry_after_529", float, "a number of seconds >= 0", 0.1, ok=lambda v: v >= 0)
+    load = {k: v for k, v in lt.data.items() if k != "retry_after_529"}
+    load.setdefault("num_requests", UNBOUNDED_REQUESTS)
+    workload = parse_workload({"workload": load}, where)
+    if workload.arrival_pattern not in PATTERNS:
+        raise lt.error("arrival_pattern", f"one of {', '.join(PATTERNS)} in a scenario",
+                       workload.arrival_pattern)
+
+    controller, params, rtt = "fixed", {}, "e2e"
+    ct = top.table("controller", None, keys=_CONTROLLER)
+    if ct is not None:
+        controller = ct.get("name", str, "a controller name", "fixed")
+        rtt = ct.get("rtt", str, f"one of {', '.join(RTT_KINDS)}", "e2e", ok=lambda v: v in RTT_KINDS)
+        if "params" in ct.data:
+            if not isinstance(ct.data["params"], dict):
+                raise ct.error("params", "a table of the controller's parameters", ct.data["params"])
+            params = dict(ct.data["params"])
+            ct._known.append("params")
+        ct.done()
+
+    actions = []
+    raw = doc.get("timeline", [])
+    top._known.append("timeline")
+    if not isinstance(raw, list):
+        raise top.error("timeline", "an array of tables ([[timeline]])", raw)
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise ConfigError(where, f"timeline[{i}]", f"expected a table, got {item!r}")
+        actions.append(_action(Table(item, where, f"timeline[{i}]", _ACTION), duration))
+    top.done()
+    return Scenario(name=name, duration=duration, model=model, workload=workload,
+                    controller=controller, controller_params=params, rtt=rtt,
+                    retry_after_529=float(retry), window=window, description=description,
+                    config=config, hardware=hardware or "b200", max_num_seqs=seqs,
+                    max_waiting=waiting, time_scale=scale,
+                    timeline=tuple(sorted(actions, key=lambda a: a.at)), path=where)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    path = Path(path)
+    return parse_scenario(read_toml(path), str(path), base=path.parent)

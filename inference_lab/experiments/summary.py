@@ -1,0 +1,176 @@
+"""summary.json: per phase (the stretch between two actions) what the run achieved, what
+the oracle says was possible, and the controller's scores.
+
+Per phase, over its steady half (the second half of the phase, after the controller had
+time to react; the whole phase is reported too):
+- limit_p50, inflight_p50 (time-weighted from the controller trace);
+- goodput_tok_s: completion tokens of 200s that ended in the window, per second;
+- frac_529: 529s / requests sent; shed_frac: refused by the controller itself;
+- e2e / ttft p50 and p99 of 200s sent in the window (client-measured, modelled seconds);
+- scores: goodput / oracle goodput, e2e p50 / oracle e2e p50, and settle_s: seconds after
+  the phase's action until the limit stays within a band around where it ends up
+  (+-max(2, 20 %) of the steady median) for the rest of the phase.
+- band: [max_num_seqs, max_num_seqs + max_waiting] (the physical concurrency and the
+  most the queue admits), and the share of the steady half the limit spent inside it.
+
+Knows numpy and the records' columns. Does not know HTTP or matplotlib.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from inference_lab.experiments.scenario import Scenario
+
+__all__ = ["summarise", "step_series", "window_series"]
+
+SETTLE_BAND_FRAC = 0.2
+SETTLE_BAND_MIN = 2.0
+
+
+def _pct(values: np.ndarray, q: float) -> float | None:
+    values = values[~np.isnan(values)]
+    return float(np.percentile(values, q)) if values.size else None
+
+
+def step_series(t: np.ndarray, v: np.ndarray, start: float, end: float,
+                step: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """A piecewise-constant trace (value v[i] from t[i] on) sampled every `step` s in
+    [start, end): what a time-weighted median or a settle check needs."""
+    grid = np.arange(start, end, step)
+    if t.size == 0 or grid.size == 0:
+        return grid, np.full(grid.shape, np.nan)
+    idx = np.searchsorted(t, grid, side="right") - 1
+    out = np.where(idx >= 0, v[np.clip(idx, 0, None)], np.nan)
+    return grid, out
+
+
+def window_series(req: dict, start: float, end: float, window: float) -> dict[str, np.ndarray]:
+    """Per window of `window` s: goodput, 529/s, sent/s, e2e/ttft p50/p99 (of 200s)."""
+    edges = np.arange(start, end + 1e-9, window)
+    if edges.size < 2:
+        edges = np.array([start, end])
+    mids = (edges[:-1] + edges[1:]) / 2
+    status, send, done = req["status"], req["send_s"], req["done_s"]
+    ok = status == 200
+    out = {name: np.full(mids.shape, np.nan) for name in
+           ("goodput", "rate_529", "sent", "e2e_p50", "e2e_p99", "ttft_p50", "ttft_p99")}
+    for i, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+        width = b - a
+        ended = (done >= a) & (done < b)
+        sent = (send >= a) & (send < b)
+        out["goodput"][i] = req["completion_tokens"][ended & ok].sum() / width
+        out["rate_529"][i] = np.count_nonzero(sent & (status == 529)) / width
+        out["sent"][i] = np.count_nonzero(sent & (status != 0)) / width
+        sel = sent & ok
+        if np.any(sel):
+            for name, col in (("e2e", "e2e_s"), ("ttft", "ttft_s")):
+                vals = req[col][sel]
+                vals = vals[~np.isnan(vals)]
+                if vals.size:
+                    out[f"{name}_p50"][i] = np.percentile(vals, 50)
+                    out[f"{name}_p99"][i] = np.percentile(vals, 99)
+    out["t"] = mids
+    return out
+
+
+def _stats(req: dict, ctl: dict, a: float, b: float) -> dict:
+    status, send, done = req["status"], req["send_s"], req["done_s"]
+    sent = (send >= a) & (send < b)
+    ok_sent = sent & (status == 200)
+    ended_ok = (done >= a) & (done < b) & (status == 200)
+    n_sent = int(np.count_nonzero(sent & (status != 0)))
+    n_shed = int(np.count_nonzero(sent & (status == 0)))
+    _, limits = step_series(ctl["t"], ctl["limit"], a, b)
+    _, inflight = step_series(ctl["t"], ctl["inflight"].astype(float), a, b)
+    finite = limits[np.isfinite(limits)]
+    width = max(b - a, 1e-9)
+    return {
+        "from_s": a, "to_s": b,
+        "requests": n_sent,
+        "ok": int(np.count_nonzero(ok_sent)),
+        "n_529": int(np.count_nonzero(sent & (status == 529))),
+        "frac_529": (np.count_nonzero(sent & (status == 529)) / n_sent) if n_sent else 0.0,
+        "shed_frac": n_shed / (n_sent + n_shed) if n_sent + n_shed else 0.0,
+        "errors": int(np.count_nonzero(sent & (status != 200) & (status != 529) & (status != 0))),
+        "goodput_tok_s": float(req["completion_tokens"][ended_ok].sum() / width),
+        "limit_p50": float(np.median(finite)) if finite.size else None,
+        "inflight_p50": float(np.nanmedian(inflight)) if inflight.size else None,
+        "e2e_p50_s": _pct(req["e2e_s"][ok_sent], 50),
+        "e2e_p99_s": _pct(req["e2e_s"][ok_sent], 99),
+        "ttft_p50_s": _pct(req["ttft_s"][ok_sent], 50),
+        "ttft_p99_s": _pct(req["ttft_s"][ok_sent], 99),
+        "modelled_e2e_p50_s": _pct(req["m_e2e_s"][ok_sent], 50),
+        "send_delay_p99_ms": _pct(req["send_delay_ms"][sent & (status != 0)], 99),
+    }
+
+
+def settle_seconds(ctl: dict, start: float, end: float, target: float | None) -> float | None:
+    """Seconds after `start` until the limit stays within the band around `target`."""
+    if target is None or not math.isfinite(target):
+        return None
+    grid, limits = step_series(ctl["t"], ctl["limit"], start, end)
+    if grid.size == 0:
+        return None
+    band = max(SETTLE_BAND_MIN, SETTLE_BAND_FRAC * target)
+    outside = np.nonzero(np.abs(limits - target) > band)[0]
+    if outside.size == 0:
+        return 0.0
+    last = outside[-1]
+    if last + 1 >= grid.size:
+        return None  # never settled
+    return float(grid[last + 1] - start)
+
+
+def summarise(scenario: Scenario, run: dict, oracles: list[dict], controller: str) -> dict:
+    req, ctl = run["requests"], run["controller"]
+    phases = []
+    for phase, oracle in zip(scenario.phases(), oracles):
+        mid = (phase.start + phase.end) / 2
+        steady = _stats(req, ctl, mid, phase.end)
+        whole = _stats(req, ctl, phase.start, phase.end)
+        scores = {
+            "goodput": (steady["goodput_tok_s"] / oracle["goodput_tok_s"]
+                        if oracle["goodput_tok_s"] else None),
+            "e2e_p50": (steady["e2e_p50_s"] / oracle["e2e_p50_s"]
+                        if steady["e2e_p50_s"] is not None and oracle["e2e_p50_s"] else None),
+            "e2e_p99": (steady["e2e_p99_s"] / oracle["e2e_p99_s"]
+                        if steady["e2e_p99_s"] is not None and oracle["e2e_p99_s"] else None),
+            "settle_s": settle_seconds(ctl, phase.start, phase.end, steady["limit_p50"]),
+        }
+        band = [phase.max_num_seqs, phase.max_num_seqs + phase.max_waiting if phase.max_waiting else None]
+        grid, limits = step_series(ctl["t"], ctl["limit"], mid, phase.end)
+        upper = band[1] if band[1] is not None else math.inf
+        finite = np.isfinite(limits)
+        in_band = (float(np.mean((limits >= band[0]) & (limits <= upper)))
+                   if grid.size and finite.all() else None)  # None: no limit to place
+        phases.append({
+            "index": phase.index,
+            "start_s": phase.start, "end_s": phase.end,
+            "action": phase.action.describe() if phase.action else "start",
+            "capacity": {"max_num_seqs": phase.max_num_seqs, "max_waiting": phase.max_waiting},
+            "load": {"users": phase.users, "arrival_rate": phase.rate},
+            "steady": steady,
+            "whole": whole,
+            "oracle": oracle,
+            "scores": scores,
+            "band": band,
+            "limit_in_band": in_band,
+        })
+    total = _stats(req, ctl, 0.0, scenario.duration)
+    return {
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "controller": controller,
+        "model": scenario.model,
+        "duration_s": scenario.duration,
+        "window_s": scenario.window,
+        "time_scale": run.get("time_scale", 1.0),
+        "requests": total["requests"],
+        "frac_529": total["frac_529"],
+        "errors": total["errors"],
+        "send_delay_p99_ms": total["send_delay_p99_ms"],
+        "phases": phases,
+    }

@@ -1,0 +1,58 @@
+"""Scenario files: the shipped ones load, phases follow the timeline, and bad input is
+refused naming the file and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inference_lab.common.toml import ConfigError
+from inference_lab.experiments.scenario import load_scenario, parse_scenario
+from inference_lab.experiments.summary import settle_seconds, step_series
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = {"duration": 10, "load": {"arrival_pattern": "closed_loop", "num_concurrent_users": 4,
+                                 "input_len_dist": {"type": "fixed", "value": 8},
+                                 "output_len_dist": {"type": "fixed", "value": 8}}}
+
+
+@pytest.mark.parametrize("name", ["reference-page", "capacity-step", "overload-ramp"])
+def test_the_shipped_scenarios_load(name):
+    sc = load_scenario(ROOT / "configs" / "experiments" / f"{name}.toml")
+    assert sc.name == name and sc.timeline and sc.config.is_file()
+
+
+def test_phases_follow_the_timeline():
+    sc = load_scenario(ROOT / "configs" / "experiments" / "capacity-step.toml")
+    phases = sc.phases()
+    assert [(p.start, p.end, p.max_num_seqs, p.max_waiting) for p in phases] == \
+        [(0, 20, 32, 16), (20, 40, 8, 16), (40, 60, 32, 16)]
+    assert phases[0].action is None and phases[1].action.at == 20
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"bogus": 1}, "bogus: unknown key"),
+    ({"duration": -1}, "duration: expected a number of seconds > 0"),
+    ({"timeline": [{"at": 99, "capacity": {"max_num_seqs": 2}}]}, "timeline[0].at"),
+    ({"timeline": [{"at": 1, "capacity": {"max_num_seqs": 0}}]}, "timeline[0].capacity.max_num_seqs"),
+    ({"timeline": [{"at": 1}]}, "timeline[0].capacity: expected a `capacity` or `load` table"),
+    ({"controller": {"name": "aimd", "rtt": "p99"}}, "controller.rtt"),
+    ({"load": {**BASE["load"], "arrival_pattern": "batched"}}, "load.arrival_pattern"),
+    ({"load": {**BASE["load"], "retry_after_529": -1}}, "load.retry_after_529"),
+])
+def test_bad_scenarios_are_refused_naming_the_key(change, key):
+    with pytest.raises(ConfigError) as err:
+        parse_scenario({**BASE, **change}, "s.toml")
+    assert str(err.value).startswith("s.toml: ") and key in str(err.value)
+
+
+def test_settle_is_the_time_after_which_the_limit_stays_in_its_band():
+    # limit 40 until 2 s, then 20 from 2 s on: the band around 20 is +-4.
+    ctl = {"t": np.array([0.0, 2.0]), "limit": np.array([40.0, 20.0])}
+    assert settle_seconds(ctl, 0.0, 10.0, 20.0) == pytest.approx(2.0, abs=0.06)
+    assert settle_seconds(ctl, 3.0, 10.0, 20.0) == 0.0
+    grid, values = step_series(ctl["t"], ctl["limit"], 1.0, 3.0, step=1.0)
+    assert list(values) == [40.0, 20.0]

@@ -1,0 +1,149 @@
+"""`inference-lab experiment` end to end: a short scenario against a private server at
+--time-scale 2 produces per-request records, queue gauges, a summary with the oracle
+(the fixed controller at the oracle's concurrency scores ~1) and a report that headless
+Chromium renders with its images and no console error; `compare` puts runs side by side."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+ROOT = Path(__file__).resolve().parents[2]
+
+# 8 users behind a fixed limit of 8 on max_num_seqs 8: exactly the oracle's concurrency.
+# The action raises max_num_seqs to 16, which leaves the oracle at min(8 users, 16) = 8.
+SCENARIO = """
+name = "short"
+duration = 8
+model = "gpt-oss-20b"
+window = 1.0
+[server]
+max_num_seqs = 8
+max_waiting = 0
+[load]
+arrival_pattern = "closed_loop"
+num_concurrent_users = 8
+input_len_dist = { type = "fixed", value = 16 }
+output_len_dist = { type = "fixed", value = 100 }
+[controller]
+name = "fixed"
+params = { limit = 8 }
+[[timeline]]
+at = 4
+capacity = { max_num_seqs = 16 }
+"""
+
+
+def experiment(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-P", "-m", "inference_lab", "experiment", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    where = tmp_path_factory.mktemp("experiment")
+    scenario = where / "short.toml"
+    scenario.write_text(SCENARIO)
+    out = where / "run"
+    done = experiment(str(scenario), "--serve", "--time-scale", "2", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "phase 1 (max_num_seqs=16)" in done.stdout
+    return out
+
+
+def test_every_request_is_a_record_with_client_and_modelled_times(run_dir):
+    table = pq.read_table(run_dir / "requests.parquet").to_pydict()
+    n = len(table["status"])
+    # 8 users, ~0.1-0.2 s per 100-token reply at batch 8: several hundred in 8 modelled s.
+    assert 200 < n < 2000
+    assert set(table["status"]) == {200}
+    assert set(table["completion_tokens"]) == {100}
+    assert max(table["inflight"]) == 8 and set(table["limit"]) == {8.0}
+    assert {u for u in table["user"]} == set(range(8))
+    for e2e, modelled in zip(table["e2e_s"], table["m_e2e_s"]):
+        assert modelled > 0 and e2e >= modelled * 0.9  # a client never sees it sooner
+    assert all(0 < t < e for t, e in zip(table["ttft_s"], table["e2e_s"]))
+
+
+def test_queue_gauges_are_scraped_every_250_ms(run_dir):
+    server = pq.read_table(run_dir / "server.parquet").to_pydict()
+    # 4 wall seconds at 4 scrapes a second, allowing for a busy machine.
+    assert len(server["t"]) >= 8
+    assert set(server["max_num_seqs"]) == {8.0, 16.0}
+    assert max(server["running"]) <= 16 and max(server["running"]) >= 6
+    times = server["t"]
+    assert all(b > a for a, b in zip(times, times[1:]))
+
+
+def test_summary_scores_the_fixed_controller_at_the_oracle_concurrency_near_one(run_dir):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["controller"] == "fixed" and summary["time_scale"] == 2.0
+    assert [p["start_s"] for p in summary["phases"]] == [0.0, 4.0]
+    for phase in summary["phases"]:
+        assert phase["oracle"]["concurrency"] == 8
+        assert phase["steady"]["frac_529"] == 0.0
+        assert phase["steady"]["limit_p50"] == 8.0
+        assert phase["scores"]["settle_s"] == 0.0
+        assert 0.8 < phase["scores"]["goodput"] < 1.2, phase
+        assert 0.9 < phase["scores"]["e2e_p50"] < 1.3, phase
+        assert math.isclose(phase["oracle"]["goodput_tok_s"],
+                            summary["phases"][0]["oracle"]["goodput_tok_s"])
+
+
+def test_the_report_renders_in_headless_chromium_with_its_images(run_dir, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    report = run_dir / "report.html"
+    text = report.read_text()
+    assert "http://" not in text and "https://" not in text  # self-contained
+    assert text.count("data:image/png;base64,") == 4
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(report.as_uri())
+            images = page.evaluate(
+                "Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight])")
+            shot = tmp_path / "report.png"
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert errors == []
+    assert len(images) == 4 and all(ok and w > 300 and h > 100 for ok, w, h in images)
+    assert shot.stat().st_size > 20_000  # a page of plots, not a blank one
+
+
+def test_compare_puts_runs_side_by_side(run_dir, tmp_path):
+    out = tmp_path / "cmp"
+    done = experiment("compare", str(run_dir), str(run_dir), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 3 and "Comparison of 2 runs" in page
+    assert len(json.loads((out / "summary.json").read_text())["runs"]) == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nope.toml", "--serve", "--out", "x"], "nope.toml: cannot read"),
+    (["configs/experiments/reference-page.toml", "--out", "x"], "give --url URL"),
+    (["configs/experiments/reference-page.toml", "--serve", "--out", "x", "--controller", "pid"],
+     "unknown controller 'pid'"),
+    (["configs/experiments/reference-page.toml", "--serve", "--out", "x", "--param", "bogus=1"],
+     "has no parameter 'bogus'"),
+    (["compare", "--out", "x"], "give one or more run directories"),
+])
+def test_bad_input_is_one_line_and_exit_status_2(args, message):
+    done = experiment(*args, timeout=30)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
