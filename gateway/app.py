@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, AsyncIterator
+from typing import Annotated, AsyncIterator, Callable
 
 import msgspec
 from aiohttp import web
@@ -38,11 +38,13 @@ from inference_lab.gateway.errors import (
 )
 from inference_lab.gateway.faults import HEADER as FAULT_HEADER
 from inference_lab.gateway.faults import DirectiveError, FaultSpec, directive_for
+from inference_lab.gateway.faults import control as fault_control
 from inference_lab.gateway.faults import stream as fault_stream
 from inference_lab.gateway.protocols import ROUTES, Dialect
 from inference_lab.gateway.protocols.base import Generation, OutputLength, invalid, json_encode
 from inference_lab.gateway.protocols.generate import generate
 from inference_lab.gateway.protocols.openai import Completion
+from inference_lab.gateway.faults.injection import FaultState
 from inference_lab.v1 import engine_pb2 as pb
 
 log = logging.getLogger("inference_lab.gateway.app")
@@ -391,6 +393,8 @@ def create_app(
     disconnect_poll_s: float = 0.5,
     enable_directives: bool = False,
     static_faults: dict[str, FaultSpec] | None = None,
+    faults: FaultState | None = None,
+    save_faults: Callable[[FaultState], None] | None = None,
 ) -> web.Application:
     """The gateway application for the engine at `engine_target` ("host:port").
 
@@ -401,6 +405,8 @@ def create_app(
     compared in constant time; /health and /metrics stay open for probes and scrapers.
     `enable_directives` honours `x-inference-lab-fault` headers (else they are a 400);
     `static_faults` maps a model to the fault every streaming request of it gets.
+    `faults` is the initial state of injected errors and retry hints (live through
+    /control/faults; `save_faults` is called after every change).
     """
     state = GatewayState(
         engine_target=engine_target,
@@ -412,8 +418,15 @@ def create_app(
         enable_directives=enable_directives,
         static_faults=dict(static_faults or {}),
     )
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[edge_middleware])
+    app = web.Application(client_max_size=max_body_bytes,
+                          middlewares=[edge_middleware, fault_control.fault_middleware])
     app[STATE] = state
+
+    async def served_models() -> list[str]:
+        return [m.name for m in await state.client.list_models()]
+
+    app[fault_control.FAULTS] = fault_control.FaultControl(
+        faults or FaultState(), max_body_bytes, served_models, save_faults)
     app.cleanup_ctx.append(_engine_ctx)
     for path, dialect in ROUTES.items():
         app.router.add_post(path, _generation_handler(dialect))
@@ -422,4 +435,5 @@ def create_app(
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/control/capacity", get_capacity)
     app.router.add_post("/control/capacity", set_capacity)
+    fault_control.add_routes(app)
     return app

@@ -117,10 +117,12 @@ _KIND_BY_GRPC_INT: dict[int, ErrorKind] = {
 class GatewayError(Exception):
     """A failure with a kind from the table and a human-readable message."""
 
-    def __init__(self, kind: ErrorKind, message: str) -> None:
+    def __init__(self, kind: ErrorKind, message: str,
+                 headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
+        self.headers = dict(headers) if headers else None  # extra response headers
 
     @property
     def spec(self) -> ErrorSpec:
@@ -192,9 +194,12 @@ def error_response(err: GatewayError, request: web.BaseRequest | None = None,
     """The bare JSON error response (never an event stream), logged as one line; `render`
     is the route's envelope (OpenAI's unless the route's API dialect says otherwise)."""
     log_error(err, f"{request.method} {request.path}" if request is not None else "-")
+    headers = {"WWW-Authenticate": "Bearer"} if err.spec.status == 401 else {}
+    if err.headers:
+        headers.update(err.headers)
     return web.Response(
         status=err.spec.status, body=render(err), content_type="application/json",
-        headers={"WWW-Authenticate": "Bearer"} if err.spec.status == 401 else None,
+        headers=headers or None,
     )
 
 

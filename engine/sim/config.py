@@ -13,6 +13,7 @@ Knows inference-lab's deployment layout:
     scheduler = { max_num_seqs = 64 }            # optional, merged over [scheduler]
     speculative = { ... }                        # optional, replaces [speculative]
     time_correction = { alpha = 1.0, beta = 0.0 }  # optional
+    [fault]                        # optional: the gateway's (gateway.faults.config)
 
 plus the tables it parses but does not simulate ([router], [decode_router], [memory],
 [fault], `replicas`, `dp_attention`, scheduler policies beyond fcfs/priority ...): each
@@ -234,7 +235,8 @@ def _parse_entry(entry: Table, hw_name: str, model: Model, served: str,
     _parse_router(tables["decode_router"], "decode_router", notes)
     _parse_memory(tables["memory"], hardware, notes)
     if shared.tables["fault"] is not None:
-        notes.append("[fault] static fault injection: parsed, not modelled")
+        notes.append("[fault]: applied by the gateway (injected errors, retry hints, a static "
+                     "directive), not the engine")
     entry.done()
     sched = _build_scheduler(keys, model, entry.where, notes)
     _check_fit(model, hardware, tp, sched, entry)

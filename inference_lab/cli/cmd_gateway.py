@@ -13,6 +13,7 @@ import asyncio
 import ipaddress
 import logging
 import signal
+from pathlib import Path
 
 from inference_lab.cli.auth_flags import (
     add_api_key_argument,
@@ -24,6 +25,7 @@ from inference_lab.cli.auth_flags import (
 log = logging.getLogger("inference_lab.gateway")
 
 DEFAULT_ENGINE = "127.0.0.1:50051"
+FAULTS_STATE_FILE = "faults.json"
 
 
 def _positive_int(text: str) -> int:
@@ -53,6 +55,17 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
             "--engine", default=DEFAULT_ENGINE, metavar="HOST:PORT",
             help="gRPC address of the engine (`inference-lab engine`)",
         )
+        parser.add_argument(
+            "--config", type=Path, metavar="DIR",
+            help="deployment configs (a directory of *.toml, or one file) whose [fault] tables "
+            "set each model's injected errors, retry hints and static directive",
+        )
+    parser.add_argument(
+        "--state-dir", type=Path, metavar="DIR",
+        help="directory for live state that must survive a restart (written atomically after "
+        "every change, restored and logged at start): the gateway's fault settings "
+        "(faults.json); `serve` and `engine` keep live capacity there too (capacity.json)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on for HTTP")
     parser.add_argument("--port", type=_port, default=8080, help="HTTP port to listen on")
     parser.add_argument(
@@ -79,13 +92,45 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         "with SetCapacity")
 
 
-def gateway_app_kwargs(args: argparse.Namespace) -> dict:
+def fault_kwargs(config: Path | None, state_dir: Path | None) -> dict:
+    """create_app's fault arguments: the [fault] tables of `config`, overridden by the
+    state saved in `state_dir` (logged), and the callback that saves it there."""
+    from inference_lab.common.state_file import StateFileError, read_state, write_state
+    from inference_lab.gateway.faults.config import load_fault_tables
+    from inference_lab.gateway.faults.injection import FaultState
+    from inference_lab.cli import UsageError
+
+    settings, static = load_fault_tables(config) if config is not None else ({}, {})
+    state = FaultState(models=settings)
+    save = None
+    if state_dir is not None:
+        path = state_dir / FAULTS_STATE_FILE
+        try:
+            saved = read_state(path)
+            if saved is not None:
+                state = FaultState.restore(saved)
+        except (StateFileError, KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"--state-dir: {path}: cannot restore the fault settings: {exc}")
+        if saved is not None:
+            log.info("restored live fault settings from %s: %s", path, state.snapshot())
+
+        def save(st: FaultState) -> None:
+            try:
+                write_state(path, st.snapshot())
+            except OSError as exc:
+                log.error("cannot save the fault settings to %s: %s", path, exc)
+    return {"faults": state, "save_faults": save, "static_faults": static}
+
+
+def gateway_app_kwargs(args: argparse.Namespace, config: Path | None = None) -> dict:
     """create_app keyword arguments from the parsed gateway flags (secrets from the
     environment when their flags are absent)."""
     kwargs = {"workload_path": args.workload, "seed": args.seed,
               "default_max_tokens": args.default_max_tokens,
               "api_key": api_key(args), "control_token": control_token(args),
-              "enable_directives": args.enable_directives}
+              "enable_directives": args.enable_directives,
+              **fault_kwargs(config if config is not None else getattr(args, "config", None),
+                             args.state_dir)}
     _log_exposure(args.host, kwargs["api_key"], kwargs["control_token"])
     return kwargs
 
