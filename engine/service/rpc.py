@@ -179,6 +179,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         for rt in runtimes:
             rt.on_queue_change = self._queue_changed
         self.accepting = True
+        self.on_capacity_change: Callable[[], None] | None = None  # after every SetCapacity
         # SetCapacity requires metadata `authorization: Bearer <token>` when set.
         self._control_token = control_token.encode() if control_token else None
 
@@ -382,6 +383,8 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             rt.check_queue()
             log.info("capacity of %s: max_num_seqs=%d max_waiting=%d",
                      rt.core.name, rt.core.max_num_seqs, rt.core.max_waiting)
+        if self.on_capacity_change is not None:
+            self.on_capacity_change()
         return self._capacity(runtimes)
 
     async def GetMetrics(self, request: pb.GetMetricsRequest, context):

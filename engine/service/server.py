@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from inference_lab.engine.sim.core import EngineCore
+from inference_lab.common.state_file import read_state, write_state
+from inference_lab.engine.sim.core import CapacityError, EngineCore
 from inference_lab.engine.service.metrics import EngineMetrics, serve_metrics
 from inference_lab.engine.service.rpc import EngineService, ModelRuntime
 from inference_lab.engine.sim.specs import Deployment
@@ -30,6 +32,7 @@ DEFAULT_UPDATE_RATE = 10_000.0
 # The engine's own /metrics port: beside its gRPC port, outside Prometheus' exporter range
 # (9100-9999 is allocated to exporters; 9400 is NVIDIA DCGM's).
 DEFAULT_METRICS_PORT = 50052
+CAPACITY_STATE_FILE = "capacity.json"
 SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 
 
@@ -37,10 +40,14 @@ class EngineServer:
     def __init__(self, deployments: list[Deployment], host: str = "127.0.0.1", port: int = 50051,
                  metrics_port: int | None = DEFAULT_METRICS_PORT, control_token: str | None = None,
                  update_rate: float = DEFAULT_UPDATE_RATE, time_scale: float = 1.0,
-                 engine_index: int = 0) -> None:
+                 engine_index: int = 0, state_dir: str | Path | None = None) -> None:
         self.deployments = deployments
         self.update_rate = update_rate  # cap on mid-stream token updates/s per model
         self.time_scale = time_scale  # modelled seconds per wall second (engine.drivers.pacer)
+        # Live capacity is saved here after every SetCapacity and restored at start.
+        # (one file per engine index, so replicas sharing a directory keep their own)
+        name = CAPACITY_STATE_FILE if not engine_index else f"capacity-{engine_index}.json"
+        self.state_path = Path(state_dir) / name if state_dir else None
         self.control_token = control_token  # required by SetCapacity when set
         self.host = host
         self.port = port
@@ -59,6 +66,9 @@ class EngineServer:
                                      self.time_scale)
                          for core in cores]
         self.service = EngineService(self.runtimes, self.control_token, self.metrics)
+        if self.state_path is not None:
+            self._restore_capacity()
+            self.service.on_capacity_change = self._save_capacity
         server = grpc.aio.server(interceptors=[DecodeGuard()], options=[
             ("grpc.max_concurrent_streams", 100_000),
             ("grpc.so_reuseport", 0),
@@ -88,6 +98,38 @@ class EngineServer:
                      rt.core.max_waiting)
         log.info("engine gRPC on %s:%d, metrics on %s", self.host, self.port,
                  f"http://{self.host}:{self.metrics_port}/metrics" if self.metrics_port else "off")
+
+    def _restore_capacity(self) -> None:
+        """Apply the live capacity saved by an earlier run (logged; a model no longer
+        served, or a value its config now forbids, is skipped with a warning)."""
+        saved = read_state(self.state_path)  # StateFileError: refuse to start on a bad file
+        if saved is None:
+            return
+        by_name = {rt.core.name: rt for rt in self.runtimes}
+        for name, knobs in (saved.get("capacity") or {}).items():
+            rt = by_name.get(name)
+            if rt is None or not isinstance(knobs, dict):
+                log.warning("%s: saved capacity of %r ignored (not served here)",
+                            self.state_path, name)
+                continue
+            seqs, waiting = knobs.get("max_num_seqs"), knobs.get("max_waiting")
+            try:
+                rt.core.set_capacity(seqs if type(seqs) is int else None,
+                                     waiting if type(waiting) is int else None)
+            except CapacityError as exc:
+                log.warning("%s: saved capacity of %s ignored: %s", self.state_path, name, exc)
+                continue
+            rt.check_queue()
+            log.info("restored live capacity of %s from %s: max_num_seqs=%d max_waiting=%d",
+                     name, self.state_path, rt.core.max_num_seqs, rt.core.max_waiting)
+
+    def _save_capacity(self) -> None:
+        capacity = {rt.core.name: {"max_num_seqs": rt.core.max_num_seqs,
+                                   "max_waiting": rt.core.max_waiting} for rt in self.runtimes}
+        try:
+            write_state(self.state_path, {"capacity": capacity})
+        except OSError as exc:
+            log.error("cannot save the live capacity to %s: %s", self.state_path, exc)
 
     def live_requests(self) -> int:
         return sum(rt.pacer.open_streams() for rt in self.runtimes)

@@ -86,7 +86,10 @@ async def fault_middleware(request: web.Request, handler) -> web.StreamResponse:
     if not state.active or request.method != "POST" or request.path not in GENERATION_PATHS:
         return await handler(request)
     model = await _model_of(request, control.max_body_bytes)
+    scripted = bool(state.scripts)
     error = state.decide(model)
+    if scripted and control.save is not None:
+        control.save(state)  # a script step was used up: a restart must not replay it
     if error is not None:
         return injected_response(request, error, model,
                                  state.hints(model, INJECTED[error].status))

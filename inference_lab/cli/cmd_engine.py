@@ -86,6 +86,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_pacing_arguments(p)
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds in-flight requests get to finish on SIGTERM (default 10)")
+    p.add_argument("--state-dir", type=Path, metavar="DIR",
+                   help="keep live capacity (SetCapacity) in DIR/capacity.json, written "
+                        "atomically after every change, restored and logged at start, so it "
+                        "survives a restart")
     add_control_token_argument(p, "SetCapacity, as gRPC metadata `authorization: Bearer TOKEN`")
     p.set_defaults(func=run)
 
@@ -114,12 +118,15 @@ def run(args: argparse.Namespace) -> int:
     deployments = load_deployments(args)
     token = control_token(args)
     server = EngineServer(deployments, args.host, args.port, args.metrics_port, control_token=token,
-                          update_rate=args.max_update_rate, time_scale=args.time_scale)
+                          update_rate=args.max_update_rate, time_scale=args.time_scale,
+                          state_dir=args.state_dir)
     if token:
         log.info("SetCapacity requires the control token")
+    from inference_lab.common.state_file import StateFileError
+
     try:
         asyncio.run(run_until_signal(server, args.grace))
-    except OSError as exc:
+    except (OSError, StateFileError) as exc:
         from inference_lab.cli import UsageError
 
         raise UsageError(str(exc)) from None

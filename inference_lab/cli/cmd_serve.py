@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 
 from inference_lab.cli.auth_flags import CONTROL_TOKEN_ENV, control_token
 from inference_lab.cli.cmd_engine import add_model_arguments, add_pacing_arguments, load_deployments
@@ -62,7 +63,7 @@ def free_port() -> int:
 class EngineProcess:
     """The engine child: started, watched, restarted when it dies, stopped on request."""
 
-    def __init__(self, args: argparse.Namespace, port: int) -> None:
+    def __init__(self, args: argparse.Namespace, port: int, state_dir: str) -> None:
         self.port = port
         self.argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", args.log_level,
                      "engine", "--hardware", args.hardware, "--host", "127.0.0.1",
@@ -71,6 +72,8 @@ class EngineProcess:
                      "--time-scale", repr(args.time_scale)]
         if args.config is not None:
             self.argv += ["--config", str(args.config)]
+        # Live capacity survives the engine's restarts: it saves it there and restores it.
+        self.argv += ["--state-dir", state_dir]
         if args.max_waiting is not None:
             self.argv += ["--max-waiting", str(args.max_waiting)]
         for directory in args.catalog:
@@ -129,17 +132,26 @@ class EngineProcess:
             await self.proc.wait()
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace, gateway_kwargs: dict) -> None:
+    with contextlib.ExitStack() as stack:
+        # Without --state-dir, live state still outlives an engine restart: a directory
+        # for this run only.
+        state_dir = str(args.state_dir) if args.state_dir is not None else stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="inference-lab-state-"))
+        await _serve(args, gateway_kwargs, state_dir)
+
+
+async def _serve(args: argparse.Namespace, gateway_kwargs: dict, state_dir: str) -> None:
     from inference_lab.gateway.server import run_gateway
 
-    engine = EngineProcess(args, args.engine_port or free_port())
+    engine = EngineProcess(args, args.engine_port or free_port(), state_dir)
     await engine.start()
     supervisor = asyncio.get_running_loop().create_task(engine.supervise())
     gateway = asyncio.get_running_loop().create_task(run_gateway(
         f"127.0.0.1:{engine.port}", host=args.host, port=args.port,
         on_ready=lambda bound: print(f"serving on http://{args.host}:{bound} (Ctrl-C to stop)",
                                      flush=True),
-        **gateway_app_kwargs(args)))
+        **gateway_kwargs))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -167,13 +179,14 @@ def run(args: argparse.Namespace) -> int:
     load_deployments(args)  # refuse a bad config before starting anything
     if args.workload is not None and not os.path.isfile(args.workload):
         raise UsageError(f"--workload: no such file: {args.workload}")
+    gateway_kwargs = gateway_app_kwargs(args)  # [fault] tables and saved state checked too
     try:
         import uvloop
         runner = uvloop.run
     except ImportError:
         runner = asyncio.run
     try:
-        runner(serve(args))
+        runner(serve(args, gateway_kwargs))
     except (RuntimeError, OSError) as exc:
         raise UsageError(str(exc)) from None
     return 0
