@@ -22,7 +22,7 @@ from aiohttp import web
 
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.faults.injection import INJECTED, OK, TYPES, ErrorType, FaultState
-from inference_lab.gateway.openai_api import json_encode
+from inference_lab.gateway.protocols.base import json_encode
 
 log = logging.getLogger("inference_lab.gateway.faults")
 
