@@ -11,7 +11,7 @@ import importlib
 import logging
 import sys
 
-SUBCOMMANDS = ("serve", "engine", "gateway", "sim", "experiment")
+SUBCOMMANDS = ("serve", "engine", "gateway", "sim", "experiment", "catalog")
 
 
 class UsageError(Exception):
