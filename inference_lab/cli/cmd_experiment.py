@@ -169,7 +169,12 @@ def _run_scenario(args: argparse.Namespace) -> int:
         print(f"running {scenario.name} ({scenario.duration:g} modelled s, "
               f"{scenario.duration / scale:.1f} s on the wall) with controller "
               f"{scenario.controller} against {url}", flush=True)
-        return asyncio.run(run_experiment(
+        try:
+            import uvloop
+            runner = uvloop.run
+        except ImportError:
+            runner = asyncio.run
+        return runner(run_experiment(
             scenario, url, out, time_scale=scale, metrics_url=metrics_url,
             api_key=api_key(args) if not args.serve else None,
             control_token=control_token(args) if not args.serve else None,

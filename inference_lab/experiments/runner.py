@@ -19,10 +19,12 @@ import asyncio
 import json
 import logging
 import random
+import re
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from inference_lab.engine.drivers.alarm import Alarm
 from inference_lab.experiments.client import Connection, ConnectionError_, Endpoint, Result
 from inference_lab.experiments.controllers import Controller, Outcome
 from inference_lab.experiments.records import Records
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 SCRAPE_INTERVAL = 0.25  # wall seconds between scrapes of the queue gauges
 SLOT_RECHECK = 0.01  # modelled seconds: a waiting user re-checks a limit that grew on its own
 DRAIN_TIMEOUT = 60.0  # wall seconds the requests still open at the end may take
+OPEN_LOOP_POOL = 64  # keep-alive connections opened before an open loop starts
 STATUS_SHED = 0  # refused by the client's own controller, never sent
 STATUS_NO_RESPONSE = -1
 
@@ -85,11 +88,14 @@ class Http:
             reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
             try:
                 writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + raw)
-                data = await reader.read(-1)
+                head_bytes = await reader.readuntil(b"\r\n\r\n")
+                status = int(head_bytes[9:12]) if head_bytes.startswith(b"HTTP/1.") else -1
+                match = re.search(rb"(?i)content-length:\s*(\d+)", head_bytes)
+                body = (await reader.readexactly(int(match.group(1))) if match
+                        else await reader.read(-1))
             finally:
                 writer.close()
-            status = int(data[9:12]) if data.startswith(b"HTTP/1.") else -1
-            return status, data.partition(b"\r\n\r\n")[2]
+            return status, body
 
         return await asyncio.wait_for(go(), timeout)
 
@@ -119,6 +125,8 @@ class Runner:
         self._tasks: set[asyncio.Task] = set()
         self._idle: list[Connection] = []
         self._users: list[asyncio.Task] = []
+        self._pending = 0  # open-loop requests in flight on pooled connections
+        self._drained: asyncio.Future | None = None
 
     # ---- clocks ------------------------------------------------------------------------
     def now(self) -> float:
@@ -261,32 +269,69 @@ class Runner:
 
     async def _open_loop(self) -> None:
         """Poisson arrivals at the current rate; each is due at its scheduled instant (its
-        send delay is measured from there: no coordinated omission)."""
-        t = self.loop.time()
-        while True:
-            rate = self.rate
-            if rate <= 0:
-                t = self.loop.time() + 0.01
-                await asyncio.sleep(0.01)
-                continue
-            t += self.rng.expovariate(rate) / self.k
-            if t >= self.end:
-                return
-            delay = t - self.loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            ticket = self.ctl.acquire(self.now())
-            if ticket is None:
-                self.records.shed(self, t, self.phase)
-                continue
-            self._trace()
-            conn = self._idle.pop() if self._idle else None
-            task = self.loop.create_task(self._open_request(conn, t, ticket))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        send delay is measured from there: no coordinated omission). Requests go out on
+        idle keep-alive connections (a new one only when all are busy) and finish in a
+        callback: no task per request."""
+        alarm = Alarm(self.loop)  # wakes on time to the microsecond (asyncio: up to 1 ms late)
+        try:
+            conns = await asyncio.gather(*(self.endpoint.connect() for _ in range(OPEN_LOOP_POOL)),
+                                         return_exceptions=True)
+            self._idle.extend(c for c in conns if isinstance(c, Connection))
+            t = self.loop.time()
+            while True:
+                rate = self.rate
+                if rate <= 0:
+                    t = self.loop.time() + 0.01
+                    await asyncio.sleep(0.01)
+                    continue
+                t += self.rng.expovariate(rate) / self.k
+                if t >= self.end:
+                    return
+                await alarm.sleep_until(t)
+                self._arrive(t)
+        finally:
+            alarm.close()
 
-    async def _open_request(self, conn, due, ticket) -> None:
-        _, conn = await self._one(conn, due, -1, ticket)
+    def _arrive(self, due: float) -> None:
+        ticket = self.ctl.acquire(self.now())
+        if ticket is None:
+            self.records.shed(self, due, self.phase)
+            return
+        self._trace()
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                prompt = self.sc.workload.input_len_dist.sample(self.rng)
+                output = self.sc.workload.output_len_dist.sample(self.rng)
+                context = (conn, due, ticket, self.phase, self.ctl.limit, self.ctl.inflight,
+                           prompt, output)
+                conn.send(self.endpoint.request(prompt, output)).add_done_callback(
+                    lambda fut, ctx=context: self._open_done(fut, ctx))
+                self._pending += 1
+                return
+        task = self.loop.create_task(self._open_request(due, ticket))  # all busy: connect
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _open_done(self, fut: asyncio.Future, ctx: tuple) -> None:
+        conn, due, ticket, phase, limit, inflight, prompt, output = ctx
+        self._pending -= 1
+        if fut.cancelled() or fut.exception() is not None:
+            now = self.loop.time()
+            exc = None if fut.cancelled() else fut.exception()
+            result = Result(STATUS_NO_RESPONSE, now, 0.0, now, error=str(exc)[:300])
+            conn.close()
+        else:
+            result = fut.result()
+            self._idle.append(conn)
+        self._release(ticket, result)
+        self.records.request(self, due, -1, phase, limit, inflight, prompt, output, result)
+        if self._pending == 0 and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def _open_request(self, due, ticket) -> None:
+        _, conn = await self._one(None, due, -1, ticket)
         if conn is not None and not conn.closed:
             self._idle.append(conn)
 
@@ -331,6 +376,13 @@ class Runner:
                 done, pending = await asyncio.wait(self._users, timeout=DRAIN_TIMEOUT)
             else:
                 await self._open_loop()
+                if self._pending:
+                    self._drained = self.loop.create_future()
+                    try:
+                        await asyncio.wait_for(self._drained, DRAIN_TIMEOUT)
+                    except asyncio.TimeoutError:
+                        log.warning("%d requests still open %.0f s after the end: abandoned",
+                                    self._pending, DRAIN_TIMEOUT)
                 pending = set(self._tasks)
                 if pending:
                     _, pending = await asyncio.wait(pending, timeout=DRAIN_TIMEOUT)

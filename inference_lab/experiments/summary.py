@@ -8,10 +8,12 @@ time to react; the whole phase is reported too):
 - frac_529: 529s / requests sent; shed_frac: refused by the controller itself;
 - e2e / ttft p50 and p99 of 200s sent in the window (client-measured, modelled seconds);
 - scores: goodput / oracle goodput, e2e p50 / oracle e2e p50, and settle_s: seconds after
-  the phase's action until the limit stays within a band around where it ends up
-  (+-max(2, 20 %) of the steady median) for the rest of the phase.
+  the phase's action until the limit is within a band around where it ends up
+  (+-max(2, 20 %) of the steady median) and spends at least 90 % of the rest of the phase
+  there; band_settle_s: the same for the band below.
 - band: [max_num_seqs, max_num_seqs + max_waiting] (the physical concurrency and the
-  most the queue admits), and the share of the steady half the limit spent inside it.
+  most the queue admits; only with max_waiting set), and the share of the steady half
+  the limit spent inside it.
 
 Knows numpy and the records' columns. Does not know HTTP or matplotlib.
 """
@@ -28,6 +30,7 @@ __all__ = ["summarise", "step_series", "window_series"]
 
 SETTLE_BAND_FRAC = 0.2
 SETTLE_BAND_MIN = 2.0
+SETTLE_SHARE = 0.9
 
 
 def _pct(values: np.ndarray, q: float) -> float | None:
@@ -107,21 +110,20 @@ def _stats(req: dict, ctl: dict, a: float, b: float) -> dict:
     }
 
 
-def settle_seconds(ctl: dict, start: float, end: float, target: float | None) -> float | None:
-    """Seconds after `start` until the limit stays within the band around `target`."""
-    if target is None or not math.isfinite(target):
+def settle_seconds(ctl: dict, start: float, end: float, low: float | None,
+                   high: float | None) -> float | None:
+    """Seconds after `start` until the limit is in [low, high] and stays there for at
+    least SETTLE_SHARE of the rest of the phase (a sawtooth's dips are tolerated); None
+    when it never does, or there is no finite limit."""
+    if low is None or high is None:
         return None
     grid, limits = step_series(ctl["t"], ctl["limit"], start, end)
-    if grid.size == 0:
+    if grid.size == 0 or not np.isfinite(limits).all():
         return None
-    band = max(SETTLE_BAND_MIN, SETTLE_BAND_FRAC * target)
-    outside = np.nonzero(np.abs(limits - target) > band)[0]
-    if outside.size == 0:
-        return 0.0
-    last = outside[-1]
-    if last + 1 >= grid.size:
-        return None  # never settled
-    return float(grid[last + 1] - start)
+    inside = (limits >= low) & (limits <= high)
+    share = np.cumsum(inside[::-1])[::-1] / np.arange(grid.size, 0, -1)  # of [i, end)
+    ok = np.nonzero(inside & (share >= SETTLE_SHARE))[0]
+    return float(grid[ok[0]] - start) if ok.size else None
 
 
 def summarise(scenario: Scenario, run: dict, oracles: list[dict], controller: str) -> dict:
@@ -138,9 +140,14 @@ def summarise(scenario: Scenario, run: dict, oracles: list[dict], controller: st
                         if steady["e2e_p50_s"] is not None and oracle["e2e_p50_s"] else None),
             "e2e_p99": (steady["e2e_p99_s"] / oracle["e2e_p99_s"]
                         if steady["e2e_p99_s"] is not None and oracle["e2e_p99_s"] else None),
-            "settle_s": settle_seconds(ctl, phase.start, phase.end, steady["limit_p50"]),
         }
+        target = steady["limit_p50"]
+        margin = max(SETTLE_BAND_MIN, SETTLE_BAND_FRAC * target) if target is not None else 0.0
+        scores["settle_s"] = settle_seconds(ctl, phase.start, phase.end,
+                                            target - margin if target is not None else None,
+                                            target + margin if target is not None else None)
         band = [phase.max_num_seqs, phase.max_num_seqs + phase.max_waiting if phase.max_waiting else None]
+        scores["band_settle_s"] = settle_seconds(ctl, phase.start, phase.end, band[0], band[1])
         grid, limits = step_series(ctl["t"], ctl["limit"], mid, phase.end)
         upper = band[1] if band[1] is not None else math.inf
         finite = np.isfinite(limits)

@@ -52,7 +52,13 @@ def test_bad_scenarios_are_refused_naming_the_key(change, key):
 def test_settle_is_the_time_after_which_the_limit_stays_in_its_band():
     # limit 40 until 2 s, then 20 from 2 s on: the band around 20 is +-4.
     ctl = {"t": np.array([0.0, 2.0]), "limit": np.array([40.0, 20.0])}
-    assert settle_seconds(ctl, 0.0, 10.0, 20.0) == pytest.approx(2.0, abs=0.06)
-    assert settle_seconds(ctl, 3.0, 10.0, 20.0) == 0.0
+    assert settle_seconds(ctl, 0.0, 10.0, 16, 24) == pytest.approx(2.0, abs=0.06)
+    assert settle_seconds(ctl, 3.0, 10.0, 16, 24) == 0.0
+    assert settle_seconds(ctl, 0.0, 10.0, 30, 50) is None  # never back in the band
+    # A dip of 0.5 s out of the band in the last 8 s (6 %) is tolerated, not one of 2 s.
+    dip = {"t": np.array([0.0, 2.0, 5.0, 5.5]), "limit": np.array([40.0, 20.0, 10.0, 20.0])}
+    assert settle_seconds(dip, 0.0, 10.0, 16, 24) == pytest.approx(2.0, abs=0.06)
+    long_dip = {"t": np.array([0.0, 2.0, 5.0, 7.0]), "limit": np.array([40.0, 20.0, 10.0, 20.0])}
+    assert settle_seconds(long_dip, 0.0, 10.0, 16, 24) == pytest.approx(7.0, abs=0.06)
     grid, values = step_series(ctl["t"], ctl["limit"], 1.0, 3.0, step=1.0)
     assert list(values) == [40.0, 20.0]

@@ -93,8 +93,9 @@ def test_summary_scores_the_fixed_controller_at_the_oracle_concurrency_near_one(
         assert phase["steady"]["frac_529"] == 0.0
         assert phase["steady"]["limit_p50"] == 8.0
         assert phase["scores"]["settle_s"] == 0.0
-        assert 0.8 < phase["scores"]["goodput"] < 1.2, phase
-        assert 0.9 < phase["scores"]["e2e_p50"] < 1.3, phase
+        # ~1; the margin is for HTTP time (x2 at time scale 2) on a busy machine.
+        assert 0.75 < phase["scores"]["goodput"] < 1.25, phase
+        assert 0.9 < phase["scores"]["e2e_p50"] < 1.4, phase
         assert math.isclose(phase["oracle"]["goodput_tok_s"],
                             summary["phases"][0]["oracle"]["goodput_tok_s"])
 
@@ -147,3 +148,43 @@ def test_bad_input_is_one_line_and_exit_status_2(args, message):
     done = experiment(*args, timeout=30)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+# Poisson arrivals at about twice what max_num_seqs 2 drains, max_waiting 2: the server
+# refuses (529) and AIMD backs off until it sheds arrivals on the client.
+OVERLOAD = """
+name = "overload"
+duration = 6
+[server]
+max_num_seqs = 2
+max_waiting = 2
+[load]
+arrival_pattern = "poisson"
+arrival_rate = 150.0
+input_len_dist = { type = "fixed", value = 16 }
+output_len_dist = { type = "fixed", value = 50 }
+[controller]
+name = "aimd"
+params = { min_limit = 1 }
+[[timeline]]
+at = 3
+load = { arrival_rate = 20.0 }
+"""
+
+
+def test_an_open_loop_overload_gets_529s_and_aimd_sheds_arrivals(tmp_path):
+    scenario = tmp_path / "overload.toml"
+    scenario.write_text(OVERLOAD)
+    out = tmp_path / "run"
+    done = experiment(str(scenario), "--serve", "--time-scale", "2", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = pq.read_table(out / "requests.parquet").to_pydict()
+    status = table["status"]
+    assert status.count(529) > 10 and status.count(0) > 10 and status.count(200) > 50
+    assert all('"queue_saturated"' in e for s, e in zip(status, table["error"]) if s == 529)
+    assert all(u == -1 for u in table["user"])
+    summary = json.loads((out / "summary.json").read_text())
+    first, second = summary["phases"]
+    assert first["oracle"]["kind"] == "open_loop_overloaded" and second["oracle"]["kind"] == "open_loop"
+    assert first["steady"]["limit_p50"] <= 4 + 2  # near max_num_seqs + max_waiting
+    assert second["steady"]["frac_529"] < first["steady"]["frac_529"]

@@ -1,0 +1,200 @@
+"""What the experiment runner's load generator and controller cost: CPU-microseconds per
+request at an open-loop (Poisson) rate, and the send delay (from each arrival's scheduled
+instant to its write: coordinated omission accounted for) p50/p99.
+
+    python benchmarks/experiment_loadgen.py [--rate 1000] [--seconds 5] [--controller aimd]
+    python benchmarks/experiment_loadgen.py --serve    # against a real `inference-lab serve`
+
+By default the server is a stub in a child process that answers every request at once
+with a short, gateway-shaped SSE stream (role+token, final chunk with "inference_lab"
+timings, usage, [DONE]), so the runner's own cost is measured without sharing the two
+cores with the gateway and the engine. The runner runs in this process (uvloop); its CPU
+is this process's CPU time over the run (including the 250 ms scrapes and the records),
+divided by the requests sent. Prints figures, no pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import _common as C
+import numpy as np
+
+STUB = r'''
+import asyncio, sys
+BODY = (b'data: {"id":"cmpl-0","object":"text_completion","created":1,"model":"gpt-oss-20b","choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":null}],"usage":null}\n\n'
+        b'data: {"id":"cmpl-0","object":"text_completion","created":1,"model":"gpt-oss-20b","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}],"usage":null,"inference_lab":{"queue_time_s":0.0,"ttft_s":0.001,"e2e_s":0.001,"preemptions":0}}\n\n'
+        b'data: {"id":"cmpl-0","object":"text_completion","created":1,"model":"gpt-oss-20b","choices":[],"usage":{"prompt_tokens":16,"completion_tokens":1,"total_tokens":17}}\n\n'
+        b'data: [DONE]\n\n')
+STREAM = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+          + b"%x\r\n" % len(BODY) + BODY + b"\r\n0\r\n\r\n")
+JSON = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]"
+class P(asyncio.Protocol):
+    def connection_made(self, t): self.t, self.buf = t, b""
+    def data_received(self, d):
+        self.buf += d
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0: return
+            head = self.buf[:end]
+            i = head.lower().find(b"content-length:")
+            n = int(head[i + 15:].split(b"\r\n")[0]) if i >= 0 else 0
+            if len(self.buf) < end + 4 + n: return
+            self.buf = self.buf[end + 4 + n:]
+            self.t.write(STREAM if head.startswith(b"POST /v1/") else JSON)
+async def main():
+    loop = asyncio.get_running_loop()
+    srv = await loop.create_server(P, "127.0.0.1", 0)
+    print(srv.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+try:
+    import uvloop; uvloop.run(main())
+except ImportError:
+    asyncio.run(main())
+'''
+
+
+def scenario_file(rate: float, seconds: float, controller: str, where: Path) -> Path:
+    path = where / "loadgen.toml"
+    params = "{ min_limit = 1, max_limit = 10000, initial_limit = 1000 }" if controller == "aimd" else "{}"
+    path.write_text(f"""
+name = "loadgen-{controller}"
+duration = {seconds}
+model = "gpt-oss-20b"
+[load]
+arrival_pattern = "poisson"
+arrival_rate = {rate}
+input_len_dist = {{ type = "fixed", value = 16 }}
+output_len_dist = {{ type = "fixed", value = 1 }}
+seed = 7
+[controller]
+name = "{controller}"
+params = {params}
+""")
+    return path
+
+
+async def run(scenario, url: str, metrics_url: str | None):
+    from inference_lab.experiments.controllers import make_controller
+    from inference_lab.experiments.runner import Runner
+
+    runner = Runner(scenario, url, make_controller(scenario.controller, scenario.controller_params),
+                    metrics_url=metrics_url)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    records = await runner.run()
+    return records, time.process_time() - cpu0, time.perf_counter() - wall0
+
+
+class _Bare(asyncio.Protocol):
+    """The floor: write pre-built bytes, wait for the chunked terminator, parse nothing."""
+
+    def __init__(self) -> None:
+        self.tail, self.waiter, self.transport = b"", None, None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.tail = (self.tail + data)[-16:]
+        if self.tail.endswith(b"\r\n0\r\n\r\n"):
+            self.tail = b""
+            w, self.waiter = self.waiter, None
+            w.set_result(None)
+
+
+async def floor(port: int, rate: float, seconds: float) -> tuple[int, float, list[float]]:
+    """The same Poisson schedule, timer and connection pool with nothing else: what the
+    socket calls and the event loop cost per request on this machine."""
+    import random
+
+    from inference_lab.engine.drivers.alarm import Alarm
+    from inference_lab.experiments.client import Endpoint
+
+    loop = asyncio.get_running_loop()
+    raw = Endpoint(f"http://127.0.0.1:{port}", "gpt-oss-20b").request(16, 1)
+    idle = [(await loop.create_connection(_Bare, "127.0.0.1", port))[1] for _ in range(256)]
+    alarm, rng, delays, sent = Alarm(loop), random.Random(7), [], 0
+    cpu0 = time.process_time()
+    t = loop.time()
+    end = t + seconds
+
+    def done(fut, conn) -> None:
+        idle.append(conn)
+
+    while True:
+        t += rng.expovariate(rate)
+        if t >= end:
+            break
+        await alarm.sleep_until(t)
+        conn = idle.pop()
+        conn.waiter = loop.create_future()
+        delays.append((loop.time() - t) * 1000)
+        conn.transport.write(raw)
+        conn.waiter.add_done_callback(lambda f, c=conn: done(f, c))
+        sent += 1
+    while len(idle) < 256:
+        await asyncio.sleep(0.01)
+    cpu = time.process_time() - cpu0
+    alarm.close()
+    for conn in idle:
+        conn.transport.close()
+    return sent, cpu, delays
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rate", type=float, default=1000.0)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--controller", default="aimd")
+    ap.add_argument("--serve", action="store_true", help="drive a real inference-lab serve")
+    args = ap.parse_args()
+    from inference_lab.experiments.scenario import load_scenario
+
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    with tempfile.TemporaryDirectory() as tmp:
+        sc = load_scenario(scenario_file(args.rate, args.seconds, args.controller, Path(tmp)))
+        if args.serve:
+            with C.serve() as served:
+                records, cpu, wall = runner(run(sc, served.base, None))
+        else:
+            stub = subprocess.Popen([sys.executable, "-c", STUB], stdout=subprocess.PIPE)
+            try:
+                port = int(stub.stdout.readline())
+                f_sent, f_cpu, f_delay = runner(floor(port, args.rate, args.seconds))
+                records, cpu, wall = runner(run(sc, f"http://127.0.0.1:{port}", None))
+            finally:
+                stub.terminate()
+                stub.wait(5)
+    req = records.req
+    status = np.array(req["status"])
+    sent = status != 0
+    delay = np.array(req["send_delay_ms"])[sent]
+    n = int(sent.sum())
+    print(f"experiment runner, controller {args.controller}, open loop {args.rate:.0f}/s for "
+          f"{args.seconds:g} s against {'inference-lab serve' if args.serve else 'a stub SSE server'} "
+          f"(load average {os.getloadavg()[0]:.2f})")
+    print(f"  requests sent {n} ({n / wall:.0f}/s), ok {int((status == 200).sum())}, "
+          f"shed by the controller {int((status == 0).sum())}, other {int(((status != 200) & sent).sum())}")
+    print(f"  runner CPU {cpu:.2f} s = {1e6 * cpu / max(n, 1):.1f} CPU-us per request "
+          f"({cpu / wall:.2f} cores)")
+    print(f"  send delay p50 {np.percentile(delay, 50):.3f} ms, p99 {np.percentile(delay, 99):.3f} ms, "
+          f"max {delay.max():.3f} ms")
+    if not args.serve:
+        print(f"  floor (same schedule, timer and pool; write, wait, nothing else): "
+              f"{1e6 * f_cpu / max(f_sent, 1):.1f} CPU-us per request, send delay p50 "
+              f"{np.percentile(f_delay, 50):.3f} ms, p99 {np.percentile(f_delay, 99):.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
