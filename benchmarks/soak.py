@@ -107,7 +107,7 @@ async def one_request(http: aiohttp.ClientSession, base: str, rng: random.Random
     usage = None
     i = tail.rfind(USAGE_MARK)
     if i >= 0:
-        usage = json.loads(tail[i + len(USAGE_MARK) - 1:tail.index(b"}", i) + 1])
+        usage, _ = json.JSONDecoder().raw_decode(tail[i + len(USAGE_MARK) - 1:].decode())
     done = tail.endswith(b"data: [DONE]\n\n")
     counts.completed += 1
     if done and usage is not None and tokens == n == usage["completion_tokens"]:

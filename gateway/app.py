@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, generate_latest
 
 from inference_lab.common.auth import bearer_ok
+from inference_lab.common.tokenizer import Tokenizer, load_tokenizer
 from inference_lab.gateway.engine_client import ClientGone, EngineClient, RequestStream
 from inference_lab.gateway.errors import envelope as openai_envelope
 from inference_lab.gateway.errors import (
@@ -109,6 +110,7 @@ class GatewayState:
     control_token: str | None = None
     enable_directives: bool = False  # honour x-inference-lab-fault headers
     static_faults: dict[str, FaultSpec] = field(default_factory=dict)  # model -> [fault] mode
+    tokenizer: Tokenizer = field(default_factory=lambda: load_tokenizer(None))
     inflight: dict[RequestStream, web.BaseRequest] = field(default_factory=dict)
     metrics: GatewayMetrics = field(init=False)
     engine: EngineClient | None = None
@@ -237,7 +239,7 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 def _generation_handler(dialect: Dialect):
     async def handler(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
-        gen = dialect.parse(await _read_body(request, state.max_body_bytes))
+        gen = dialect.parse(await _read_body(request, state.max_body_bytes), state.tokenizer)
         fault = _fault_for(request, state, gen)
         pump = None
         if fault is not None:
@@ -395,6 +397,7 @@ def create_app(
     static_faults: dict[str, FaultSpec] | None = None,
     faults: FaultState | None = None,
     save_faults: Callable[[FaultState], None] | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> web.Application:
     """The gateway application for the engine at `engine_target` ("host:port").
 
@@ -407,6 +410,7 @@ def create_app(
     `static_faults` maps a model to the fault every streaming request of it gets.
     `faults` is the initial state of injected errors and retry hints (live through
     /control/faults; `save_faults` is called after every change).
+    `tokenizer` turns prompts into token IDs (default: the built-in byte-level one).
     """
     state = GatewayState(
         engine_target=engine_target,
@@ -417,6 +421,7 @@ def create_app(
         control_token=control_token,
         enable_directives=enable_directives,
         static_faults=dict(static_faults or {}),
+        tokenizer=tokenizer or load_tokenizer(None),
     )
     app = web.Application(client_max_size=max_body_bytes,
                           middlewares=[edge_middleware, fault_control.fault_middleware])

@@ -35,11 +35,13 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any, Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from inference_lab.common.tokenizer import ids_to_bytes
 from inference_lab.gateway.errors import (
     ErrorKind, GatewayError, engine_unavailable, from_grpc_error, saturation_message,
 )
@@ -278,13 +280,14 @@ class EngineClient:
     # ---- the hot path ------------------------------------------------------------------
 
     async def open(
-        self, model: str, prompt_tokens: int, max_tokens: int, *, priority: int = 0,
+        self, model: str, prompt: Sequence[int] | int, max_tokens: int, *, priority: int = 0,
         request_id: str = "",
     ) -> RequestStream:
         """Start one request on the Session; its first event is `admitted` or `rejected`.
         Raises GatewayError(queue_saturated) at once while the engine's last word is that
         the model's queue is full, GatewayError(engine_unavailable) when the engine cannot
-        be reached."""
+        be reached. `prompt` is the prompt's token IDs (or only its length)."""
+        prompt_tokens = prompt if isinstance(prompt, int) else len(prompt)
         for _ in range(2):
             session = self._session
             if session is None or session.broken:
@@ -303,6 +306,8 @@ class EngineClient:
             req = action.open.request
             req.model = model
             req.prompt_tokens = prompt_tokens
+            if not isinstance(prompt, int):
+                req.prompt_token_ids = ids_to_bytes(prompt)
             req.max_tokens = max_tokens
             req.priority = priority
             if request_id:

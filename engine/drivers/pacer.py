@@ -102,10 +102,11 @@ class Pacer:
         return self.epoch + sim_time / self.time_scale
 
     # ---- requests ----------------------------------------------------------------------
-    def submit(self, prompt_len: int, max_tokens: int, sink, tag, priority: int = 0) -> Request:
+    def submit(self, prompt_len: int, max_tokens: int, sink, tag, priority: int = 0,
+               token_ids: bytes = b"") -> Request:
         """Check and queue synchronously (raises QueueSaturated / SubmitError)."""
         req = self.core.submit(prompt_len, max_tokens, self.sim_now(), priority=priority,
-                               tag=Stream(sink, tag))
+                               tag=Stream(sink, tag), token_ids=token_ids)
         self._live[req.id] = req
         self.poke()
         return req

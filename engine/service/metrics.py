@@ -75,6 +75,10 @@ METRICS: dict[str, Spec] = {
                                          ("source",)),
     "vllm:prompt_tokens_cached": Spec("counter", "Prompt tokens served from a cache."),
     "vllm:prompt_tokens_recomputed": Spec("counter", "Cached prompt tokens computed again."),
+    "vllm:prefix_cache_queries": Spec("counter", "Prefix cache queries, in terms of number of "
+                                      "queried tokens."),
+    "vllm:prefix_cache_hits": Spec("counter", "Prefix cache hits, in terms of number of cached "
+                                   "tokens."),
     "vllm:generation_tokens": Spec("counter", "Tokens generated."),
     "vllm:request_success": Spec("counter", "Finished requests by finish reason.",
                                  ("finished_reason",)),
@@ -128,6 +132,9 @@ LIVE = {
     "vllm:kv_cache_usage_perc": lambda core: core.kv_usage(),
     "inference_lab_max_waiting": lambda core: core.max_waiting,
     "inference_lab_max_num_seqs": lambda core: core.max_num_seqs,
+    # counters the core keeps itself (the prefix cache's, in tokens)
+    "vllm:prefix_cache_queries": lambda core: core.prefix_cache.stats.queries if core.prefix_cache else 0,
+    "vllm:prefix_cache_hits": lambda core: core.prefix_cache.stats.hits if core.prefix_cache else 0,
 }
 # Series fed by a request's finish and by each step (the rest are live or event counters).
 FINISH_HISTOGRAMS = {
@@ -204,14 +211,16 @@ class ModelMetrics:
         c["vllm:generation_tokens"] += result.sampled
         if result.preempted:
             c["vllm:num_preemptions"] += len(result.preempted)
-        prompt = 0
+        prompt = cached = 0
         for req in result.first_token:
             if 0 <= req.finish_time < req.first_token:
                 continue  # ended (hung up) before the step that would sample it ended
             prompt += req.prompt_len
+            cached += req.cached_tokens
             self._ttft.observe(req.first_token - req.arrival)
         if prompt:
             c["vllm:prompt_tokens"] += prompt
+            c["vllm:prompt_tokens_cached"] += cached
         if result.num_decodes:  # every member of the decode group: one token each, whose
             self._itl.observe(result.end - result.start, result.num_decodes)  # previous
             # token came at the end of the previous (back-to-back) step
@@ -240,7 +249,7 @@ class ModelMetrics:
         f["inference"].observe(inference)
         f["tpot"].observe(decode / (tokens - 1) if tokens > 1 else 0.0)
         f["prompt"].observe(req.prompt_len)
-        f["kv_computed"].observe(req.prompt_len)
+        f["kv_computed"].observe(req.prompt_len - req.cached_tokens)
         f["generation"].observe(tokens)
         f["max_generation"].observe(tokens)
         f["n"].observe(1)
@@ -269,8 +278,10 @@ class ModelMetrics:
         if name == "vllm:engine_sleep_state":
             return [((s,), v) for s, v in SLEEP_STATES]
         if name == "vllm:prompt_tokens_by_source":
-            computed = self.counters["vllm:prompt_tokens"]
-            return [((s,), computed if s == "local_compute" else 0.0) for s in PROMPT_SOURCES]
+            c = self.counters
+            cached = c["vllm:prompt_tokens_cached"]
+            by = {"local_compute": c["vllm:prompt_tokens"] - cached, "local_cache_hit": cached}
+            return [((s,), by.get(s, 0.0)) for s in PROMPT_SOURCES]
         if name == "inference_lab_rejections":
             return [((r,), v) for r, v in sorted(self.rejections.items())]
         return [((), self.counters[name])]
@@ -284,7 +295,7 @@ class ModelMetrics:
         """vllm:cache_config_info's labels (vLLM's CacheConfig keys the lab knows)."""
         config = self.core.deployment.scheduler
         return {"block_size": str(self.core.block_size), "cache_dtype": "auto",
-                "enable_prefix_caching": "False",
+                "enable_prefix_caching": str(config.enable_prefix_caching),
                 "gpu_memory_utilization": str(config.gpu_memory_utilization),
                 "num_gpu_blocks": str(self.core.total_blocks), "engine": self.labels[1]}
 

@@ -86,7 +86,7 @@ def finished_pb(req: Request) -> pb.Finished:
         reason=FINISH_REASON_PB[req.status], prompt_tokens=req.prompt_len,
         completion_tokens=req.num_output, queue_time_s=since_arrival(req.first_scheduled),
         ttft_s=since_arrival(req.first_token), e2e_s=since_arrival(req.finish_time),
-        preemptions=req.preemptions)
+        preemptions=req.preemptions, cached_tokens=req.cached_tokens)
 
 
 def saturated_metadata(exc: QueueSaturated) -> dict[str, str]:
@@ -200,7 +200,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         SubmitError; counts refusals."""
         try:
             req = rt.pacer.submit(request.prompt_tokens, request.max_tokens, sink, tag,
-                                  priority=request.priority)
+                                  priority=request.priority, token_ids=request.prompt_token_ids)
         except QueueSaturated:
             rt.metrics.on_rejected("QUEUE_SATURATED")
             raise

@@ -62,6 +62,7 @@ _SCHEDULER: dict[str, tuple[type, str, Any]] = {
     "policy": (str, f"one of {', '.join(POLICIES + OTHER_POLICIES)}",
                lambda v: v in POLICIES + OTHER_POLICIES),
     "enable_chunked_prefill": (bool, "true or false", None),
+    "enable_prefix_caching": (bool, "true or false", None),
     "block_size": (int, "a positive integer", lambda v: v >= 1),
     "gpu_memory_utilization": (float, "a number in (0, 1]", lambda v: 0 < v <= 1),
     "kv_cache_capacity": (float, "a number of bytes >= 0 (0 = derived)", lambda v: v >= 0),

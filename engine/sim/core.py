@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from inference_lab.engine.sim.cost import CostModel, attention_load, rate_for
 from inference_lab.engine.sim.speculative import draft_seconds
 from inference_lab.engine.sim.kv import fixed_blocks, total_blocks
+from inference_lab.engine.sim.prefix_cache import block_hashes
 from inference_lab.engine.sim.request import Request, Status
 from inference_lab.engine.sim.scheduler import Scheduler
 from inference_lab.engine.sim.specs import MAX_COUNT, Deployment
@@ -58,7 +59,7 @@ class StepResult:
 
 
 class EngineCore:
-    def __init__(self, deployment: Deployment) -> None:
+    def __init__(self, deployment: Deployment, *, record_kv_events: bool = False) -> None:
         self.deployment = deployment
         self.name = deployment.name
         config = deployment.scheduler
@@ -68,11 +69,13 @@ class EngineCore:
         self.max_model_len = config.max_model_len or deployment.model.max_seq_len
         self.max_waiting = config.max_waiting
         self.scheduler = Scheduler(config, self.total_blocks, self.cost.windows,
-                                   fixed_blocks(deployment))
+                                   fixed_blocks(deployment), record_kv_events)
         self.speculative = deployment.speculative
         if self.speculative is not None:
             self.scheduler.group.max_advance = 1 + self.speculative.gamma
         self._accepted = 0.0  # expected positions not yet kept (fractional carry)
+        self.prefix_cache = self.scheduler.cache  # None when prefix caching is off
+        self.record_kv_events = record_kv_events
         self.clock = 0.0  # simulated time at which the engine is next free
         self._ids = itertools.count(1)
 
@@ -152,9 +155,20 @@ class EngineCore:
             )
 
     def submit(self, prompt_len: int, max_tokens: int, now: float, *, priority: int = 0,
-               tag: object = None) -> Request:
+               tag: object = None, token_ids: bytes = b"") -> Request:
         """Check and queue in one synchronous step: raises QueueSaturated when
-        max_waiting (> 0) requests already wait, SubmitError when it can never run."""
+        max_waiting (> 0) requests already wait, SubmitError when it can never run.
+        `token_ids` (packed little-endian uint32, prompt_len of them) lets the request
+        use the prefix cache; prompt_len may then be 0 (taken from them)."""
+        if token_ids:
+            if len(token_ids) % 4:
+                raise SubmitError("prompt_token_ids must be packed 4-byte token IDs "
+                                  f"(got {len(token_ids)} bytes)")
+            n = len(token_ids) // 4
+            if prompt_len and prompt_len != n:
+                raise SubmitError(f"prompt_tokens ({prompt_len}) disagrees with the "
+                                  f"{n} prompt_token_ids")
+            prompt_len = n
         self.check(prompt_len, max_tokens)
         waiting = self.scheduler.num_waiting
         if self.max_waiting and waiting >= self.max_waiting:
@@ -162,6 +176,10 @@ class EngineCore:
         if now > self.clock and not self.scheduler.has_work():
             self.clock = now  # idle: the next step starts at this arrival
         req = Request(next(self._ids), prompt_len, max_tokens, now, priority, tag=tag)
+        if token_ids and self.prefix_cache is not None and prompt_len >= self.block_size:
+            req.block_hashes = block_hashes(token_ids, self.block_size)
+            if self.record_kv_events:
+                req.token_bytes = token_ids
         self.scheduler.waiting.push(req)
         return req
 

@@ -1,6 +1,7 @@
 """The state of one simulated request, and the table from status to finish reason.
 
-A request is described by lengths only (the simulation never sees text). While it sits
+A request is described by lengths, plus its prompt's block hashes when it can use the
+prefix cache (the simulation never sees text). While it sits
 in the scheduler's decode group its counters are kept as offsets from the group's step
 counter G (see engine.sim.decode_group), so that advancing 256 decodes is one increment;
 outside the engine's core, read a live request's tokens through EngineCore.tokens_at.
@@ -51,6 +52,10 @@ class Request:
     done_mark: int = -1  # finished by length: the decode group's progress mark at its end
     preempted_at: float = -1.0  # start of the step that last preempted it (its tokens had ended)
     preemptions: int = 0
+    block_hashes: list[int] | None = None  # chained hashes of the prompt's full blocks
+    token_bytes: bytes | None = None  # the prompt's token IDs, kept only for KV events
+    cached_refs: int = 0  # leading block_hashes whose cache entries it references (running)
+    cached_tokens: int = 0  # prompt tokens found cached at its first scheduling
     tag: object = None  # the driver's handle (a stream, a closed-loop user, ...)
 
     @property

@@ -1,7 +1,8 @@
 """vLLM-v1-style continuous batching for one model: what runs in the next step.
 
 Knows the waiting queue, the running set (in admission order), the KV block pool (a
-counter) and the token budget. One `schedule()` call is one iteration's decision, in
+counter of free blocks, of which the prefix cache's unreferenced blocks are a part,
+evicted least-recently-freed first when memory is needed) and the token budget. One `schedule()` call is one iteration's decision, in
 phases: schedule running requests (preempting by recompute under KV pressure), admit
 waiting requests only if nothing was preempted, check the budget. `apply()` then books
 the iteration's outcome. Does not know time, costs or drivers (engine.core does).
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from inference_lab.engine.sim.decode_group import DecodeGroup
 from inference_lab.engine.sim.kv import blocks_for
+from inference_lab.engine.sim.prefix_cache import PrefixCache
 from inference_lab.engine.sim.request import Request, Status
 from inference_lab.engine.sim.specs import SchedulerConfig
 
@@ -92,12 +94,14 @@ class WaitingQueue:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, total_blocks: int, windows: tuple[int, ...],
-                 fixed_blocks: int = 0):
+                 fixed_blocks: int = 0, record_kv_events: bool = False):
         self.config = config
         self.block_size = config.block_size
         self.fixed_blocks = fixed_blocks  # held by every running sequence (recurrent state)
         self.total_blocks = total_blocks
-        self.free_blocks = total_blocks
+        self.free_blocks = total_blocks  # unheld blocks, the cache's evictable ones included
+        self.cache = (PrefixCache(config.block_size, record_kv_events)
+                      if config.enable_prefix_caching else None)
         self.waiting = WaitingQueue(config.policy)
         self.running: dict[int, Request] = {}  # admission order
         self.prefilling: dict[int, Request] = {}  # running, not in the group
@@ -144,7 +148,7 @@ class Scheduler:
         while need > self.free_blocks and group.n:
             self._preempt(self._victim(list(self.running.values())), decision)
             need = group.blocks_needed(advance)
-        self.free_blocks -= need
+        self._take(need)
         decision.num_decodes = group.n
         return group.n * decision.decode_width
 
@@ -168,7 +172,7 @@ class Scheduler:
                     break
             if req.status is not Status.RUNNING:
                 continue
-            self.free_blocks -= need
+            self._take(need)
             req.blocks += need
             decision.chunks.append((req, n))
             budget -= n
@@ -180,15 +184,19 @@ class Scheduler:
             req = self.waiting.peek()
             if req is None or req.arrival > now:
                 break
-            n = self._chunk(req, budget)
+            hit = self._cached_prefix(req)
+            n = self._chunk(req, budget, hit * self.block_size)
             if n == 0:
                 break
-            need = self.blocks_for(req.num_computed + n) - req.blocks
-            if need > self.free_blocks:
+            need = self.blocks_for(hit * self.block_size + n) - hit
+            revived = self.cache.count_free(req.block_hashes[:hit]) if hit else 0
+            if need + revived > self.free_blocks:
                 break  # KV full: wait for blocks to free up, never preempt to admit
             self.waiting.pop()
             req.status = Status.RUNNING
-            self.free_blocks -= need
+            if self.cache is not None:
+                self._use_cached(req, hit, revived)
+            self._take(need)
             req.blocks += need
             self.running[req.id] = req
             self.prefilling[req.id] = req
@@ -196,9 +204,10 @@ class Scheduler:
             decision.chunks.append((req, n))
             budget -= n
 
-    def _chunk(self, req: Request, budget: int) -> int:
-        """Positions of req's prefill that fit this step (0 = none)."""
-        remaining = req.prompt_len + req.num_output - req.num_computed
+    def _chunk(self, req: Request, budget: int, cached: int = 0) -> int:
+        """Positions of req's prefill that fit this step (0 = none), when the first
+        `cached` of them come from the prefix cache."""
+        remaining = req.prompt_len + req.num_output - (req.num_computed or cached)
         n = min(remaining, budget)
         threshold = self.config.long_prefill_token_threshold
         if threshold and n > threshold:
@@ -206,6 +215,48 @@ class Scheduler:
         if n < remaining and not self.config.enable_chunked_prefill:
             return 0
         return n
+
+    # ---- the block pool and the prefix cache ---------------------------------------------
+    def _take(self, n: int) -> None:
+        """Take n free blocks, evicting the least recently freed cached ones when the
+        never-cached free blocks do not suffice."""
+        cache = self.cache
+        if cache is not None:
+            short = n - (self.free_blocks - cache.num_evictable)
+            if short > 0:
+                cache.evict(short)
+        self.free_blocks -= n
+
+    def _cached_prefix(self, req: Request) -> int:
+        """Leading full blocks of a waiting request found in the prefix cache. At least
+        one position is always computed (it samples the next token), as in vLLM."""
+        if self.cache is None or not req.block_hashes or req.num_computed:
+            return 0
+        limit = (req.prompt_len + req.num_output - 1) // self.block_size
+        return self.cache.lookup(req.block_hashes, limit)
+
+    def _use_cached(self, req: Request, hit: int, revived: int) -> None:
+        """An admitted request starts from its cached prefix of `hit` blocks."""
+        stats = self.cache.stats
+        stats.queries += req.prompt_len
+        if hit:
+            self.cache.acquire(req.block_hashes[:hit])
+            self.free_blocks -= revived
+            req.blocks = req.cached_refs = hit
+            req.num_computed = hit * self.block_size
+            stats.hits += req.num_computed
+        if req.first_scheduled < 0:
+            req.cached_tokens = req.num_computed
+
+    def _store_computed(self, req: Request) -> None:
+        """Register the prompt blocks req has completed with the cache."""
+        hashes = req.block_hashes
+        full = min(min(req.num_computed, req.prompt_len) // self.block_size, len(hashes))
+        if full <= req.cached_refs:
+            return
+        dup, revived = self.cache.store(hashes, req.cached_refs, full, req.token_bytes)
+        self.free_blocks += dup - revived  # req's copies of resident blocks are freed
+        req.cached_refs = full  # req.blocks (logical) is unchanged
 
     # ---- preemption and removal ------------------------------------------------------
     def _victim(self, candidates: list[Request]) -> Request:
@@ -231,7 +282,12 @@ class Scheduler:
         if req.in_group:
             self.group.remove(req)
             req.blocks = self.blocks_for(req.num_computed)
-        self.free_blocks += req.blocks
+        if req.cached_refs:
+            shared = req.cached_refs
+            self.free_blocks += req.blocks - shared + self.cache.release(req.block_hashes[:shared])
+            req.cached_refs = 0
+        else:
+            self.free_blocks += req.blocks
         req.blocks = 0
         self.running.pop(req.id, None)
         self.prefilling.pop(req.id, None)
@@ -256,8 +312,11 @@ class Scheduler:
         for req in done:
             self._release(req)
         first: list[Request] = []
+        cache = self.cache
         for req, n in decision.chunks:
             req.num_computed += n
+            if cache is not None and req.block_hashes:
+                self._store_computed(req)
             if req.num_computed < req.prompt_len + req.num_output:
                 continue  # prefill not complete yet
             sampled += 1

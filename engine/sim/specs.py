@@ -125,6 +125,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     policy: str = "fcfs"  # "fcfs" | "priority"
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True  # vLLM's default: on
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     kv_cache_capacity: int | None = None  # bytes; None = derived from HBM

@@ -17,14 +17,16 @@ Does not know: aiohttp, gRPC, or the engine's events (`gateway.protocols.generat
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import msgspec
 
+from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import GatewayError, anthropic_envelope
 from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
-    json_encode, message_tokens, utf8_len,
+    conversation_ids, json_encode,
 )
 
 
@@ -49,21 +51,20 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
 _decoder = msgspec.json.Decoder(MessagesRequest)
 
 
-def _content_len(content: str | list[ContentBlock] | None) -> int:
+def _text(content: str | list[ContentBlock] | None) -> str:
     if content is None:
-        return 0
+        return ""
     if isinstance(content, str):
-        return utf8_len(content)
-    return sum(utf8_len(block.text) for block in content if block.text)
+        return content
+    return "".join(block.text for block in content if block.text)
 
 
-def messages_tokens(req: MessagesRequest) -> int:
-    """The messages (and the system prompt, as one more message) under the lab's
-    tokenizer, as chat completions count them."""
-    lengths = [_content_len(m.content) for m in req.messages]
-    if req.system is not None:
-        lengths.append(_content_len(req.system))
-    return message_tokens(lengths)
+def messages_prompt(tokenizer: Tokenizer, req: MessagesRequest) -> Sequence[int]:
+    """The system prompt (as a first message) and the messages, as chat completions
+    render a conversation: requests sharing a system prompt share a token prefix."""
+    messages = [("system", _text(req.system))] if req.system is not None else []
+    messages += [(m.role, _text(m.content)) for m in req.messages]
+    return conversation_ids(tokenizer, messages)
 
 
 class AnthropicMessage(Reply):
@@ -127,11 +128,11 @@ class AnthropicMessage(Reply):
 class Messages(Dialect):
     name = "anthropic.messages"
 
-    def parse(self, body: bytes) -> Generation:
+    def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode(_decoder, body)
-        n_prompt = messages_tokens(req)
-        reply = AnthropicMessage(req.model, n_prompt, req.max_tokens)
-        return Generation(req.model, n_prompt, req.max_tokens, req.stream, reply)
+        prompt = messages_prompt(tokenizer, req)
+        reply = AnthropicMessage(req.model, len(prompt), req.max_tokens)
+        return Generation(req.model, prompt, req.max_tokens, req.stream, reply)
 
     def error_body(self, err: GatewayError) -> bytes:
         return anthropic_envelope(err)

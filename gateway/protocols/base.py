@@ -3,8 +3,9 @@
 Knows: `Generation`, what a dialect makes of a request body (the model, the prompt length,
 the explicit output cap, how many sequences, streaming or not) together with its `Reply`,
 the object that renders that request's response bytes; `Outcome`, what the engine reported
-when the request finished; the lab's tokenizer (a deterministic length estimate: the
-engine simulates lengths, not text, so every token is the same placeholder text); how many
+when the request finished; the prompt as token IDs under the configured tokenizer (the
+engine hashes them for prefix caching; every generated token is the same placeholder
+text); how many
 tokens a request generates when it does not say (`OutputLength`); and the SSE framing.
 
 Does not know: aiohttp, gRPC or the engine's events (`gateway.protocols.generate` turns
@@ -16,10 +17,12 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Callable
 
 import msgspec
 
+from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import ErrorKind, GatewayError, envelope
 
 # One JSON library for the whole gateway.
@@ -46,26 +49,31 @@ def decode(decoder: msgspec.json.Decoder, body: bytes):
         raise invalid(f"Invalid JSON body: {exc}") from None
 
 
-# ---- the lab's tokenizer (deterministic: the engine needs lengths only) ---------------------
+# ---- the prompt as token IDs (the engine hashes them for prefix caching) -------------------
+
+BOS = 0xFFFFFF00  # stands for an empty text prompt, so that every prompt has a token
+_U32_LIMIT = 2**32
 
 
-def utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
+def text_ids(tokenizer: Tokenizer, text: str) -> Sequence[int]:
+    """A text prompt's token IDs (at least one)."""
+    ids = tokenizer.encode(text)
+    return ids if len(ids) else (BOS,)
 
 
-def ceil4(n: int) -> int:
-    return (n + 3) // 4
+def conversation_ids(tokenizer: Tokenizer, messages: list[tuple[str, str]]) -> Sequence[int]:
+    """A conversation of (role, text) messages, rendered with its reply's priming
+    (inference_lab.common.tokenizer says how). Under the built-in tokenizer that is, per
+    message, 3 + ceil(content bytes / 4) tokens, plus 3."""
+    return tokenizer.encode_chat(messages)
 
 
-def text_tokens(text: str) -> int:
-    """max(1, ceil(utf-8 bytes / 4))."""
-    return max(1, ceil4(utf8_len(text)))
-
-
-def message_tokens(texts_per_message: list[int]) -> int:
-    """A conversation: sum over messages of (3 + ceil(content bytes / 4)), plus 3 for the
-    reply's priming. Takes each message's content length in UTF-8 bytes."""
-    return 3 + sum(3 + ceil4(n) for n in texts_per_message)
+def checked_ids(ids: list[int], where: str) -> list[int]:
+    """Token IDs given by the client: each must fit in 32 bits."""
+    for i, tid in enumerate(ids):
+        if not 0 <= tid < _U32_LIMIT:
+            raise invalid(f"token ids must be in [0, 2^32), got {tid} - at `{where}[{i}]`")
+    return ids
 
 
 # ---- output length --------------------------------------------------------------------
@@ -121,6 +129,7 @@ class Outcome:
     prompt_tokens: int
     counts: list[int]
     modelled: dict[str, float] = field(default_factory=dict)
+    cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
 
     @property
     def completion_tokens(self) -> int:
@@ -164,12 +173,16 @@ class Generation:
     """What the engine path needs from a parsed request."""
 
     model: str
-    prompt_tokens: int
+    prompt: Sequence[int]  # the prompt's token IDs
     max_tokens: int | None  # the client's explicit cap, if it gave one
     stream: bool
     reply: Reply
     n: int = 1  # sequences to sample (parallel sampling)
     priority: int = 0  # vLLM extension: lower runs first under policy "priority"
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt)
 
 
 class Dialect(ABC):
@@ -178,7 +191,7 @@ class Dialect(ABC):
     name: str
 
     @abstractmethod
-    def parse(self, body: bytes) -> Generation: ...
+    def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation: ...
 
     def error_body(self, err: GatewayError) -> bytes:
         return envelope(err)

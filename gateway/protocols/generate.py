@@ -53,7 +53,7 @@ async def generate(request: web.Request, gen: Generation, client: EngineClient,
     info = await client.resolve_model(gen.model)
     n_out = output_length.choose(gen.max_tokens, gen.prompt_tokens, info.max_model_len)
     reply = gen.reply
-    stream = await client.open(gen.model, gen.prompt_tokens, n_out, priority=gen.priority,
+    stream = await client.open(gen.model, gen.prompt, n_out, priority=gen.priority,
                                request_id=reply.id)
     inflight[stream] = request
     try:
@@ -102,7 +102,8 @@ async def _collect(stream: RequestStream, reply: Reply, events: list[pb.Progress
                 if err is not None:
                     raise err
                 outcome = Outcome(fin.prompt_tokens or n_prompt,
-                                  [fin.completion_tokens or stream.total], modelled_timings(fin))
+                                  [fin.completion_tokens or stream.total], modelled_timings(fin),
+                                  fin.cached_tokens)
                 return web.Response(body=reply.body(outcome), content_type="application/json")
         events = await stream.next_events()
 
@@ -148,7 +149,7 @@ async def _pump(request: web.Request, stream: RequestStream, reply: Reply,
                 out += reply.tokens(0, missing)
                 streamed += missing
             outcome = Outcome(finished.prompt_tokens or n_prompt, [streamed],
-                              modelled_timings(finished))
+                              modelled_timings(finished), finished.cached_tokens)
             await resp.write(head + out + reply.closing(outcome))
             return
         if out:

@@ -2,7 +2,7 @@
 
 Knows: the request bodies of /v1/chat/completions and /v1/completions as msgspec schemas
 (precise 400 messages naming the field; unknown OpenAI fields are ignored), their prompt
-lengths under the lab's tokenizer, `n` choices (parallel sampling: `index` per choice,
+token IDs under the configured tokenizer, `n` choices (parallel sampling: `index` per choice,
 usage counting every choice), `echo` on completions (the prompt text before the
 completion), and the response bytes: per-request pre-encoded SSE chunk templates so that
 k coalesced tokens cost one `bytes * k`, the final chunks, the usage frame
@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Annotated
 
 import msgspec
 
+from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import GatewayError, sse_error_frame
 from inference_lab.gateway.protocols.base import (
     _U31, DONE_FRAME, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, data_frame,
-    decode, invalid, json_encode, message_tokens, text_tokens, utf8_len,
+    checked_ids, conversation_ids, decode, invalid, json_encode, text_ids,
 )
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=_U31)]
@@ -77,21 +79,21 @@ def decode_request(body: bytes, chat: bool) -> ChatCompletionRequest | Completio
     return decode(_chat_decoder if chat else _completion_decoder, body)
 
 
-# ---- prompt length (the lab's tokenizer) ---------------------------------------------------
+# ---- the prompt as token IDs ----------------------------------------------------------------
 
 
-def chat_tokens(messages: list[ChatMessage]) -> int:
-    """Sum over messages of (3 + ceil(content bytes / 4)), plus 3 for the reply's priming."""
-    lengths = []
-    for message in messages:
-        content = message.content
-        if content is None:
-            lengths.append(0)
-        elif isinstance(content, str):
-            lengths.append(utf8_len(content))
-        else:
-            lengths.append(sum(utf8_len(part.text) for part in content if part.text))
-    return message_tokens(lengths)
+def _text(content: str | list[ContentPart] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content if part.text)
+
+
+def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage]) -> Sequence[int]:
+    """The conversation's token IDs (built-in tokenizer: 3 + ceil(content bytes / 4) per
+    message, plus 3 for the reply's priming)."""
+    return conversation_ids(tokenizer, [(m.role, _text(m.content)) for m in messages])
 
 
 def _single_prompt(prompt: str | list[str | int | list[int]]) -> str | list[int]:
@@ -112,10 +114,13 @@ def _single_prompt(prompt: str | list[str | int | list[int]]) -> str | list[int]
     )
 
 
-def prompt_tokens(prompt: str | list[str | int | list[int]]) -> int:
+def completion_prompt(tokenizer: Tokenizer,
+                      prompt: str | list[str | int | list[int]]) -> Sequence[int]:
     """A completions prompt: a string, a list of one string, or token ids (flat or [[...]])."""
     single = _single_prompt(prompt)
-    return text_tokens(single) if isinstance(single, str) else len(single)
+    if isinstance(single, str):
+        return text_ids(tokenizer, single)
+    return checked_ids(single, "$.prompt")
 
 
 def prompt_text(prompt: str | list[str | int | list[int]]) -> str:
@@ -128,9 +133,11 @@ def prompt_text(prompt: str | list[str | int | list[int]]) -> str:
 # ---- responses ------------------------------------------------------------------------
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
+def _usage(outcome: Outcome) -> dict:
+    prompt, completion = outcome.prompt_tokens, outcome.completion_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens}}
 
 
 class Completion(Reply):
@@ -214,7 +221,7 @@ class Completion(Reply):
                 [self._choice(i, None if self.chat else "", finish_reason)], **extra))
         if self.include_usage:
             usage_chunk = self._chunk([])
-            usage_chunk["usage"] = _usage(outcome.prompt_tokens, outcome.completion_tokens)
+            usage_chunk["usage"] = _usage(outcome)
             out += data_frame(usage_chunk)
         return out + DONE_FRAME
 
@@ -236,7 +243,7 @@ class Completion(Reply):
             "created": self.created,
             "model": self.model,
             "choices": choices,
-            "usage": _usage(outcome.prompt_tokens, outcome.completion_tokens),
+            "usage": _usage(outcome),
             **({"inference_lab": modelled} if modelled else {}),
         })
 
@@ -247,10 +254,10 @@ class Completion(Reply):
 class ChatCompletions(Dialect):
     name = "openai.chat"
 
-    def parse(self, body: bytes) -> Generation:
+    def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode_request(body, chat=True)
         reply = Completion(True, req.model, req.include_usage, req.n)
-        return Generation(req.model, chat_tokens(req.messages),
+        return Generation(req.model, chat_prompt(tokenizer, req.messages),
                           req.max_completion_tokens or req.max_tokens, req.stream, reply,
                           n=req.n, priority=req.priority)
 
@@ -258,11 +265,11 @@ class ChatCompletions(Dialect):
 class Completions(Dialect):
     name = "openai.completions"
 
-    def parse(self, body: bytes) -> Generation:
+    def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode_request(body, chat=False)
         echo = prompt_text(req.prompt) if req.echo else None
         reply = Completion(False, req.model, req.include_usage, req.n, echo=echo)
-        return Generation(req.model, prompt_tokens(req.prompt),
+        return Generation(req.model, completion_prompt(tokenizer, req.prompt),
                           req.max_completion_tokens or req.max_tokens, req.stream, reply,
                           n=req.n, priority=req.priority)
 

@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Annotated
 
 import msgspec
 
+from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import GatewayError
 from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
-    invalid, json_encode, message_tokens, utf8_len,
+    conversation_ids, invalid, json_encode,
 )
 
 
@@ -56,29 +58,29 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
 _decoder = msgspec.json.Decoder(ResponsesRequest)
 
 
-def input_tokens(req: ResponsesRequest) -> int:
-    """The input (a string is one user message) and the instructions (one more message)
-    under the lab's tokenizer, as chat completions count them."""
+def input_prompt(tokenizer: Tokenizer, req: ResponsesRequest) -> Sequence[int]:
+    """The instructions (as a first system message) and the input (a string is one user
+    message), as chat completions render a conversation."""
+    messages = [("system", req.instructions)] if req.instructions is not None else []
     if isinstance(req.input, str):
-        lengths = [utf8_len(req.input)]
+        messages.append(("user", req.input))
     else:
         if not req.input:
             raise invalid("`input` must not be empty - at `$.input`")
-        lengths = []
         for i, item in enumerate(req.input):
             if item.type != "message":
                 raise invalid(f"Only message input items are supported (text only), got "
                               f"{item.type!r} - at `$.input[{i}].type`")
             content = item.content
-            lengths.append(utf8_len(content) if isinstance(content, str) else
-                           sum(utf8_len(part.text) for part in content if part.text))
-    if req.instructions is not None:
-        lengths.append(utf8_len(req.instructions))
-    return message_tokens(lengths)
+            text = content if isinstance(content, str) else "".join(
+                part.text for part in content if part.text)
+            messages.append((item.role or "user", text))
+    return conversation_ids(tokenizer, messages)
 
 
-def _usage(prompt: int, output: int) -> dict:
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0},
+def _usage(outcome: Outcome) -> dict:
+    prompt, output = outcome.prompt_tokens, outcome.completion_tokens
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": outcome.cached_tokens},
             "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + output}
 
@@ -158,7 +160,7 @@ class Response(Reply):
         status, text, item = self._finished(outcome)
         where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
         response = self._response(status, [item],
-                                  _usage(outcome.prompt_tokens, outcome.completion_tokens))
+                                  _usage(outcome))
         if outcome.modelled:
             response["inference_lab"] = outcome.modelled
         return (self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
@@ -169,7 +171,7 @@ class Response(Reply):
     def body(self, outcome: Outcome) -> bytes:
         status, _, item = self._finished(outcome)
         response = self._response(status, [item],
-                                  _usage(outcome.prompt_tokens, outcome.completion_tokens))
+                                  _usage(outcome))
         if outcome.modelled:
             response["inference_lab"] = outcome.modelled
         return json_encode(response)
@@ -185,10 +187,10 @@ class Response(Reply):
 class Responses(Dialect):
     name = "openai.responses"
 
-    def parse(self, body: bytes) -> Generation:
+    def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode(_decoder, body)
         reply = Response(req.model, req.instructions, req.max_output_tokens)
-        return Generation(req.model, input_tokens(req), req.max_output_tokens, req.stream,
+        return Generation(req.model, input_prompt(tokenizer, req), req.max_output_tokens, req.stream,
                           reply)
 
 

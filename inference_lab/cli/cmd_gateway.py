@@ -48,6 +48,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _tokenizer(path: str):
+    """--tokenizer: loaded while the flags are read, so a bad file stops the start-up."""
+    from inference_lab.common.tokenizer import TokenizerError, load_tokenizer
+
+    try:
+        return load_tokenizer(path)
+    except TokenizerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = True) -> None:
     """The gateway's flags: shared by `gateway` and `serve` (which starts its own engine)."""
     if engine_flag:
@@ -85,6 +95,12 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         help="honour per-request fault directives (header `x-inference-lab-fault: "
         "<mode>[;after_chunks=N][;after_tokens=N][;delay_ms=N][;utf8=true]`) on streaming "
         "chat and completions; without it such a header is a 400 invalid_fault_directive",
+    )
+    parser.add_argument(
+        "--tokenizer", metavar="PATH", type=_tokenizer, default=None,
+        help="a Hugging Face tokenizer.json that turns prompts into token IDs (read with the "
+        "`tokenizers` package; nothing is downloaded). Default: the built-in byte-level "
+        "tokenizer, 4 UTF-8 bytes per token. usage.prompt_tokens and prefix caching follow it",
     )
     add_api_key_argument(parser)
     add_control_token_argument(
@@ -129,6 +145,7 @@ def gateway_app_kwargs(args: argparse.Namespace, config: Path | None = None) -> 
               "default_max_tokens": args.default_max_tokens,
               "api_key": api_key(args), "control_token": control_token(args),
               "enable_directives": args.enable_directives,
+              "tokenizer": args.tokenizer,
               **fault_kwargs(config if config is not None else getattr(args, "config", None),
                              args.state_dir)}
     _log_exposure(args.host, kwargs["api_key"], kwargs["control_token"])

@@ -19,18 +19,20 @@ FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_ABORTED: FinishReason
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id")
+    __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id", "prompt_token_ids")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt_tokens: int
     max_tokens: int
     priority: int
     request_id: str
-    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    prompt_token_ids: bytes
+    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ...) -> None: ...
 
 class Admitted(_message.Message):
     __slots__ = ("engine_request_id", "waiting")
@@ -49,7 +51,7 @@ class Tokens(_message.Message):
     def __init__(self, new_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ("reason", "prompt_tokens", "completion_tokens", "queue_time_s", "ttft_s", "e2e_s", "preemptions")
+    __slots__ = ("reason", "prompt_tokens", "completion_tokens", "queue_time_s", "ttft_s", "e2e_s", "preemptions", "cached_tokens")
     REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +59,7 @@ class Finished(_message.Message):
     TTFT_S_FIELD_NUMBER: _ClassVar[int]
     E2E_S_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
@@ -64,7 +67,8 @@ class Finished(_message.Message):
     ttft_s: float
     e2e_s: float
     preemptions: int
-    def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., queue_time_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., preemptions: _Optional[int] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., queue_time_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class SubmitEvent(_message.Message):
     __slots__ = ("admitted", "tokens", "finished")

@@ -46,7 +46,8 @@ async def test_chat_non_stream_returns_the_engines_token_count(client, fake):
     assert body["choices"][0]["message"] == {"role": "assistant", "content": " token" * 5}
     assert body["choices"][0]["finish_reason"] == "length"
     # prompt: (3 + ceil(5/4)) + 3 = 8
-    assert body["usage"] == {"prompt_tokens": 8, "completion_tokens": 5, "total_tokens": 13}
+    assert body["usage"] == {"prompt_tokens": 8, "completion_tokens": 5, "total_tokens": 13,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     (opened,) = fake.opened.items
     assert (opened.request.prompt_tokens, opened.request.max_tokens) == (8, 5)
 
@@ -78,7 +79,8 @@ async def test_chat_stream_frames_role_tokens_finish_usage_done(client):
     assert contents == [" token"] * 4  # 1 token, then 3 coalesced into one engine event
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["choices"] == []
-    assert chunks[-1]["usage"] == {"prompt_tokens": 8, "completion_tokens": 4, "total_tokens": 12}
+    assert chunks[-1]["usage"] == {"prompt_tokens": 8, "completion_tokens": 4, "total_tokens": 12,
+                                   "prompt_tokens_details": {"cached_tokens": 0}}
     assert len({c["id"] for c in chunks}) == 1
 
 

@@ -15,15 +15,30 @@ from inference_lab.gateway.errors import (
     from_rejected,
     sse_error_frame,
 )
-from inference_lab.gateway.protocols.base import Outcome, OutputLength, text_tokens
+from inference_lab.common.tokenizer import ByteTokenizer
+from inference_lab.gateway.protocols.base import Outcome, OutputLength
 from inference_lab.gateway.protocols.openai import (
     ChatMessage,
     Completion,
     ContentPart,
-    chat_tokens,
+    chat_prompt,
+    completion_prompt,
     decode_request,
-    prompt_tokens,
 )
+
+TOK = ByteTokenizer()
+
+
+def chat_tokens(messages):
+    return len(chat_prompt(TOK, messages))
+
+
+def prompt_tokens(prompt):
+    return len(completion_prompt(TOK, prompt))
+
+
+def text_tokens(text):
+    return prompt_tokens(text)
 
 SATURATED = (
     "Server is at capacity: 64 requests waiting (max_waiting = 64). "
@@ -115,7 +130,8 @@ def test_completion_prompt_forms():
     assert prompt_tokens([[1, 2, 3, 4]]) == 4
 
 
-@pytest.mark.parametrize("prompt", [[], ["a", "b"], [1, "a"], [[1], [2]], [[]]])
+@pytest.mark.parametrize("prompt", [[], ["a", "b"], [1, "a"], [[1], [2]], [[]], [1, -1],
+                                    [[2**32]]])
 def test_batched_or_empty_prompts_are_refused(prompt):
     with pytest.raises(GatewayError) as info:
         prompt_tokens(prompt)
@@ -187,13 +203,15 @@ def test_stream_templates_repeat_per_token_and_end_with_usage_then_done():
     assert [ch["choices"][0]["delta"]["content"] for ch in chunks[1:4]] == [" token"] * 3
     assert chunks[4]["choices"][0]["finish_reason"] == "length"
     assert chunks[5]["choices"] == []
-    assert chunks[5]["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert chunks[5]["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8,
+                                  "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_non_stream_body_has_exactly_the_token_count():
     body = json.loads(Completion(chat=False, model="m").body(Outcome(4, [6])))
     assert body["choices"][0]["text"] == " token" * 6
-    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert body["object"] == "text_completion"
 
 

@@ -1,0 +1,118 @@
+"""Prompts as token IDs: the built-in byte-level tokenizer, or a Hugging Face tokenizer.json.
+
+Knows how text and chat messages become a sequence of token IDs (each below 2^32), and
+the one wire form they travel in: packed little-endian uint32 (`ids_to_bytes`). Does not
+know HTTP, gRPC or the engine.
+
+The built-in tokenizer (the default) is deterministic across runs, processes and
+machines: a UTF-8 string is cut into 4-byte pieces (the last one padded with zero bytes)
+and each piece, read as a little-endian uint32, is one token ID. So a text of b bytes has
+ceil(b / 4) tokens, and two prompts share a token prefix exactly when their texts share a
+byte prefix cut on a 4-byte boundary. A chat is rendered as, per message, three header
+tokens (`<|start|>`, the role, `<|message|>`) and the content's tokens, then the three
+header tokens of the assistant's reply; header IDs contain the byte 0xFF, which UTF-8
+never produces, so they never collide with text.
+
+`--tokenizer PATH` loads a Hugging Face `tokenizer.json` with the `tokenizers` package
+(nothing is downloaded); a chat is then rendered as the text
+`<|role|>\\ncontent\\n` per message followed by `<|assistant|>\\n`, and encoded whole.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from array import array
+from collections.abc import Iterable, Sequence
+
+__all__ = ["ByteTokenizer", "HFTokenizer", "Tokenizer", "TokenizerError", "ids_to_bytes",
+           "load_tokenizer"]
+
+Messages = Iterable[tuple[str, str]]  # (role, content text)
+
+# Header token IDs of the built-in tokenizer: each holds a 0xFF byte (never valid UTF-8).
+START = 0xFFFFFF01
+MESSAGE = 0xFFFFFF02
+_ROLES = {"system": 0xFFFFFF10, "user": 0xFFFFFF11, "assistant": 0xFFFFFF12,
+          "tool": 0xFFFFFF13, "developer": 0xFFFFFF14, "function": 0xFFFFFF15}
+
+
+class TokenizerError(ValueError):
+    """A tokenizer file that cannot be used (missing, unreadable or not a tokenizer)."""
+
+
+def ids_to_bytes(ids: Sequence[int]) -> bytes:
+    """Token IDs as packed little-endian uint32, the form the engine's API takes."""
+    if isinstance(ids, array) and ids.typecode == "I" and ids.itemsize == 4:
+        return ids.tobytes()
+    return array("I", ids).tobytes()
+
+
+def _role_id(role: str) -> int:
+    rid = _ROLES.get(role)
+    return rid if rid is not None else 0xFFFF0000 | (zlib.crc32(role.encode()) & 0xFFFF)
+
+
+class ByteTokenizer:
+    """Four UTF-8 bytes per token; see the module docstring."""
+
+    name = "builtin-bytes"
+
+    def encode(self, text: str) -> array:
+        data = text.encode("utf-8")
+        pad = -len(data) % 4
+        if pad:
+            data += b"\0" * pad
+        ids = array("I")
+        ids.frombytes(data)
+        return ids
+
+    def count(self, text: str) -> int:
+        n = len(text) if text.isascii() else len(text.encode("utf-8"))
+        return (n + 3) // 4
+
+    def encode_chat(self, messages: Messages) -> array:
+        ids = array("I")
+        for role, content in messages:
+            ids.extend((START, _role_id(role), MESSAGE))
+            if content:
+                ids.extend(self.encode(content))
+        ids.extend((START, _ROLES["assistant"], MESSAGE))
+        return ids
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizer.json`, through the `tokenizers` package."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            from tokenizers import Tokenizer as _Tokenizer
+        except ImportError as exc:  # a dependency, but say so plainly if it is missing
+            raise TokenizerError(f"--tokenizer needs the `tokenizers` package: {exc}") from None
+        if not os.path.isfile(path):
+            raise TokenizerError(f"tokenizer file {path} does not exist (or is not a file)")
+        try:
+            self._tok = _Tokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a plain Exception for bad JSON
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise TokenizerError(f"tokenizer file {path} is not a Hugging Face "
+                                 f"tokenizer.json: {first}") from None
+        self.name = str(path)
+
+    def encode(self, text: str) -> array:
+        return array("I", self._tok.encode(text, add_special_tokens=False).ids)
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def encode_chat(self, messages: Messages) -> array:
+        rendered = "".join(f"<|{role}|>\n{content or ''}\n" for role, content in messages)
+        return self.encode(rendered + "<|assistant|>\n")
+
+
+Tokenizer = ByteTokenizer | HFTokenizer
+
+
+def load_tokenizer(path: str | None) -> Tokenizer:
+    """The built-in tokenizer, or the tokenizer.json at `path`. Raises TokenizerError."""
+    return ByteTokenizer() if not path else HFTokenizer(path)
