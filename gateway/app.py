@@ -40,6 +40,7 @@ from inference_lab.gateway.errors import (
 from inference_lab.gateway.faults import HEADER as FAULT_HEADER
 from inference_lab.gateway.faults import DirectiveError, FaultSpec, directive_for
 from inference_lab.gateway.faults import control as fault_control
+from inference_lab.gateway.faults import replica as fault_replica
 from inference_lab.gateway.faults import stream as fault_stream
 from inference_lab.gateway.protocols import ROUTES, Dialect
 from inference_lab.gateway.protocols.base import Generation, OutputLength, invalid, json_encode
@@ -295,7 +296,7 @@ async def health(request: web.Request) -> web.Response:
             err = engine_unavailable(err.message)
         raise err
     if not serving:
-        raise engine_unavailable("the engine is shutting down")
+        raise engine_unavailable("the engine is not serving (shutting down, or stalled)")
     return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
 
@@ -441,4 +442,5 @@ def create_app(
     app.router.add_get("/control/capacity", get_capacity)
     app.router.add_post("/control/capacity", set_capacity)
     fault_control.add_routes(app)
+    fault_replica.add_routes(app, lambda: state.client)
     return app

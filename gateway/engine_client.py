@@ -488,6 +488,18 @@ class EngineClient:
                                  self._connect_timeout)
         return resp.text
 
+    # ---- replica-level faults ----------------------------------------------------------
+
+    async def inject_fault(self, kind: int, seconds: float = 0.0,
+                           factor: float = 0.0) -> pb.EngineFaultState:
+        """InjectFault (with the control token): crash, stall, slow down or clear."""
+        return await self._unary(
+            "InjectFault", pb.InjectFaultRequest(kind=kind, seconds=seconds, factor=factor),
+            self._rpc_timeout, metadata=self._control_metadata)
+
+    async def fault_state(self) -> pb.EngineFaultState:
+        return await self._unary("GetFaultState", pb.GetFaultStateRequest(), self._rpc_timeout)
+
     # ---- health -------------------------------------------------------------------------
 
     async def serving(self) -> bool:

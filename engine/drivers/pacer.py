@@ -75,6 +75,8 @@ class Pacer:
         self.time_scale = time_scale  # modelled seconds per wall second
         self.loop = asyncio.get_running_loop()
         self.epoch = self.loop.time()  # sim time 0
+        self._frozen_at: float | None = None  # sim time the clock stopped at (a stall)
+        self._frozen_wall = 0.0  # loop time the stall began
         self._live: dict[int, Request] = {}  # requests with a stream, not yet finished
         self.inflight: StepResult | None = None
         self.due_mark = 0  # the core's progress mark as of the last step that ended
@@ -95,7 +97,25 @@ class Pacer:
 
     # ---- clock -------------------------------------------------------------------------
     def sim_now(self) -> float:
+        if self._frozen_at is not None:
+            return self._frozen_at
         return (self.loop.time() - self.epoch) * self.time_scale
+
+    def freeze(self) -> None:
+        """A stalled replica: the modelled clock stops; nothing is stepped or delivered
+        until `thaw` (arrivals still queue, at the frozen instant)."""
+        if self._frozen_at is None:
+            self._frozen_at = self.sim_now()
+            self._frozen_wall = self.loop.time()
+            self.poke()
+
+    def thaw(self) -> None:
+        """The clock runs again from where it stopped: every step in flight ends as much
+        later on the wall clock as the stall lasted."""
+        if self._frozen_at is not None:
+            self.epoch += self.loop.time() - self._frozen_wall
+            self._frozen_at = None
+            self.poke()
 
     def wall_of(self, sim_time: float) -> float:
         """The loop time at which the sim clock reads `sim_time`."""
@@ -178,7 +198,8 @@ class Pacer:
     async def _run(self) -> None:
         core = self.core
         while True:
-            if self.inflight is None and (self._stalled or not core.has_work()):
+            if self._frozen_at is not None or (
+                    self.inflight is None and (self._stalled or not core.has_work())):
                 self._wake.clear()
                 self._stalled = False
                 self._target = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 
 import grpc
@@ -21,6 +22,7 @@ from grpc_status import rpc_status
 
 from inference_lab.common.auth import bearer_ok
 from inference_lab.engine.sim.core import CapacityError, EngineCore, QueueSaturated, SubmitError
+from inference_lab.engine.service.replica_faults import ReplicaFaults
 from inference_lab.engine.service.metrics import EngineMetrics, ModelMetrics
 from inference_lab.engine.drivers.pacer import Pacer, Stream
 from inference_lab.engine.sim.request import Request, Status
@@ -30,6 +32,8 @@ from inference_lab.v1 import engine_pb2_grpc
 log = logging.getLogger(__name__)
 
 DOMAIN = "inference-lab"
+MAX_FAULT_SECONDS = 86_400.0
+MAX_SLOW_FACTOR = 1000.0
 FINISH_REASON_PB = {
     Status.FINISHED_LENGTH: pb.FINISH_REASON_LENGTH,
     Status.FINISHED_CANCELLED: pb.FINISH_REASON_CANCELLED,
@@ -180,6 +184,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             rt.on_queue_change = self._queue_changed
         self.accepting = True
         self.on_capacity_change: Callable[[], None] | None = None  # after every SetCapacity
+        self.replica_faults: ReplicaFaults | None = None  # set by the server once started
         # SetCapacity requires metadata `authorization: Bearer <token>` when set.
         self._control_token = control_token.encode() if control_token else None
 
@@ -386,6 +391,48 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         if self.on_capacity_change is not None:
             self.on_capacity_change()
         return self._capacity(runtimes)
+
+    # ---- replica-level faults (engine.service.replica_faults) ----------------------------
+    def _fault_state(self) -> pb.EngineFaultState:
+        st = self.replica_faults.status()
+        return pb.EngineFaultState(stalled_for_s=st.stalled_for_s, slow_factor=st.slow_factor,
+                                   slow_for_s=st.slow_for_s)
+
+    async def InjectFault(self, request: pb.InjectFaultRequest, context):
+        if not self._control_allowed(context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "InjectFault needs metadata `authorization: Bearer <control token>`")
+        faults, kind, seconds = self.replica_faults, request.kind, request.seconds
+        if faults is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is not started")
+        if not math.isfinite(seconds) or not 0 <= seconds <= MAX_FAULT_SECONDS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"seconds must be in [0, {MAX_FAULT_SECONDS:g}], got {seconds!r}")
+        if kind == pb.ENGINE_FAULT_CRASH:
+            faults.crash()
+        elif kind == pb.ENGINE_FAULT_STALL:
+            if seconds <= 0:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    "a stall needs seconds > 0")
+            faults.stall(seconds)
+        elif kind == pb.ENGINE_FAULT_SLOW:
+            factor = request.factor
+            if not (math.isfinite(factor) and 0 < factor <= MAX_SLOW_FACTOR):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"a slowdown needs factor in (0, {MAX_SLOW_FACTOR:g}], "
+                                    f"got {factor!r}")
+            faults.slow(factor, seconds)
+        elif kind == pb.ENGINE_FAULT_CLEAR:
+            faults.clear()
+        else:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "kind must be ENGINE_FAULT_CRASH, _STALL, _SLOW or _CLEAR")
+        return self._fault_state()
+
+    async def GetFaultState(self, request: pb.GetFaultStateRequest, context):
+        if self.replica_faults is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is not started")
+        return self._fault_state()
 
     async def GetMetrics(self, request: pb.GetMetricsRequest, context):
         """Rendered off the event loop: the pacer keeps its wake-ups meanwhile."""

@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from inference_lab.common.state_file import read_state, write_state
 from inference_lab.engine.sim.core import CapacityError, EngineCore
 from inference_lab.engine.service.metrics import EngineMetrics, serve_metrics
+from inference_lab.engine.service.replica_faults import ReplicaFaults
 from inference_lab.engine.service.rpc import EngineService, ModelRuntime
 from inference_lab.engine.sim.specs import Deployment
 from inference_lab.engine.service.wire_guard import DecodeGuard
@@ -89,8 +90,8 @@ class EngineServer:
         if self.metrics_port is not None:
             self._metrics_http = serve_metrics(self.metrics, self.host, self.metrics_port)
             self.metrics_port = self._metrics_http.server_port
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.service.replica_faults = ReplicaFaults(self.runtimes, self._set_serving)
+        await self._set_serving(True)
         for rt in self.runtimes:
             log.info("serving %s on %s (tp=%d, %d KV blocks of %d, max_num_seqs=%d, max_waiting=%d)",
                      rt.core.name, rt.core.deployment.hardware.name, rt.core.deployment.tp,
@@ -130,6 +131,15 @@ class EngineServer:
             write_state(self.state_path, {"capacity": capacity})
         except OSError as exc:
             log.error("cannot save the live capacity to %s: %s", self.state_path, exc)
+
+    async def _set_serving(self, serving: bool) -> None:
+        """gRPC health of the engine (NOT_SERVING while a stall fault lasts)."""
+        if self.server is None or not self.service.accepting:
+            return  # stopping: health stays NOT_SERVING
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
 
     def live_requests(self) -> int:
         return sum(rt.pacer.open_streams() for rt in self.runtimes)

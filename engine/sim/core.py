@@ -77,6 +77,7 @@ class EngineCore:
         self.prefix_cache = self.scheduler.cache  # None when prefix caching is off
         self.record_kv_events = record_kv_events
         self.clock = 0.0  # simulated time at which the engine is next free
+        self.slowdown = 1.0  # step times x this (a throttled replica); 1 = as modelled
         self._ids = itertools.count(1)
 
     # ---- queries ---------------------------------------------------------------------
@@ -277,6 +278,7 @@ class EngineCore:
             seconds = self.cost.step_cost(num_tokens, load).seconds
             if width > 1:
                 seconds += self._draft_seconds(width - 1, decodes, seconds)
+            seconds *= self.slowdown
         end = start + seconds
         for req in decision.admitted:
             if req.first_scheduled < 0:

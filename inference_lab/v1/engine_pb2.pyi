@@ -13,10 +13,23 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
     FINISH_REASON_ABORTED: _ClassVar[FinishReason]
+
+class EngineFaultKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENGINE_FAULT_KIND_UNSPECIFIED: _ClassVar[EngineFaultKind]
+    ENGINE_FAULT_CRASH: _ClassVar[EngineFaultKind]
+    ENGINE_FAULT_STALL: _ClassVar[EngineFaultKind]
+    ENGINE_FAULT_SLOW: _ClassVar[EngineFaultKind]
+    ENGINE_FAULT_CLEAR: _ClassVar[EngineFaultKind]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_ABORTED: FinishReason
+ENGINE_FAULT_KIND_UNSPECIFIED: EngineFaultKind
+ENGINE_FAULT_CRASH: EngineFaultKind
+ENGINE_FAULT_STALL: EngineFaultKind
+ENGINE_FAULT_SLOW: EngineFaultKind
+ENGINE_FAULT_CLEAR: EngineFaultKind
 
 class SubmitRequest(_message.Message):
     __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id", "prompt_token_ids")
@@ -248,3 +261,27 @@ class MetricsText(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     text: bytes
     def __init__(self, text: _Optional[bytes] = ...) -> None: ...
+
+class InjectFaultRequest(_message.Message):
+    __slots__ = ("kind", "seconds", "factor")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FACTOR_FIELD_NUMBER: _ClassVar[int]
+    kind: EngineFaultKind
+    seconds: float
+    factor: float
+    def __init__(self, kind: _Optional[_Union[EngineFaultKind, str]] = ..., seconds: _Optional[float] = ..., factor: _Optional[float] = ...) -> None: ...
+
+class GetFaultStateRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineFaultState(_message.Message):
+    __slots__ = ("stalled_for_s", "slow_factor", "slow_for_s")
+    STALLED_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    SLOW_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    SLOW_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    stalled_for_s: float
+    slow_factor: float
+    slow_for_s: float
+    def __init__(self, stalled_for_s: _Optional[float] = ..., slow_factor: _Optional[float] = ..., slow_for_s: _Optional[float] = ...) -> None: ...

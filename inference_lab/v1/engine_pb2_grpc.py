@@ -64,6 +64,16 @@ class EngineStub:
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.GetMetricsRequest.SerializeToString,
                 response_deserializer=inference__lab_dot_v1_dot_engine__pb2.MetricsText.FromString,
                 _registered_method=True)
+        self.InjectFault = channel.unary_unary(
+                '/inference_lab.v1.Engine/InjectFault',
+                request_serializer=inference__lab_dot_v1_dot_engine__pb2.InjectFaultRequest.SerializeToString,
+                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.EngineFaultState.FromString,
+                _registered_method=True)
+        self.GetFaultState = channel.unary_unary(
+                '/inference_lab.v1.Engine/GetFaultState',
+                request_serializer=inference__lab_dot_v1_dot_engine__pb2.GetFaultStateRequest.SerializeToString,
+                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.EngineFaultState.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -125,6 +135,27 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InjectFault(self, request, context):
+        """Replica-level faults, for testing what a client or router does when a whole engine
+        misbehaves: CRASH exits the process at once after answering (a supervisor such as
+        `serve` restarts it); STALL freezes every model for `seconds` (the modelled clock
+        stops, nothing is stepped or delivered, gRPC health is NOT_SERVING; requests in flight
+        resume afterwards, arrivals queue meanwhile); SLOW multiplies every step time by
+        `factor` for `seconds` (0 = until cleared); CLEAR ends a stall and a slowdown now.
+        Needs the control token like SetCapacity. INVALID_ARGUMENT: no kind, seconds < 0 or
+        not finite, STALL without seconds > 0, SLOW without factor > 0. Returns the state after.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetFaultState(self, request, context):
+        """The replica-level fault in force, if any.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -157,6 +188,16 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.GetMetrics,
                     request_deserializer=inference__lab_dot_v1_dot_engine__pb2.GetMetricsRequest.FromString,
                     response_serializer=inference__lab_dot_v1_dot_engine__pb2.MetricsText.SerializeToString,
+            ),
+            'InjectFault': grpc.unary_unary_rpc_method_handler(
+                    servicer.InjectFault,
+                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.InjectFaultRequest.FromString,
+                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.EngineFaultState.SerializeToString,
+            ),
+            'GetFaultState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetFaultState,
+                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.GetFaultStateRequest.FromString,
+                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.EngineFaultState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -321,6 +362,60 @@ class Engine:
             '/inference_lab.v1.Engine/GetMetrics',
             inference__lab_dot_v1_dot_engine__pb2.GetMetricsRequest.SerializeToString,
             inference__lab_dot_v1_dot_engine__pb2.MetricsText.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InjectFault(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference_lab.v1.Engine/InjectFault',
+            inference__lab_dot_v1_dot_engine__pb2.InjectFaultRequest.SerializeToString,
+            inference__lab_dot_v1_dot_engine__pb2.EngineFaultState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetFaultState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference_lab.v1.Engine/GetFaultState',
+            inference__lab_dot_v1_dot_engine__pb2.GetFaultStateRequest.SerializeToString,
+            inference__lab_dot_v1_dot_engine__pb2.EngineFaultState.FromString,
             options,
             channel_credentials,
             insecure,

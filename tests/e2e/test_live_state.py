@@ -101,3 +101,13 @@ def test_a_corrupt_state_file_stops_serve_with_one_line(tmp_path):
                           timeout=60)
     assert proc.returncode == 2
     assert "faults.json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_crash_fault_exits_the_engine_and_serve_restarts_it():
+    with serve() as lab:
+        call(lab.base, "/control/capacity", {"max_num_seqs": 4})
+        status, state = call(lab.base, "/control/faults/replica", {"fault": "crash"})
+        assert status == 200 and state["replica"] == 0
+        wait_for(lambda: len(lab.engine_pids()) == 2 and healthy(lab.base))
+        assert "engine exited with status 70" in lab.log()
+        assert capacity(lab.base)[0] == 4

@@ -1,0 +1,86 @@
+"""Replica-level faults over HTTP: `GET/POST /control/faults/replica`, proxied to the
+engine's InjectFault / GetFaultState RPCs.
+
+Knows: the request body (`fault`: crash | stall | slow | clear, `seconds`, `factor`,
+`replica`), checked with precise 400s; the answer's shape. Until the gateway fronts
+several engines, `replica` 0 (the default) is the one engine and any other is a 404.
+
+Does not know: what the engine does with them (engine.service.replica_faults).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from aiohttp import web
+
+from inference_lab.gateway.errors import ErrorKind, GatewayError
+from inference_lab.gateway.protocols.base import json_encode
+from inference_lab.v1 import engine_pb2 as pb
+
+KINDS = {"crash": pb.ENGINE_FAULT_CRASH, "stall": pb.ENGINE_FAULT_STALL,
+         "slow": pb.ENGINE_FAULT_SLOW, "clear": pb.ENGINE_FAULT_CLEAR}
+
+
+class ReplicaFault(msgspec.Struct, forbid_unknown_fields=True):
+    fault: Literal["crash", "stall", "slow", "clear"]
+    seconds: Annotated[float, msgspec.Meta(ge=0.0, le=86_400.0)] = 0.0
+    factor: Annotated[float, msgspec.Meta(gt=0.0, le=1000.0)] | None = None
+    replica: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+_decoder = msgspec.json.Decoder(ReplicaFault)
+
+
+def _invalid(message: str) -> GatewayError:
+    return GatewayError(ErrorKind.INVALID_REQUEST, message)
+
+
+def decode(body: bytes) -> ReplicaFault:
+    try:
+        fault = _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise _invalid(f"Invalid replica fault: {exc}. Expected {{\"fault\": \"crash\" | "
+                       "\"stall\" | \"slow\" | \"clear\", \"seconds\": S, \"factor\": k}") from None
+    except msgspec.DecodeError as exc:
+        raise _invalid(f"Invalid JSON body: {exc}") from None
+    if fault.fault == "stall" and fault.seconds <= 0:
+        raise _invalid("A stall needs seconds > 0 - at `$.seconds`")
+    if fault.fault == "slow" and fault.factor is None:
+        raise _invalid("A slowdown needs a factor (step times x factor) - at `$.factor`")
+    if fault.fault != "slow" and fault.factor is not None:
+        raise _invalid("factor applies to fault \"slow\" only - at `$.factor`")
+    return fault
+
+
+def _replica(index: int) -> None:
+    if index != 0:
+        raise GatewayError(ErrorKind.ROUTE_NOT_FOUND,
+                           f"Replica {index} does not exist: this gateway fronts one engine "
+                           "(replica 0).")
+
+
+def _body(state: pb.EngineFaultState) -> web.Response:
+    return web.Response(body=json_encode({
+        "replica": 0, "stalled_for_s": round(state.stalled_for_s, 3),
+        "slow_factor": state.slow_factor, "slow_for_s": round(state.slow_for_s, 3)}),
+        content_type="application/json")
+
+
+def add_routes(app: web.Application, client) -> None:
+    """`client()` is the gateway's EngineClient."""
+
+    async def get_replica(request: web.Request) -> web.Response:
+        text = request.query.get("replica", "0")
+        _replica(int(text) if text.isdigit() else -1)
+        return _body(await client().fault_state())
+
+    async def post_replica(request: web.Request) -> web.Response:
+        fault = decode(await request.read())
+        _replica(fault.replica)
+        return _body(await client().inject_fault(KINDS[fault.fault], fault.seconds,
+                                                 fault.factor or 0.0))
+
+    app.router.add_get("/control/faults/replica", get_replica)
+    app.router.add_post("/control/faults/replica", post_replica)
