@@ -77,12 +77,20 @@ class Alarm:
 
     async def sleep_until(self, loop_time: float) -> None:
         delay = loop_time - self.loop.time()
-        if delay <= 0:
-            return
+        if delay > 0:  # the loop's clock may not be CLOCK_MONOTONIC
+            await self._sleep(time.monotonic() + delay, delay)
+
+    async def sleep_until_monotonic(self, deadline: float) -> None:
+        """Return at time.monotonic() == deadline: for callers whose clock is
+        time.monotonic() (uvloop's loop.time() counts whole milliseconds)."""
+        delay = deadline - time.monotonic()
+        if delay > 0:
+            await self._sleep(deadline, delay)
+
+    async def _sleep(self, deadline: float, delay: float) -> None:
         if self.fd < 0:
             await asyncio.sleep(delay)
             return
-        deadline = time.monotonic() + delay  # the loop's clock may not be CLOCK_MONOTONIC
         sec = int(deadline)
         spec = self._spec
         spec.it_value.tv_sec = sec

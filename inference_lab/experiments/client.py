@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -27,6 +28,8 @@ TAIL_BYTES = 4096
 _MODELLED = b'"inference_lab":'
 _COMPLETION = re.compile(rb'"completion_tokens":(\d+)')
 _decoder = json.JSONDecoder()
+# The clock of every timestamp: uvloop's loop.time() counts whole milliseconds.
+monotonic = time.monotonic
 
 
 class ConnectionError_(Exception):
@@ -36,9 +39,9 @@ class ConnectionError_(Exception):
 @dataclass(slots=True)
 class Result:
     status: int  # HTTP status; -1 = no response (connection failed)
-    sent: float  # loop time the request was written
-    first: float  # loop time of the first SSE frame (0 when none)
-    done: float  # loop time the response ended
+    sent: float  # time.monotonic() when the request was written
+    first: float  # ... of the first SSE frame (0 when none)
+    done: float  # ... when the response ended
     completion_tokens: int = 0
     modelled: dict | None = None  # the engine's "inference_lab" timings
     error: str = ""
@@ -114,7 +117,7 @@ class Connection(asyncio.Protocol):
         if self.closed:
             raise ConnectionError_("connection closed")
         self._reset()
-        now = self.loop.time()
+        now = monotonic()
         self.result = Result(0, now, 0.0, 0.0)
         self.waiter = self.loop.create_future()
         self.transport.write(raw)
@@ -155,7 +158,7 @@ class Connection(asyncio.Protocol):
             return
         if self.chunked:
             if not result.first and b"data: " in data:
-                result.first = self.loop.time()
+                result.first = monotonic()
             tail = self.tail + data
             self.tail = tail[-TAIL_BYTES:]
             if tail.endswith(TERMINATOR) or tail == b"0\r\n\r\n":
@@ -169,7 +172,7 @@ class Connection(asyncio.Protocol):
     def _finish(self) -> None:
         result, waiter = self.result, self.waiter
         self.result = self.waiter = None
-        result.done = self.loop.time()
+        result.done = monotonic()
         tail = self.tail
         if result.status == 200:
             m = None

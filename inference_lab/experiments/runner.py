@@ -25,7 +25,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from inference_lab.engine.drivers.alarm import Alarm
-from inference_lab.experiments.client import Connection, ConnectionError_, Endpoint, Result
+from inference_lab.experiments.client import Connection, ConnectionError_, Endpoint, Result, monotonic
 from inference_lab.experiments.controllers import Controller, Outcome
 from inference_lab.experiments.records import Records
 from inference_lab.experiments.scenario import Action, Scenario
@@ -131,7 +131,7 @@ class Runner:
     # ---- clocks ------------------------------------------------------------------------
     def now(self) -> float:
         """Modelled seconds since the start."""
-        return (self.loop.time() - self.t0) * self.k
+        return (monotonic() - self.t0) * self.k
 
     def wall_at(self, modelled: float) -> float:
         return self.t0 + modelled / self.k
@@ -188,7 +188,7 @@ class Runner:
             if ticket is not None:
                 self._trace()
                 return ticket
-            if self.loop.time() >= self.end:
+            if monotonic() >= self.end:
                 return None
             fut = self.loop.create_future()
             self._slot_waiters.append(fut)
@@ -231,7 +231,7 @@ class Runner:
                 conn = await self.endpoint.connect()
             result = await conn.send(raw)
         except (OSError, ConnectionError_) as exc:
-            now = self.loop.time()
+            now = monotonic()
             result = Result(STATUS_NO_RESPONSE, now, 0.0, now, error=str(exc)[:300])
             if conn is not None:
                 conn.close()
@@ -244,11 +244,11 @@ class Runner:
     async def _user(self, i: int) -> None:
         conn: Connection | None = None
         try:
-            while self.loop.time() < self.end:
+            while monotonic() < self.end:
                 if i >= self.users_target:
                     await asyncio.sleep(0.05 / self.k + 0.001)  # parked by a load change
                     continue
-                due = self.loop.time()
+                due = monotonic()
                 ticket = await self._acquire_blocking()
                 if ticket is None:
                     break
@@ -277,17 +277,17 @@ class Runner:
             conns = await asyncio.gather(*(self.endpoint.connect() for _ in range(OPEN_LOOP_POOL)),
                                          return_exceptions=True)
             self._idle.extend(c for c in conns if isinstance(c, Connection))
-            t = self.loop.time()
+            t = monotonic()
             while True:
                 rate = self.rate
                 if rate <= 0:
-                    t = self.loop.time() + 0.01
+                    t = monotonic() + 0.01
                     await asyncio.sleep(0.01)
                     continue
                 t += self.rng.expovariate(rate) / self.k
                 if t >= self.end:
                     return
-                await alarm.sleep_until(t)
+                await alarm.sleep_until_monotonic(t)
                 self._arrive(t)
         finally:
             alarm.close()
@@ -318,7 +318,7 @@ class Runner:
         conn, due, ticket, phase, limit, inflight, prompt, output = ctx
         self._pending -= 1
         if fut.cancelled() or fut.exception() is not None:
-            now = self.loop.time()
+            now = monotonic()
             exc = None if fut.cancelled() else fut.exception()
             result = Result(STATUS_NO_RESPONSE, now, 0.0, now, error=str(exc)[:300])
             conn.close()
@@ -351,7 +351,7 @@ class Runner:
 
     async def _timeline(self) -> None:
         for action in self.sc.timeline:
-            delay = self.wall_at(action.at) - self.loop.time()
+            delay = self.wall_at(action.at) - monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             await self._apply(action)
@@ -360,7 +360,7 @@ class Runner:
         self.loop = asyncio.get_running_loop()
         await self.set_capacity({"max_num_seqs": self.sc.max_num_seqs,
                                  "max_waiting": self.sc.max_waiting})
-        self.t0 = self.loop.time()
+        self.t0 = monotonic()
         self.records.start(time.time(), self.k)
         self.end = self.wall_at(self.sc.duration)
         self._trace()
@@ -369,7 +369,7 @@ class Runner:
         try:
             if self.sc.workload.arrival_pattern == "closed_loop":
                 self._ensure_users()
-                await asyncio.sleep(max(0.0, self.end - self.loop.time()))
+                await asyncio.sleep(max(0.0, self.end - monotonic()))
                 for fut in self._slot_waiters:
                     if not fut.done():
                         fut.set_result(None)

@@ -40,14 +40,14 @@ def _pct(values: np.ndarray, q: float) -> float | None:
 
 def step_series(t: np.ndarray, v: np.ndarray, start: float, end: float,
                 step: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
-    """A piecewise-constant trace (value v[i] from t[i] on) sampled every `step` s in
-    [start, end): what a time-weighted median or a settle check needs."""
+    """A piecewise-constant trace (value v[i] from t[i] on; the first value before t[0])
+    sampled every `step` s in [start, end): what a time-weighted median or a settle check
+    needs."""
     grid = np.arange(start, end, step)
     if t.size == 0 or grid.size == 0:
         return grid, np.full(grid.shape, np.nan)
     idx = np.searchsorted(t, grid, side="right") - 1
-    out = np.where(idx >= 0, v[np.clip(idx, 0, None)], np.nan)
-    return grid, out
+    return grid, v[np.clip(idx, 0, None)]  # before the first sample: its value
 
 
 def window_series(req: dict, start: float, end: float, window: float) -> dict[str, np.ndarray]:

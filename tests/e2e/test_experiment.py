@@ -186,5 +186,7 @@ def test_an_open_loop_overload_gets_529s_and_aimd_sheds_arrivals(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     first, second = summary["phases"]
     assert first["oracle"]["kind"] == "open_loop_overloaded" and second["oracle"]["kind"] == "open_loop"
-    assert first["steady"]["limit_p50"] <= 4 + 2  # near max_num_seqs + max_waiting
+    # Down from its initial 20 to around max_num_seqs + max_waiting = 4 (at such small
+    # limits int(limit x 0.9) and +1 per success keep it a few above).
+    assert first["steady"]["limit_p50"] <= 10
     assert second["steady"]["frac_529"] < first["steady"]["frac_529"]

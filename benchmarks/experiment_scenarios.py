@@ -1,0 +1,67 @@
+"""The shipped experiment scenarios as benchmarks: the reference page's experiment (fixed
+controller; the page says ~293 ms, then ~646 ms p50 end to end) and the capacity step
+(AIMD: seconds after each capacity change until its limit is, and stays for 90 % of the
+rest of the phase, between max_num_seqs and max_num_seqs + max_waiting).
+
+    python benchmarks/experiment_scenarios.py [--only reference|step] [--time-scale 1]
+                                              [--out DIR]
+
+Runs `inference-lab experiment SCENARIO --serve` (a private server on free ports) and
+reads its summary.json. Prints figures, no pass/fail. 60 modelled seconds each, so
+60 / K wall seconds plus start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE_MS = (293.0, 646.0)
+
+
+def run(scenario: str, out: Path, scale: float) -> dict:
+    cmd = [sys.executable, "-P", "-m", "inference_lab", "experiment",
+           str(ROOT / "configs" / "experiments" / f"{scenario}.toml"), "--serve",
+           "--time-scale", str(scale), "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stdout}{done.stderr}")
+    return json.loads((out / "summary.json").read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", choices=("reference", "step"))
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--out", type=Path, help="keep the run directories here")
+    args = ap.parse_args()
+    base = args.out or Path(tempfile.mkdtemp(prefix="experiment-bench-"))
+    print(f"time scale {args.time_scale:g}, load average {os.getloadavg()[0]:.2f}, runs in {base}")
+    if args.only in (None, "reference"):
+        s = run("reference-page", base / "reference-page", args.time_scale)
+        for phase, page in zip(s["phases"], PAGE_MS):
+            st = phase["steady"]
+            p50 = st["e2e_p50_s"] * 1000
+            print(f"reference-page {phase['action']:>22}: e2e p50 {p50:6.1f} ms (page {page:.0f}, "
+                  f"{100 * (p50 / page - 1):+.1f} %), modelled p50 {st['modelled_e2e_p50_s'] * 1000:.1f} ms, "
+                  f"goodput {st['goodput_tok_s']:,.0f} tok/s (oracle {phase['oracle']['goodput_tok_s']:,.0f})")
+    if args.only in (None, "step"):
+        s = run("capacity-step", base / "capacity-step", args.time_scale)
+        for phase in s["phases"]:
+            st, sc = phase["steady"], phase["scores"]
+            band = f"[{phase['band'][0]}, {phase['band'][1]}]"
+            settle = sc["band_settle_s"]
+            print(f"capacity-step  {phase['action']:>22}: AIMD into {band} after "
+                  f"{'never' if settle is None else f'{settle:.2f} s'}, limit p50 {st['limit_p50']:.0f}, "
+                  f"in band {100 * (phase['limit_in_band'] or 0):.0f} % of the second half, "
+                  f"529 {100 * st['frac_529']:.1f} %, goodput score {sc['goodput']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
