@@ -63,6 +63,7 @@ def summarise(rec: RunRecorder, core: EngineCore, steps: int, cpu_seconds: float
     return {
         "model": core.name,
         "hardware": core.deployment.hardware.name,
+        "unmodelled": list(core.deployment.unmodelled),
         "latency_metrics": {
             "ttft_ms": ms(rec.ttft),
             "e2e_ms": ms(rec.e2e),

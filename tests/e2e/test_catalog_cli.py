@@ -51,3 +51,5 @@ def test_sim_takes_a_model_from_a_user_catalog_in_the_environment(tmp_path):
     assert out.returncode == 0, out.stderr
     assert json.loads((tmp_path / "o.json").read_text())["requests"]["completed"] == 4
     assert "memory tiers (none): parsed, not modelled" in out.stderr
+    summary = json.loads((tmp_path / "o.json").read_text())
+    assert summary["unmodelled"] == ["memory tiers (none): parsed, not modelled"]
