@@ -22,6 +22,7 @@ from grpc_status import rpc_status
 
 from inference_lab.common.auth import bearer_ok
 from inference_lab.engine.sim.core import CapacityError, EngineCore, QueueSaturated, SubmitError
+from inference_lab.engine.service.kv_events import ZmqEventPublisher
 from inference_lab.engine.service.replica_faults import ReplicaFaults
 from inference_lab.engine.service.metrics import EngineMetrics, ModelMetrics
 from inference_lab.engine.drivers.pacer import Pacer, Stream
@@ -55,15 +56,23 @@ class ModelRuntime:
     state last announced to Sessions (with a version that counts its changes)."""
 
     def __init__(self, core: EngineCore, metrics: ModelMetrics, update_rate: float = 0.0,
-                 time_scale: float = 1.0) -> None:
+                 time_scale: float = 1.0, kv_events: ZmqEventPublisher | None = None) -> None:
         self.core = core
         self.metrics = metrics
+        self.kv_events = kv_events
         self.queue_state = queue_state(core)
         self.queue_version = 0
         self.on_queue_change: Callable[[], None] | None = None
-        self.pacer = Pacer(core, on_step=metrics.on_step, on_lag=metrics.on_lag,
+        on_step = metrics.on_step if kv_events is None else self._on_step
+        self.pacer = Pacer(core, on_step=on_step, on_lag=metrics.on_lag,
                            on_finished=metrics.on_finished, on_change=self.check_queue,
                            update_rate=update_rate, time_scale=time_scale)
+
+    def _on_step(self, result) -> None:
+        """A retired step: metrics, then the cache's events of the step as one batch."""
+        self.metrics.on_step(result)
+        core = self.core
+        self.kv_events.publish(core.name, core.prefix_cache.take_events(), core.block_size)
 
     def check_queue(self) -> None:
         """Called wherever the queue or its bound may have moved (admissions, steps,

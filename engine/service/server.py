@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from inference_lab.common.state_file import read_state, write_state
 from inference_lab.engine.sim.core import CapacityError, EngineCore
+from inference_lab.engine.service.kv_events import KVEventsConfig, ZmqEventPublisher
 from inference_lab.engine.service.metrics import EngineMetrics, serve_metrics
 from inference_lab.engine.service.replica_faults import ReplicaFaults
 from inference_lab.engine.service.rpc import EngineService, ModelRuntime
@@ -41,7 +42,8 @@ class EngineServer:
     def __init__(self, deployments: list[Deployment], host: str = "127.0.0.1", port: int = 50051,
                  metrics_port: int | None = DEFAULT_METRICS_PORT, control_token: str | None = None,
                  update_rate: float = DEFAULT_UPDATE_RATE, time_scale: float = 1.0,
-                 engine_index: int = 0, state_dir: str | Path | None = None) -> None:
+                 engine_index: int = 0, state_dir: str | Path | None = None,
+                 kv_events: KVEventsConfig | None = None) -> None:
         self.deployments = deployments
         self.update_rate = update_rate  # cap on mid-stream token updates/s per model
         self.time_scale = time_scale  # modelled seconds per wall second (engine.drivers.pacer)
@@ -54,6 +56,8 @@ class EngineServer:
         self.port = port
         self.metrics_port = metrics_port
         self.engine_index = engine_index  # the `engine` label of every metric
+        self.kv_events_config = kv_events  # vLLM's --kv-events-config, when given
+        self.kv_events: ZmqEventPublisher | None = None
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
         self.runtimes: list[ModelRuntime] = []
@@ -61,10 +65,19 @@ class EngineServer:
         self._metrics_http = None
 
     async def start(self) -> None:
-        cores = [EngineCore(d) for d in self.deployments]
+        events = self.kv_events_config is not None and self.kv_events_config.enabled
+        cores = [EngineCore(d, record_kv_events=events and d.scheduler.enable_prefix_caching)
+                 for d in self.deployments]
+        if events:
+            self.kv_events = ZmqEventPublisher(self.kv_events_config, self.engine_index)
+            self.kv_events.start()
+            log.info("KV cache events on %s%s", self.kv_events.endpoint,
+                     f" (replay on {self.kv_events.replay_endpoint})"
+                     if self.kv_events.replay_endpoint else "")
         self.metrics = EngineMetrics(cores, self.engine_index)
         self.runtimes = [ModelRuntime(core, self.metrics.for_model(core), self.update_rate,
-                                     self.time_scale)
+                                     self.time_scale,
+                                     self.kv_events if core.prefix_cache is not None else None)
                          for core in cores]
         self.service = EngineService(self.runtimes, self.control_token, self.metrics)
         if self.state_path is not None:
@@ -162,4 +175,7 @@ class EngineServer:
             self._metrics_http.shutdown()
             self._metrics_http.server_close()
             self._metrics_http = None
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
         log.info("engine stopped")

@@ -34,6 +34,23 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, metavar="N",
                    help="refuse arrivals once N requests wait, for every model (0 = unbounded)")
     add_catalog_argument(p)
+    p.add_argument("--kv-events-config", type=_kv_events_config, metavar="JSON",
+                   help="publish KV-cache events over ZMQ in vLLM's wire format, configured as "
+                        "vLLM's flag is: e.g. '{\"enable_kv_cache_events\": true, \"endpoint\": "
+                        "\"tcp://127.0.0.1:5557\", \"replay_endpoint\": \"tcp://127.0.0.1:5558\", "
+                        "\"topic\": \"kv@{model}\"}' (README: 'KV-cache events')")
+
+
+def _kv_events_config(text: str) -> str:
+    """Checked while the flags are read (a bad value stops the start-up); kept as text so
+    that `serve` can hand it to its engine child."""
+    from inference_lab.engine.service.kv_events import KVEventsConfig, KVEventsConfigError
+
+    try:
+        KVEventsConfig.parse(text)
+    except KVEventsConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def add_pacing_arguments(p: argparse.ArgumentParser) -> None:
@@ -117,9 +134,12 @@ def run(args: argparse.Namespace) -> int:
 
     deployments = load_deployments(args)
     token = control_token(args)
+    from inference_lab.engine.service.kv_events import KVEventsConfig
+
+    kv_events = KVEventsConfig.parse(args.kv_events_config) if args.kv_events_config else None
     server = EngineServer(deployments, args.host, args.port, args.metrics_port, control_token=token,
                           update_rate=args.max_update_rate, time_scale=args.time_scale,
-                          state_dir=args.state_dir)
+                          state_dir=args.state_dir, kv_events=kv_events)
     if token:
         log.info("SetCapacity requires the control token")
     from inference_lab.common.state_file import StateFileError

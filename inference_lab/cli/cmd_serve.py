@@ -76,6 +76,8 @@ class EngineProcess:
         self.argv += ["--state-dir", state_dir]
         if args.max_waiting is not None:
             self.argv += ["--max-waiting", str(args.max_waiting)]
+        if args.kv_events_config:
+            self.argv += ["--kv-events-config", args.kv_events_config]
         for directory in args.catalog:
             self.argv += ["--catalog", str(directory)]
         # The engine requires the gateway's control token too; through the environment,

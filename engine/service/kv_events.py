@@ -1,0 +1,244 @@
+"""KV-cache events over ZMQ in vLLM's wire format, so a KV-aware router can follow the cache.
+
+Knows vLLM's `--kv-events-config` (a JSON object: enable_kv_cache_events, publisher,
+endpoint, replay_endpoint, buffer_steps, hwm, topic) and its wire format, as vLLM's
+`vllm/distributed/kv_events.py` and its subscriber example define it:
+
+- a PUB socket sends one 3-frame message per engine step that changed the cache:
+  (topic, sequence number as 8 bytes big-endian, payload);
+- the payload is a msgpack array `[ts, [event, ...], data_parallel_rank]`, each event an
+  array whose first item names it: `["BlockStored", block_hashes, parent_block_hash,
+  token_ids, block_size, lora_id, medium]`, `["BlockRemoved", block_hashes, medium]`,
+  `["AllBlocksCleared"]` (block hashes are unsigned 64-bit integers, medium "GPU");
+- an optional ROUTER socket (`replay_endpoint`) answers a request `(b"", seq as 8 bytes
+  big-endian)` with every buffered batch from that sequence number on, each as
+  `(b"", seq, payload)`, then `(b"", -1 as 8 signed bytes, b"")`.
+
+`data_parallel_rank` carries the replica index, and, as vLLM does for data-parallel ranks,
+replica k > 0 offsets the endpoints' TCP port by k (so each replica has its own). The
+topic may contain `{model}`, replaced by the served model's name (an engine may serve
+several models; vLLM serves one). Does not know the cache itself: the core records the
+events (engine.sim.prefix_cache), and the service hands each step's to `publish`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from array import array
+from collections import deque
+from dataclasses import dataclass, fields
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from inference_lab.engine.sim.prefix_cache import CLEARED, REMOVED, STORED
+
+log = logging.getLogger(__name__)
+
+MEDIUM_GPU = "GPU"
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+class KVEventsConfigError(ValueError):
+    """A --kv-events-config that cannot be used (the message names the key)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KVEventsConfig:
+    """vLLM's KVEventsConfig keys (their defaults, except an endpoint on loopback)."""
+
+    enable_kv_cache_events: bool = False
+    publisher: str = "zmq"  # "zmq" | "null"
+    endpoint: str = "tcp://127.0.0.1:5557"
+    replay_endpoint: str | None = None
+    buffer_steps: int = 10_000
+    hwm: int = 100_000
+    max_queue_size: int = 100_000  # accepted for vLLM compatibility (no queue here)
+    topic: str = ""
+
+    @property
+    def enabled(self) -> bool:
+        return self.enable_kv_cache_events and self.publisher == "zmq"
+
+    @classmethod
+    def parse(cls, text: str) -> "KVEventsConfig":
+        """From the JSON of --kv-events-config; KVEventsConfigError names what is wrong."""
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise KVEventsConfigError(f"--kv-events-config is not JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise KVEventsConfigError("--kv-events-config must be a JSON object")
+        kinds = {"enable_kv_cache_events": bool, "publisher": str, "endpoint": str,
+                 "replay_endpoint": (str, type(None)), "buffer_steps": int, "hwm": int,
+                 "max_queue_size": int, "topic": str}
+        assert set(kinds) == {f.name for f in fields(cls)}
+        for key, value in raw.items():
+            if key not in kinds:
+                raise KVEventsConfigError(f"--kv-events-config: unknown key {key!r} "
+                                          f"(known: {', '.join(kinds)})")
+            if not isinstance(value, kinds[key]) or (kinds[key] is int and isinstance(value, bool)):
+                raise KVEventsConfigError(f"--kv-events-config: {key} has the wrong type "
+                                          f"({type(value).__name__}: {value!r})")
+        config = cls(**raw)
+        if config.publisher not in ("zmq", "null"):
+            raise KVEventsConfigError(f"--kv-events-config: publisher must be 'zmq' or 'null', "
+                                      f"got {config.publisher!r}")
+        for key in ("buffer_steps", "hwm"):
+            if getattr(config, key) < 1:
+                raise KVEventsConfigError(f"--kv-events-config: {key} must be at least 1")
+        for key in ("endpoint", "replay_endpoint"):
+            value = getattr(config, key)
+            if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
+                raise KVEventsConfigError(f"--kv-events-config: {key} must be a tcp://, ipc:// "
+                                          f"or inproc:// address, got {value!r}")
+        return config
+
+
+def offset_endpoint(endpoint: str | None, index: int) -> str | None:
+    """Replica `index`'s endpoint: the TCP port plus index, or an `_dp<index>` suffix on
+    ipc/inproc names (as vLLM offsets data-parallel ranks); index 0 keeps it."""
+    if not endpoint or index == 0:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        base, _, port = endpoint.rpartition(":")
+        return f"{base}:{int(port) + index}"
+    return f"{endpoint}_dp{index}"
+
+
+def _binds(endpoint: str) -> bool:
+    """vLLM binds a wildcard or ipc/inproc endpoint and connects to others; the lab also
+    binds a loopback address (it listens on 127.0.0.1 unless told otherwise)."""
+    host = endpoint.split("://", 1)[1].rpartition(":")[0]
+    return ("*" in endpoint or "::" in endpoint or not endpoint.startswith("tcp://")
+            or host in ("127.0.0.1", "localhost", "[::1]"))
+
+
+# ---- the wire types (vLLM's layout: msgpack arrays, the event's name first) ------------
+class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class BlockStored(_Event):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+
+
+class BlockRemoved(_Event):
+    block_hashes: list[int]
+    medium: str | None
+
+
+class AllBlocksCleared(_Event):
+    pass
+
+
+class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
+def wire_events(recorded: list[tuple], block_size: int) -> list:
+    """The core's recorded events (engine.sim.prefix_cache) as wire events."""
+    out: list = []
+    for event in recorded:
+        kind = event[0]
+        if kind == STORED:
+            _, hashes, parent, tokens, lora_id = event
+            ids = array("I")
+            ids.frombytes(tokens)
+            out.append(BlockStored(list(hashes), parent, ids.tolist(), block_size, lora_id,
+                                   MEDIUM_GPU))
+        elif kind == REMOVED:
+            out.append(BlockRemoved(list(event[1]), MEDIUM_GPU))
+        elif kind == CLEARED:
+            out.append(AllBlocksCleared())
+    return out
+
+
+class ZmqEventPublisher:
+    """One replica's publisher: a PUB socket (and a ROUTER for replays), a sequence
+    number, and the last `buffer_steps` batches for replay. `publish` runs on the event
+    loop and never blocks (a PUB socket drops what a slow subscriber cannot take, beyond
+    `hwm`; the replay buffer is how a subscriber recovers)."""
+
+    def __init__(self, config: KVEventsConfig, replica: int = 0) -> None:
+        self.config = config
+        self.replica = replica
+        self.endpoint = offset_endpoint(config.endpoint, replica)
+        self.replay_endpoint = offset_endpoint(config.replay_endpoint, replica)
+        self._ctx = zmq.Context()  # the PUB socket is written without awaiting
+        self._actx: zmq.asyncio.Context | None = None
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.set_hwm(config.hwm)
+        self._pub.linger = 0
+        if _binds(self.endpoint):
+            self._pub.bind(self.endpoint)
+            self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        else:
+            self._pub.connect(self.endpoint)
+        self._replay = None
+        if self.replay_endpoint is not None:
+            self._actx = zmq.asyncio.Context()
+            self._replay = self._actx.socket(zmq.ROUTER)
+            self._replay.linger = 0
+            self._replay.bind(self.replay_endpoint)
+            self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._encode = msgspec.msgpack.Encoder().encode
+        self._seq = 0
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self._replay_task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self._replay is not None:
+            self._replay_task = asyncio.get_running_loop().create_task(self._serve_replays())
+
+    def topic_for(self, model: str) -> bytes:
+        return self.config.topic.replace("{model}", model).encode()
+
+    def publish(self, model: str, recorded: list[tuple], block_size: int) -> None:
+        """One step's events of one model as one batch (nothing when there are none)."""
+        if not recorded:
+            return
+        batch = KVEventBatch(time.time(), wire_events(recorded, block_size), self.replica)
+        payload = self._encode(batch)
+        seq = self._seq
+        self._seq += 1
+        self._buffer.append((seq, payload))
+        try:
+            self._pub.send_multipart((self.topic_for(model), seq.to_bytes(8, "big"), payload),
+                                     flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # beyond the high-water mark: dropped, as PUB does
+            log.warning("KV event batch %d dropped: the publisher's queue is full", seq)
+
+    async def _serve_replays(self) -> None:
+        sock = self._replay
+        while True:
+            frames = await sock.recv_multipart()
+            if len(frames) != 3:
+                log.warning("ignored a KV event replay request of %d frames", len(frames))
+                continue
+            client, _, start = frames
+            first = int.from_bytes(start, "big")
+            for seq, payload in list(self._buffer):
+                if seq >= first:
+                    await sock.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+            await sock.send_multipart((client, b"", END_SEQ, b""))
+
+    def close(self) -> None:
+        if self._replay_task is not None:
+            self._replay_task.cancel()
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+            self._actx.term()
+        self._ctx.term()
