@@ -51,13 +51,15 @@ MIN_UPDATE_INTERVAL = 0.001
 
 
 class Stream:
-    """A delivery handle stored on Request.tag: where its progress goes."""
+    """A delivery handle stored on Request.tag: where its progress goes. The sequences of
+    a request with n > 1 share the sink and tag; `index` tells them apart."""
 
-    __slots__ = ("sink", "tag", "sent", "last")
+    __slots__ = ("sink", "tag", "index", "sent", "last")
 
-    def __init__(self, sink, tag) -> None:
+    def __init__(self, sink, tag, index: int = 0) -> None:
         self.sink = sink
         self.tag = tag
+        self.index = index
         self.sent = 0  # tokens already handed to the sink
         self.last = 0.0  # loop time of the last hand-over
 
@@ -123,26 +125,33 @@ class Pacer:
 
     # ---- requests ----------------------------------------------------------------------
     def submit(self, prompt_len: int, max_tokens: int, sink, tag, priority: int = 0,
-               token_ids: bytes = b"") -> Request:
-        """Check and queue synchronously (raises QueueSaturated / SubmitError)."""
+               token_ids: bytes = b"", n: int = 1) -> Request:
+        """Check and queue synchronously (raises QueueSaturated / SubmitError). With n > 1
+        the siblings get streams of their own (same sink and tag, their index) when the
+        core spawns them."""
         req = self.core.submit(prompt_len, max_tokens, self.sim_now(), priority=priority,
-                               tag=Stream(sink, tag), token_ids=token_ids)
+                               tag=Stream(sink, tag), token_ids=token_ids, n=n)
         self._live[req.id] = req
         self.poke()
         return req
 
     def cancel(self, req: Request, status: Status = Status.FINISHED_CANCELLED) -> bool:
-        """Remove a request wherever it is; its sink hears nothing more, and its finish is
-        reported (vLLM's `abort`) with the tokens delivered by then. False when it was not
-        live: finished already, or finishing in the step in flight (its sink then still
-        hears its one on_finished)."""
-        if self._live.pop(req.id, None) is None:
-            return False
+        """Remove a request, every sequence of it, wherever they are; their sink hears
+        nothing more of them, and each one's finish is reported (vLLM's `abort`) with the
+        tokens delivered by then. False when none was live: finished already, or
+        finishing in the step in flight (the sink then still hears their on_finished)."""
         now = self.sim_now()
-        tokens, last = self._delivered(req, now)
-        self.core.cancel(req, now, status)
-        if self._on_finished:
-            self._on_finished(req, tokens, last)
+        cancelled = False
+        for member in req.members:
+            if self._live.pop(member.id, None) is None:
+                continue
+            tokens, last = self._delivered(member, now)
+            self.core.cancel(member, now, status)
+            if self._on_finished:
+                self._on_finished(member, tokens, last)
+            cancelled = True
+        if not cancelled:
+            return False
         self.poke()  # capacity freed: a stalled engine may progress
         if self._on_change:
             self._on_change()
@@ -252,6 +261,10 @@ class Pacer:
                 return
             # The booked step's tokens are not due yet: count as of its start.
             self.due_mark = core.progress_marks()[0]
+            for sibling in result.spawned:  # n > 1: the sequences beyond the first
+                first = sibling.family.members[0].tag
+                sibling.tag = Stream(first.sink, first.tag, sibling.index)
+                self._live[sibling.id] = sibling
             for req in result.finished:
                 if self._live.pop(req.id, None) is not None:
                     self._finishing.append(req)

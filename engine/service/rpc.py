@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 DOMAIN = "inference-lab"
 MAX_FAULT_SECONDS = 86_400.0
 MAX_SLOW_FACTOR = 1000.0
+_U64 = 2**64 - 1
 FINISH_REASON_PB = {
     Status.FINISHED_LENGTH: pb.FINISH_REASON_LENGTH,
     Status.FINISHED_CANCELLED: pb.FINISH_REASON_CANCELLED,
@@ -99,7 +100,7 @@ def finished_pb(req: Request) -> pb.Finished:
         reason=FINISH_REASON_PB[req.status], prompt_tokens=req.prompt_len,
         completion_tokens=req.num_output, queue_time_s=since_arrival(req.first_scheduled),
         ttft_s=since_arrival(req.first_token), e2e_s=since_arrival(req.finish_time),
-        preemptions=req.preemptions, cached_tokens=req.cached_tokens)
+        preemptions=req.preemptions, cached_tokens=req.cached_tokens, index=req.index)
 
 
 def saturated_metadata(exc: QueueSaturated) -> dict[str, str]:
@@ -122,21 +123,27 @@ def rejected_pb(code: grpc.StatusCode, reason: str, message: str,
 
 # ---- sinks: where the pacer's deliveries go --------------------------------------------------
 class SubmitSink:
-    """One Submit call: a queue of SubmitEvents drained by the handler."""
+    """One Submit call: a queue of (SubmitEvent, last) drained by the handler; `last` is
+    True on the Finished of the request's last sequence to finish."""
 
-    __slots__ = ("queue", "last")
+    __slots__ = ("queue", "last", "finals")
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[pb.SubmitEvent] = asyncio.Queue()
-        self.last = 0
+        self.queue: asyncio.Queue[tuple[pb.SubmitEvent, bool]] = asyncio.Queue()
+        self.last: dict[int, int] = {}  # sequence index -> tokens sent
+        self.finals = 0  # Finished events queued
 
     def on_tokens(self, stream: Stream, total: int) -> None:
-        self.queue.put_nowait(pb.SubmitEvent(
-            tokens=pb.Tokens(new_tokens=total - self.last, total_tokens=total)))
-        self.last = total
+        index = stream.index
+        new = total - self.last.get(index, 0)
+        self.last[index] = total
+        self.queue.put_nowait((pb.SubmitEvent(
+            tokens=pb.Tokens(new_tokens=new, total_tokens=total, index=index)), False))
 
     def on_finished(self, stream: Stream, req: Request) -> None:
-        self.queue.put_nowait(pb.SubmitEvent(finished=finished_pb(req)))
+        self.finals += 1
+        last = req.all_finished and self.finals == len(req.members)
+        self.queue.put_nowait((pb.SubmitEvent(finished=finished_pb(req)), last))
 
     def flush(self) -> None:
         pass
@@ -158,11 +165,13 @@ class SessionSink:
         self.ended = asyncio.Event()
 
     def on_tokens(self, stream: Stream, total: int) -> None:
-        self.totals[stream.tag] = total  # while the writer is blocked, updates merge
+        # Sequence i of a request with n > 1 reports under tag + i.
+        self.totals[stream.tag + stream.index] = total  # while the writer is blocked, updates merge
 
     def on_finished(self, stream: Stream, req: Request) -> None:
-        self.open.pop(stream.tag, None)
-        self.events.append(pb.Progress(tag=stream.tag, finished=finished_pb(req)))
+        if req.all_finished:
+            self.open.pop(stream.tag, None)
+        self.events.append(pb.Progress(tag=stream.tag + stream.index, finished=finished_pb(req)))
 
     def flush(self) -> None:
         self.ready.set()
@@ -214,7 +223,8 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         SubmitError; counts refusals."""
         try:
             req = rt.pacer.submit(request.prompt_tokens, request.max_tokens, sink, tag,
-                                  priority=request.priority, token_ids=request.prompt_token_ids)
+                                  priority=request.priority, token_ids=request.prompt_token_ids,
+                                  n=request.n or 1)
         except QueueSaturated:
             rt.metrics.on_rejected("QUEUE_SATURATED")
             raise
@@ -254,9 +264,9 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             await context.write(pb.SubmitEvent(
                 admitted=pb.Admitted(engine_request_id=req.id, waiting=rt.core.num_waiting)))
             while True:
-                event = await sink.queue.get()
+                event, last = await sink.queue.get()
                 await context.write(event)
-                if event.HasField("finished"):
+                if last:
                     return
         finally:
             rt.pacer.cancel(req)  # a no-op once finished; frees the request on disconnect
@@ -313,6 +323,9 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         elif tag in sink.open:
             rejected = rejected_pb(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST",
                                    f"tag {tag} is already open in this session")
+        elif tag + max(request.n, 1) - 1 > _U64:
+            rejected = rejected_pb(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST",
+                                   f"tags {tag} .. {tag} + n - 1 (n = {request.n}) exceed 2^64 - 1")
         else:
             try:
                 req = self._admit(rt, request, sink, tag)

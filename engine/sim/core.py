@@ -56,6 +56,7 @@ class StepResult:
     first_token: list[Request] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    spawned: list[Request] = field(default_factory=list)  # siblings (n > 1) that began now
 
 
 class EngineCore:
@@ -68,8 +69,9 @@ class EngineCore:
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len or deployment.model.max_seq_len
         self.max_waiting = config.max_waiting
+        self._ids = itertools.count(1)
         self.scheduler = Scheduler(config, self.total_blocks, self.cost.windows,
-                                   fixed_blocks(deployment), record_kv_events)
+                                   fixed_blocks(deployment), record_kv_events, ids=self._ids)
         self.speculative = deployment.speculative
         if self.speculative is not None:
             self.scheduler.group.max_advance = 1 + self.speculative.gamma
@@ -78,7 +80,6 @@ class EngineCore:
         self.record_kv_events = record_kv_events
         self.clock = 0.0  # simulated time at which the engine is next free
         self.slowdown = 1.0  # step times x this (a throttled replica); 1 = as modelled
-        self._ids = itertools.count(1)
 
     # ---- queries ---------------------------------------------------------------------
     @property
@@ -130,22 +131,30 @@ class EngineCore:
         return self.scheduler.group.steps_to_next_finish()
 
     # ---- inputs ----------------------------------------------------------------------
-    def check(self, prompt_len: int, max_tokens: int) -> None:
+    def check(self, prompt_len: int, max_tokens: int, n: int = 1) -> None:
         """Refuse a request that could never run, with the reason."""
         if prompt_len < 1:
             raise SubmitError("prompt must have at least 1 token")
         if max_tokens < 1:
             raise SubmitError("max_tokens must be at least 1")
+        if n < 1:
+            raise SubmitError("n must be at least 1")
+        if n > self.max_num_seqs:
+            raise SubmitError(f"n ({n}) exceeds max_num_seqs {self.max_num_seqs} of {self.name}: "
+                              "each sequence needs a running place")
         total = prompt_len + max_tokens
         if total > self.max_model_len:
             raise SubmitError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
                 f"max_model_len {self.max_model_len} of {self.name}"
             )
-        need = self.scheduler.blocks_for(total)
+        one = self.scheduler.blocks_for(total)
+        # n sequences share the prompt's full blocks and hold the rest each.
+        need = one + (n - 1) * (one - prompt_len // self.block_size)
         if need > self.total_blocks:
+            sequences = f"{n} sequences of " if n > 1 else ""
             raise SubmitError(
-                f"{total} tokens need {need} KV blocks; "
+                f"{sequences}{total} tokens need {need} KV blocks; "
                 f"{self.name} has {self.total_blocks} in all"
             )
         config = self.deployment.scheduler
@@ -156,27 +165,29 @@ class EngineCore:
             )
 
     def submit(self, prompt_len: int, max_tokens: int, now: float, *, priority: int = 0,
-               tag: object = None, token_ids: bytes = b"") -> Request:
+               tag: object = None, token_ids: bytes = b"", n: int = 1) -> Request:
         """Check and queue in one synchronous step: raises QueueSaturated when
         max_waiting (> 0) requests already wait, SubmitError when it can never run.
         `token_ids` (packed little-endian uint32, prompt_len of them) lets the request
-        use the prefix cache; prompt_len may then be 0 (taken from them)."""
+        use the prefix cache; prompt_len may then be 0 (taken from them). With n > 1 it
+        still waits as one request; its siblings appear in the StepResult.spawned of the
+        step that completes its prefill."""
         if token_ids:
             if len(token_ids) % 4:
                 raise SubmitError("prompt_token_ids must be packed 4-byte token IDs "
                                   f"(got {len(token_ids)} bytes)")
-            n = len(token_ids) // 4
-            if prompt_len and prompt_len != n:
+            count = len(token_ids) // 4
+            if prompt_len and prompt_len != count:
                 raise SubmitError(f"prompt_tokens ({prompt_len}) disagrees with the "
-                                  f"{n} prompt_token_ids")
-            prompt_len = n
-        self.check(prompt_len, max_tokens)
+                                  f"{count} prompt_token_ids")
+            prompt_len = count
+        self.check(prompt_len, max_tokens, n)
         waiting = self.scheduler.num_waiting
         if self.max_waiting and waiting >= self.max_waiting:
             raise QueueSaturated(self.name, waiting, self.max_waiting)
         if now > self.clock and not self.scheduler.has_work():
             self.clock = now  # idle: the next step starts at this arrival
-        req = Request(next(self._ids), prompt_len, max_tokens, now, priority, tag=tag)
+        req = Request(next(self._ids), prompt_len, max_tokens, now, priority, tag=tag, n=n)
         if token_ids and self.prefix_cache is not None and prompt_len >= self.block_size:
             req.block_hashes = block_hashes(token_ids, self.block_size)
             if self.record_kv_events:
@@ -294,5 +305,6 @@ class EngineCore:
             req.finish_time = end
             req.done_mark = mark
         self.clock = end
+        spawned, scheduler.spawned = scheduler.spawned, []
         return StepResult(start, end, num_tokens, sampled, prefill_tokens, decodes,
-                          decision.admitted, first, done, decision.preempted)
+                          decision.admitted, first, done, decision.preempted, spawned)

@@ -5,11 +5,15 @@ prefix cache (the simulation never sees text). While it sits
 in the scheduler's decode group its counters are kept as offsets from the group's step
 counter G (see engine.sim.decode_group), so that advancing 256 decodes is one increment;
 outside the engine's core, read a live request's tokens through EngineCore.tokens_at.
+
+Parallel sampling (`n` > 1): the request waits and prefills as one; when its prefill
+completes the scheduler spawns n - 1 sibling sequences, and the n members of the `Family`
+decode as requests of their own that share the prompt's full KV blocks.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 
@@ -57,7 +61,34 @@ class Request:
     cached_refs: int = 0  # leading block_hashes whose cache entries it references (running)
     cached_tokens: int = 0  # prompt tokens found cached at its first scheduling
     tag: object = None  # the driver's handle (a stream, a closed-loop user, ...)
+    n: int = 1  # sequences to sample from the prompt (spawned when its prefill completes)
+    index: int = 0  # which sequence of its family (0: the request that was submitted)
+    family: "Family | None" = None  # set when the siblings are spawned
+    shared_blocks: int = 0  # the family's prompt blocks this sequence uses (not in `blocks`)
+    pending_siblings: int = 0  # admitted, not spawned yet: running places held for them
+    reserved_blocks: int = 0  # ... and the blocks held for their copies of the last block
 
     @property
     def finished(self) -> bool:
         return self.status >= Status.FINISHED_LENGTH
+
+    @property
+    def members(self) -> list["Request"]:
+        """Every sequence of this request: its family, or itself alone."""
+        return self.family.members if self.family is not None else [self]
+
+    @property
+    def all_finished(self) -> bool:
+        """This request and every sequence of its family are final."""
+        return all(m.finished for m in self.members)
+
+
+@dataclass(slots=True, eq=False)
+class Family:
+    """The sequences of one request with n > 1, sampled from one prefill. Its prompt's
+    full KV blocks are held once, for as long as a member uses them (`holders`); a member
+    that is preempted recomputes its whole context alone and shares nothing after."""
+
+    shared_blocks: int  # full prompt blocks, held once for the family
+    holders: int  # members still using them
+    members: list[Request] = field(default_factory=list)  # by index

@@ -17,12 +17,13 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from inference_lab.engine.sim.decode_group import DecodeGroup
 from inference_lab.engine.sim.kv import blocks_for
 from inference_lab.engine.sim.prefix_cache import PrefixCache
-from inference_lab.engine.sim.request import Request, Status
+from inference_lab.engine.sim.request import Family, Request, Status
 from inference_lab.engine.sim.specs import SchedulerConfig
 
 
@@ -94,7 +95,8 @@ class WaitingQueue:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, total_blocks: int, windows: tuple[int, ...],
-                 fixed_blocks: int = 0, record_kv_events: bool = False):
+                 fixed_blocks: int = 0, record_kv_events: bool = False,
+                 ids: Iterator[int] | None = None):
         self.config = config
         self.block_size = config.block_size
         self.fixed_blocks = fixed_blocks  # held by every running sequence (recurrent state)
@@ -102,6 +104,9 @@ class Scheduler:
         self.free_blocks = total_blocks  # unheld blocks, the cache's evictable ones included
         self.cache = (PrefixCache(config.block_size, record_kv_events)
                       if config.enable_prefix_caching else None)
+        self.reserved_places = 0  # running places held for siblings not spawned yet
+        self.spawned: list[Request] = []  # siblings spawned since the caller last took them
+        self._ids = ids if ids is not None else itertools.count(1)
         self.waiting = WaitingQueue(config.policy)
         self.running: dict[int, Request] = {}  # admission order
         self.prefilling: dict[int, Request] = {}  # running, not in the group
@@ -115,7 +120,9 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
-        return len(self.running)
+        """Running places in use: sequences in the batch, and those held for siblings
+        of a request still prefilling."""
+        return len(self.running) + self.reserved_places
 
     def has_work(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
@@ -180,24 +187,30 @@ class Scheduler:
 
     def _admit_waiting(self, decision: Decision, budget: int, now: float) -> None:
         cap = self.config.max_num_seqs
-        while budget > 0 and len(self.running) < cap:
+        while budget > 0:
             req = self.waiting.peek()
             if req is None or req.arrival > now:
                 break
+            siblings = req.n - 1 if req.family is None else 0  # places it needs beyond its own
+            if self.num_running + 1 + siblings > cap and (self.running or not siblings):
+                break  # (a request of more sequences than the cap runs alone)
             hit = self._cached_prefix(req)
             n = self._chunk(req, budget, hit * self.block_size)
             if n == 0:
                 break
             need = self.blocks_for(hit * self.block_size + n) - hit
             revived = self.cache.count_free(req.block_hashes[:hit]) if hit else 0
-            if need + revived > self.free_blocks:
+            copies = siblings * self._sibling_blocks(req.prompt_len)
+            if need + revived + copies > self.free_blocks:
                 break  # KV full: wait for blocks to free up, never preempt to admit
             self.waiting.pop()
             req.status = Status.RUNNING
             if self.cache is not None:
                 self._use_cached(req, hit, revived)
-            self._take(need)
+            self._take(need + copies)
             req.blocks += need
+            req.pending_siblings, req.reserved_blocks = siblings, copies
+            self.reserved_places += siblings
             self.running[req.id] = req
             self.prefilling[req.id] = req
             decision.admitted.append(req)
@@ -278,19 +291,70 @@ class Scheduler:
         decision.preempted.append(req)
 
     def _release(self, req: Request) -> None:
-        """Take a running request out of the batch and free its blocks."""
+        """Take a running request out of the batch and free its blocks (and its share of
+        its family's prompt blocks, and what it held for siblings not spawned yet)."""
         if req.in_group:
             self.group.remove(req)
-            req.blocks = self.blocks_for(req.num_computed)
+            req.blocks = self.blocks_for(req.num_computed) - req.shared_blocks
         if req.cached_refs:
             shared = req.cached_refs
             self.free_blocks += req.blocks - shared + self.cache.release(req.block_hashes[:shared])
             req.cached_refs = 0
         else:
             self.free_blocks += req.blocks
-        req.blocks = 0
+        self.free_blocks += req.reserved_blocks
+        req.blocks = req.reserved_blocks = 0
+        self.reserved_places -= req.pending_siblings
+        req.pending_siblings = 0
+        if req.shared_blocks:
+            req.shared_blocks = 0
+            family = req.family
+            family.holders -= 1
+            if family.holders == 0:
+                self.free_blocks += family.shared_blocks
         self.running.pop(req.id, None)
         self.prefilling.pop(req.id, None)
+
+    # ---- parallel sampling ---------------------------------------------------------
+    def _sibling_blocks(self, prompt_len: int) -> int:
+        """Blocks each sibling holds of its own when spawned: its copy of the prompt's
+        partly filled last block, and its fixed per-sequence state."""
+        return self.blocks_for(prompt_len) - prompt_len // self.block_size
+
+    def _spawn(self, parent: Request) -> list[Request]:
+        """The parent's prefill is complete: its n - 1 siblings take the places and blocks
+        held for them, and every member shares the prompt's full blocks: through the
+        prefix cache when the parent's are there (each sibling references them, as vLLM's
+        child requests do), else held once for the family."""
+        full = parent.prompt_len // self.block_size
+        own = self._sibling_blocks(parent.prompt_len)
+        cached = parent.cached_refs  # leading full blocks in the cache (0: none or no cache)
+        family = Family(0 if cached else full, holders=parent.n, members=[parent])
+        parent.family = family
+        if not cached:
+            parent.shared_blocks = full
+            parent.blocks -= full
+        self.free_blocks += parent.reserved_blocks - own * parent.pending_siblings
+        self.reserved_places -= parent.pending_siblings
+        parent.pending_siblings = parent.reserved_blocks = 0
+        for index in range(1, parent.n):
+            sibling = Request(next(self._ids), parent.prompt_len, parent.max_tokens,
+                              parent.arrival, parent.priority, Status.RUNNING,
+                              num_computed=parent.prompt_len, blocks=own,
+                              first_scheduled=parent.first_scheduled, n=parent.n, index=index,
+                              family=family, shared_blocks=0 if cached else full,
+                              block_hashes=parent.block_hashes, token_bytes=parent.token_bytes,
+                              cached_tokens=parent.cached_tokens)
+            if cached:
+                self.cache.acquire(parent.block_hashes[:cached])
+                sibling.cached_refs = cached
+                sibling.blocks = own + cached  # (logical: its cached references included)
+                if cached < full:  # the rest of the full blocks: copies of its own
+                    self._take(full - cached)
+                    sibling.blocks += full - cached
+            family.members.append(sibling)
+            self.running[sibling.id] = sibling
+        return family.members[1:]
 
     def finish(self, req: Request, status: Status) -> None:
         """End a request wherever it is (running, waiting or already final)."""
@@ -319,14 +383,19 @@ class Scheduler:
                 self._store_computed(req)
             if req.num_computed < req.prompt_len + req.num_output:
                 continue  # prefill not complete yet
-            sampled += 1
-            if req.num_output == 0:
-                first.append(req)
-            req.num_output += 1
-            if req.num_output >= req.max_tokens:
-                self._release(req)
-                done.append(req)
-            else:
-                del self.prefilling[req.id]
-                group.add(req)
+            self.prefilling.pop(req.id)
+            sequences = [req]
+            if req.family is None and req.n > 1:
+                sequences += self._spawn(req)
+                self.spawned.extend(sequences[1:])
+            for seq in sequences:  # each samples a token from the computed context
+                sampled += 1
+                if seq.num_output == 0:
+                    first.append(seq)
+                seq.num_output += 1
+                if seq.num_output >= seq.max_tokens:
+                    self._release(seq)
+                    done.append(seq)
+                else:
+                    group.add(seq)
         return first, done, sampled

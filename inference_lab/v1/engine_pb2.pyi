@@ -32,20 +32,22 @@ ENGINE_FAULT_SLOW: EngineFaultKind
 ENGINE_FAULT_CLEAR: EngineFaultKind
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id", "prompt_token_ids")
+    __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id", "prompt_token_ids", "n")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt_tokens: int
     max_tokens: int
     priority: int
     request_id: str
     prompt_token_ids: bytes
-    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ...) -> None: ...
+    n: int
+    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., n: _Optional[int] = ...) -> None: ...
 
 class Admitted(_message.Message):
     __slots__ = ("engine_request_id", "waiting")
@@ -56,15 +58,17 @@ class Admitted(_message.Message):
     def __init__(self, engine_request_id: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
 
 class Tokens(_message.Message):
-    __slots__ = ("new_tokens", "total_tokens")
+    __slots__ = ("new_tokens", "total_tokens", "index")
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     new_tokens: int
     total_tokens: int
-    def __init__(self, new_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ...) -> None: ...
+    index: int
+    def __init__(self, new_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ("reason", "prompt_tokens", "completion_tokens", "queue_time_s", "ttft_s", "e2e_s", "preemptions", "cached_tokens")
+    __slots__ = ("reason", "prompt_tokens", "completion_tokens", "queue_time_s", "ttft_s", "e2e_s", "preemptions", "cached_tokens", "index")
     REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +77,7 @@ class Finished(_message.Message):
     E2E_S_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
@@ -81,7 +86,8 @@ class Finished(_message.Message):
     e2e_s: float
     preemptions: int
     cached_tokens: int
-    def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., queue_time_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    index: int
+    def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., queue_time_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class SubmitEvent(_message.Message):
     __slots__ = ("admitted", "tokens", "finished")
