@@ -81,14 +81,18 @@ class RequestStream:
     the Session broke (the engine cancels on its side), or it was cancelled already.
     """
 
-    __slots__ = ("tag", "model", "done", "total", "_taken", "_events", "_waiter", "_error",
-                 "_loop")
+    __slots__ = ("tag", "model", "n", "done", "total", "totals", "_finals", "_taken", "_events",
+                 "_waiter", "_error", "_loop")
 
-    def __init__(self, tag: int, loop: asyncio.AbstractEventLoop, model: str = "") -> None:
+    def __init__(self, tag: int, loop: asyncio.AbstractEventLoop, model: str = "",
+                 n: int = 1) -> None:
         self.tag = tag
         self.model = model
+        self.n = n  # sequences: sequence i reports under tag + i
         self.done = False
-        self.total = 0  # tokens announced by the engine so far
+        self.total = 0  # tokens announced by the engine so far (every sequence's)
+        self.totals: list[int] | None = [0] * n if n > 1 else None  # per sequence, n > 1
+        self._finals = 0  # Finished events received (one per sequence)
         self._taken = 0  # `total` as of the last next_events()
         self._events: list[pb.Progress] = []
         self._waiter: asyncio.Future[None] | None = None
@@ -99,9 +103,25 @@ class RequestStream:
         self._events.append(event)
         self._wake()
 
+    def _final(self, event: pb.Progress) -> None:
+        """A Finished (one per sequence) or a Rejected: the last event of its tag."""
+        self._finals += 1
+        if self._finals >= self.n or event.HasField("rejected"):
+            self.done = True
+        self._push(event)
+
     def _tokens(self, total: int) -> None:
-        if total > self.total:
+        if self.totals is not None:
+            self._seq_tokens(0, total)
+        elif total > self.total:
             self.total = total
+            self._wake()
+
+    def _seq_tokens(self, index: int, total: int) -> None:
+        old = self.totals[index]
+        if total > old:
+            self.totals[index] = total
+            self.total += total - old
             self._wake()
 
     def _wake(self) -> None:
@@ -133,6 +153,29 @@ class RequestStream:
         events = self._events
         self._events = []
         return events
+
+
+class _Sequence:
+    """The route of sequence `index` > 0 of a request with n > 1 (its tag is the
+    request's tag + index): what the dispatcher hands it goes to the request's stream."""
+
+    __slots__ = ("stream", "index")
+
+    def __init__(self, stream: RequestStream, index: int) -> None:
+        self.stream = stream
+        self.index = index
+
+    def _tokens(self, total: int) -> None:
+        self.stream._seq_tokens(self.index, total)
+
+    def _push(self, event: pb.Progress) -> None:
+        self.stream._push(event)
+
+    def _final(self, event: pb.Progress) -> None:
+        self.stream._final(event)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.stream._fail(exc)
 
 
 class _Session:
@@ -217,11 +260,13 @@ class _Session:
                     stream = routes.get(tag)
                     if stream is not None:
                         stream._tokens(total)
-                for event in finals:  # finished or rejected: the request's last event
+                for event in finals:  # finished or rejected: the last event of its tag
                     stream = routes.pop(event.tag, None)
                     if stream is not None:
-                        stream.done = True
-                        stream._push(event)
+                        stream._final(event)
+                        if event.HasField("rejected"):  # (on a request's own tag only)
+                            for tag in range(stream.tag + 1, stream.tag + stream.n):
+                                routes.pop(tag, None)  # its other sequences' tags
         except grpc.aio.AioRpcError as exc:
             reason = f"session lost ({exc.code().name}: {exc.details()})"
         except asyncio.CancelledError:
@@ -281,12 +326,13 @@ class EngineClient:
 
     async def open(
         self, model: str, prompt: Sequence[int] | int, max_tokens: int, *, priority: int = 0,
-        request_id: str = "",
+        request_id: str = "", n: int = 1,
     ) -> RequestStream:
         """Start one request on the Session; its first event is `admitted` or `rejected`.
-        Raises GatewayError(queue_saturated) at once while the engine's last word is that
-        the model's queue is full, GatewayError(engine_unavailable) when the engine cannot
-        be reached. `prompt` is the prompt's token IDs (or only its length)."""
+        With n > 1 it samples n sequences: their progress lands in `totals` and each sends
+        its Finished. Raises GatewayError(queue_saturated) at once while the engine's last
+        word is that the model's queue is full, GatewayError(engine_unavailable) when the
+        engine cannot be reached. `prompt` is the prompt's token IDs (or only its length)."""
         prompt_tokens = prompt if isinstance(prompt, int) else len(prompt)
         for _ in range(2):
             session = self._session
@@ -300,7 +346,7 @@ class EngineClient:
                 raise GatewayError(ErrorKind.QUEUE_SATURATED,
                                    saturation_message(full.waiting, full.max_waiting))
             tag = next(self._tags)
-            stream = RequestStream(tag, asyncio.get_running_loop(), model)
+            stream = RequestStream(tag, asyncio.get_running_loop(), model, n)
             action = pb.SessionAction()
             action.open.tag = tag
             req = action.open.request
@@ -313,6 +359,10 @@ class EngineClient:
             if request_id:
                 req.request_id = request_id
             session.routes[tag] = stream  # no await between the liveness check and this
+            if n > 1:
+                req.n = n
+                for index in range(1, n):  # sequence i reports under tag + i
+                    session.routes[next(self._tags)] = _Sequence(stream, index)
             session.send(action)
             return stream
         raise engine_unavailable("the session broke while connecting")
@@ -330,6 +380,8 @@ class EngineClient:
             return
         session = self._session
         if session is not None and not session.broken:
+            for tag in range(stream.tag + 1, stream.tag + stream.n):
+                session.routes.pop(tag, None)
             if session.routes.pop(stream.tag, None) is not None:
                 action = pb.SessionAction()
                 action.cancel.tag = stream.tag

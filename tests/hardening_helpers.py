@@ -165,9 +165,11 @@ def sse_frames(body: bytes) -> list[bytes]:
     return [f[len(b"data: "):] for f in body.split(b"\n\n") if f.startswith(b"data: ")]
 
 
-def content_tokens(frames: list[bytes]) -> int:
-    """Frames carrying one generated token (chat delta content or completion text)."""
+def content_tokens(frames: list[bytes], echo: bool = False) -> int:
+    """Frames carrying one generated token (chat delta content or completion text), over
+    every choice; with `echo`, each choice's first text (the prompt) is not one."""
     n = 0
+    echoed: set[int] = set()
     for frame in frames:
         if frame == b"[DONE]":
             continue
@@ -175,6 +177,9 @@ def content_tokens(frames: list[bytes]) -> int:
         for choice in doc.get("choices") or ():
             delta = choice.get("delta")
             text = delta.get("content") if delta is not None else choice.get("text")
+            if echo and choice.get("index", 0) not in echoed:
+                echoed.add(choice.get("index", 0))
+                continue
             if text:
                 n += 1
     return n

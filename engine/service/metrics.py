@@ -215,8 +215,9 @@ class ModelMetrics:
         for req in result.first_token:
             if 0 <= req.finish_time < req.first_token:
                 continue  # ended (hung up) before the step that would sample it ended
-            prompt += req.prompt_len
-            cached += req.cached_tokens
+            if req.index == 0:  # n > 1: one prefill for every sequence of the request
+                prompt += req.prompt_len
+                cached += req.cached_tokens
             self._ttft.observe(req.first_token - req.arrival)
         if prompt:
             c["vllm:prompt_tokens"] += prompt
@@ -252,7 +253,8 @@ class ModelMetrics:
         f["kv_computed"].observe(req.prompt_len - req.cached_tokens)
         f["generation"].observe(tokens)
         f["max_generation"].observe(tokens)
-        f["n"].observe(1)
+        if req.index == 0:  # once per request, with its n (its siblings finish as well)
+            f["n"].observe(req.n)
         f["max_tokens"].observe(req.max_tokens)
         self.version += 1
 

@@ -24,7 +24,7 @@ from inference_lab.gateway.errors import (
     ErrorKind, GatewayError, engine_unavailable, from_rejected, log_error,
 )
 from inference_lab.gateway.protocols.base import (
-    Generation, Outcome, OutputLength, Reply, invalid, modelled_timings,
+    Generation, Outcome, OutputLength, Reply, modelled_timings,
 )
 from inference_lab.v1 import engine_pb2 as pb
 
@@ -48,13 +48,11 @@ async def generate(request: web.Request, gen: Generation, client: EngineClient,
                    output_length: OutputLength, inflight: dict[RequestStream, web.BaseRequest],
                    pump: Pump | None = None) -> web.StreamResponse:
     """Serve one parsed generation request; `inflight` holds it while it is open."""
-    if gen.n != 1:
-        raise invalid(f"Only n = 1 is supported, got n = {gen.n} - at `$.n`")
     info = await client.resolve_model(gen.model)
     n_out = output_length.choose(gen.max_tokens, gen.prompt_tokens, info.max_model_len)
     reply = gen.reply
     stream = await client.open(gen.model, gen.prompt, n_out, priority=gen.priority,
-                               request_id=reply.id)
+                               request_id=reply.id, n=gen.n)
     inflight[stream] = request
     try:
         events = await stream.next_events()  # Admitted or Rejected comes first
@@ -66,8 +64,9 @@ async def generate(request: web.Request, gen: Generation, client: EngineClient,
                 await _refresh_models(client)
             raise err
         if gen.stream:
-            return await _stream(request, stream, reply, events, gen.prompt_tokens,
-                                 pump or _pump)
+            if pump is None:
+                pump = _pump if gen.n == 1 else _pump_sequences
+            return await _stream(request, stream, reply, events, gen.prompt_tokens, pump)
         return await _collect(stream, reply, events, gen.prompt_tokens)
     finally:
         del inflight[stream]
@@ -91,20 +90,44 @@ def finish_error(finished: pb.Finished) -> GatewayError | None:
     return None
 
 
+def _outcome(finished: list[pb.Finished], n: int, n_prompt: int,
+             counts: list[int] | None = None) -> Outcome:
+    """The request's outcome from its sequences' Finished events: prompt tokens once, each
+    sequence's tokens (`counts`, when the stream counted them), the first sequence's
+    modelled times with the end-to-end time of the last to finish."""
+    by_index = {f.index: f for f in finished}
+    first = by_index.get(0) or finished[0]
+    modelled = modelled_timings(first)
+    modelled["e2e_s"] = max(f.e2e_s for f in finished)
+    if counts is None:
+        counts = [by_index[i].completion_tokens if i in by_index else 0 for i in range(n)]
+    return Outcome(first.prompt_tokens or n_prompt, counts, modelled, first.cached_tokens)
+
+
+def _take_finished(events: list[pb.Progress], finished: list[pb.Finished]) -> None:
+    """Append the events' Finished to `finished`; raise the error of one that stands for
+    a failure (aborted, cancelled by the engine)."""
+    for event in events:
+        if event.HasField("finished"):
+            fin = event.finished
+            err = finish_error(fin)
+            if err is not None:
+                raise err
+            finished.append(fin)
+
+
 async def _collect(stream: RequestStream, reply: Reply, events: list[pb.Progress],
                    n_prompt: int) -> web.Response:
-    """Non-streaming: wait for Finished; the text has exactly the engine's token count."""
+    """Non-streaming: wait for every sequence's Finished; the text has exactly the
+    engine's token count."""
+    finished: list[pb.Finished] = []
     while True:
-        for event in events:
-            if event.HasField("finished"):
-                fin = event.finished
-                err = finish_error(fin)
-                if err is not None:
-                    raise err
-                outcome = Outcome(fin.prompt_tokens or n_prompt,
-                                  [fin.completion_tokens or stream.total], modelled_timings(fin),
-                                  fin.cached_tokens)
-                return web.Response(body=reply.body(outcome), content_type="application/json")
+        _take_finished(events, finished)
+        if len(finished) >= stream.n:
+            outcome = _outcome(finished, stream.n, n_prompt)
+            if stream.n == 1 and not outcome.counts[0]:
+                outcome.counts[0] = stream.total  # an engine that reported no count
+            return web.Response(body=reply.body(outcome), content_type="application/json")
         events = await stream.next_events()
 
 
@@ -148,9 +171,38 @@ async def _pump(request: web.Request, stream: RequestStream, reply: Reply,
             if missing > 0:  # never short of the engine's count
                 out += reply.tokens(0, missing)
                 streamed += missing
-            outcome = Outcome(finished.prompt_tokens or n_prompt, [streamed],
-                              modelled_timings(finished), finished.cached_tokens)
+            outcome = _outcome([finished], 1, n_prompt, [streamed])
             await resp.write(head + out + reply.closing(outcome))
+            return
+        if out:
+            await resp.write(head + out)
+            head = b""
+        events = await stream.next_events()
+
+
+async def _pump_sequences(request: web.Request, stream: RequestStream, reply: Reply,
+                          resp: web.StreamResponse, events: list[pb.Progress],
+                          n_prompt: int) -> None:
+    """`_pump` for n > 1 sequences: each wake-up writes every sequence's new tokens (one
+    `reply.tokens(i, k)` each, one write); the closing goes out once every sequence has
+    sent its Finished."""
+    n = stream.n
+    head = reply.opening()
+    streamed = [0] * n
+    finished: list[pb.Finished] = []
+    while True:
+        _take_finished(events, finished)
+        totals = list(stream.totals)
+        for fin in finished:  # never short of the engine's count
+            totals[fin.index] = max(totals[fin.index], fin.completion_tokens)
+        out = b""
+        for i in range(n):
+            new = totals[i] - streamed[i]
+            if new > 0:
+                out += reply.tokens(i, new)
+                streamed[i] = totals[i]
+        if len(finished) >= n:
+            await resp.write(head + out + reply.closing(_outcome(finished, n, n_prompt, streamed)))
             return
         if out:
             await resp.write(head + out)

@@ -145,7 +145,7 @@ common_fields = {
         {}, optional={"include_usage": sometimes_junk(st.booleans())})),
     "max_tokens": sometimes_junk(ints),
     "max_completion_tokens": sometimes_junk(ints),
-    "n": sometimes_junk(st.just(1) | ints),
+    "n": sometimes_junk(st.just(1) | st.integers(1, 4) | ints | st.just(129)),
     "priority": sometimes_junk(ints),
     "temperature": json_values,  # accepted and ignored, like other OpenAI fields
 }
@@ -167,6 +167,7 @@ completion_objects = with_unknown(st.fixed_dictionaries(
                                       st.lists(st.integers(-5, 2**65), max_size=5),
                                       st.lists(st.text(max_size=5), max_size=3),
                                       st.lists(st.lists(st.integers(0, 9), max_size=3), max_size=2)),
+                  "echo": sometimes_junk(st.booleans()),
                   **common_fields}))
 anthropic_block = st.fixed_dictionaries({"type": sometimes_junk(st.just("text"))},
                                         optional={"text": sometimes_junk(st.text(max_size=20))})
@@ -249,8 +250,16 @@ def headers_for(ctype: str | None) -> dict:
 # ---- HTTP: generation -------------------------------------------------------------------------
 
 
-def check_generation(status: int, headers: dict, data: bytes) -> None:
-    """200 with a well-formed response (stream or not), or a 4xx envelope."""
+def _echo(body: bytes) -> bool:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("echo") is True
+
+
+def check_generation(status: int, headers: dict, data: bytes, echo: bool = False) -> None:
+    """200 with a well-formed response (stream or not; n choices), or a 4xx envelope."""
     if status != 200:
         assert_error_envelope(status, headers, data, allowed=(400, 404, 413, 415))
         return
@@ -259,13 +268,17 @@ def check_generation(status: int, headers: dict, data: bytes) -> None:
         assert frames[-1] == b"[DONE]" and b'"error"' not in data, data[-300:]
         usage = [json.loads(f)["usage"] for f in frames[:-1] if json.loads(f).get("usage")]
         if usage:
-            assert usage[-1]["completion_tokens"] == content_tokens(frames)
-        assert content_tokens(frames) >= 1
+            assert usage[-1]["completion_tokens"] == content_tokens(frames, echo)
+        assert content_tokens(frames, echo) >= 1
     else:
         doc = json.loads(data)
-        choice = doc["choices"][0]
-        text = choice["message"]["content"] if "message" in choice else choice["text"]
-        assert text.count(" token") == doc["usage"]["completion_tokens"] >= 1
+        choices = doc["choices"]
+        assert [c["index"] for c in choices] == list(range(len(choices)))
+        each, rest = divmod(doc["usage"]["completion_tokens"], len(choices))
+        assert rest == 0 and each >= 1  # every choice has the same length
+        for choice in choices:
+            text = choice["message"]["content"] if "message" in choice else choice["text"]
+            assert text.endswith(" token" * each) and (echo or text == " token" * each)
 
 
 @fuzz(550)
@@ -296,7 +309,7 @@ def test_chat_completions_answers_any_body_with_200_or_a_4xx_envelope(lab, body,
 def test_completions_answers_any_body_with_200_or_a_4xx_envelope(lab, body, ctype):
     TRIED["HTTP POST /v1/completions"] += 1
     check_generation(*http(lab.ports["open"], "POST", "/v1/completions", body,
-                           headers_for(ctype)))
+                           headers_for(ctype)), echo=_echo(body))
 
 
 def check_message(status: int, headers: dict, data: bytes) -> None:
@@ -495,11 +508,11 @@ REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
 grpc_model = st.sampled_from(["", MODEL]) | st.text(max_size=12)
 
 
-def expected_submit(model: str, prompt: int, max_tokens: int) -> grpc.StatusCode:
+def expected_submit(model: str, prompt: int, max_tokens: int, n: int = 1) -> grpc.StatusCode:
     if model not in ("", MODEL):
         return grpc.StatusCode.NOT_FOUND
-    if prompt < 1 or max_tokens < 1 or prompt + max_tokens > MAX_MODEL_LEN:
-        return grpc.StatusCode.INVALID_ARGUMENT
+    if prompt < 1 or max_tokens < 1 or prompt + max_tokens > MAX_MODEL_LEN or n > 256:
+        return grpc.StatusCode.INVALID_ARGUMENT  # (256: max_num_seqs)
     return grpc.StatusCode.OK
 
 
@@ -507,13 +520,14 @@ def expected_submit(model: str, prompt: int, max_tokens: int) -> grpc.StatusCode
 @given(model=grpc_model, prompt=st.sampled_from([0, 1, 2, 16, 4096, MAX_MODEL_LEN,
                                                   MAX_MODEL_LEN + 1, 2**31, 2**32 - 1]),
        max_tokens=st.sampled_from(U32_SPECIAL), priority=st.integers(-(2**31), 2**31 - 1),
-       request_id=st.text(max_size=20))
+       request_id=st.text(max_size=20), n=st.sampled_from([0, 1, 1, 2, 3, 257, 2**32 - 1]))
 def test_submit_admits_exactly_the_valid_requests_and_refuses_the_rest_with_a_message(
-        lab, model, prompt, max_tokens, priority, request_id):
+        lab, model, prompt, max_tokens, priority, request_id, n):
     TRIED["gRPC Submit"] += 1
     call = lab.stub.Submit(pb.SubmitRequest(model=model, prompt_tokens=prompt, max_tokens=max_tokens,
-                                            priority=priority, request_id=request_id), timeout=20)
-    expected = expected_submit(model, prompt, max_tokens)
+                                            priority=priority, request_id=request_id, n=n),
+                           timeout=20)
+    expected = expected_submit(model, prompt, max_tokens, n)
     try:
         first = next(call)
     except grpc.RpcError as err:
@@ -524,8 +538,10 @@ def test_submit_admits_exactly_the_valid_requests_and_refuses_the_rest_with_a_me
         call.cancel()  # admitted is what is under test; do not wait for thousands of tokens
         return
     events = list(call)
-    assert events[-1].finished.completion_tokens == max_tokens
-    assert sum(e.tokens.new_tokens for e in events if e.HasField("tokens")) == max_tokens
+    finished = [e.finished for e in events if e.HasField("finished")]
+    assert sorted(f.index for f in finished) == list(range(max(n, 1)))
+    assert all(f.completion_tokens == max_tokens for f in finished)
+    assert sum(e.tokens.new_tokens for e in events if e.HasField("tokens")) == max_tokens * max(n, 1)
 
 
 @fuzz(250)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 
 import anthropic
@@ -177,3 +178,69 @@ def test_a_saturated_model_refuses_a_response_with_the_openai_529(oai, saturated
         oai.responses.create(model=MODEL, input="x", stream=True)
     assert info.value.status_code == 529
     assert info.value.body["code"] == "queue_saturated"
+
+
+# ---- parallel sampling -----------------------------------------------------------------------
+
+
+def test_n_3_chat_has_three_choices_and_usage_counting_all_three(oai):
+    resp = oai.chat.completions.create(model=MODEL, n=3, max_tokens=6,
+                                       messages=[{"role": "user", "content": "hello"}])
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    assert all(c.message.content == " token" * 6 and c.finish_reason == "length"
+               for c in resp.choices)
+    # "hello": (3 + 2) + 3 = 8 prompt tokens, counted once; 3 x 6 completion tokens
+    assert (resp.usage.prompt_tokens, resp.usage.completion_tokens) == (8, 18)
+
+
+def test_n_3_chat_streams_every_choice_by_index_one_chunk_per_token(oai):
+    stream = oai.chat.completions.create(model=MODEL, n=3, max_tokens=6, stream=True,
+                                         stream_options={"include_usage": True},
+                                         messages=[{"role": "user", "content": "hello"}])
+    tokens, roles, finish, usage = [0, 0, 0], set(), {}, None
+    for chunk in stream:
+        for choice in chunk.choices:
+            if choice.delta.role:
+                roles.add(choice.index)
+            if choice.delta.content:
+                assert choice.delta.content == " token"
+                tokens[choice.index] += 1
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+        usage = chunk.usage or usage
+    assert roles == {0, 1, 2} and tokens == [6, 6, 6]
+    assert finish == {0: "length", 1: "length", 2: "length"}
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (8, 18, 26)
+
+
+def test_a_request_of_n_sequences_takes_n_places_but_waits_as_one(served, oai):
+    """max_num_seqs 4, max_waiting 1: an n = 4 stream holds all four places, an n = 3 one
+    waits as one request, so the next is refused with 529; after they hang up nothing is
+    left running."""
+    status, _ = post_json(served.base, "/control/capacity", {"max_num_seqs": 4, "max_waiting": 1})
+    assert status == 200
+    try:
+        holders = []
+        for n in (4, 3):
+            req = urllib.request.Request(served.base + "/v1/chat/completions", method="POST",
+                                         data=json.dumps({
+                                             "model": MODEL, "n": n, "max_tokens": 20000,
+                                             "stream": True,
+                                             "messages": [{"role": "user", "content": "x"}]}).encode(),
+                                         headers={"content-type": "application/json"})
+            holders.append(urllib.request.urlopen(req, timeout=30))
+        holders[0].read(1)  # the family of four is decoding
+        _, rows = json_request(served.base, "GET", "/control/capacity")
+        assert (rows[0]["running"], rows[0]["waiting"]) == (4, 1)
+        with pytest.raises(openai.APIStatusError) as info:
+            oai.chat.completions.create(model=MODEL, n=2, max_tokens=3,
+                                        messages=[{"role": "user", "content": "x"}])
+        assert info.value.status_code == 529
+    finally:
+        for h in holders:
+            h.close()
+        post_json(served.base, "/control/capacity", {"max_num_seqs": 256, "max_waiting": 0})
+    deadline = time.monotonic() + 10
+    while json_request(served.base, "GET", "/control/capacity")[1][0]["running"]:
+        assert time.monotonic() < deadline, "the hung-up sequences kept running"
+        time.sleep(0.02)

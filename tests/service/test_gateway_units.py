@@ -236,3 +236,16 @@ def test_workload_lengths_are_drawn_lazily_and_reproducibly_for_a_seed(monkeypat
     assert draws(7) != draws(8)
     rng = random.Random(7)
     assert draws(7) == [rng.randint(1, 1000) for _ in range(5)]
+
+
+def test_n_choices_stream_by_index_and_usage_counts_them_all():
+    c = Completion(chat=False, model="m", include_usage=True, n=2, echo="Hi")
+    data = c.opening() + c.tokens(1, 2) + c.tokens(0, 1) + c.closing(Outcome(3, [1, 2]))
+    chunks = [json.loads(p.removeprefix(b"data: ")) for p in data.split(b"\n\n")[:-2]]
+    texts = [(ch["choices"][0]["index"], ch["choices"][0]["text"]) for ch in chunks[:-1]]
+    assert texts[:5] == [(0, "Hi"), (1, "Hi"), (1, " token"), (1, " token"), (0, " token")]
+    assert [ch["choices"][0]["finish_reason"] for ch in chunks[5:7]] == ["length", "length"]
+    usage = chunks[-1]["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (3, 3, 6)
+    body = json.loads(c.body(Outcome(3, [2, 2])))
+    assert [ch["text"] for ch in body["choices"]] == ["Hi token token"] * 2
