@@ -37,6 +37,7 @@ from inference_lab.gateway.errors import (
     error_response,
     from_http_exception,
 )
+from inference_lab.gateway.edge import read_body
 from inference_lab.gateway.faults import HEADER as FAULT_HEADER
 from inference_lab.gateway.faults import DirectiveError, FaultSpec, directive_for
 from inference_lab.gateway.faults import control as fault_control
@@ -229,7 +230,7 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise too_large
     try:
-        return await request.read()
+        return await read_body(request)
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
 

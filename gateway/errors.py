@@ -33,6 +33,7 @@ class ErrorKind(enum.StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     INVALID_REQUEST = "invalid_request"
     INVALID_FAULT_DIRECTIVE = "invalid_fault_directive"
+    REQUEST_TIMEOUT = "request_timeout"
     BODY_TOO_LARGE = "body_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UNAUTHORIZED = "unauthorized"
@@ -78,6 +79,8 @@ ERRORS: dict[ErrorKind, ErrorSpec] = {
     ErrorKind.INVALID_FAULT_DIRECTIVE: ErrorSpec(
         400, "invalid_request_error", "invalid_fault_directive", None
     ),
+    # A request body that did not arrive in time (gateway.edge).
+    ErrorKind.REQUEST_TIMEOUT: ErrorSpec(408, "invalid_request_error", "request_timeout", None),
     ErrorKind.BODY_TOO_LARGE: ErrorSpec(
         413, "invalid_request_error", "request_too_large", None, "request_too_large"
     ),

@@ -21,6 +21,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from inference_lab.gateway.app import create_app
+from inference_lab.gateway.edge import DEFAULT_HEADER_TIMEOUT_S, EdgeAppRunner
 
 log = logging.getLogger("inference_lab.gateway.server")
 
@@ -30,11 +31,14 @@ SHUTDOWN_TIMEOUT_S = 5.0
 
 
 async def start_gateway(
-    app: web.Application, host: str = "127.0.0.1", port: int = 8080
+    app: web.Application, host: str = "127.0.0.1", port: int = 8080,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
 ) -> tuple[web.AppRunner, int]:
     """Start serving `app`; returns the runner (call `runner.cleanup()`) and the bound port
-    (useful with port 0)."""
-    runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S, **RUNNER_KWARGS)
+    (useful with port 0). Connections answer malformed HTTP with the JSON envelope and must
+    send a complete header block within `header_timeout` seconds (gateway.edge)."""
+    runner = EdgeAppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+                           header_timeout=header_timeout, **RUNNER_KWARGS)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
@@ -48,7 +52,8 @@ async def start_gateway(
 
 async def run_gateway(
     engine_target: str, host: str = "127.0.0.1", port: int = 8080,
-    on_ready: Callable[[int], None] | None = None, **app_kwargs: Any
+    on_ready: Callable[[int], None] | None = None,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, **app_kwargs: Any
 ) -> None:
     """Serve the gateway for the engine at `engine_target` until cancelled.
 
@@ -56,7 +61,7 @@ async def run_gateway(
     (workload_path, seed, default_max_tokens, max_body_bytes, api_key, disconnect_poll_s).
     """
     app = create_app(engine_target, **app_kwargs)
-    runner, bound = await start_gateway(app, host, port)
+    runner, bound = await start_gateway(app, host, port, header_timeout)
     # Everything allocated so far lives as long as the process: keep it out of the
     # collector's full passes, and collect the young generation less often (each request
     # allocates many short-lived objects; frequent passes show up as latency spikes).

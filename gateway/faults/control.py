@@ -20,6 +20,7 @@ from typing import Annotated, Awaitable, Callable, Literal
 import msgspec
 from aiohttp import web
 
+from inference_lab.gateway.edge import read_body
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.faults.injection import INJECTED, OK, TYPES, ErrorType, FaultState
 from inference_lab.gateway.protocols.base import json_encode
@@ -58,9 +59,12 @@ async def _model_of(request: web.Request, limit: int) -> str:
     if request.content_length is not None and request.content_length > limit:
         return ""
     try:
-        body = await request.read()  # kept by aiohttp: the handler reads the same bytes
+        body = await read_body(request)  # kept by aiohttp: the handler reads the same bytes
+    except web.HTTPException:
+        return ""  # too large: the handler says so
+    try:
         return _model_decoder.decode(body).model
-    except (web.HTTPException, msgspec.DecodeError, ValueError):
+    except (msgspec.DecodeError, ValueError):
         return ""
 
 
@@ -179,7 +183,7 @@ async def post_faults(request: web.Request) -> web.Response:
     if request.content_length is not None and request.content_length > control.max_body_bytes:
         raise GatewayError(ErrorKind.BODY_TOO_LARGE,
                            f"Request body too large: the limit is {control.max_body_bytes} bytes.")
-    update = decode_update(await request.read())
+    update = decode_update(await read_body(request))
     if update.model is not None:
         served = await control.models()
         if update.model not in served:

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 import msgspec
 from aiohttp import web
 
+from inference_lab.gateway.edge import read_body
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.protocols.base import json_encode
 from inference_lab.v1 import engine_pb2 as pb
@@ -77,7 +78,7 @@ def add_routes(app: web.Application, client) -> None:
         return _body(await client().fault_state())
 
     async def post_replica(request: web.Request) -> web.Response:
-        fault = decode(await request.read())
+        fault = decode(await read_body(request))
         _replica(fault.replica)
         return _body(await client().inject_fault(KINDS[fault.fault], fault.seconds,
                                                  fault.factor or 0.0))

@@ -38,6 +38,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value <= 86_400:
+        raise argparse.ArgumentTypeError(f"expected seconds in 0..86400, got {value:g}")
+    return value
+
+
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -78,6 +88,12 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on for HTTP")
     parser.add_argument("--port", type=_port, default=8080, help="HTTP port to listen on")
+    parser.add_argument(
+        "--header-timeout", type=_seconds, default=10.0, metavar="S",
+        help="close a connection that has not sent a complete request header S seconds after "
+        "connecting (or after the first byte of a later request), with a 408: half-sent "
+        "headers cannot hold file descriptors (0 = no limit; default 10)",
+    )
     parser.add_argument(
         "--workload", metavar="FILE", default=None,
         help="workload TOML whose output-length distribution sets how many tokens a request "
@@ -205,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
                 pass
         try:
             await run_gateway(args.engine, host=args.host, port=args.port,
-                              **gateway_app_kwargs(args))
+                              header_timeout=args.header_timeout, **gateway_app_kwargs(args))
         except asyncio.CancelledError:
             pass
 

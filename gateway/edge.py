@@ -1,0 +1,168 @@
+"""The gateway's connections before there is a request: malformed HTTP and slow headers.
+
+Knows: aiohttp's connection protocol (`web_protocol.RequestHandler`), subclassed in two
+places. (1) `handle_error`, which aiohttp calls for what its HTTP parser refuses (a bad
+request line, an invalid header, too many headers, a header line over 8190 bytes, bad
+chunked framing of a body): the answer is the OpenAI error envelope
+(`invalid_request_error` / `bad_http_request`, aiohttp's own reason as the message) instead
+of aiohttp's plain text, with the same status, and the connection is closed as aiohttp
+does. (2) A header-read timeout: a connection must deliver a complete header block within
+`header_timeout` seconds of being accepted, and of the first byte of each later request on
+it; otherwise it gets a 408 in the same envelope and is closed. (3) `read_body`: a body
+must arrive within BODY_TIMEOUT_S, and bad framing inside it is a 400, not a hang. Without this a client that
+opens thousands of connections and sends half a header each holds a file descriptor per
+connection for aiohttp's keep-alive timeout (75 s under AppRunner, an hour by default).
+
+Where aiohttp does not allow the envelope, it is not sent: a parse error after the
+response has begun (the connection is only closed), a connection reset, and a TLS or
+non-HTTP handshake that never becomes a request line (aiohttp logs it at DEBUG and closes).
+
+Does not know: routes or the engine (gateway.app).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+
+from inference_lab.gateway.errors import ErrorKind, GatewayError
+from inference_lab.gateway.protocols.base import json_encode
+
+log = logging.getLogger("inference_lab.gateway.edge")
+
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 30.0  # a request body (at most 1 MiB) must arrive within this
+_CODES = {400: "bad_http_request", 408: "request_timeout", 413: "request_too_large",
+          431: "headers_too_large", 500: "internal_error", 501: "not_implemented",
+          505: "http_version_not_supported"}
+
+
+def envelope(status: int, message: str) -> bytes:
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return json_encode({"error": {"message": message, "type": kind,
+                                  "code": _CODES.get(status, "bad_http_request")}})
+
+
+async def read_body(request: web.BaseRequest, timeout: float | None = None) -> bytes:
+    """The request body, read within `timeout` seconds (a 408 otherwise: a trickled body
+    cannot hold a connection either); bad chunked framing is a 400. aiohttp keeps the bytes:
+    a second call returns them at once."""
+    timeout = BODY_TIMEOUT_S if timeout is None else timeout
+    try:
+        async with asyncio.timeout(timeout):
+            return await request.read()
+    except TimeoutError:
+        raise GatewayError(ErrorKind.REQUEST_TIMEOUT,
+                           f"Request body not received within {timeout:g} s.") from None
+    except HttpProcessingError as exc:
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           f"Bad HTTP request body: {exc.message}") from None
+
+
+class EdgeRequestHandler(RequestHandler):
+    """One HTTP connection (aiohttp's protocol) with JSON refusals and a header deadline."""
+
+    __slots__ = ("_header_timeout", "_header_timer")
+
+    def __init__(self, *args, header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_timeout = header_timeout
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    # ---- the header deadline -------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._header_timeout > 0 and self._header_timer is None:
+            self._header_timer = self._loop.call_later(self._header_timeout, self._headers_late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def data_received(self, data: bytes) -> None:
+        parsed = self._request_count
+        super().data_received(data)
+        if self._request_count > parsed:
+            self._disarm()  # a complete header block: the deadline is met
+            self._fail_body_in_flight()
+        elif data and self._header_timer is None and self._payload_parser is None \
+                and not self._messages and self._waiter is not None:
+            self._arm()  # the first bytes of a later request on a kept-alive connection
+
+    def _fail_body_in_flight(self) -> None:
+        """aiohttp queues a parse error in a body it is still receiving (bad chunked
+        framing) as the *next* message, while the handler waits for the body forever:
+        hand the error to that body instead (the handler answers 400) and close the
+        connection once it has answered."""
+        request = self._current_request
+        if request is None or not self._messages:
+            return
+        message, _ = self._messages[-1]
+        exc = getattr(message, "exc", None)
+        if not isinstance(exc, HttpProcessingError):
+            return
+        self._messages.pop()
+        request.content.set_exception(exc)
+        self.close()
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        log.info("closing a connection from %s: no complete request header within %.1f s",
+                 transport.get_extra_info("peername"), self._header_timeout)
+        body = envelope(408, f"Request header not received within {self._header_timeout:g} s.")
+        transport.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+                        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        self.force_close()
+        transport.close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    # ---- refusals of the HTTP parser ------------------------------------------------------
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        resp = super().handle_error(request, status, exc, message)  # logs; raises if sent
+        reason = message or (exc.message if hasattr(exc, "message") else None) or resp.reason
+        text = f"Bad HTTP request: {reason}" if status < 500 else "Internal server error."
+        out = web.Response(status=status, body=envelope(status, text),
+                           content_type="application/json")
+        out.force_close()
+        return out
+
+
+class EdgeServer(web.Server):
+    """aiohttp's low-level server whose connections are EdgeRequestHandlers."""
+
+    header_timeout = DEFAULT_HEADER_TIMEOUT_S
+
+    def __call__(self) -> RequestHandler:
+        return EdgeRequestHandler(self, loop=self._loop, header_timeout=self.header_timeout,
+                                  **self._kwargs)
+
+
+class EdgeAppRunner(web.AppRunner):
+    """An AppRunner serving through EdgeServer."""
+
+    def __init__(self, app: web.Application, *,
+                 header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, **kwargs) -> None:
+        super().__init__(app, **kwargs)
+        self._header_timeout = header_timeout
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = EdgeServer  # the same object, whose factory makes our protocol
+        server.header_timeout = self._header_timeout
+        return server

@@ -1,0 +1,145 @@
+"""The gateway's connections before a request exists, over real sockets: what aiohttp's
+HTTP parser refuses gets the JSON envelope, half-sent headers and trickled bodies are cut
+off with a 408 instead of holding a file descriptor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from inference_lab.gateway import create_app
+from inference_lab.gateway import edge
+from inference_lab.gateway.server import start_gateway
+from inference_lab.gateway.testing import FAKE_MODEL
+
+HEADER_TIMEOUT = 0.5
+
+
+@pytest.fixture
+async def gateway(fake):
+    runner, port = await start_gateway(create_app(fake.target), "127.0.0.1", 0,
+                                       header_timeout=HEADER_TIMEOUT)
+    yield runner, port
+    await runner.cleanup()
+
+
+async def exchange(port: int, *parts: bytes, pause: float = 0.0,
+                   timeout: float = 5.0) -> tuple[bytes, float]:
+    """Send the parts (with a pause between), read until the server closes or `timeout`;
+    returns what came back and when the last byte did."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    for i, part in enumerate(parts):
+        if i and pause:
+            await asyncio.sleep(pause)
+        writer.write(part)
+    out = b""
+    try:
+        async with asyncio.timeout(timeout):
+            while chunk := await reader.read(65536):
+                out += chunk
+    except TimeoutError:
+        pass
+    writer.close()
+    return out, time.monotonic() - started
+
+
+def response(raw: bytes) -> tuple[int, dict[str, str], dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, json.loads(body)
+
+
+MANY_HEADERS = b"".join(b"X-%d: y\r\n" % i for i in range(200))
+
+
+@pytest.mark.parametrize("raw, named", [
+    (b"GARBAGE\r\n\r\n", "Invalid method"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", "Invalid header token"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\n" + MANY_HEADERS + b"\r\n", "Too many headers"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 9000 + b"\r\n\r\n", "8190 bytes"),
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+     "chunk size"),
+])
+async def test_what_the_http_parser_refuses_gets_the_json_envelope(gateway, raw, named):
+    _, port = gateway
+    out, _ = await exchange(port, raw)
+    status, headers, body = response(out)
+    assert status == 400 and headers["content-type"].startswith("application/json")
+    assert body["error"]["code"] == "bad_http_request" and named in body["error"]["message"]
+
+
+async def test_bad_chunked_framing_after_the_headers_is_a_400_not_a_hang(gateway, fake):
+    _, port = gateway
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+    out, took = await exchange(port, head, b"zz\r\nabc\r\n", pause=0.2)
+    status, _, body = response(out)
+    assert status == 400 and "chunk size" in body["error"]["message"]
+    assert took < 2 and fake.opened.items == []
+
+
+async def test_half_sent_headers_get_a_408_after_the_header_timeout(gateway):
+    _, port = gateway
+    out, took = await exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    status, headers, body = response(out)
+    assert status == 408 and body["error"]["code"] == "request_timeout"
+    assert HEADER_TIMEOUT <= took < HEADER_TIMEOUT + 1.5  # and the server closed it
+
+
+async def test_a_silent_connection_and_a_half_sent_second_request_are_cut_off_too(gateway):
+    _, port = gateway
+    out, took = await exchange(port)  # connects, sends nothing
+    assert response(out)[0] == 408 and took < HEADER_TIMEOUT + 1.5
+    first = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    out, took = await exchange(port, first, b"GET /health HTTP/1.1\r\nHo", pause=HEADER_TIMEOUT)
+    assert out.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 408" in out  # kept alive, then cut
+
+
+async def test_hundreds_of_slowloris_connections_are_all_released(gateway):
+    runner, port = gateway
+    n = 300
+    conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(n)]
+    for _, writer in conns:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    await asyncio.sleep(0.1)
+    assert len(runner.server.connections) >= n * 0.9  # held, for now
+    out, _ = await exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200")  # still serving meanwhile
+    closed = await asyncio.wait_for(asyncio.gather(*(r.read() for r, _ in conns)), 10)
+    assert all(c.startswith(b"HTTP/1.1 408") for c in closed)
+    deadline = time.monotonic() + 5
+    while runner.server.connections:
+        assert time.monotonic() < deadline, len(runner.server.connections)
+        await asyncio.sleep(0.05)
+    for _, writer in conns:
+        writer.close()
+
+
+async def test_a_stream_longer_than_the_header_timeout_is_not_cut(fake, monkeypatch):
+    fake.mode = "hold"  # admitted, then nothing until cancelled
+    runner, port = await start_gateway(create_app(fake.target), "127.0.0.1", 0,
+                                       header_timeout=HEADER_TIMEOUT)
+    try:
+        body = json.dumps({"model": FAKE_MODEL, "stream": True, "prompt": "x"}).encode()
+        req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        out, took = await exchange(port, req, timeout=HEADER_TIMEOUT * 3)
+        assert out.startswith(b"HTTP/1.1 200") and b"408" not in out
+        assert took >= HEADER_TIMEOUT * 3 - 0.1  # held open by us, not cut by the server
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_trickled_body_gets_a_408(gateway, monkeypatch):
+    monkeypatch.setattr(edge, "BODY_TIMEOUT_S", 0.5)
+    _, port = gateway
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{\"model\"")
+    out, took = await exchange(port, head, timeout=3)
+    status, _, body = response(out)
+    assert status == 408 and "body not received" in body["error"]["message"]
