@@ -47,6 +47,7 @@ from inference_lab.gateway.protocols import ROUTES, Dialect
 from inference_lab.gateway.protocols.base import Generation, OutputLength, invalid, json_encode
 from inference_lab.gateway.protocols.generate import generate
 from inference_lab.gateway.protocols.openai import Completion
+from inference_lab.gateway.protocols import vllm as vllm_api
 from inference_lab.gateway.faults.injection import FaultState
 from inference_lab.v1 import engine_pb2 as pb
 
@@ -278,11 +279,7 @@ def _fault_for(request: web.Request, state: GatewayState, gen: Generation) -> Fa
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     models = await state.client.list_models()
-    data = [
-        {"id": m.name, "object": "model", "created": 0, "owned_by": "inference-lab",
-         "root": m.name, "parent": None, "max_model_len": m.max_model_len}
-        for m in models
-    ]
+    data = [vllm_api.model_card(m) for m in models]
     return web.Response(body=json_encode({"object": "list", "data": data}),
                         content_type="application/json")
 
@@ -438,6 +435,8 @@ def create_app(
     for path, dialect in ROUTES.items():
         app.router.add_post(path, _generation_handler(dialect))
     app.router.add_get("/v1/models", list_models)
+    vllm_api.add_routes(app, lambda: state.client, lambda: state.tokenizer,
+                        lambda request: _read_body(request, state.max_body_bytes))
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/control/capacity", get_capacity)

@@ -34,6 +34,7 @@ MAX_N = 128  # OpenAI's own bound on `n`
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage (so far) on every chunk too
 
 
 class ContentPart(msgspec.Struct):
@@ -57,6 +58,12 @@ class _GenerationRequest(msgspec.Struct, kw_only=True):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM: with include_usage, `continuous_usage_stats` puts the usage so far on
+        every chunk."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class ChatCompletionRequest(_GenerationRequest, kw_only=True):
@@ -146,10 +153,11 @@ class Completion(Reply):
     first token(s); each choice's per-token chunk is pre-encoded once."""
 
     __slots__ = ("chat", "id", "created", "model", "include_usage", "n", "echo", "head",
-                 "token", "_tokens")
+                 "token", "_tokens", "continuous", "prompt_tokens", "emitted")
 
     def __init__(self, chat: bool, model: str, include_usage: bool = False, n: int = 1,
-                 echo: str | None = None) -> None:
+                 echo: str | None = None, continuous_usage: bool = False,
+                 prompt_tokens: int = 0) -> None:
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
@@ -160,6 +168,16 @@ class Completion(Reply):
         self.head: bytes | None = None  # the opening, once start_stream() made it
         self.token = b""  # choice 0's per-token chunk (a fault may swap it: gateway.faults)
         self._tokens: list[bytes] = []  # every choice's per-token chunk
+        # vLLM's continuous_usage_stats: every chunk carries the usage so far, so chunks
+        # are made one by one instead of from the pre-encoded template.
+        self.continuous = continuous_usage
+        self.prompt_tokens = prompt_tokens
+        self.emitted = 0  # tokens streamed so far, every choice
+
+    def _running_usage(self) -> dict[str, int]:
+        prompt, completion = self.prompt_tokens, self.emitted
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}
 
     def _chunk(self, choices: list[dict], **extra: object) -> dict:
         chunk: dict = {
@@ -169,7 +187,9 @@ class Completion(Reply):
             "model": self.model,
             "choices": choices,
         }
-        if self.include_usage:
+        if self.continuous:
+            chunk["usage"] = self._running_usage()
+        elif self.include_usage:
             chunk["usage"] = None  # as OpenAI does on every chunk but the usage frame
         chunk.update(extra)
         return chunk
@@ -208,12 +228,19 @@ class Completion(Reply):
     def tokens(self, index: int, k: int) -> bytes:
         if self.head is None:
             self.start_stream()
+        if self.continuous:
+            out = []
+            for _ in range(k):
+                self.emitted += 1
+                out.append(data_frame(self._chunk([self._choice(index, PLACEHOLDER_TOKEN, None)])))
+            return b"".join(out)
         return (self.token if index == 0 else self._tokens[index]) * k
 
     def closing(self, outcome: Outcome, finish_reason: str = "length") -> bytes:
         """Each choice's final chunk (the last carries the engine's modelled timings,
         when given, under "inference_lab"), the usage frame if asked for, and [DONE]."""
         out = b""
+        self.emitted = outcome.completion_tokens  # the final chunks carry the final usage
         for i in range(self.n):
             last = i == self.n - 1 and outcome.modelled
             extra = {"inference_lab": outcome.modelled} if last else {}
@@ -256,8 +283,10 @@ class ChatCompletions(Dialect):
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode_request(body, chat=True)
-        reply = Completion(True, req.model, req.include_usage, req.n)
-        return Generation(req.model, chat_prompt(tokenizer, req.messages),
+        prompt = chat_prompt(tokenizer, req.messages)
+        reply = Completion(True, req.model, req.include_usage, req.n,
+                           continuous_usage=req.continuous_usage, prompt_tokens=len(prompt))
+        return Generation(req.model, prompt,
                           req.max_completion_tokens or req.max_tokens, req.stream, reply,
                           n=req.n, priority=req.priority)
 
@@ -268,8 +297,10 @@ class Completions(Dialect):
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode_request(body, chat=False)
         echo = prompt_text(req.prompt) if req.echo else None
-        reply = Completion(False, req.model, req.include_usage, req.n, echo=echo)
-        return Generation(req.model, completion_prompt(tokenizer, req.prompt),
+        prompt = completion_prompt(tokenizer, req.prompt)
+        reply = Completion(False, req.model, req.include_usage, req.n, echo=echo,
+                           continuous_usage=req.continuous_usage, prompt_tokens=len(prompt))
+        return Generation(req.model, prompt,
                           req.max_completion_tokens or req.max_tokens, req.stream, reply,
                           n=req.n, priority=req.priority)
 

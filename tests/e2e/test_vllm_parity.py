@@ -6,6 +6,7 @@ to the OpenAI API answer in vLLM's shapes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import urllib.request
 
@@ -100,3 +101,65 @@ async def test_a_hang_up_is_an_abort_with_its_observations(served):
     assert 0 < decode < 1.0
     itl = count(after, "vllm:inter_token_latency_seconds") - count(before, "vllm:inter_token_latency_seconds")
     assert itl >= generated - 1
+
+
+async def post(session, url: str, body: dict) -> tuple[int, dict]:
+    async with session.post(url, json=body) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_continuous_usage_stats_put_a_growing_usage_on_every_chunk(served):
+    body = {"model": MODEL, "stream": True, "max_tokens": 30,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "messages": [{"role": "user", "content": "Count to thirty."}]}
+    chunks = []
+    async with aiohttp.ClientSession() as session:
+        async with session.post(served.base + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    chunks.append(json.loads(line[6:]))
+    usages = [c["usage"] for c in chunks]
+    assert all(u is not None for u in usages)  # every chunk, the role chunk included
+    prompt = usages[0]["prompt_tokens"]
+    assert prompt > 0 and all(u["prompt_tokens"] == prompt for u in usages)
+    completion = [u["completion_tokens"] for u in usages]
+    assert completion[0] == 0 and completion == sorted(completion)  # monotone
+    tokens = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert [c["usage"]["completion_tokens"] for c in tokens] == list(range(1, 31))
+    assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 30
+
+
+async def test_version_tokenize_detokenize_and_a_model_card_answer_as_vllm_does(served):
+    base = served.base
+    async with aiohttp.ClientSession() as session:
+        async with session.get(base + "/version") as resp:
+            assert resp.status == 200 and set(await resp.json()) == {"version"}
+        status, tok = await post(session, base + "/tokenize",
+                                 {"model": MODEL, "prompt": "Hello, world!", "return_token_strs": True})
+        assert status == 200 and set(tok) == {"count", "max_model_len", "tokens", "token_strs"}
+        assert tok["count"] == len(tok["tokens"]) == 4  # the built-in tokenizer: 4 bytes a token
+        assert "".join(tok["token_strs"]) == "Hello, world!" and tok["max_model_len"] > 0
+        status, plain = await post(session, base + "/tokenize", {"prompt": "Hello, world!"})
+        assert status == 200 and plain["tokens"] == tok["tokens"] and plain["token_strs"] is None
+        status, back = await post(session, base + "/detokenize", {"model": MODEL, "tokens": tok["tokens"]})
+        assert (status, back) == (200, {"prompt": "Hello, world!"})
+        status, chat = await post(session, base + "/tokenize", {
+            "model": MODEL, "messages": [{"role": "user", "content": "Hello, world!"}]})
+        # the same count a chat completion's usage reports for this conversation
+        status2, reply = await post(session, base + "/v1/chat/completions", {
+            "model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "Hello, world!"}]})
+        assert status == status2 == 200 and chat["count"] == reply["usage"]["prompt_tokens"]
+        status, err = await post(session, base + "/tokenize", {"model": "nope", "prompt": "x"})
+        assert status == 404 and err["error"]["code"] == "model_not_found"
+        status, err = await post(session, base + "/detokenize", {"tokens": [-1]})
+        assert status == 400 and "tokens" in err["error"]["message"]
+        async with session.get(base + f"/v1/models/{MODEL}") as resp:
+            card = await resp.json()
+        async with session.get(base + "/v1/models") as resp:
+            listed = await resp.json()
+        assert card == listed["data"][0] and card["id"] == MODEL and card["object"] == "model"
+        assert {"root", "parent", "max_model_len", "permission", "owned_by", "created"} <= set(card)
+        async with session.get(base + "/v1/models/nope") as resp:
+            assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"

@@ -35,6 +35,8 @@ START = 0xFFFFFF01
 MESSAGE = 0xFFFFFF02
 _ROLES = {"system": 0xFFFFFF10, "user": 0xFFFFFF11, "assistant": 0xFFFFFF12,
           "tool": 0xFFFFFF13, "developer": 0xFFFFFF14, "function": 0xFFFFFF15}
+_NAMES = {START: "<|start|>", MESSAGE: "<|message|>",
+          **{rid: f"<|{role}|>" for role, rid in _ROLES.items()}}
 
 
 class TokenizerError(ValueError):
@@ -80,6 +82,29 @@ class ByteTokenizer:
         ids.extend((START, _ROLES["assistant"], MESSAGE))
         return ids
 
+    def token_str(self, token_id: int) -> str:
+        """One token as text: its (up to) four bytes without the padding zeros, or a
+        header token's name (`<|start|>`, `<|user|>`, `<|message|>`, ...)."""
+        if token_id in _NAMES:
+            return _NAMES[token_id]
+        if token_id >> 16 == 0xFFFF:
+            return "<|role|>"  # a role outside the table
+        return token_id.to_bytes(4, "little").rstrip(b"\0").decode("utf-8", "replace")
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text from token IDs (the inverse of `encode` for text without NUL bytes;
+        header tokens by name; undecodable bytes as U+FFFD)."""
+        out, text = [], bytearray()
+        for token_id in ids:
+            if token_id in _NAMES or token_id >> 16 == 0xFFFF:
+                out.append(text.decode("utf-8", "replace"))
+                text.clear()
+                out.append(self.token_str(token_id))
+            else:
+                text += token_id.to_bytes(4, "little").rstrip(b"\0")
+        out.append(text.decode("utf-8", "replace"))
+        return "".join(out)
+
 
 class HFTokenizer:
     """A Hugging Face `tokenizer.json`, through the `tokenizers` package."""
@@ -104,6 +129,12 @@ class HFTokenizer:
 
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def token_str(self, token_id: int) -> str:
+        return self._tok.id_to_token(token_id) or ""
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
 
     def encode_chat(self, messages: Messages) -> array:
         rendered = "".join(f"<|{role}|>\n{content or ''}\n" for role, content in messages)
