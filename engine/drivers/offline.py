@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from inference_lab.engine.sim.core import EngineCore, QueueSaturated, SubmitError
 from inference_lab.engine.sim.specs import Deployment
+from inference_lab.common.conversations import Conversations
 from inference_lab.common.workload import WorkloadSpec, open_loop_arrivals
 
 
@@ -56,6 +57,15 @@ class RunRecorder:
     last_finish: float = 0.0
 
 
+def _prefix_cache(core: EngineCore) -> dict:
+    """Queries and hits in prompt tokens, as vLLM counts them, and their ratio."""
+    cache = core.prefix_cache
+    if cache is None:
+        return {"enabled": False}
+    q, h = cache.stats.queries, cache.stats.hits
+    return {"enabled": True, "queries": q, "hits": h, "hit_rate": h / q if q else 0.0}
+
+
 def summarise(rec: RunRecorder, core: EngineCore, steps: int, cpu_seconds: float) -> dict:
     span = max(rec.last_finish - (rec.first_arrival if rec.total else 0.0), 1e-12)
     completed = len(rec.e2e)
@@ -81,6 +91,7 @@ def summarise(rec: RunRecorder, core: EngineCore, steps: int, cpu_seconds: float
             "rejected_invalid": rec.rejected_invalid,
         },
         "preemptions": {"total": core.scheduler.num_preemptions},
+        "prefix_cache": _prefix_cache(core),
         "simulation": {
             "simulated_seconds": span,
             "steps": steps,
@@ -96,23 +107,28 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
     on_progress(completed_or_refused, total) is called every few hundred requests."""
     core = EngineCore(deployment)
     rng = random.Random(spec.seed if seed is None else seed)
+    convs = (Conversations(spec.shared_prefix_len, spec.num_shared_prefixes, spec.num_turns,
+                           spec.seed if seed is None else seed) if spec.structured else None)
     rec = RunRecorder()
     total = spec.num_requests
     closed = spec.arrival_pattern == "closed_loop"
     arrivals = None if closed else open_loop_arrivals(spec, rng)
     next_arrival = next(arrivals, None) if arrivals else None
-    idle_users = spec.num_concurrent_users if closed else 0
+    idle = list(range(spec.num_concurrent_users, 0, -1)) if closed else []  # user ids
+    opened = 0  # open-loop requests submitted (request i is in conversation i // num_turns)
     done = 0
     report_every = max(total // 200, 100)
     cpu0 = time.process_time()
     steps = 0
 
-    def submit(now: float, prompt_len: int, output_len: int) -> bool:
+    def submit(now: float, prompt_len: int, output_len: int, key: object) -> bool:
         rec.total += 1
         if now < rec.first_arrival:
             rec.first_arrival = now
+        tokens = convs.next_prompt(key, prompt_len, output_len) if convs else b""
         try:
-            core.submit(prompt_len, output_len, now)
+            core.submit(prompt_len if not tokens else 0, output_len, now, tag=key,
+                        token_ids=tokens)
             return True
         except QueueSaturated:
             rec.rejected_saturated += 1
@@ -121,12 +137,13 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
         return False
 
     def users_arrive(now: float) -> None:
-        nonlocal idle_users, done
-        while idle_users and rec.total < total:
-            idle_users -= 1
-            if not submit(now, spec.input_len_dist.sample(rng), spec.output_len_dist.sample(rng)):
+        nonlocal done
+        while idle and rec.total < total:
+            user = idle.pop()
+            if not submit(now, spec.input_len_dist.sample(rng), spec.output_len_dist.sample(rng),
+                          user):
                 done += 1
-                idle_users += 1
+                idle.append(user)
                 break  # refused users retry after the next completion
 
     if closed:
@@ -135,8 +152,9 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
         t_step = core.next_event_time()
         if next_arrival is not None and (t_step is None or next_arrival[0] <= t_step):
             arrival, prompt_len, output_len = next_arrival
-            if not submit(arrival, prompt_len, output_len):
+            if not submit(arrival, prompt_len, output_len, opened // spec.num_turns):
                 done += 1
+            opened += 1
             next_arrival = next(arrivals, None)
             continue
         if t_step is None:
@@ -157,7 +175,7 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
             if on_progress and done % report_every == 0:
                 on_progress(done, total)
         if closed and result.finished:
-            idle_users += len(result.finished)
+            idle.extend(req.tag for req in result.finished)
             users_arrive(result.end)
     cpu = time.process_time() - cpu0
     if on_progress:

@@ -12,6 +12,16 @@ Knows: the `[workload]` table (or the same keys at the top level of the file):
     input_len_dist = { type = "fixed", value = 16 }       # prompt tokens
     output_len_dist = { type = "lognormal", mean = 5.3, std_dev = 0.5 }  # output tokens
 
+    shared_prefix_len = 2000     # every conversation starts with one of ... (default 0)
+    num_shared_prefixes = 1      # ... this many fixed prefixes (default 1)
+    num_turns = 4                # multi-turn: each turn resends the history (default 1)
+
+With shared_prefix_len or num_turns, prompts are token IDs built by
+inference_lab.common.conversations (a prompt = prefix + history + a new message of
+input_len_dist tokens), so the engine's prefix cache sees their structure; in a closed
+loop each user holds one conversation at a time, in an open loop request i belongs to
+conversation i // num_turns.
+
 length types: fixed (value), uniform (min, max; inclusive), normal (mean, std_dev),
 lognormal (mean, std_dev of the log). Samples are rounded and at least 1. Open-loop arrival
 times come from `open_loop_arrivals`; closed loop is driven by the offline runner, which
@@ -36,7 +46,8 @@ DEFAULT_BATCH_INTERVAL = 1.0  # seconds between bursts of a batched workload
 
 _DIST_KEYS = ("type", "value", "min", "max", "mean", "std_dev")
 _KEYS = ("arrival_pattern", "arrival_rate", "num_concurrent_users", "batch_size",
-         "batch_interval", "num_requests", "seed", "input_len_dist", "output_len_dist")
+         "batch_interval", "num_requests", "seed", "input_len_dist", "output_len_dist",
+         "shared_prefix_len", "num_shared_prefixes", "num_turns")
 # The other sections of an inference-lab all-in-one file, ignored beside a [workload] table.
 _OTHER_SECTIONS = ("hardware", "model", "scheduler", "simulation")
 
@@ -76,6 +87,14 @@ class WorkloadSpec:
     batch_size: int | None = None  # batched; None = all num_requests at once
     batch_interval: float = DEFAULT_BATCH_INTERVAL  # batched
     seed: int = 0
+    shared_prefix_len: int = 0  # tokens of the shared system prompt(s); 0 = none
+    num_shared_prefixes: int = 1
+    num_turns: int = 1  # turns per conversation
+
+    @property
+    def structured(self) -> bool:
+        """Prompts are token IDs with shared prefixes or growing histories."""
+        return self.shared_prefix_len > 0 or self.num_turns > 1
 
 
 def _parse_dist(t: Table) -> LengthDist:
@@ -120,6 +139,11 @@ def parse_workload(doc: dict, where: str) -> WorkloadSpec:
         seed=t.get("seed", int, "an integer >= 0", 0, ok=lambda v: v >= 0),
         input_len_dist=_parse_dist(t.table("input_len_dist", keys=_DIST_KEYS)),
         output_len_dist=_parse_dist(t.table("output_len_dist", keys=_DIST_KEYS)),
+        shared_prefix_len=t.get("shared_prefix_len", int, "an integer >= 0 (tokens)", 0,
+                                ok=lambda v: v >= 0),
+        num_shared_prefixes=t.get("num_shared_prefixes", int, "an integer >= 1", 1,
+                                  ok=lambda v: v >= 1),
+        num_turns=t.get("num_turns", int, "an integer >= 1", 1, ok=lambda v: v >= 1),
     )
     t.done()
     return spec
