@@ -244,3 +244,20 @@ def test_a_request_of_n_sequences_takes_n_places_but_waits_as_one(served, oai):
     while json_request(served.base, "GET", "/control/capacity")[1][0]["running"]:
         assert time.monotonic() < deadline, "the hung-up sequences kept running"
         time.sleep(0.02)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/messages", {"max_tokens": 20000, "messages": [{"role": "user", "content": "x"}]}),
+    ("/v1/responses", {"max_output_tokens": 20000, "input": "x"}),
+])
+def test_a_client_that_hangs_up_mid_stream_leaves_nothing_running(served, path, body):
+    req = urllib.request.Request(served.base + path, method="POST", data=json.dumps(
+        {"model": MODEL, "stream": True, **body}).encode(),
+        headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert resp.read(200)  # the stream is flowing
+        assert json_request(served.base, "GET", "/control/capacity")[1][0]["running"] == 1
+    deadline = time.monotonic() + 10
+    while json_request(served.base, "GET", "/control/capacity")[1][0]["running"]:
+        assert time.monotonic() < deadline, "the engine never heard of the hang-up"
+        time.sleep(0.02)
