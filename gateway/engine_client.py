@@ -533,10 +533,13 @@ class EngineClient:
 
     # ---- metrics ------------------------------------------------------------------------
 
-    async def metrics_text(self, models: list[str] | None = None) -> bytes:
-        """The engine's Prometheus exposition (vllm:* and inference_lab_*) of `models`
-        (None: every model it serves), as text; one unary call with a short deadline."""
-        resp = await self._unary("GetMetrics", pb.GetMetricsRequest(models=models or ()),
+    async def metrics_text(self, models: list[str] | None = None,
+                           engines: list[int] | None = None) -> bytes:
+        """The engine's Prometheus exposition (vllm:* and inference_lab_*) of `models` on
+        the engines (replicas) `engines` (None: all), as text; one unary call with a short
+        deadline."""
+        resp = await self._unary("GetMetrics", pb.GetMetricsRequest(models=models or (),
+                                                                    engines=engines or ()),
                                  self._connect_timeout)
         return resp.text
 

@@ -390,10 +390,12 @@ class Exposition:
         self._templates: dict[int, _Template] = {}
         self._lock = threading.Lock()  # renders come from the HTTP thread and the loop's pool
 
-    def render(self, names: list[str] | None = None) -> bytes:
-        """The exposition of the models called `names` (None or empty: every model),
-        merged family by family."""
-        chosen = [m for m in self.models if not names or m.core.name in names]
+    def render(self, names: list[str] | None = None, engines: list[int] | None = None) -> bytes:
+        """The exposition of the models called `names` on the engines (replicas) indexed
+        `engines` (None or empty: all), merged family by family."""
+        wanted = {str(e) for e in engines or ()}
+        chosen = [m for m in self.models if (not names or m.core.name in names)
+                  and (not wanted or m.labels[1] in wanted)]
         if not chosen:
             return b""
         with self._lock:
@@ -415,15 +417,18 @@ class Exposition:
 class EngineMetrics:
     """Every served model's metrics, one ModelMetrics per core."""
 
-    def __init__(self, cores: list[EngineCore], engine_index: int = 0) -> None:
-        self.models = [ModelMetrics(core, engine_index) for core in cores]
+    def __init__(self, cores: list[EngineCore], engine_index: int | list[int] = 0) -> None:
+        """`engine_index`: the `engine` label, one for every core or one per core (a
+        replica index)."""
+        indexes = engine_index if isinstance(engine_index, list) else [engine_index] * len(cores)
+        self.models = [ModelMetrics(core, i) for core, i in zip(cores, indexes, strict=True)]
         self.exposition = Exposition(self.models)
 
     def for_model(self, core: EngineCore) -> ModelMetrics:
         return next(m for m in self.models if m.core is core)
 
-    def render(self, names: list[str] | None = None) -> bytes:
-        return self.exposition.render(names)
+    def render(self, names: list[str] | None = None, engines: list[int] | None = None) -> bytes:
+        return self.exposition.render(names, engines)
 
 
 def serve_metrics(metrics: EngineMetrics, host: str, port: int) -> ThreadingHTTPServer:

@@ -461,7 +461,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         if self.metrics is None:
             return pb.MetricsText()
         text = await asyncio.get_running_loop().run_in_executor(
-            None, self.metrics.render, list(request.models))
+            None, self.metrics.render, list(request.models), list(request.engines))
         return pb.MetricsText(text=text)
 
     async def ListModels(self, request, context):

@@ -257,10 +257,12 @@ class ListModelsResponse(_message.Message):
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
 
 class GetMetricsRequest(_message.Message):
-    __slots__ = ("models",)
+    __slots__ = ("models", "engines")
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, models: _Optional[_Iterable[str]] = ...) -> None: ...
+    engines: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, models: _Optional[_Iterable[str]] = ..., engines: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class MetricsText(_message.Message):
     __slots__ = ("text",)

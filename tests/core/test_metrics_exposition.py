@@ -73,7 +73,7 @@ def test_every_timing_histogram_contains_vllms_boundaries_and_reads_within_5_per
 
 def test_the_fast_exposition_is_prometheus_clients_own_text():
     engines = [core(), core(model="llama-3.1-8b")]
-    metrics = EngineMetrics(engines, engine_index=3)
+    metrics = EngineMetrics(engines, engine_index=[3, 4])  # a replica index per core
     for engine in engines:
         for i in range(8):
             engine.submit(50 + i, 20, 0.0)
@@ -86,4 +86,7 @@ def test_the_fast_exposition_is_prometheus_clients_own_text():
         assert metrics.render(names) == generate_latest(_Collect(chosen))
     again = metrics.render()
     assert again == metrics.render()  # served from cache while nothing changed
-    assert b'engine="3"' in again and b'vllm:request_success_total{engine="3",finished_reason="length"' in again
+    assert b'vllm:request_success_total{engine="3",finished_reason="length"' in again
+    assert metrics.render(engines=[4]) == metrics.render(["llama-3.1-8b"])  # one replica's
+    assert b'engine="3"' not in metrics.render(engines=[4])
+    assert metrics.render(engines=[7]) == b""
