@@ -23,7 +23,7 @@ from aiohttp import web
 from inference_lab.gateway.edge import read_body
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.faults.injection import INJECTED, OK, TYPES, ErrorType, FaultState
-from inference_lab.gateway.protocols.base import json_encode
+from inference_lab.gateway.protocols.base import invalid, json_encode
 
 log = logging.getLogger("inference_lab.gateway.faults")
 
@@ -138,21 +138,23 @@ _update_decoder = msgspec.json.Decoder(FaultsUpdate)
 _SETTINGS = ("rate", "types", "retry_after", "retry_after_ms", "should_retry")
 
 
-def _invalid(message: str) -> GatewayError:
-    return GatewayError(ErrorKind.INVALID_REQUEST, message)
+def decode_body(decoder: msgspec.json.Decoder, body: bytes, what: str, expected: str):
+    """A control body through its schema; a 400 names the field and says what is valid."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise invalid(f"Invalid {what}: {exc}. {expected}") from None
+    except msgspec.DecodeError as exc:
+        raise invalid(f"Invalid JSON body: {exc}") from None
 
 
 def decode_update(body: bytes) -> FaultsUpdate:
-    try:
-        update = _update_decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise _invalid(f"Invalid fault settings: {exc}. Error types: {', '.join(TYPES)}; "
-                       f'a script step is {{"error": <type or "{OK}">, "count": N}}') from None
-    except msgspec.DecodeError as exc:
-        raise _invalid(f"Invalid JSON body: {exc}") from None
+    update = decode_body(_update_decoder, body, "fault settings",
+                         f"Error types: {', '.join(TYPES)}; a script step is "
+                         f'{{"error": <type or "{OK}">, "count": N}}')
     given = [f for f in (*_SETTINGS, "script", "seed") if getattr(update, f) is not msgspec.UNSET]
     if not given and not update.reset:
-        raise _invalid("Nothing to change: give one or more of rate, types, retry_after, "
+        raise invalid("Nothing to change: give one or more of rate, types, retry_after, "
                        "retry_after_ms, should_retry, script, seed, reset.")
     return update
 

@@ -17,7 +17,8 @@ from aiohttp import web
 
 from inference_lab.gateway.edge import read_body
 from inference_lab.gateway.errors import ErrorKind, GatewayError
-from inference_lab.gateway.protocols.base import json_encode
+from inference_lab.gateway.faults.control import decode_body
+from inference_lab.gateway.protocols.base import invalid, json_encode
 from inference_lab.v1 import engine_pb2 as pb
 
 KINDS = {"crash": pb.ENGINE_FAULT_CRASH, "stall": pb.ENGINE_FAULT_STALL,
@@ -34,24 +35,16 @@ class ReplicaFault(msgspec.Struct, forbid_unknown_fields=True):
 _decoder = msgspec.json.Decoder(ReplicaFault)
 
 
-def _invalid(message: str) -> GatewayError:
-    return GatewayError(ErrorKind.INVALID_REQUEST, message)
-
-
 def decode(body: bytes) -> ReplicaFault:
-    try:
-        fault = _decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise _invalid(f"Invalid replica fault: {exc}. Expected {{\"fault\": \"crash\" | "
-                       "\"stall\" | \"slow\" | \"clear\", \"seconds\": S, \"factor\": k}") from None
-    except msgspec.DecodeError as exc:
-        raise _invalid(f"Invalid JSON body: {exc}") from None
+    fault = decode_body(_decoder, body, "replica fault",
+                        'Expected {"fault": "crash" | "stall" | "slow" | "clear", '
+                        '"seconds": S, "factor": k}')
     if fault.fault == "stall" and fault.seconds <= 0:
-        raise _invalid("A stall needs seconds > 0 - at `$.seconds`")
+        raise invalid("A stall needs seconds > 0 - at `$.seconds`")
     if fault.fault == "slow" and fault.factor is None:
-        raise _invalid("A slowdown needs a factor (step times x factor) - at `$.factor`")
+        raise invalid("A slowdown needs a factor (step times x factor) - at `$.factor`")
     if fault.fault != "slow" and fault.factor is not None:
-        raise _invalid("factor applies to fault \"slow\" only - at `$.factor`")
+        raise invalid("factor applies to fault \"slow\" only - at `$.factor`")
     return fault
 
 

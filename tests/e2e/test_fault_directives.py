@@ -11,7 +11,9 @@ import json
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -26,8 +28,11 @@ TEXT = {"model": MODEL, "stream": True, "prompt": "hello", "max_tokens": 64}
 
 
 @pytest.fixture(scope="module")
-def lab():
-    with serve("--enable-directives") as served:
+def lab(tmp_path_factory):
+    configs = tmp_path_factory.mktemp("configs")
+    source = Path(__file__).resolve().parents[2] / "configs" / f"{MODEL}.toml"
+    (configs / f"{MODEL}.toml").write_text(source.read_text() + "\n[fault]\nretry_after_ms = 123\n")
+    with serve("--enable-directives", "--config", str(configs)) as served:
         yield served
 
 
@@ -179,3 +184,17 @@ def test_bad_directives_are_a_400_listing_the_valid_modes(lab, directive, named)
     assert err["code"] == "invalid_fault_directive" and err["type"] == "invalid_request_error"
     assert named in err["message"]
     assert "cut_between_frames" in err["message"] and "mid_tool_call" in err["message"]
+
+
+def test_the_models_fault_table_gives_its_retry_hints_to_an_injected_429(lab):
+    req = urllib.request.Request(f"{lab.base}/control/faults", data=json.dumps(
+        {"script": [{"error": "rate_limit", "count": 1}]}).encode())
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        state = json.load(resp)
+    assert state["models"][MODEL]["retry_after_ms"] == 123  # from [fault] in its config
+    body = json.dumps({**CHAT, "stream": False}).encode()
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(urllib.request.Request(
+            f"{lab.base}/v1/chat/completions", data=body), timeout=5)
+    assert exc.value.code == 429 and exc.value.headers["retry-after-ms"] == "123"
+    assert json.load(exc.value)["error"]["code"] == "rate_limit_exceeded"
