@@ -28,9 +28,10 @@ def main() -> None:
     parser.add_argument("--workload", type=Path,
                         default=ROOT / "configs" / "workloads" / "chat-closed-loop-256.toml")
     parser.add_argument("--requests", type=int, help="override num_requests")
+    parser.add_argument("--timing", choices=("roofline", "calibrated"), help="timing model")
     args = parser.parse_args()
 
-    deployment = load_deployment(args.config, args.hardware)
+    deployment = load_deployment(args.config, args.hardware, timing=args.timing)
     spec = load_workload(args.workload)
     if args.requests:
         spec = dataclasses.replace(spec, num_requests=args.requests)
@@ -41,7 +42,8 @@ def main() -> None:
     out_tokens = summary["throughput_metrics"]["output_tokens_per_sec"] * sim["simulated_seconds"]
     print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}")
     print(f"workload: {args.workload.name}, {spec.num_requests:,} requests, "
-          f"{spec.num_concurrent_users} users, {deployment.name} on {deployment.hardware.name}")
+          f"{spec.num_concurrent_users} users, {deployment.name} on {deployment.hardware.name}, "
+          f"{deployment.timing} timing")
     print(f"simulated: {sim['simulated_seconds']:.1f} s, {sim['steps']:,} steps, "
           f"{out_tokens:,.0f} output tokens, mean batch {out_tokens / max(sim['steps'], 1):.1f}")
     print(f"cpu: {sim['cpu_seconds']:.2f} s (wall {wall:.2f} s)")

@@ -20,7 +20,8 @@ from typing import Any
 
 from inference_lab.common.toml import REQUIRED, ConfigError, Table, read_toml
 from inference_lab.engine.sim.specs import (
-    BYTES_PER_VALUE, LAYER_KINDS, PRECISION_ORDER, Hardware, History, LayerClass, Model, WeightStream,
+    BYTES_PER_VALUE, LAYER_KINDS, PRECISION_ORDER, Calibration, Hardware, History, LayerClass, Model,
+    WeightStream,
 )
 
 __all__ = [
@@ -121,7 +122,9 @@ def load_model(name: str) -> Model:
 
 _POSITIVE = "a positive number"
 _HARDWARE_KEYS = ("name", *(f"flops_{p}" for p in PRECISION_ORDER), "memory_bandwidth",
-                  "memory_capacity", "fabric", "memory")
+                  "memory_capacity", "fabric", "memory", "calibration")
+_CALIBRATION_KEYS = ("flops_efficiency", "flops_half_tokens", "bandwidth_efficiency",
+                     "comm_efficiency", "step_overhead", "request_overhead", "fit")
 _LINK_KEYS = ("bandwidth", "latency", "in_network_reduction")
 _STORE_KEYS = ("name", "per", "kind", "capacity", "bandwidth", "stripe", "aggregate_bandwidth",
                "latency", "pin")
@@ -216,6 +219,8 @@ def parse_hardware(table: Any, where: str, path: str = "", name: str | None = No
         fabric.done()
     memory = t.table("memory", None)
     stores = _parse_memory(memory) if memory is not None else ()
+    cal = t.table("calibration", None, _CALIBRATION_KEYS)
+    calibration = _parse_calibration(cal) if cal is not None else None
     t.done()
     if not flops:
         keys = ", ".join(f"flops_{p}" for p in PRECISION_ORDER)
@@ -224,7 +229,25 @@ def parse_hardware(table: Any, where: str, path: str = "", name: str | None = No
                     hbm_bytes=capacity, link_bandwidth=link_bw, link_latency=latency,
                     in_network_reduction=reduce, gpus_per_node=per_node,
                     scale_out_bandwidth=out_bw, scale_out_latency=out_latency,
-                    memory_stores=stores)
+                    memory_stores=stores, calibration=calibration)
+
+
+def _parse_calibration(t: Table) -> Calibration:
+    """The `[calibration]` table: the calibrated timing model's fitted parameters."""
+    fraction = "a number in (0, 1]"
+    c = Calibration(
+        flops_efficiency=t.get("flops_efficiency", float, fraction, 1.0, ok=lambda v: 0 < v <= 1),
+        flops_half_tokens=t.get("flops_half_tokens", float, "a number >= 0 (tokens)", 0.0,
+                                ok=lambda v: v >= 0),
+        bandwidth_efficiency=t.get("bandwidth_efficiency", float, fraction, 1.0,
+                                   ok=lambda v: 0 < v <= 1),
+        comm_efficiency=t.get("comm_efficiency", float, fraction, 1.0, ok=lambda v: 0 < v <= 1),
+        step_overhead=t.get("step_overhead", float, "a number >= 0 (seconds)", 0.0, ok=lambda v: v >= 0),
+        request_overhead=t.get("request_overhead", float, "a number >= 0 (seconds)", 0.0,
+                               ok=lambda v: v >= 0),
+        fit=t.get("fit", str, "a string", ""))
+    t.done()
+    return c
 
 
 def _parse_weights(w: Table) -> WeightStream:

@@ -49,7 +49,8 @@ OTHER_POLICIES = ("sif", "lif", "sof", "lof", "stf", "ltf", "sjf")
 _TOP_KEYS = ("name", "model", "scheduler", "hardware", "speculative", "router", "decode_router",
              "memory", "fault")
 _ENTRY_KEYS = ("tp", "ep", "dp_attention", "replicas", "spec", "scheduler", "speculative",
-               "router", "decode_router", "memory", "time_correction")
+               "router", "decode_router", "memory", "time_correction", "timing")
+TIMINGS = ("roofline", "calibrated")
 _ROUTER_KEYS = ("policy", "max_load_ratio", "load_weight")
 _ROUTERS = ("round_robin", "least_loaded", "prefix_affinity", "kv_aware", "kv_aware_decode")
 _MEMORY_KEYS = ("tiers", "capacity", "preset", "source", "hbm_eviction", "write", "eviction",
@@ -203,6 +204,8 @@ def _parse_entry(entry: Table, hw_name: str, model: Model, served: str,
     entry.refuse_unknown(_ENTRY_KEYS)
     notes: list[str] = []
     hardware = _entry_hardware(entry, hw_name, cat)
+    timing = entry.get("timing", str, "'roofline' or 'calibrated'", "roofline",
+                       ok=lambda v: v in TIMINGS)
     tp = entry.get("tp", int, "an integer >= 1", 1, ok=lambda v: v >= 1)
     ep = entry.get("ep", int, f"an integer >= 1 dividing tp ({tp})", 1,
                    ok=lambda v: v >= 1 and tp % v == 0)
@@ -243,7 +246,8 @@ def _parse_entry(entry: Table, hw_name: str, model: Model, served: str,
     _check_fit(model, hardware, tp, sched, entry)
     return Deployment(name=served, model=model, hardware=hardware, tp=tp, scheduler=sched,
                       time_correction=correction, source=entry.where, ep=ep,
-                      speculative=speculative, unmodelled=tuple(dict.fromkeys(notes)))
+                      speculative=speculative, unmodelled=tuple(dict.fromkeys(notes)),
+                      timing=timing)
 
 
 def _check_fit(model: Model, hardware: Hardware, tp: int, sched: SchedulerConfig,
@@ -286,17 +290,34 @@ def _parse_entries(hw_table: Table | None, model: Model, served: str,
     return entries
 
 
+def _check_timing(timing: Any) -> None:
+    if timing is not None and timing not in TIMINGS:
+        raise ConfigError("--timing", "", f"expected 'roofline' or 'calibrated', got {timing!r}")
+
+
+def _apply_timing(dep: Deployment, timing: str | None) -> None:
+    """Use `timing` when given (the --timing flag), and refuse a calibrated timing on
+    hardware without a fit."""
+    if timing is not None:
+        dep.timing = timing
+    if dep.timing == "calibrated" and dep.hardware.calibration is None:
+        raise ConfigError(dep.source, "timing", f"calibrated timing needs a [calibration] table in "
+                          f"the {dep.hardware.name} hardware preset (calibration/fit.py fits one); "
+                          "this one has none")
+
+
 def load_deployment(path: str | Path, hardware: str, max_waiting: int | None = None,
-                    catalog: Catalog | None = None) -> Deployment | None:
+                    catalog: Catalog | None = None, timing: str | None = None) -> Deployment | None:
     """The deployment of the model in `path` on `hardware`, or None (logged) when the file
     has no [hardware.<hardware>] entry. Every entry is validated either way.
-    `max_waiting`, when not None, replaces the file's value. Presets come from `catalog`
-    (default: the bundled one)."""
+    `max_waiting`, when not None, replaces the file's value; so does `timing` ('roofline'
+    or 'calibrated') for the entry's. Presets come from `catalog` (default: the bundled one)."""
     cat = catalog or bundled.BUNDLED
     if not isinstance(hardware, str):
         raise _unknown_hardware(hardware, cat)
     hw_wanted = hardware.lower()
     _check_max_waiting(max_waiting)
+    _check_timing(timing)
     where = str(path)
     top = Table(read_toml(path), where, keys=_TOP_KEYS)
     served = top.get("name", str, "a non-empty string", Path(path).stem, ok=bool)
@@ -314,6 +335,7 @@ def load_deployment(path: str | Path, hardware: str, max_waiting: int | None = N
         return None
     if max_waiting is not None:
         dep.scheduler.max_waiting = max_waiting
+    _apply_timing(dep, timing)
     _log_precision_fallbacks(dep)
     for note in dep.unmodelled:
         logger.warning("%s on %s: %s", dep.name, dep.hardware.name, note)
@@ -321,7 +343,7 @@ def load_deployment(path: str | Path, hardware: str, max_waiting: int | None = N
 
 
 def load_config_dir(path: str | Path, hardware: str, max_waiting: int | None = None,
-                    catalog: Catalog | None = None) -> list[Deployment]:
+                    catalog: Catalog | None = None, timing: str | None = None) -> list[Deployment]:
     """Every `*.toml` directly in the directory `path` (sorted by name), or the single file
     `path`, as deployments on `hardware`. Refuses an empty result and duplicate served names."""
     cat = catalog or bundled.BUNDLED
@@ -337,7 +359,7 @@ def load_config_dir(path: str | Path, hardware: str, max_waiting: int | None = N
         raise ConfigError(str(root), "", "no such file or directory")
     deployments: dict[str, Deployment] = {}
     for file in files:
-        dep = load_deployment(file, hardware, max_waiting, cat)
+        dep = load_deployment(file, hardware, max_waiting, cat, timing)
         if dep is None:
             continue
         if dep.name in deployments:
@@ -350,10 +372,10 @@ def load_config_dir(path: str | Path, hardware: str, max_waiting: int | None = N
 
 
 def default_deployments(hardware: str = "b200", max_waiting: int | None = None,
-                        catalog: Catalog | None = None) -> list[Deployment]:
+                        catalog: Catalog | None = None, timing: str | None = None) -> list[Deployment]:
     """The embedded default: gpt-oss-20b, from package data `engine/sim/presets/default.toml`."""
     cat = catalog or bundled.BUNDLED
     if not isinstance(hardware, str) or hardware.lower() not in cat.hardware_names():
         raise _unknown_hardware(hardware, cat)
     with resources.as_file(resources.files("inference_lab.engine.sim") / "presets" / "default.toml") as path:
-        return load_config_dir(path, hardware, max_waiting, cat)
+        return load_config_dir(path, hardware, max_waiting, cat, timing)

@@ -187,7 +187,8 @@ class EngineCore:
             raise QueueSaturated(self.name, waiting, self.max_waiting)
         if now > self.clock and not self.scheduler.has_work():
             self.clock = now  # idle: the next step starts at this arrival
-        req = Request(next(self._ids), prompt_len, max_tokens, now, priority, tag=tag, n=n)
+        req = Request(next(self._ids), prompt_len, max_tokens, now, priority, tag=tag, n=n,
+                      ready=now + self.cost.request_overhead)
         if token_ids and self.prefix_cache is not None and prompt_len >= self.block_size:
             req.block_hashes = block_hashes(token_ids, self.block_size)
             if self.record_kv_events:
@@ -268,8 +269,8 @@ class EngineCore:
         scheduler = self.scheduler
         if not scheduler.running:
             head = scheduler.waiting.peek()
-            if head is not None and head.arrival > start:
-                start = head.arrival  # idle until then: nothing had arrived at `start`
+            if head is not None and head.ready > start:
+                start = head.ready  # idle until then: nothing was ready at `start`
         width = advance = 1
         if self.speculative is not None and scheduler.group.n:
             width, advance = self._draft()

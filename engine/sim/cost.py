@@ -93,6 +93,17 @@ class CostModel:
         self.bandwidth = hw.hbm_bandwidth * tp
         self.alpha = deployment.time_correction.alpha
         self.beta = deployment.time_correction.beta
+        # The calibrated model (docs/timing.md): achieved fractions of the peaks, a FLOP
+        # efficiency that ramps with the step's tokens, fixed costs per step and request.
+        cal = hw.calibration if deployment.timing == "calibrated" else None
+        self.calibrated = cal is not None
+        self._flops_eff = cal.flops_efficiency if cal else 1.0
+        self._flops_half = cal.flops_half_tokens if cal else 0.0
+        self._step_overhead = cal.step_overhead if cal else 0.0
+        self.request_overhead = cal.request_overhead if cal else 0.0
+        comm = cal.comm_efficiency if cal else 1.0
+        if cal:
+            self.bandwidth *= cal.bandwidth_efficiency
 
         warned: set[str] = set()
 
@@ -155,9 +166,9 @@ class CostModel:
         # `ep` ranks are combined by the same FFN all-reduce (attention is tensor-parallel).
         ffn = max(model.num_layers, model.moe_layers)
         self._collectives = model.num_layers + ffn if tp > 1 else 0
-        self._ar_latency = all_reduce_seconds(hw, tp, 0.0)
+        self._ar_latency = all_reduce_seconds(hw, tp, 0.0) / comm
         self._ar_per_token = (all_reduce_seconds(hw, tp, float(model.hidden_size * model.activation_bytes))
-                              - self._ar_latency) if tp > 1 else 0.0
+                              / comm - self._ar_latency) if tp > 1 else 0.0
         self._distinct_cache: dict[tuple[int, int], float] = {}
 
     def _moe_bytes(self, parts: tuple[tuple[int, int, float], ...], tokens: int) -> float:
@@ -188,16 +199,17 @@ class CostModel:
             for i, (cd, cp, cu) in enumerate(row):
                 attn_flops[i] += cd * width * d + cp * n + cu * p
             attn_bytes += self._read_coefs[j] * (d + p)
-        seconds = 0.0
+        seconds = self._step_overhead
         worst = 0.0
         bound = "memory"
         bandwidth = self.bandwidth
+        eff = self._flops_eff * tokens / (tokens + self._flops_half) if self.calibrated else 1.0
         for i, (rate, flops_per_token, dense_bytes, moe) in enumerate(self._streams):
             flops = flops_per_token * tokens + attn_flops[i]
             nbytes = dense_bytes + self._moe_bytes(moe, tokens) if moe else dense_bytes
             if i == self._attention_index:
                 nbytes += attn_bytes
-            t_compute = flops / rate
+            t_compute = flops / (rate * eff)
             t_memory = nbytes / bandwidth
             t = t_compute if t_compute > t_memory else t_memory
             if t > worst:

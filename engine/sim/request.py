@@ -42,6 +42,7 @@ class Request:
     arrival: float  # simulated seconds
     priority: int = 0  # lower runs first under policy "priority"
     status: Status = Status.WAITING
+    ready: float = -1.0  # when the scheduler may take it: arrival + per-request overhead
     num_computed: int = 0  # positions whose KV exists; <= prompt_len + num_output (outside the group)
     num_output: int = 0  # tokens sampled so far (outside the group; final once finished)
     blocks: int = 0  # KV blocks held (outside the group)
@@ -67,6 +68,10 @@ class Request:
     shared_blocks: int = 0  # the family's prompt blocks this sequence uses (not in `blocks`)
     pending_siblings: int = 0  # admitted, not spawned yet: running places held for them
     reserved_blocks: int = 0  # ... and the blocks held for their copies of the last block
+
+    def __post_init__(self) -> None:
+        if self.ready < self.arrival:
+            self.ready = self.arrival
 
     @property
     def finished(self) -> bool:

@@ -189,7 +189,7 @@ class Scheduler:
         cap = self.config.max_num_seqs
         while budget > 0:
             req = self.waiting.peek()
-            if req is None or req.arrival > now:
+            if req is None or req.ready > now:
                 break
             siblings = req.n - 1 if req.family is None else 0  # places it needs beyond its own
             if self.num_running + 1 + siblings > cap and (self.running or not siblings):

@@ -16,6 +16,24 @@ PRECISION_ORDER: tuple[str, ...] = ("fp4", "fp8", "bf16", "fp16", "fp32")
 
 
 @dataclass(frozen=True, slots=True)
+class Calibration:
+    """The `calibrated` timing model's parameters for one GPU (engine.sim.cost):
+    achieved FLOP rate = peak x flops_efficiency x T / (T + flops_half_tokens) for a step
+    of T tokens; achieved bandwidth = peak x bandwidth_efficiency; collectives take
+    1 / comm_efficiency as long; every step pays step_overhead seconds (scheduling,
+    sampling, launches); a request reaches the scheduler request_overhead seconds after
+    it arrives (tokenisation and admission, which run beside the GPU: TTFT only)."""
+
+    flops_efficiency: float = 1.0  # fraction of peak FLOP/s at large steps
+    flops_half_tokens: float = 0.0  # tokens per step at which half of that is reached
+    bandwidth_efficiency: float = 1.0  # fraction of peak HBM bandwidth
+    comm_efficiency: float = 1.0  # fraction of the fabric's collective speed
+    step_overhead: float = 0.0  # seconds per step outside the kernels
+    request_overhead: float = 0.0  # seconds from arrival to schedulable
+    fit: str = ""  # where the numbers come from
+
+
+@dataclass(frozen=True, slots=True)
 class Hardware:
     """One GPU: dense tensor-core peaks (no sparsity), HBM and the collective fabric.
 
@@ -33,6 +51,7 @@ class Hardware:
     scale_out_bandwidth: float = 0.0  # bytes/s per direction per GPU across nodes; 0 = none
     scale_out_latency: float = 0.0
     memory_stores: tuple[str, ...] = ()  # KV tiers beyond HBM the node offers (parsed only)
+    calibration: Calibration | None = None  # the `calibrated` timing model's fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,3 +208,4 @@ class Deployment:
     ep: int = 1  # expert-parallel ranks (divides tp); experts priced as balanced
     speculative: Speculative | None = None
     unmodelled: tuple[str, ...] = ()  # features parsed but not simulated, by name
+    timing: str = "roofline"  # "roofline" | "calibrated" (hardware.calibration)

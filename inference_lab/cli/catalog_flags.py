@@ -22,6 +22,14 @@ def add_catalog_argument(parser: argparse.ArgumentParser) -> None:
              f"${CATALOG_ENV}, colon-separated, read before the flags)")
 
 
+def add_timing_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--timing", choices=("roofline", "calibrated"), default=None,
+        help="step timing model for every model: roofline (datasheet peaks, the default unless "
+             "a hardware entry says `timing`) or calibrated (the hardware preset's fitted "
+             "[calibration]: achieved efficiencies, per-step and per-request overheads)")
+
+
 def catalog_dirs(args: argparse.Namespace) -> list[str]:
     env = [d for d in os.environ.get(CATALOG_ENV, "").split(os.pathsep) if d]
     return env + list(getattr(args, "catalog", []) or [])

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from inference_lab.cli.auth_flags import add_control_token_argument, control_token
-from inference_lab.cli.catalog_flags import add_catalog_argument, build_catalog
+from inference_lab.cli.catalog_flags import add_catalog_argument, add_timing_argument, build_catalog
 
 log = logging.getLogger("inference_lab.engine")
 
@@ -34,6 +34,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-waiting", type=int, metavar="N",
                    help="refuse arrivals once N requests wait, for every model (0 = unbounded)")
     add_catalog_argument(p)
+    add_timing_argument(p)
     p.add_argument("--kv-events-config", type=_kv_events_config, metavar="JSON",
                    help="publish KV-cache events over ZMQ in vLLM's wire format, configured as "
                         "vLLM's flag is: e.g. '{\"enable_kv_cache_events\": true, \"endpoint\": "
@@ -84,8 +85,8 @@ def load_deployments(args: argparse.Namespace):
         raise UsageError(f"--max-waiting must be at least 0 (0 = unbounded), got {args.max_waiting}")
     catalog = build_catalog(args)
     if args.config is None:
-        return default_deployments(args.hardware, args.max_waiting, catalog)
-    return load_config_dir(args.config, args.hardware, args.max_waiting, catalog)
+        return default_deployments(args.hardware, args.max_waiting, catalog, args.timing)
+    return load_config_dir(args.config, args.hardware, args.max_waiting, catalog, args.timing)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

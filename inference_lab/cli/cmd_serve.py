@@ -80,6 +80,8 @@ class EngineProcess:
             self.argv += ["--kv-events-config", args.kv_events_config]
         for directory in args.catalog:
             self.argv += ["--catalog", str(directory)]
+        if args.timing is not None:
+            self.argv += ["--timing", args.timing]
         # The engine requires the gateway's control token too; through the environment,
         # never argv (which any local user can list).
         token = control_token(args)

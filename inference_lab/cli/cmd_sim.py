@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from inference_lab.cli import UsageError
-from inference_lab.cli.catalog_flags import add_catalog_argument, build_catalog
+from inference_lab.cli.catalog_flags import add_catalog_argument, add_timing_argument, build_catalog
 
 HELP = """\
 Run a workload through the simulated engine offline: no server, no wall clock. The
@@ -39,13 +39,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-waiting", type=int, help="override max_waiting (0 = unbounded)")
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     add_catalog_argument(p)
+    add_timing_argument(p)
     p.set_defaults(func=run)
 
 
 def pick_deployment(args: argparse.Namespace):
     from inference_lab.engine.sim.config import load_config_dir
 
-    deployments = load_config_dir(args.config, args.hardware, args.max_waiting, build_catalog(args))
+    deployments = load_config_dir(args.config, args.hardware, args.max_waiting, build_catalog(args),
+                                  args.timing)
     if args.model:
         chosen = [d for d in deployments if d.name == args.model]
         if not chosen:

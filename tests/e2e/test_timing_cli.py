@@ -1,0 +1,38 @@
+"""`--timing calibrated` through the real `sim` command: slower than the roofline on a
+fitted preset, refused with a clear message on one without a fit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def sim(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    workload = tmp_path / "w.toml"
+    workload.write_text('arrival_pattern = "closed_loop"\nnum_concurrent_users = 4\nnum_requests = 8\n'
+                        'seed = 1\ninput_len_dist = { type = "fixed", value = 512 }\n'
+                        'output_len_dist = { type = "fixed", value = 32 }\n')
+    return subprocess.run([sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING", "sim",
+                           "--config", str(ROOT / "configs" / "llama-3.1-8b.toml"), "--workload",
+                           str(workload), "-o", str(tmp_path / "o.json"), *extra],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_calibrated_timing_is_slower_than_the_roofline_on_a_fitted_gpu(tmp_path):
+    assert sim(tmp_path, "--hardware", "h100").returncode == 0
+    roofline = json.loads((tmp_path / "o.json").read_text())["latency_metrics"]
+    out = sim(tmp_path, "--hardware", "h100", "--timing", "calibrated")
+    assert out.returncode == 0, out.stderr
+    calibrated = json.loads((tmp_path / "o.json").read_text())["latency_metrics"]
+    assert calibrated["per_token_ms"]["mean"] > 1.3 * roofline["per_token_ms"]["mean"]
+    assert calibrated["ttft_ms"]["mean"] > roofline["ttft_ms"]["mean"]
+
+
+def test_calibrated_timing_on_a_gpu_without_a_fit_is_refused(tmp_path):
+    out = sim(tmp_path, "--hardware", "b200", "--timing", "calibrated")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "calibrated timing needs a [calibration] table in the b200 hardware preset" in out.stderr
