@@ -161,9 +161,7 @@ def decode_update(body: bytes) -> FaultsUpdate:
 
 def apply_update(state: FaultState, update: FaultsUpdate) -> None:
     if update.reset:  # everything back to the defaults (seed kept unless given)
-        fresh = FaultState(seed=state.seed)
-        state.defaults, state.models, state.scripts = fresh.defaults, {}, {}
-        state.reseed(state.seed)
+        state.clear()
     changes = {f: getattr(update, f) for f in _SETTINGS if getattr(update, f) is not msgspec.UNSET}
     if "types" in changes:
         changes["types"] = tuple(ErrorType(t) for t in changes["types"])

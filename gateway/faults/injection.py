@@ -123,9 +123,16 @@ class FaultState:
     injected: dict[str, int] = field(default_factory=dict)  # error type -> count
     requests: int = 0  # generation requests seen
     _rng: random.Random = field(init=False, repr=False)
+    _active: bool | None = field(default=None, init=False, repr=False)  # None: recompute
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
+
+    def clear(self) -> None:
+        """Every setting and script back to the defaults (the seed and counts stay)."""
+        self.defaults, self.models, self.scripts = ModelFaults(), {}, {}
+        self.reseed(self.seed)
+        self._active = None
 
     # ---- settings ---------------------------------------------------------------------
     def settings(self, model: str) -> ModelFaults:
@@ -147,10 +154,12 @@ class FaultState:
             self.defaults = new
         else:
             self.models[model] = new
+        self._active = None
 
     def set_script(self, model: str | None, steps: list[tuple[str, int]]) -> None:
         """Replace the script of one model (None: every model's). Empty: no script."""
         key = model or ALL
+        self._active = None
         if steps:
             self.scripts[key] = deque(ScriptStep(e, n) for e, n in steps if n > 0)
         else:
@@ -158,9 +167,13 @@ class FaultState:
 
     @property
     def active(self) -> bool:
-        """Whether any request may be touched (the hot path skips everything otherwise)."""
-        return bool(self.scripts) or any(
-            s.rate > 0 or s.hints != RetryHints() for s in (self.defaults, *self.models.values()))
+        """Whether any request may be touched (the hot path skips everything otherwise);
+        recomputed only after a change."""
+        if self._active is None:
+            self._active = bool(self.scripts) or any(
+                s.rate > 0 or s.hints != RetryHints()
+                for s in (self.defaults, *self.models.values()))
+        return self._active
 
     # ---- per request ------------------------------------------------------------------
     def _script_step(self, model: str) -> str | None:
@@ -173,6 +186,7 @@ class FaultState:
                     steps.popleft()
                 if not steps:
                     del self.scripts[key]
+                    self._active = None
                 return step.error
         return None
 
