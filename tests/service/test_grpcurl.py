@@ -60,3 +60,18 @@ async def test_grpcurl_submit_against_a_saturated_model_shows_queue_saturated():
     assert "Code: ResourceExhausted" in err
     assert "Server is at capacity: 1 requests waiting (max_waiting = 1)." in err
     assert '"reason":"QUEUE_SATURATED"' in err.replace(" ", "")
+
+
+async def test_grpcurl_injects_a_slowdown_and_clears_it():
+    async with running_engine() as server:
+        rpc = "inference_lab.v1.Engine/InjectFault"
+        code, out, _ = await grpcurl(server.port, rpc,
+                                     data='{"kind": "ENGINE_FAULT_SLOW", "factor": 3, "seconds": 60}')
+        assert code == 0
+        state = json.loads(out)
+        assert state["slow_factor"] == 3 and 59 <= state["slow_for_s"] <= 60
+        assert server.runtimes[0].core.slowdown == 3
+        code, out, _ = await grpcurl(server.port, rpc, data='{"kind": "ENGINE_FAULT_CLEAR"}')
+        assert code == 0 and json.loads(out)["slow_factor"] == 1
+        code, _, err = await grpcurl(server.port, rpc, data='{"kind": "ENGINE_FAULT_STALL"}')
+        assert code != 0 and "InvalidArgument" in err and "seconds > 0" in err
