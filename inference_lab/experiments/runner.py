@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import re
 import time
@@ -38,6 +39,7 @@ DRAIN_TIMEOUT = 60.0  # wall seconds the requests still open at the end may take
 OPEN_LOOP_POOL = 64  # keep-alive connections opened before an open loop starts
 STATUS_SHED = 0  # refused by the client's own controller, never sent
 STATUS_NO_RESPONSE = -1
+SHED = object()  # _acquire_blocking: the controller refused outright (no slot to wait for)
 
 GAUGES = {
     "vllm:num_requests_waiting": "waiting",
@@ -190,6 +192,8 @@ class Runner:
                 return ticket
             if monotonic() >= self.end:
                 return None
+            if self.ctl.limit == math.inf:
+                return SHED  # refused on the client without a limit to wait under (sre)
             fut = self.loop.create_future()
             self._slot_waiters.append(fut)
             try:
@@ -252,6 +256,10 @@ class Runner:
                 ticket = await self._acquire_blocking()
                 if ticket is None:
                     break
+                if ticket is SHED:  # recorded like a refusal, then the user pauses as after one
+                    self.records.shed(self, due, self.phase)
+                    await asyncio.sleep(max(self.sc.retry_after_529, SLOT_RECHECK) / self.k)
+                    continue
                 if i >= self.users_target:  # parked while it waited
                     self.ctl.release(ticket, self.now(), Outcome.IGNORED, 0.0)
                     self._wake_one()
