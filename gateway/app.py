@@ -28,6 +28,7 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 
 from inference_lab.common.auth import bearer_ok
 from inference_lab.common.tokenizer import Tokenizer, load_tokenizer
+from inference_lab.gateway import lora as lora_routes
 from inference_lab.gateway.engine_client import ClientGone, EngineClient, RequestStream
 from inference_lab.gateway.errors import envelope as openai_envelope
 from inference_lab.gateway.errors import (
@@ -437,6 +438,8 @@ def create_app(
     app.router.add_get("/v1/models", list_models)
     vllm_api.add_routes(app, lambda: state.client, lambda: state.tokenizer,
                         lambda request: _read_body(request, state.max_body_bytes))
+    lora_routes.add_routes(app, lambda: state.client,
+                           lambda request: _read_body(request, state.max_body_bytes))
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/control/capacity", get_capacity)

@@ -507,6 +507,20 @@ class EngineClient:
         )
         return list(resp.models)
 
+    async def load_lora_adapter(self, name: str, path: str, base: str = "") -> str:
+        """Register a LoRA adapter in the engine; the model list is refreshed."""
+        resp = await self._unary("LoadLoraAdapter", pb.LoadLoraAdapterRequest(
+            lora_name=name, lora_path=path, base_model_name=base), self._rpc_timeout,
+            metadata=self._control_metadata)
+        await self._fetch_models()
+        return resp.message
+
+    async def unload_lora_adapter(self, name: str) -> str:
+        resp = await self._unary("UnloadLoraAdapter", pb.UnloadLoraAdapterRequest(lora_name=name),
+                                 self._rpc_timeout, metadata=self._control_metadata)
+        await self._fetch_models()
+        return resp.message
+
     async def set_capacity(
         self, model: str | None = None, max_num_seqs: int | None = None,
         max_waiting: int | None = None,

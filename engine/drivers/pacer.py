@@ -125,12 +125,12 @@ class Pacer:
 
     # ---- requests ----------------------------------------------------------------------
     def submit(self, prompt_len: int, max_tokens: int, sink, tag, priority: int = 0,
-               token_ids: bytes = b"", n: int = 1) -> Request:
+               token_ids: bytes = b"", n: int = 1, lora=None) -> Request:
         """Check and queue synchronously (raises QueueSaturated / SubmitError). With n > 1
         the siblings get streams of their own (same sink and tag, their index) when the
         core spawns them."""
         req = self.core.submit(prompt_len, max_tokens, self.sim_now(), priority=priority,
-                               tag=Stream(sink, tag), token_ids=token_ids, n=n)
+                               tag=Stream(sink, tag), token_ids=token_ids, n=n, lora=lora)
         self._live[req.id] = req
         self.poke()
         return req

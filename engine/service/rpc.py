@@ -23,6 +23,8 @@ from grpc_status import rpc_status
 from inference_lab.common.auth import bearer_ok
 from inference_lab.engine.sim.core import CapacityError, EngineCore, QueueSaturated, SubmitError
 from inference_lab.engine.service.kv_events import ZmqEventPublisher
+from inference_lab.engine.service.lora_modules import read_rank
+from inference_lab.engine.sim.lora import LoraAdapter, LoraError
 from inference_lab.engine.service.replica_faults import ReplicaFaults
 from inference_lab.engine.service.metrics import EngineMetrics, ModelMetrics
 from inference_lab.engine.drivers.pacer import Pacer, Stream
@@ -196,6 +198,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     def __init__(self, runtimes: list[ModelRuntime], control_token: str | None = None,
                  metrics: EngineMetrics | None = None) -> None:
         self.runtimes = {rt.core.name: rt for rt in runtimes}
+        self.adapters: dict[str, tuple[ModelRuntime, LoraAdapter]] = {}  # LoRA name -> base
         self.metrics = metrics
         self.sessions: set[SessionSink] = set()
         for rt in runtimes:
@@ -207,9 +210,13 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         self._control_token = control_token.encode() if control_token else None
 
     def _runtime(self, model: str) -> ModelRuntime | None:
+        """The base model `model` names: itself, or the base of the LoRA adapter so named."""
         if not model and len(self.runtimes) == 1:
             return next(iter(self.runtimes.values()))
-        return self.runtimes.get(model)
+        rt = self.runtimes.get(model)
+        if rt is None and model in self.adapters:
+            return self.adapters[model][0]
+        return rt
 
     def _queue_changed(self) -> None:
         for sink in self.sessions:
@@ -221,10 +228,11 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     def _admit(self, rt: ModelRuntime, request: pb.SubmitRequest, sink, tag) -> Request:
         """The funnel: check and reserve synchronously. Raises QueueSaturated or
         SubmitError; counts refusals."""
+        entry = self.adapters.get(request.model) if self.adapters else None
         try:
             req = rt.pacer.submit(request.prompt_tokens, request.max_tokens, sink, tag,
                                   priority=request.priority, token_ids=request.prompt_token_ids,
-                                  n=request.n or 1)
+                                  n=request.n or 1, lora=entry[1] if entry else None)
         except QueueSaturated:
             rt.metrics.on_rejected("QUEUE_SATURATED")
             raise
@@ -465,8 +473,58 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         return pb.MetricsText(text=text)
 
     async def ListModels(self, request, context):
-        return pb.ListModelsResponse(models=[
-            pb.ModelInfo(name=rt.core.name, hardware=rt.core.deployment.hardware.name,
-                         tp=rt.core.deployment.tp, max_model_len=rt.core.max_model_len,
-                         kv_blocks=rt.core.total_blocks, block_size=rt.core.block_size)
-            for rt in self.runtimes.values()])
+        def info(rt: ModelRuntime, name: str, parent: str = "", rank: int = 0) -> pb.ModelInfo:
+            return pb.ModelInfo(name=name, hardware=rt.core.deployment.hardware.name,
+                                tp=rt.core.deployment.tp, max_model_len=rt.core.max_model_len,
+                                kv_blocks=rt.core.total_blocks, block_size=rt.core.block_size,
+                                parent=parent, lora_rank=rank)
+
+        models = [info(rt, rt.core.name) for rt in self.runtimes.values()]
+        models += [info(rt, name, rt.core.name, adapter.rank)
+                   for name, (rt, adapter) in self.adapters.items()]
+        return pb.ListModelsResponse(models=models)
+
+    # ---- LoRA adapters -------------------------------------------------------------------
+    def load_adapter(self, name: str, path: str, base: str, rank: int) -> str:
+        """Register an adapter (LoraError / KeyError for the caller to map)."""
+        rt = self._runtime(base) if base or len(self.runtimes) == 1 else None
+        if rt is None or (base and base not in self.runtimes):
+            raise KeyError(base)
+        loras = rt.core.loras
+        if loras is None:
+            raise LoraError(f"LoRA is not enabled for {rt.core.name} (start the engine with "
+                            "--enable-lora or --lora-modules)")
+        if name in self.runtimes or name in self.adapters:
+            raise LoraError(f"The lora adapter '{name}' has already been loaded.")
+        self.adapters[name] = (rt, loras.load(name, path, rank))
+        log.info("LoRA adapter %s (rank %d, %s) loaded for %s", name, rank, path, rt.core.name)
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    async def LoadLoraAdapter(self, request: pb.LoadLoraAdapterRequest, context):
+        if not self._control_allowed(context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "LoadLoraAdapter needs metadata `authorization: Bearer <control token>`")
+        try:
+            rank = read_rank(request.lora_path)
+            message = self.load_adapter(request.lora_name, request.lora_path,
+                                        request.base_model_name, rank)
+        except KeyError:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                self._unknown_model(request.base_model_name))
+        except LoraError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.LoraAdapterResponse(message=message)
+
+    async def UnloadLoraAdapter(self, request: pb.UnloadLoraAdapterRequest, context):
+        if not self._control_allowed(context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "UnloadLoraAdapter needs metadata `authorization: Bearer <control token>`")
+        entry = self.adapters.pop(request.lora_name, None)
+        if entry is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"The lora adapter '{request.lora_name}' cannot be found.")
+        rt, adapter = entry
+        rt.core.loras.unload(adapter.name)
+        log.info("LoRA adapter %s unloaded", adapter.name)
+        return pb.LoraAdapterResponse(
+            message=f"Success: LoRA adapter '{request.lora_name}' removed successfully.")

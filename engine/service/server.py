@@ -19,7 +19,9 @@ from grpc_reflection.v1alpha import reflection
 from inference_lab.common.state_file import read_state, write_state
 from inference_lab.engine.sim.core import CapacityError, EngineCore
 from inference_lab.engine.service.kv_events import KVEventsConfig, ZmqEventPublisher
+from inference_lab.engine.service.lora_modules import LoraModule, read_rank
 from inference_lab.engine.service.metrics import EngineMetrics, serve_metrics
+from inference_lab.engine.sim.lora import LoraError
 from inference_lab.engine.service.replica_faults import ReplicaFaults
 from inference_lab.engine.service.rpc import EngineService, ModelRuntime
 from inference_lab.engine.sim.specs import Deployment
@@ -43,7 +45,8 @@ class EngineServer:
                  metrics_port: int | None = DEFAULT_METRICS_PORT, control_token: str | None = None,
                  update_rate: float = DEFAULT_UPDATE_RATE, time_scale: float = 1.0,
                  engine_index: int = 0, state_dir: str | Path | None = None,
-                 kv_events: KVEventsConfig | None = None) -> None:
+                 kv_events: KVEventsConfig | None = None,
+                 lora_modules: list[LoraModule] | None = None, max_loras: int = 0) -> None:
         self.deployments = deployments
         self.update_rate = update_rate  # cap on mid-stream token updates/s per model
         self.time_scale = time_scale  # modelled seconds per wall second (engine.drivers.pacer)
@@ -58,6 +61,9 @@ class EngineServer:
         self.engine_index = engine_index  # the `engine` label of every metric
         self.kv_events_config = kv_events  # vLLM's --kv-events-config, when given
         self.kv_events: ZmqEventPublisher | None = None
+        # LoRA: max_loras > 0 enables adapters on every model (vLLM's --enable-lora)
+        self.lora_modules = list(lora_modules or [])
+        self.max_loras = max_loras
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
         self.runtimes: list[ModelRuntime] = []
@@ -80,6 +86,8 @@ class EngineServer:
                                      self.kv_events if core.prefix_cache is not None else None)
                          for core in cores]
         self.service = EngineService(self.runtimes, self.control_token, self.metrics)
+        if self.max_loras:
+            self._enable_lora()
         if self.state_path is not None:
             self._restore_capacity()
             self.service.on_capacity_change = self._save_capacity
@@ -112,6 +120,22 @@ class EngineServer:
                      rt.core.max_waiting)
         log.info("engine gRPC on %s:%d, metrics on %s", self.host, self.port,
                  f"http://{self.host}:{self.metrics_port}/metrics" if self.metrics_port else "off")
+
+    def _enable_lora(self) -> None:
+        """Adapters for every model, and the --lora-modules registered (LoraError on a
+        bad one: the engine does not start)."""
+        for rt in self.runtimes:
+            rt.core.enable_lora(self.max_loras)
+        for module in self.lora_modules:
+            if not module.base_model_name and len(self.runtimes) > 1:
+                raise LoraError(f"--lora-modules {module.name}: several models are served; "
+                                "name the base with the JSON form's base_model_name")
+            try:
+                self.service.load_adapter(module.name, module.path, module.base_model_name,
+                                          read_rank(module.path))
+            except KeyError:
+                raise LoraError(f"--lora-modules {module.name}: base model "
+                                f"{module.base_model_name!r} is not served") from None
 
     def _restore_capacity(self) -> None:
         """Apply the live capacity saved by an earlier run (logged; a model no longer

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from inference_lab.engine.sim.cost import CostModel, attention_load, rate_for
 from inference_lab.engine.sim.speculative import draft_seconds
 from inference_lab.engine.sim.kv import fixed_blocks, total_blocks
+from inference_lab.engine.sim.lora import MAX_ADAPTERS, LoraAdapter, LoraRegistry
 from inference_lab.engine.sim.prefix_cache import block_hashes
 from inference_lab.engine.sim.request import Request, Status
 from inference_lab.engine.sim.scheduler import Scheduler
@@ -165,7 +166,8 @@ class EngineCore:
             )
 
     def submit(self, prompt_len: int, max_tokens: int, now: float, *, priority: int = 0,
-               tag: object = None, token_ids: bytes = b"", n: int = 1) -> Request:
+               tag: object = None, token_ids: bytes = b"", n: int = 1,
+               lora: LoraAdapter | None = None) -> Request:
         """Check and queue in one synchronous step: raises QueueSaturated when
         max_waiting (> 0) requests already wait, SubmitError when it can never run.
         `token_ids` (packed little-endian uint32, prompt_len of them) lets the request
@@ -188,9 +190,10 @@ class EngineCore:
         if now > self.clock and not self.scheduler.has_work():
             self.clock = now  # idle: the next step starts at this arrival
         req = Request(next(self._ids), prompt_len, max_tokens, now, priority, tag=tag, n=n,
-                      ready=now + self.cost.request_overhead)
+                      ready=now + self.cost.request_overhead, lora=lora)
         if token_ids and self.prefix_cache is not None and prompt_len >= self.block_size:
-            req.block_hashes = block_hashes(token_ids, self.block_size)
+            req.block_hashes = block_hashes(token_ids, self.block_size,
+                                            lora.name.encode() if lora is not None else b"")
             if self.record_kv_events:
                 req.token_bytes = token_ids
         self.scheduler.waiting.push(req)
@@ -231,6 +234,25 @@ class EngineCore:
             config.max_num_seqs = max_num_seqs
         if max_waiting is not None:
             config.max_waiting = self.max_waiting = max_waiting
+
+    # ---- LoRA adapters ----------------------------------------------------------------------
+    def enable_lora(self, max_loras: int, max_adapters: int = MAX_ADAPTERS) -> LoraRegistry:
+        """Give this base model adapters (engine.sim.lora); at most max_loras per batch."""
+        self.scheduler.loras = LoraRegistry(self.deployment, max_loras, max_adapters)
+        return self.scheduler.loras
+
+    @property
+    def loras(self) -> LoraRegistry | None:
+        return self.scheduler.loras
+
+    def _lora_seconds(self, decision, width: int) -> float:
+        """Adapters loaded into GPU slots for this step, and the adapters' own work."""
+        tokens: dict = {a: n * width for a, n in self.scheduler.group_loras.items() if n}
+        for req, n in decision.chunks:
+            if req.lora is not None:
+                tokens[req.lora] = tokens.get(req.lora, 0) + n
+        work = self.scheduler.loras.step_seconds(tokens) if tokens else 0.0
+        return work + decision.lora_load_seconds
 
     # ---- time --------------------------------------------------------------------------
     # ---- speculative decoding -------------------------------------------------------------
@@ -290,6 +312,8 @@ class EngineCore:
             seconds = self.cost.step_cost(num_tokens, load).seconds
             if width > 1:
                 seconds += self._draft_seconds(width - 1, decodes, seconds)
+            if scheduler.loras is not None:
+                seconds += self._lora_seconds(decision, width)
             seconds *= self.slowdown
         end = start + seconds
         for req in decision.admitted:

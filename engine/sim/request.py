@@ -61,6 +61,7 @@ class Request:
     token_bytes: bytes | None = None  # the prompt's token IDs, kept only for KV events
     cached_refs: int = 0  # leading block_hashes whose cache entries it references (running)
     cached_tokens: int = 0  # prompt tokens found cached at its first scheduling
+    lora: object = None  # the LoraAdapter it runs through (engine.sim.lora), or None
     tag: object = None  # the driver's handle (a stream, a closed-loop user, ...)
     n: int = 1  # sequences to sample from the prompt (spawned when its prefill completes)
     index: int = 0  # which sequence of its family (0: the request that was submitted)

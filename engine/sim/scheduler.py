@@ -36,6 +36,7 @@ class Decision:
     admitted: list[Request] = field(default_factory=list)  # first scheduled this step
     preempted: list[Request] = field(default_factory=list)
 
+    lora_load_seconds: float = 0.0  # adapters moved into GPU slots for this step
     decode_width: int = 1  # positions each decode computes: 1 + draft tokens to verify
     decode_advance: int = 1  # positions each decode keeps: 1 + accepted draft tokens
 
@@ -112,6 +113,9 @@ class Scheduler:
         self.prefilling: dict[int, Request] = {}  # running, not in the group
         self.group = DecodeGroup(config.block_size, windows)
         self.num_preemptions = 0
+        self.loras = None  # the base model's LoraRegistry (engine.sim.lora), when it has adapters
+        self.lora_running: dict[int, int] = {}  # adapter id -> running sequences using it
+        self.group_loras: dict[object, int] = {}  # adapter -> decode group members using it
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -187,10 +191,14 @@ class Scheduler:
 
     def _admit_waiting(self, decision: Decision, budget: int, now: float) -> None:
         cap = self.config.max_num_seqs
+        skipped: list[Request] = []  # waiting for a LoRA slot: later requests may go first
         while budget > 0:
             req = self.waiting.peek()
             if req is None or req.ready > now:
                 break
+            if req.lora is not None and self._lora_blocked(req):
+                skipped.append(self.waiting.pop())
+                continue
             siblings = req.n - 1 if req.family is None else 0  # places it needs beyond its own
             if self.num_running + 1 + siblings > cap and (self.running or not siblings):
                 break  # (a request of more sequences than the cap runs alone)
@@ -213,9 +221,33 @@ class Scheduler:
             self.reserved_places += siblings
             self.running[req.id] = req
             self.prefilling[req.id] = req
+            if req.lora is not None:
+                self._lora_enter(req, decision)
             decision.admitted.append(req)
             decision.chunks.append((req, n))
             budget -= n
+        for req in reversed(skipped):  # back at the head, in their order
+            self.waiting.push(req, front=True)
+
+    # ---- LoRA slots: at most max_loras distinct adapters in the batch ------------------
+    def _lora_blocked(self, req: Request) -> bool:
+        return (req.lora.id not in self.lora_running
+                and len(self.lora_running) >= self.loras.max_loras)
+
+    def _lora_enter(self, req: Request, decision: Decision) -> None:
+        adapter = req.lora
+        running = self.lora_running
+        if adapter.id not in running:
+            decision.lora_load_seconds += self.loras.make_resident(adapter, set(running))
+        running[adapter.id] = running.get(adapter.id, 0) + 1
+
+    def _lora_leave(self, req: Request) -> None:
+        running = self.lora_running
+        count = running[req.lora.id] - 1
+        if count:
+            running[req.lora.id] = count
+        else:
+            del running[req.lora.id]
 
     def _chunk(self, req: Request, budget: int, cached: int = 0) -> int:
         """Positions of req's prefill that fit this step (0 = none), when the first
@@ -267,7 +299,8 @@ class Scheduler:
         full = min(min(req.num_computed, req.prompt_len) // self.block_size, len(hashes))
         if full <= req.cached_refs:
             return
-        dup, revived = self.cache.store(hashes, req.cached_refs, full, req.token_bytes)
+        dup, revived = self.cache.store(hashes, req.cached_refs, full, req.token_bytes,
+                                        req.lora.id if req.lora is not None else None)
         self.free_blocks += dup - revived  # req's copies of resident blocks are freed
         req.cached_refs = full  # req.blocks (logical) is unchanged
 
@@ -296,6 +329,10 @@ class Scheduler:
         if req.in_group:
             self.group.remove(req)
             req.blocks = self.blocks_for(req.num_computed) - req.shared_blocks
+            if req.lora is not None:
+                self.group_loras[req.lora] -= 1
+        if req.lora is not None:
+            self._lora_leave(req)
         if req.cached_refs:
             shared = req.cached_refs
             self.free_blocks += req.blocks - shared + self.cache.release(req.block_hashes[:shared])
@@ -344,7 +381,9 @@ class Scheduler:
                               first_scheduled=parent.first_scheduled, n=parent.n, index=index,
                               family=family, shared_blocks=0 if cached else full,
                               block_hashes=parent.block_hashes, token_bytes=parent.token_bytes,
-                              cached_tokens=parent.cached_tokens)
+                              cached_tokens=parent.cached_tokens, lora=parent.lora)
+            if parent.lora is not None:
+                self.lora_running[parent.lora.id] += 1
             if cached:
                 self.cache.acquire(parent.block_hashes[:cached])
                 sibling.cached_refs = cached
@@ -398,4 +437,6 @@ class Scheduler:
                     done.append(seq)
                 else:
                     group.add(seq)
+                    if seq.lora is not None:
+                        self.group_loras[seq.lora] = self.group_loras.get(seq.lora, 0) + 1
         return first, done, sampled

@@ -63,7 +63,8 @@ def version() -> str:
 def model_card(info) -> dict:
     """One model as vLLM's /v1/models lists it (`info`: the engine's ModelInfo)."""
     return {"id": info.name, "object": "model", "created": 0, "owned_by": "inference-lab",
-            "root": info.name, "parent": None, "max_model_len": info.max_model_len,
+            "root": info.name, "parent": info.parent or None,
+            "max_model_len": info.max_model_len,
             "permission": [{"id": f"modelperm-{info.name}", "object": "model_permission",
                             "created": 0, "allow_create_engine": False, "allow_sampling": True,
                             "allow_logprobs": True, "allow_search_indices": False,

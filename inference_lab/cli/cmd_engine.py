@@ -35,11 +35,54 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="refuse arrivals once N requests wait, for every model (0 = unbounded)")
     add_catalog_argument(p)
     add_timing_argument(p)
+    p.add_argument("--enable-lora", action="store_true",
+                   help="serve LoRA adapters (loaded at start with --lora-modules, or at run "
+                        "time with POST /v1/load_lora_adapter); implied by --lora-modules")
+    p.add_argument("--lora-modules", nargs="+", action="extend", type=_lora_module,
+                   metavar="NAME=PATH",
+                   help="LoRA adapters to serve, as vLLM takes them: name=path, or JSON "
+                        '{"name": ..., "path": ..., "base_model_name": ...}; a request names '
+                        "the adapter in `model`; PATH/adapter_config.json gives the rank r "
+                        "(else 16)")
+    p.add_argument("--max-loras", type=_max_loras, metavar="N",
+                   help="at most N distinct adapters in one batch, and N resident on the GPU "
+                        "(vLLM's flag; default 1); requests of another adapter wait")
     p.add_argument("--kv-events-config", type=_kv_events_config, metavar="JSON",
                    help="publish KV-cache events over ZMQ in vLLM's wire format, configured as "
                         "vLLM's flag is: e.g. '{\"enable_kv_cache_events\": true, \"endpoint\": "
                         "\"tcp://127.0.0.1:5557\", \"replay_endpoint\": \"tcp://127.0.0.1:5558\", "
                         "\"topic\": \"kv@{model}\"}' (README: 'KV-cache events')")
+
+
+def _lora_module(text: str) -> str:
+    from inference_lab.engine.service.lora_modules import parse_lora_module
+    from inference_lab.engine.sim.lora import LoraError
+
+    try:
+        parse_lora_module(text)
+    except LoraError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _max_loras(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def lora_argv(args: argparse.Namespace) -> list[str]:
+    """The LoRA flags again, for `serve` to hand to its engine child."""
+    argv = ["--enable-lora"] if args.enable_lora else []
+    if args.lora_modules:
+        argv += ["--lora-modules", *args.lora_modules]
+    if args.max_loras is not None:
+        argv += ["--max-loras", str(args.max_loras)]
+    return argv
 
 
 def _kv_events_config(text: str) -> str:
@@ -136,18 +179,23 @@ def run(args: argparse.Namespace) -> int:
     deployments = load_deployments(args)
     token = control_token(args)
     from inference_lab.engine.service.kv_events import KVEventsConfig
+    from inference_lab.engine.service.lora_modules import parse_lora_module
 
     kv_events = KVEventsConfig.parse(args.kv_events_config) if args.kv_events_config else None
     server = EngineServer(deployments, args.host, args.port, args.metrics_port, control_token=token,
                           update_rate=args.max_update_rate, time_scale=args.time_scale,
-                          state_dir=args.state_dir, kv_events=kv_events)
+                          state_dir=args.state_dir, kv_events=kv_events,
+                          lora_modules=[parse_lora_module(m) for m in args.lora_modules or ()],
+                          max_loras=(args.max_loras or 1) if (args.enable_lora or args.lora_modules
+                                                              or args.max_loras) else 0)
     if token:
         log.info("SetCapacity requires the control token")
     from inference_lab.common.state_file import StateFileError
+    from inference_lab.engine.sim.lora import LoraError
 
     try:
         asyncio.run(run_until_signal(server, args.grace))
-    except (OSError, StateFileError) as exc:
+    except (OSError, StateFileError, LoraError) as exc:
         from inference_lab.cli import UsageError
 
         raise UsageError(str(exc)) from None

@@ -20,6 +20,7 @@ import tempfile
 
 from inference_lab.cli.auth_flags import CONTROL_TOKEN_ENV, control_token
 from inference_lab.cli.cmd_engine import add_model_arguments, add_pacing_arguments, load_deployments
+from inference_lab.cli.cmd_engine import lora_argv
 from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs
 
 log = logging.getLogger("inference_lab.serve")
@@ -78,6 +79,7 @@ class EngineProcess:
             self.argv += ["--max-waiting", str(args.max_waiting)]
         if args.kv_events_config:
             self.argv += ["--kv-events-config", args.kv_events_config]
+        self.argv += lora_argv(args)
         for directory in args.catalog:
             self.argv += ["--catalog", str(directory)]
         if args.timing is not None:

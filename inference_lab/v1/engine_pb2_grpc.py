@@ -59,6 +59,16 @@ class EngineStub:
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=inference__lab_dot_v1_dot_engine__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.LoadLoraAdapter = channel.unary_unary(
+                '/inference_lab.v1.Engine/LoadLoraAdapter',
+                request_serializer=inference__lab_dot_v1_dot_engine__pb2.LoadLoraAdapterRequest.SerializeToString,
+                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.LoraAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadLoraAdapter = channel.unary_unary(
+                '/inference_lab.v1.Engine/UnloadLoraAdapter',
+                request_serializer=inference__lab_dot_v1_dot_engine__pb2.UnloadLoraAdapterRequest.SerializeToString,
+                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.LoraAdapterResponse.FromString,
+                _registered_method=True)
         self.GetMetrics = channel.unary_unary(
                 '/inference_lab.v1.Engine/GetMetrics',
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.GetMetricsRequest.SerializeToString,
@@ -120,7 +130,25 @@ class EngineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListModels(self, request, context):
-        """The models this engine serves.
+        """The models this engine serves, and their LoRA adapters (with `parent` set).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadLoraAdapter(self, request, context):
+        """Registers a LoRA adapter of a base model (vLLM's /v1/load_lora_adapter). Requests
+        name it in `model`. INVALID_ARGUMENT: a name already in use, beyond the limit of
+        adapters per model, or LoRA not enabled; NOT_FOUND: unknown base model.
+        UNAUTHENTICATED as SetCapacity.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoraAdapter(self, request, context):
+        """Removes a LoRA adapter (vLLM's /v1/unload_lora_adapter); requests already admitted
+        through it finish. NOT_FOUND: no such adapter. UNAUTHENTICATED as SetCapacity.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -183,6 +211,16 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=inference__lab_dot_v1_dot_engine__pb2.ListModelsRequest.FromString,
                     response_serializer=inference__lab_dot_v1_dot_engine__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'LoadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoraAdapter,
+                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.LoadLoraAdapterRequest.FromString,
+                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.LoraAdapterResponse.SerializeToString,
+            ),
+            'UnloadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoraAdapter,
+                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.UnloadLoraAdapterRequest.FromString,
+                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.LoraAdapterResponse.SerializeToString,
             ),
             'GetMetrics': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMetrics,
@@ -335,6 +373,60 @@ class Engine:
             '/inference_lab.v1.Engine/ListModels',
             inference__lab_dot_v1_dot_engine__pb2.ListModelsRequest.SerializeToString,
             inference__lab_dot_v1_dot_engine__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference_lab.v1.Engine/LoadLoraAdapter',
+            inference__lab_dot_v1_dot_engine__pb2.LoadLoraAdapterRequest.SerializeToString,
+            inference__lab_dot_v1_dot_engine__pb2.LoraAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference_lab.v1.Engine/UnloadLoraAdapter',
+            inference__lab_dot_v1_dot_engine__pb2.UnloadLoraAdapterRequest.SerializeToString,
+            inference__lab_dot_v1_dot_engine__pb2.LoraAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,3 +25,11 @@ def test_the_engine_refuses_a_malformed_kv_events_config_at_start_up():
     assert run.returncode == 2
     assert "--kv-events-config" in run.stderr and "unknown key 'endpont'" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_the_engine_refuses_a_malformed_lora_module_at_start_up():
+    run = subprocess.run([sys.executable, "-P", "-m", "inference_lab", "serve",
+                          "--lora-modules", "sql-lora"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "--lora-modules" in run.stderr and "expected name=path" in run.stderr
+    assert "Traceback" not in run.stderr

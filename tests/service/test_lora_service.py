@@ -1,0 +1,79 @@
+"""LoRA adapters through the real gateway and engine: listed with their base model,
+requested by name in `model` (the official `openai` SDK), loaded and unloaded at run time
+as vLLM does it, and an unknown adapter is a 404 like an unknown model."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
+from engine_helpers import running_engine
+
+from inference_lab.engine.service.lora_modules import LoraModule, parse_lora_module, read_rank
+from inference_lab.engine.sim.lora import LoraError
+from inference_lab.gateway import create_app
+
+
+async def test_adapters_are_listed_served_loaded_and_unloaded(tmp_path):
+    adapter = tmp_path / "sql-lora"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 32, "lora_alpha": 16}))
+    async with running_engine(lora_modules=[LoraModule("sql-lora", str(adapter), "")],
+                              max_loras=2) as engine:
+        async with TestServer(create_app(f"127.0.0.1:{engine.port}")) as server:
+            base = f"http://127.0.0.1:{server.port}"
+            client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+            models = {m.id: m for m in (await client.models.list()).data}
+            assert models["sql-lora"].model_extra["parent"] == "gpt-oss-20b"
+            assert models["gpt-oss-20b"].model_extra["parent"] is None
+            reply = await client.chat.completions.create(
+                model="sql-lora", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+            assert reply.usage.completion_tokens == 4 and reply.model == "sql-lora"
+            with pytest.raises(openai.NotFoundError):
+                await client.chat.completions.create(
+                    model="no-such-lora", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+            async with ClientSession() as http:
+                async def post(path, body):
+                    async with http.post(base + path, json=body) as resp:
+                        return resp.status, await resp.text()
+
+                status, text = await post("/v1/load_lora_adapter",
+                                          {"lora_name": "chat-lora", "lora_path": "/nowhere"})
+                assert (status, text) == (200, "Success: LoRA adapter 'chat-lora' added successfully.")
+                reply = await client.completions.create(model="chat-lora", prompt="x", max_tokens=2)
+                assert reply.usage.completion_tokens == 2
+                status, text = await post("/v1/load_lora_adapter",
+                                          {"lora_name": "chat-lora", "lora_path": "/nowhere"})
+                assert status == 400 and "already been loaded" in json.loads(text)["error"]["message"]
+                status, text = await post("/v1/load_lora_adapter", {"lora_name": "x"})
+                assert status == 400 and "lora_path" in json.loads(text)["error"]["message"]
+                status, _ = await post("/v1/unload_lora_adapter", {"lora_name": "chat-lora"})
+                assert status == 200
+                status, text = await post("/v1/unload_lora_adapter", {"lora_name": "chat-lora"})
+                assert status == 404 and "cannot be found" in json.loads(text)["error"]["message"]
+            with pytest.raises(openai.NotFoundError):
+                await client.completions.create(model="chat-lora", prompt="x", max_tokens=2)
+            await client.close()
+        ranks = {a.name: a.rank for a in engine.runtimes[0].core.loras.adapters.values()}
+        assert ranks == {"sql-lora": 32}
+
+
+def test_lora_module_forms_and_malformed_ones():
+    assert parse_lora_module("a=/p") == LoraModule("a", "/p", "")
+    assert parse_lora_module('{"name": "a", "path": "/p", "base_model_name": "m"}') == \
+        LoraModule("a", "/p", "m")
+    for bad in ("a", "=/p", "a=", '{"name": "a"}', '{"name": "a", "path": "/p", "x": 1}', "{"):
+        with pytest.raises(LoraError):
+            parse_lora_module(bad)
+
+
+def test_the_rank_comes_from_adapter_config_json(tmp_path):
+    assert read_rank(str(tmp_path)) == 16  # none there
+    (tmp_path / "adapter_config.json").write_text('{"r": 8}')
+    assert read_rank(str(tmp_path)) == 8
+    (tmp_path / "adapter_config.json").write_text('{"r": "eight"}')
+    with pytest.raises(LoraError, match="`r` must be an integer"):
+        read_rank(str(tmp_path))
