@@ -34,11 +34,12 @@ from inference_lab.engine.sim.specs import Calibration, Deployment, SchedulerCon
 METRICS = (("ttft_ms", "ttft_ms"), ("tpot_ms", "per_token_ms"), ("e2e_ms", "e2e_ms"))
 # The grid each parameter is searched over (coordinate descent keeps the others fixed).
 GRID = {
-    "bandwidth_efficiency": [0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 1.0],
-    "flops_efficiency": [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
-    "flops_half_tokens": [0.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0],
-    "step_overhead": [0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3],
-    "request_overhead": [0.0, 2e-3, 5e-3, 10e-3, 20e-3, 40e-3],
+    "bandwidth_efficiency": [0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7,
+                             0.75, 0.8, 0.85, 0.9, 1.0],
+    "flops_efficiency": [0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
+    "flops_half_tokens": [0.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0],
+    "step_overhead": [0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3, 10e-3, 15e-3, 20e-3],
+    "request_overhead": [0.0, 2e-3, 5e-3, 10e-3, 20e-3, 40e-3, 100e-3, 200e-3],
     "comm_efficiency": [0.1, 0.2, 0.3, 0.5, 0.7, 1.0],
 }
 
@@ -54,6 +55,7 @@ class Row:
     requests: int
     measured: dict[str, float]
     holdout: bool
+    first_wave: bool = False  # True: the measured means include the opening burst
 
 
 def load_rows(data_dir: Path) -> list[Row]:
@@ -69,13 +71,18 @@ def load_rows(data_dir: Path) -> list[Row]:
                 name=d["name"], model=catalog.load_model(d["model"]),
                 hardware=catalog.load_hardware(d["hardware"]), tp=d.get("tp", 1), scheduler=sched)
         only = next(iter(deployments)) if len(deployments) == 1 else None
+        first_wave = data["source"].get("first_wave") == "included"
         for r in data["rows"]:
             dep = deployments[r.get("deployment", only)]
             measured = {key: r[key] for key, _ in METRICS if key in r}
             rows.append(Row(path.stem, f"{dep.name} {r['input']}/{r['output']} c={r['concurrency']}",
                             dep, r["input"], r["output"], r["concurrency"],
-                            r.get("requests", 6 * r["concurrency"]), measured, r.get("holdout", False)))
+                            r.get("requests", 6 * r["concurrency"]), measured, r.get("holdout", False),
+                            first_wave))
     return rows
+
+
+MAX_REQUESTS = 120  # per simulated row, at least 4 x concurrency (--max-requests)
 
 
 def _run(dep: Deployment, row: Row, requests: int) -> dict:
@@ -86,16 +93,17 @@ def _run(dep: Deployment, row: Row, requests: int) -> dict:
 
 def simulate(row: Row, calibration: Calibration | None) -> dict[str, float]:
     """The row's metrics as simulated. A closed loop starts with all its clients at once,
-    which a benchmark's steady state does not see: for a concurrency above 1 the first
-    wave is run alone too and taken out of the TTFT mean (its TTFT is the same in both
-    runs: every first token comes before the first request ends)."""
+    which a benchmark's steady state does not see: unless the source says its means
+    include that first wave, for a concurrency above 1 the first wave is run alone too and
+    taken out of the TTFT mean (its TTFT is the same in both runs: every first token comes
+    before the first request ends)."""
     dep = row.deployment
     if calibration is not None:
         dep = replace(dep, hardware=replace(dep.hardware, calibration=calibration), timing="calibrated")
-    lat = _run(dep, row, row.requests)
+    lat = _run(dep, row, min(row.requests, max(MAX_REQUESTS, 4 * row.concurrency)))
     out = {key: lat[name]["mean"] for key, name in METRICS if key in row.measured}
-    c, n = row.concurrency, row.requests
-    if "ttft_ms" in out and c > 1 and n > c:
+    c, n = row.concurrency, min(row.requests, max(MAX_REQUESTS, 4 * row.concurrency))
+    if "ttft_ms" in out and c > 1 and n > c and not row.first_wave:
         first = _run(dep, row, c)["ttft_ms"]["mean"]
         out["ttft_ms"] = (n * out["ttft_ms"] - c * first) / (n - c)
     return out
@@ -146,10 +154,16 @@ def fit(rows: list[Row], sweeps: int) -> tuple[Calibration, float]:
 
 
 def main() -> int:
+    global MAX_REQUESTS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parent / "data")
     parser.add_argument("--sweeps", type=int, default=4)
+    parser.add_argument("--max-requests", type=int, default=MAX_REQUESTS,
+                        help="simulate at most this many requests per row (at least 4 x its "
+                             "concurrency): a benchmark of 500 requests at concurrency 4 is "
+                             "125 sequential waves, close to steady state after a few dozen")
     args = parser.parse_args()
+    MAX_REQUESTS = args.max_requests
     rows = load_rows(args.data)
     by_hw: dict[str, list[Row]] = {}
     for row in rows:

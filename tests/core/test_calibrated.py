@@ -68,7 +68,7 @@ def test_timing_is_chosen_per_entry_or_by_the_flag_and_needs_a_fit(tmp_path):
 
 
 def test_the_fitted_presets_name_their_fit():
-    for name in ("h100", "h200"):
+    for name in ("h100", "h200", "mi300x"):
         cal = catalog.load_hardware(name).calibration
         assert cal is not None and cal.fit.startswith("calibration/fit.py on ")
         assert 0 < cal.bandwidth_efficiency <= 1 and 0 < cal.flops_efficiency <= 1
