@@ -56,6 +56,8 @@ async def read_body(request: web.BaseRequest, timeout: float | None = None) -> b
         async with asyncio.timeout(timeout):
             return await request.read()
     except TimeoutError:
+        # no keep-alive after the 408: aiohttp closes once its lingering read (<= 10 s) ends
+        request.protocol.close()
         raise GatewayError(ErrorKind.REQUEST_TIMEOUT,
                            f"Request body not received within {timeout:g} s.") from None
     except HttpProcessingError as exc:
