@@ -340,7 +340,7 @@ class EngineClient:
                 await self._ensure_session()
                 continue
             full = session.saturated.get(model)
-            if full is not None and self._fits(model, prompt_tokens + max_tokens):
+            if full is not None and self._fits(model, prompt_tokens, max_tokens, n):
                 # (one that can never fit goes on: the engine answers it with its 400 first)
                 session.note_refused(model)
                 raise GatewayError(ErrorKind.QUEUE_SATURATED,
@@ -367,12 +367,17 @@ class EngineClient:
             return stream
         raise engine_unavailable("the session broke while connecting")
 
-    def _fits(self, model: str, tokens: int) -> bool:
+    def _fits(self, model: str, prompt_tokens: int, max_tokens: int, n: int = 1) -> bool:
         """The engine's own checks before its queue's: within max_model_len and the KV
-        cache."""
+        cache (n sequences share the prompt's full blocks and hold the rest each)."""
         info = self._models.get(model)
-        return info is not None and tokens <= info.max_model_len and (
-            -(-tokens // max(info.block_size, 1)) <= info.kv_blocks)
+        if info is None:
+            return False
+        tokens = prompt_tokens + max_tokens
+        block = max(info.block_size, 1)
+        one = -(-tokens // block)
+        return tokens <= info.max_model_len and (
+            one + (n - 1) * (one - prompt_tokens // block) <= info.kv_blocks)
 
     def cancel(self, stream: RequestStream, reason: BaseException | None = None) -> None:
         """Cancel a request still running in the engine (no-op when it is done)."""

@@ -65,6 +65,13 @@ async def test_a_saturated_model_is_refused_at_the_gateway_and_counted_by_the_en
     too_long = await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 5000})
     assert too_long.status == 400 and "max_model_len" in (await too_long.json())["error"]["message"]
     assert len(fake.opened.items) == 2  # that one went to the engine, which refused it
+    # 16 + 2000 tokens: 126 blocks of 16 alone; 8 sequences need 126 + 7 x 125 > 1000
+    # (streamed, and only the status read: the fake engine knows no n)
+    async with client.post("/v1/chat/completions",
+                           json={**CHAT, "max_tokens": 2000, "n": 8, "stream": True}) as too_many:
+        assert too_many.status != 529  # the engine judges it
+    assert len(fake.opened.items) == 3 and fake.opened.items[-1].request.n == 8
+    fake.opened.items.pop()
     await announce(client, fake, FREE)
     assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
     assert len(fake.opened.items) == 3
