@@ -101,6 +101,24 @@ def summarise(rec: RunRecorder, core: EngineCore, steps: int, cpu_seconds: float
     }
 
 
+def _adapters(core: EngineCore, spec: WorkloadSpec) -> list[tuple[object, float]]:
+    """The workload's LoRA adapters registered on the core, with their fractions."""
+    if not spec.lora_adapters:
+        return []
+    loras = core.enable_lora(spec.max_loras)
+    return [(loras.load(name, "", spec.lora_rank), f) for name, f in spec.lora_adapters]
+
+
+def _draw(adapters: list[tuple[object, float]], rng: random.Random):
+    """An adapter with its fraction's probability, else None (the base model)."""
+    x = rng.random()
+    for adapter, fraction in adapters:
+        if x < fraction:
+            return adapter
+        x -= fraction
+    return None
+
+
 def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None = None,
                 on_progress: Callable[[int, int], None] | None = None) -> dict:
     """Simulate `spec` on a fresh EngineCore and return the summary dict.
@@ -114,6 +132,8 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
     closed = spec.arrival_pattern == "closed_loop"
     arrivals = None if closed else open_loop_arrivals(spec, rng)
     next_arrival = next(arrivals, None) if arrivals else None
+    adapters = _adapters(core, spec)
+    pick = random.Random((spec.seed if seed is None else seed) ^ 0x10_7A)  # adapter draws
     idle = list(range(spec.num_concurrent_users, 0, -1)) if closed else []  # user ids
     opened = 0  # open-loop requests submitted (request i is in conversation i // num_turns)
     done = 0
@@ -128,7 +148,7 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
         tokens = convs.next_prompt(key, prompt_len, output_len) if convs else b""
         try:
             core.submit(prompt_len if not tokens else 0, output_len, now, tag=key,
-                        token_ids=tokens)
+                        token_ids=tokens, lora=_draw(adapters, pick) if adapters else None)
             return True
         except QueueSaturated:
             rec.rejected_saturated += 1

@@ -26,6 +26,7 @@ count is its cumulated copy).
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -382,6 +383,36 @@ class _Template:
         return chunks
 
 
+LORA_INFO = "vllm:lora_requests_info"
+
+
+def lora_info(models: list[ModelMetrics]) -> bytes:
+    """vLLM's vllm:lora_requests_info for the models serving LoRA adapters: one gauge per
+    model whose value is the time of the scrape and whose labels carry the state, as vLLM
+    reports it: max_lora, running_lora_adapters and waiting_lora_adapters (names joined
+    by commas), plus the lab's model_name and engine."""
+    served = [m for m in models if m.core.loras is not None]
+    if not served:
+        return b""
+    family = GaugeMetricFamily(LORA_INFO, "Running stats on lora requests.",
+                               labels=["model_name", "engine", "max_lora",
+                                       "running_lora_adapters", "waiting_lora_adapters"])
+    now = time.time()
+    for m in served:
+        running, waiting = m.core.lora_adapters_in_use()
+        family.add_metric([*m.labels, str(m.core.loras.max_loras), ",".join(running),
+                           ",".join(waiting)], now)
+    return generate_latest(_Families([family]))
+
+
+class _Families:
+    def __init__(self, families) -> None:
+        self.families = families
+
+    def collect(self):
+        return self.families
+
+
 class Exposition:
     """The models' metrics as Prometheus text: all of them, or the ones asked for."""
 
@@ -405,7 +436,7 @@ class Exposition:
         for i, header in enumerate(headers):
             out.append(header)
             out.extend(chunks[i] for chunks in rendered)
-        return "".join(out).encode()
+        return "".join(out).encode() + lora_info(chosen)
 
     def _template(self, model: ModelMetrics) -> _Template:
         template = self._templates.get(id(model))

@@ -245,6 +245,20 @@ class EngineCore:
     def loras(self) -> LoraRegistry | None:
         return self.scheduler.loras
 
+    def lora_adapters_in_use(self) -> tuple[list[str], list[str]]:
+        """(adapters of running requests, adapters of waiting requests), by name, as
+        vllm:lora_requests_info lists them."""
+        loras = self.scheduler.loras
+        if loras is None:
+            return [], []
+        by_id = {a.id: a.name for a in loras.adapters.values()}
+        running = [by_id.get(i, str(i)) for i in self.scheduler.lora_running]
+        waiting: dict[str, None] = {}
+        for req in self.scheduler.waiting.requests():
+            if req.lora is not None:
+                waiting[req.lora.name] = None
+        return running, list(waiting)
+
     def _lora_seconds(self, decision, width: int) -> float:
         """Adapters loaded into GPU slots for this step, and the adapters' own work."""
         tokens: dict = {a: n * width for a, n in self.scheduler.group_loras.items() if n}

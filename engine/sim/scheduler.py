@@ -89,6 +89,11 @@ class WaitingQueue:
         self.count -= 1
         return req
 
+    def requests(self) -> list[Request]:
+        """The waiting requests (order not meant), for reports."""
+        entries = (e[3] for e in self._heap) if self.priority else iter(self._deque)
+        return [r for r in entries if r.status is Status.WAITING]
+
     def discard(self, req: Request) -> None:
         """The caller has already moved req out of WAITING; only the count changes."""
         self.count -= 1

@@ -15,6 +15,9 @@ Knows: the `[workload]` table (or the same keys at the top level of the file):
     shared_prefix_len = 2000     # every conversation starts with one of ... (default 0)
     num_shared_prefixes = 1      # ... this many fixed prefixes (default 1)
     num_turns = 4                # multi-turn: each turn resends the history (default 1)
+    lora_adapters = { sql = 0.3, chat = 0.2 }  # a fraction of requests per adapter
+    max_loras = 1                # the simulated engine's --max-loras (default 1)
+    lora_rank = 16               # the adapters' rank (default 16)
 
 With shared_prefix_len or num_turns, prompts are token IDs built by
 inference_lab.common.conversations (a prompt = prefix + history + a new message of
@@ -47,7 +50,8 @@ DEFAULT_BATCH_INTERVAL = 1.0  # seconds between bursts of a batched workload
 _DIST_KEYS = ("type", "value", "min", "max", "mean", "std_dev")
 _KEYS = ("arrival_pattern", "arrival_rate", "num_concurrent_users", "batch_size",
          "batch_interval", "num_requests", "seed", "input_len_dist", "output_len_dist",
-         "shared_prefix_len", "num_shared_prefixes", "num_turns")
+         "shared_prefix_len", "num_shared_prefixes", "num_turns", "lora_adapters",
+         "max_loras", "lora_rank")
 # The other sections of an inference-lab all-in-one file, ignored beside a [workload] table.
 _OTHER_SECTIONS = ("hardware", "model", "scheduler", "simulation")
 
@@ -90,6 +94,9 @@ class WorkloadSpec:
     shared_prefix_len: int = 0  # tokens of the shared system prompt(s); 0 = none
     num_shared_prefixes: int = 1
     num_turns: int = 1  # turns per conversation
+    lora_adapters: tuple[tuple[str, float], ...] = ()  # (adapter, fraction of requests)
+    max_loras: int = 1
+    lora_rank: int = 16
 
     @property
     def structured(self) -> bool:
@@ -113,6 +120,17 @@ def _parse_dist(t: Table) -> LengthDist:
         dist = LengthDist(kind, mean=mean, std_dev=std_dev)
     t.done()
     return dist
+
+
+def _parse_adapters(t: Table) -> tuple[tuple[str, float], ...]:
+    """`lora_adapters = { name = fraction, ... }`: fractions in (0, 1] summing to <= 1."""
+    what = "a table of adapter name = fraction of requests (> 0, summing to at most 1)"
+    table = t.get("lora_adapters", dict, what, {})
+    pairs = tuple(table.items())
+    if any(isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1
+           for _, f in pairs) or sum(f for _, f in pairs) > 1 + 1e-9:
+        raise t.error("lora_adapters", what, table)
+    return tuple((name, float(f)) for name, f in pairs)
 
 
 def parse_workload(doc: dict, where: str) -> WorkloadSpec:
@@ -144,6 +162,9 @@ def parse_workload(doc: dict, where: str) -> WorkloadSpec:
         num_shared_prefixes=t.get("num_shared_prefixes", int, "an integer >= 1", 1,
                                   ok=lambda v: v >= 1),
         num_turns=t.get("num_turns", int, "an integer >= 1", 1, ok=lambda v: v >= 1),
+        lora_adapters=_parse_adapters(t),
+        max_loras=t.get("max_loras", int, "an integer >= 1", 1, ok=lambda v: v >= 1),
+        lora_rank=t.get("lora_rank", int, "an integer >= 1", 16, ok=lambda v: v >= 1),
     )
     t.done()
     return spec

@@ -75,3 +75,29 @@ def test_a_shared_system_prompt_is_served_from_the_cache_under_load():
     # All but the first wave of requests find the 31 full blocks of the system prompt.
     assert on["prefix_cache"]["hit_rate"] > 0.7
     assert on["latency_metrics"]["ttft_ms"]["mean"] < 0.8 * off["latency_metrics"]["ttft_ms"]["mean"]
+
+
+def test_a_workload_sends_a_fraction_of_requests_through_each_adapter():
+    workload = spec(num_concurrent_users=16, num_requests=300,
+                    lora_adapters=(("sql", 0.3), ("chat", 0.3)), max_loras=1)
+    one = run_offline(deployment(), workload)
+    two = run_offline(deployment(), spec(num_concurrent_users=16, num_requests=300,
+                                         lora_adapters=(("sql", 0.3), ("chat", 0.3)), max_loras=2))
+    plain = run_offline(deployment(), spec(num_concurrent_users=16, num_requests=300))
+    assert one["requests"]["completed"] == two["requests"]["completed"] == 300
+    # One adapter slot serialises the two adapters' requests: slower than two slots,
+    # and both slower than no adapters at all (load and adapter work).
+    e2e = lambda out: out["latency_metrics"]["e2e_ms"]["mean"]  # noqa: E731
+    assert e2e(one) > e2e(two) > e2e(plain)
+
+
+@pytest.mark.parametrize("adapters", [{"sql": 0}, {"sql": 0.7, "chat": 0.5}, {"sql": "x"}, 3])
+def test_bad_adapter_fractions_are_refused_with_the_key(adapters):
+    from inference_lab.common.workload import ConfigError, parse_workload
+
+    doc = {"workload": {"arrival_pattern": "closed_loop", "num_concurrent_users": 1,
+                        "num_requests": 1, "input_len_dist": {"type": "fixed", "value": 1},
+                        "output_len_dist": {"type": "fixed", "value": 1},
+                        "lora_adapters": adapters}}
+    with pytest.raises(ConfigError, match="lora_adapters"):
+        parse_workload(doc, "w.toml")

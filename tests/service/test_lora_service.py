@@ -5,13 +5,16 @@ as vLLM does it, and an unknown adapter is a 404 like an unknown model."""
 from __future__ import annotations
 
 import json
+import time
 
 import openai
 import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 from engine_helpers import running_engine
+from factories import core
 
+from inference_lab.engine.service.metrics import EngineMetrics
 from inference_lab.engine.service.lora_modules import LoraModule, parse_lora_module, read_rank
 from inference_lab.engine.sim.lora import LoraError
 from inference_lab.gateway import create_app
@@ -77,3 +80,19 @@ def test_the_rank_comes_from_adapter_config_json(tmp_path):
     (tmp_path / "adapter_config.json").write_text('{"r": "eight"}')
     with pytest.raises(LoraError, match="`r` must be an integer"):
         read_rank(str(tmp_path))
+
+
+def test_lora_requests_info_reports_running_and_waiting_adapters_as_vllm_does():
+    engine = core()
+    loras = engine.enable_lora(max_loras=1)
+    a, b = loras.load("sql", "/a"), loras.load("chat", "/b")
+    engine.submit(100, 50, 0.0, lora=a)
+    engine.submit(100, 50, 0.0, lora=b)
+    engine.step(0.0)
+    before = time.time()
+    text = EngineMetrics([engine]).render().decode()
+    (line,) = [x for x in text.splitlines() if x.startswith("vllm:lora_requests_info{")]
+    labels, value = line.rsplit(" ", 1)
+    assert 'max_lora="1"' in labels and 'model_name="gpt-oss-20b"' in labels
+    assert 'running_lora_adapters="sql"' in labels and 'waiting_lora_adapters="chat"' in labels
+    assert float(value) >= before - 1  # vLLM sets it to the current time
