@@ -326,7 +326,7 @@ class EngineClient:
 
     async def open(
         self, model: str, prompt: Sequence[int] | int, max_tokens: int, *, priority: int = 0,
-        request_id: str = "", n: int = 1,
+        request_id: str = "", n: int = 1, stop_at_end: bool = False,
     ) -> RequestStream:
         """Start one request on the Session; its first event is `admitted` or `rejected`.
         With n > 1 it samples n sequences: their progress lands in `totals` and each sends
@@ -355,6 +355,7 @@ class EngineClient:
             if not isinstance(prompt, int):
                 req.prompt_token_ids = ids_to_bytes(prompt)
             req.max_tokens = max_tokens
+            req.stop_at_end = stop_at_end
             req.priority = priority
             if request_id:
                 req.request_id = request_id

@@ -233,6 +233,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             req = rt.pacer.submit(request.prompt_tokens, request.max_tokens, sink, tag,
                                   priority=request.priority, token_ids=request.prompt_token_ids,
                                   n=request.n or 1, lora=entry[1] if entry else None)
+            req.eos = request.stop_at_end  # ends as "stop" (metrics), not "length"
         except QueueSaturated:
             rt.metrics.on_rejected("QUEUE_SATURATED")
             raise

@@ -55,6 +55,7 @@ class Request:
     finish_time: float = -1.0
     done_gain: int = 1  # finished by length: tokens its final step gave it
     done_mark: int = -1  # finished by length: the decode group's progress mark at its end
+    eos: bool = False  # its length stands for an end-of-sequence token (finishes as "stop")
     preempted_at: float = -1.0  # start of the step that last preempted it (its tokens had ended)
     preemptions: int = 0
     block_hashes: list[int] | None = None  # chained hashes of the prompt's full blocks

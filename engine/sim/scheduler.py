@@ -386,7 +386,7 @@ class Scheduler:
                               first_scheduled=parent.first_scheduled, n=parent.n, index=index,
                               family=family, shared_blocks=0 if cached else full,
                               block_hashes=parent.block_hashes, token_bytes=parent.token_bytes,
-                              cached_tokens=parent.cached_tokens, lora=parent.lora)
+                              cached_tokens=parent.cached_tokens, lora=parent.lora, eos=parent.eos)
             if parent.lora is not None:
                 self.lora_running[parent.lora.id] += 1
             if cached:

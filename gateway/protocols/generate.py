@@ -52,7 +52,8 @@ async def generate(request: web.Request, gen: Generation, client: EngineClient,
     n_out = output_length.choose(gen.max_tokens, gen.prompt_tokens, info.max_model_len)
     reply = gen.reply
     stream = await client.open(gen.model, gen.prompt, n_out, priority=gen.priority,
-                               request_id=reply.id, n=gen.n)
+                               request_id=reply.id, n=gen.n,
+                               stop_at_end=gen.max_tokens is None or n_out < gen.max_tokens)
     inflight[stream] = request
     try:
         events = await stream.next_events()  # Admitted or Rejected comes first

@@ -163,3 +163,20 @@ async def test_version_tokenize_detokenize_and_a_model_card_answer_as_vllm_does(
         assert {"root", "parent", "max_model_len", "permission", "owned_by", "created"} <= set(card)
         async with session.get(base + "/v1/models/nope") as resp:
             assert resp.status == 404 and (await resp.json())["error"]["code"] == "model_not_found"
+
+
+async def test_a_length_without_a_cap_finishes_as_stop_and_a_capped_one_as_length(served):
+    def reasons() -> tuple[float, float]:
+        body = metrics(served.base)
+        return tuple(sample(body, "vllm:request_success_total", finished_reason=r, **LABELS)
+                     for r in ("stop", "length"))
+
+    before = await asyncio.to_thread(reasons)
+    messages = [{"role": "user", "content": "hi"}]
+    async with aiohttp.ClientSession() as session:
+        for extra in ({}, {"max_tokens": 5}):  # the default length stands for an EOS
+            status, _ = await post(session, served.base + "/v1/chat/completions",
+                                   {"model": MODEL, "messages": messages, **extra})
+            assert status == 200
+    after = await asyncio.to_thread(reasons)
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
