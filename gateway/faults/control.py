@@ -23,7 +23,7 @@ from aiohttp import web
 from inference_lab.gateway.edge import read_body
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.faults.injection import INJECTED, OK, TYPES, ErrorType, FaultState
-from inference_lab.gateway.protocols.base import invalid, json_encode
+from inference_lab.gateway.protocols.base import decode, invalid, json_encode
 
 log = logging.getLogger("inference_lab.gateway.faults")
 
@@ -138,18 +138,8 @@ _update_decoder = msgspec.json.Decoder(FaultsUpdate)
 _SETTINGS = ("rate", "types", "retry_after", "retry_after_ms", "should_retry")
 
 
-def decode_body(decoder: msgspec.json.Decoder, body: bytes, what: str, expected: str):
-    """A control body through its schema; a 400 names the field and says what is valid."""
-    try:
-        return decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise invalid(f"Invalid {what}: {exc}. {expected}") from None
-    except msgspec.DecodeError as exc:
-        raise invalid(f"Invalid JSON body: {exc}") from None
-
-
 def decode_update(body: bytes) -> FaultsUpdate:
-    update = decode_body(_update_decoder, body, "fault settings",
+    update = decode(_update_decoder, body, "fault settings",
                          f"Error types: {', '.join(TYPES)}; a script step is "
                          f'{{"error": <type or "{OK}">, "count": N}}')
     given = [f for f in (*_SETTINGS, "script", "seed") if getattr(update, f) is not msgspec.UNSET]

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from inference_lab.gateway.edge import read_body
 from inference_lab.gateway.errors import ErrorKind, GatewayError
-from inference_lab.gateway.faults.control import decode_body
+from inference_lab.gateway.protocols.base import decode as decode_json
 from inference_lab.gateway.protocols.base import invalid, json_encode
 from inference_lab.v1 import engine_pb2 as pb
 
@@ -36,7 +36,7 @@ _decoder = msgspec.json.Decoder(ReplicaFault)
 
 
 def decode(body: bytes) -> ReplicaFault:
-    fault = decode_body(_decoder, body, "replica fault",
+    fault = decode_json(_decoder, body, "replica fault",
                         'Expected {"fault": "crash" | "stall" | "slow" | "clear", '
                         '"seconds": S, "factor": k}')
     if fault.fault == "stall" and fault.seconds <= 0:

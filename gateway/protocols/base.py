@@ -36,15 +36,16 @@ def invalid(message: str) -> GatewayError:
     return GatewayError(ErrorKind.INVALID_REQUEST, message)
 
 
-def decode(decoder: msgspec.json.Decoder, body: bytes):
+def decode(decoder: msgspec.json.Decoder, body: bytes, what: str = "request body",
+           expected: str = ""):
     """Parse and validate a body with a msgspec decoder; GatewayError(invalid_request)
-    names the field (msgspec's message carries its JSON path)."""
+    names the field (msgspec's message carries its JSON path), then says `expected`."""
     if not body:
-        raise invalid("Invalid request body: expected a JSON object, got an empty body")
+        raise invalid(f"Invalid {what}: expected a JSON object, got an empty body")
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise invalid(f"Invalid request body: {exc}") from None
+        raise invalid(f"Invalid {what}: {exc}" + (f". {expected}" if expected else "")) from None
     except msgspec.DecodeError as exc:
         raise invalid(f"Invalid JSON body: {exc}") from None
 
