@@ -190,3 +190,17 @@ def test_an_open_loop_overload_gets_529s_and_aimd_sheds_arrivals(tmp_path):
     # limits int(limit x 0.9) and +1 per success keep it a few above).
     assert first["steady"]["limit_p50"] <= 10
     assert second["steady"]["frac_529"] < first["steady"]["frac_529"]
+
+
+def test_url_drives_a_running_server_and_reads_its_queue_from_control_capacity(tmp_path):
+    from serve_helpers import serve
+
+    scenario = tmp_path / "url.toml"
+    scenario.write_text(SCENARIO.replace("duration = 8", "duration = 2").replace("at = 4", "at = 1"))
+    out = tmp_path / "run"
+    with serve() as served:
+        done = experiment(str(scenario), "--url", served.base, "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    server = pq.read_table(out / "server.parquet").to_pydict()
+    assert len(server["t"]) >= 4 and set(server["max_num_seqs"]) == {8.0, 16.0}
+    assert set(pq.read_table(out / "requests.parquet").column("status").to_pylist()) == {200}
