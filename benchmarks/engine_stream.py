@@ -37,15 +37,19 @@ def lag_quantile(before: str, after: str, q: float) -> float:
     return C.histogram_quantile(buckets, q)[0]
 
 
-async def run_session(stub, clients: int, seconds: float, max_tokens: int) -> tuple[int, int, int]:
+async def run_session(stub, clients: int, seconds: float, max_tokens: int,
+                      make_request=None) -> tuple[int, int, int]:
+    """`make_request()` builds each SubmitRequest (default: a 16-token prompt)."""
     call = stub.Session()
     tags = iter(range(1, 10**9))
     messages = tokens = finished = 0
     deadline = time.monotonic() + seconds
+    make_request = make_request or (lambda: pb.SubmitRequest(prompt_tokens=16,
+                                                              max_tokens=max_tokens))
 
     def open_one():
         return pb.SessionActions(actions=[pb.SessionAction(open=pb.Open(
-            tag=next(tags), request=pb.SubmitRequest(prompt_tokens=16, max_tokens=max_tokens)))])
+            tag=next(tags), request=make_request()))])
 
     for _ in range(clients):
         await call.write(open_one())

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import _common as C
 import grpc
+from engine_stream import run_session
 
 from inference_lab.common.workload import load_workload
 from inference_lab.engine.drivers.offline import run_offline
@@ -66,30 +67,13 @@ def offline(_args) -> None:
 async def _drive(stub, clients: int, seconds: float, with_ids: bool) -> int:
     rng = random.Random(1)
     prefix = rng.randbytes(4 * 2000)
-    call = stub.Session()
-    tags = iter(range(1, 10**9))
-    finished = 0
-    deadline = time.monotonic() + seconds
 
-    def open_one():
-        request = (pb.SubmitRequest(prompt_token_ids=prefix + rng.randbytes(64), max_tokens=200)
-                   if with_ids else pb.SubmitRequest(prompt_tokens=2016, max_tokens=200))
-        return pb.SessionActions(actions=[pb.SessionAction(open=pb.Open(tag=next(tags),
-                                                                         request=request))])
+    def request() -> pb.SubmitRequest:
+        if with_ids:
+            return pb.SubmitRequest(prompt_token_ids=prefix + rng.randbytes(64), max_tokens=200)
+        return pb.SubmitRequest(prompt_tokens=2016, max_tokens=200)
 
-    for _ in range(clients):
-        await call.write(open_one())
-    live = clients
-    while live:
-        batch = await call.read()
-        for event in batch.events:
-            if event.HasField("finished") or event.HasField("rejected"):
-                live -= 1
-                finished += event.HasField("finished")
-                if time.monotonic() < deadline:
-                    await call.write(open_one())
-                    live += 1
-    await call.done_writing()
+    _, _, finished = await run_session(stub, clients, seconds, 200, request)
     return finished
 
 

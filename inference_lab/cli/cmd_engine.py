@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from inference_lab.cli.auth_flags import add_control_token_argument, control_token
+from inference_lab.cli.cmd_gateway import _positive_int as positive_int
 from inference_lab.cli.catalog_flags import add_catalog_argument, add_timing_argument, build_catalog
 
 log = logging.getLogger("inference_lab.engine")
@@ -44,7 +45,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         '{"name": ..., "path": ..., "base_model_name": ...}; a request names '
                         "the adapter in `model`; PATH/adapter_config.json gives the rank r "
                         "(else 16)")
-    p.add_argument("--max-loras", type=_max_loras, metavar="N",
+    p.add_argument("--max-loras", type=positive_int, metavar="N",
                    help="at most N distinct adapters in one batch, and N resident on the GPU "
                         "(vLLM's flag; default 1); requests of another adapter wait")
     p.add_argument("--kv-events-config", type=_kv_events_config, metavar="JSON",
@@ -63,16 +64,6 @@ def _lora_module(text: str) -> str:
     except LoraError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
-
-
-def _max_loras(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
 
 
 def lora_argv(args: argparse.Namespace) -> list[str]:
