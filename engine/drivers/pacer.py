@@ -13,12 +13,13 @@ Rules (docs/architecture.md, "Pacing"):
 - When late, every due step is taken in one wake-up and each stream gets one message
   with all its new tokens; the lag (wall clock minus the instant the wake-up was planned
   for) is measured for every wake-up.
-- Mid-stream token updates are capped at `update_rate` per second across all streams:
-  with N live streams, a stream's next update waits until N / update_rate seconds after
-  its previous one (its tokens then go together). At a few dozen streams this is below
-  one step, so every step is delivered; at hundreds it keeps the process that relays the
-  tokens (the gateway) within what it can write; and never more often than every 1 ms
-  (MIN_UPDATE_INTERVAL). First tokens and completions are never held back. 0 = no cap.
+- Every step's tokens go out at the step's end, one update per stream per step (vLLM's
+  `--stream-interval 1`). Grouping mid-stream tokens is a last resort, decided by
+  `Cadence` (cadence.py): when the wake-up lag stays high it sets an interval a running
+  stream waits between updates (its tokens then go together); `update_rate` N > 0 forces
+  a cap of N updates per second across all streams instead. Held updates are counted
+  (`on_cadence`). First tokens are never held back, and neither is the token before the
+  last: a stream's last token always goes alone with its completion.
 - Wake-ups cost the CPU the lab is measuring with, so the pacer wakes at a step's end
   only when that end matters: the step samples a first token or finishes a request, it
   prefills, a waiting request could be admitted at the next step, or a held stream's
@@ -28,8 +29,8 @@ Rules (docs/architecture.md, "Pacing"):
   An arrival, a cancel or a capacity change wakes it at once (`poke`).
 - `time_scale` K runs the modelled clock K times faster than the wall clock (every step
   takes 1/K of its modelled time on the wall); times reported stay modelled. Only the
-  sim/wall conversions (`sim_now`, `wall_of`) know K; the update cap stays in wall time,
-  since it protects the relaying process's CPU.
+  sim/wall conversions (`sim_now`, `wall_of`) know K; update intervals stay in wall time,
+  since they protect the relaying process's CPU.
 """
 
 from __future__ import annotations
@@ -39,15 +40,11 @@ import logging
 from collections.abc import Callable
 
 from inference_lab.engine.drivers.alarm import Alarm
+from inference_lab.engine.drivers.cadence import Cadence
 from inference_lab.engine.sim.core import EngineCore, StepResult
 from inference_lab.engine.sim.request import Request, Status
 
 log = logging.getLogger(__name__)
-
-
-# With the update cap on, no stream gets mid-stream updates more often than this, even
-# alone: a lone decode steps every ~0.5 ms, and a message per step is pure overhead.
-MIN_UPDATE_INTERVAL = 0.001
 
 
 class Stream:
@@ -69,11 +66,15 @@ class Pacer:
                  on_lag: Callable[[float], None] | None = None,
                  on_finished: Callable[[Request, int, float], None] | None = None,
                  on_change: Callable[[], None] | None = None,
-                 update_rate: float = 0.0, time_scale: float = 1.0) -> None:
+                 on_cadence: Callable[[int, float], None] | None = None,
+                 update_rate: float = 0.0, coalesce_when_late: bool = True,
+                 time_scale: float = 1.0) -> None:
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.core = core
-        self.update_rate = update_rate
+        self.cadence = Cadence(update_rate, coalesce_when_late)
+        self._interval = 0.0  # the update interval of the last delivery (wall s)
+        self._logged = False  # coalescing's first engagement has been logged
         self.time_scale = time_scale  # modelled seconds per wall second
         self.loop = asyncio.get_running_loop()
         self.epoch = self.loop.time()  # sim time 0
@@ -94,6 +95,7 @@ class Pacer:
         self._on_lag = on_lag
         self._on_finished = on_finished
         self._on_change = on_change  # after every wake-up and cancel: the queue may have moved
+        self._on_cadence = on_cadence  # (updates held back, interval) when either is news
         self._task: asyncio.Task | None = None
         self._alarm = Alarm(self.loop)  # wakes at step ends to the microsecond
 
@@ -215,8 +217,8 @@ class Pacer:
                 await self._wake.wait()
                 continue
             now = self.sim_now()
-            if self._target is not None and now >= self._target and self._on_lag:
-                self._on_lag((now - self._target) / self.time_scale)  # wall seconds
+            if self._target is not None and now >= self._target:
+                self._observe_lag((now - self._target) / self.time_scale)  # wall seconds
             self._target = None
             self._advance(now)
             self._deliver()
@@ -224,11 +226,26 @@ class Pacer:
                 self._target = self._next_wake()
                 await self._alarm.sleep_until(self.wall_of(self._target))
 
+    def _observe_lag(self, lag: float) -> None:
+        if self._on_lag:
+            self._on_lag(lag)
+        cadence = self.cadence
+        if cadence.on_lag(lag):
+            if cadence.engaged and not self._logged:
+                self._logged = True
+                log.warning("%s: pacer late by %.1f ms on average: mid-stream tokens now "
+                            "grouped (at least %.0f ms between a stream's updates) until it "
+                            "catches up; logged once, see inference_lab_stream_update_interval_"
+                            "seconds", self.core.name, cadence.mean_lag * 1e3,
+                            cadence.current * 1e3)
+            if self._on_cadence:
+                self._on_cadence(0, cadence.current)
+
     def _next_wake(self) -> float:
         """The sim time of the next wake-up worth having: the in-flight step's end when
         it matters (see the module's rules), else the earliest held update."""
         step = self.inflight
-        if (not self.update_rate or step.first_token or step.finished or step.prefill_tokens
+        if (not self._interval or step.first_token or step.finished or step.prefill_tokens
                 or self._finishing):
             return step.end
         core = self.core
@@ -284,27 +301,30 @@ class Pacer:
         mark = self.due_mark
         dirty = self._dirty_sinks
         now = self.loop.time()
-        if self.update_rate:
-            interval = max(len(self._live) / self.update_rate, MIN_UPDATE_INTERVAL)
-        else:
-            interval = 0.0
+        interval = self._interval = self.cadence.interval(len(self._live))
         held_since = now - interval
         earliest = now  # the oldest last update among running streams
+        held = 0
         for req in self._live.values():
             stream = req.tag
             due = core.tokens_at(req, mark)
-            if due > stream.sent and (stream.sent == 0 or stream.last <= held_since):
-                stream.sent = due
-                stream.last = now
-                stream.sink.on_tokens(stream, due)
-                dirty.add(stream.sink)
-            elif stream.last < earliest and core.is_decoding(req):
+            if due > stream.sent:
+                if stream.sent == 0 or stream.last <= held_since:
+                    stream.sent = due
+                    stream.last = now
+                    stream.sink.on_tokens(stream, due)
+                    dirty.add(stream.sink)
+                    continue
+                held += 1
+            if stream.last < earliest and core.is_decoding(req):
                 earliest = stream.last
         self._release = earliest + interval
-        for req in self._finishing:  # its last token belongs to the step in flight
-            stream = req.tag
+        if held and self._on_cadence:
+            self._on_cadence(held, interval)
+        for req in self._finishing:  # its last token belongs to the step in flight: the
+            stream = req.tag  # ones before it go now, so that the last goes alone
             due = core.tokens_at(req, mark)
-            if due > stream.sent and stream.last <= held_since:
+            if due > stream.sent:
                 stream.sent = due
                 stream.last = now
                 stream.sink.on_tokens(stream, due)

@@ -123,6 +123,12 @@ METRICS: dict[str, Spec] = {
     "inference_lab_pacing_lag_seconds": Spec("histogram", "Wall clock minus the instant each "
                                              "pacer wake-up was planned for.", buckets="lag"),
     "inference_lab_steps": Spec("counter", "Engine iterations simulated."),
+    "inference_lab_coalesced_updates": Spec("counter", "Mid-stream token updates held back "
+                                            "to go with a later one (a running stream's "
+                                            "tokens grouped), per stream and wake-up."),
+    "inference_lab_stream_update_interval_seconds": Spec(
+        "gauge", "Least wall time between a running stream's token updates now (0 = every "
+        "step; set by lateness, or by --max-update-rate)."),
 }
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labelled like vLLM's: config keys + engine
 
@@ -193,8 +199,8 @@ class ModelMetrics:
         sets = bucket_sets(core.max_model_len)
         self.hists = {name: Hist(sets[spec.buckets])
                       for name, spec in METRICS.items() if spec.kind == "histogram"}
-        self.counters = {name: 0.0 for name, spec in METRICS.items()
-                         if spec.kind == "counter" and not spec.labels}
+        self.counters = {name: 0.0 for name, spec in METRICS.items()  # and the event gauges
+                         if spec.kind != "histogram" and not spec.labels and name not in LIVE}
         self.success = dict.fromkeys(FINISHED_REASONS, 0.0)
         self.rejections = dict.fromkeys(REJECTION_REASONS, 0.0)
         h = self.hists
@@ -262,6 +268,13 @@ class ModelMetrics:
 
     def on_rejected(self, reason: str, count: int = 1) -> None:
         self.rejections[reason] = self.rejections.get(reason, 0.0) + count
+        self.version += 1
+
+    def on_cadence(self, held: int, interval: float) -> None:
+        """The pacer held `held` updates back; `interval` is its update interval now."""
+        c = self.counters
+        c["inference_lab_coalesced_updates"] += held
+        c["inference_lab_stream_update_interval_seconds"] = interval
         self.version += 1
 
     def on_lag(self, seconds: float) -> None:

@@ -59,7 +59,8 @@ class ModelRuntime:
     state last announced to Sessions (with a version that counts its changes)."""
 
     def __init__(self, core: EngineCore, metrics: ModelMetrics, update_rate: float = 0.0,
-                 time_scale: float = 1.0, kv_events: ZmqEventPublisher | None = None) -> None:
+                 time_scale: float = 1.0, kv_events: ZmqEventPublisher | None = None,
+                 coalesce_when_late: bool = True) -> None:
         self.core = core
         self.metrics = metrics
         self.kv_events = kv_events
@@ -69,7 +70,8 @@ class ModelRuntime:
         on_step = metrics.on_step if kv_events is None else self._on_step
         self.pacer = Pacer(core, on_step=on_step, on_lag=metrics.on_lag,
                            on_finished=metrics.on_finished, on_change=self.check_queue,
-                           update_rate=update_rate, time_scale=time_scale)
+                           on_cadence=metrics.on_cadence, update_rate=update_rate,
+                           coalesce_when_late=coalesce_when_late, time_scale=time_scale)
 
     def _on_step(self, result) -> None:
         """A retired step: metrics, then the cache's events of the step as one batch."""

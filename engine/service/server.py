@@ -30,9 +30,9 @@ from inference_lab.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-# Mid-stream token updates per second per model (see engine.pacer): what one gateway
-# core relays beside the HTTP work of hundreds of streams (BENCHMARKS.md).
-DEFAULT_UPDATE_RATE = 10_000.0
+# No fixed cap on mid-stream token updates: every step is delivered, and grouping is left to
+# measured lateness (engine.drivers.cadence).
+DEFAULT_UPDATE_RATE = 0.0
 # The engine's own /metrics port: beside its gRPC port, outside Prometheus' exporter range
 # (9100-9999 is allocated to exporters; 9400 is NVIDIA DCGM's).
 DEFAULT_METRICS_PORT = 50052
@@ -44,11 +44,13 @@ class EngineServer:
     def __init__(self, deployments: list[Deployment], host: str = "127.0.0.1", port: int = 50051,
                  metrics_port: int | None = DEFAULT_METRICS_PORT, control_token: str | None = None,
                  update_rate: float = DEFAULT_UPDATE_RATE, time_scale: float = 1.0,
+                 coalesce_when_late: bool = True,
                  engine_index: int = 0, state_dir: str | Path | None = None,
                  kv_events: KVEventsConfig | None = None,
                  lora_modules: list[LoraModule] | None = None, max_loras: int = 0) -> None:
         self.deployments = deployments
-        self.update_rate = update_rate  # cap on mid-stream token updates/s per model
+        self.update_rate = update_rate  # forced cap on mid-stream token updates/s per model
+        self.coalesce_when_late = coalesce_when_late  # group tokens when the pacer is late
         self.time_scale = time_scale  # modelled seconds per wall second (engine.drivers.pacer)
         # Live capacity is saved here after every SetCapacity and restored at start.
         # (one file per engine index, so replicas sharing a directory keep their own)
@@ -83,7 +85,8 @@ class EngineServer:
         self.metrics = EngineMetrics(cores, self.engine_index)
         self.runtimes = [ModelRuntime(core, self.metrics.for_model(core), self.update_rate,
                                      self.time_scale,
-                                     self.kv_events if core.prefix_cache is not None else None)
+                                     self.kv_events if core.prefix_cache is not None else None,
+                                     self.coalesce_when_late)
                          for core in cores]
         self.service = EngineService(self.runtimes, self.control_token, self.metrics)
         if self.max_loras:

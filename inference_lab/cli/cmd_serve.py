@@ -71,6 +71,8 @@ class EngineProcess:
                      "--port", str(port), "--metrics-port", str(args.metrics_port),
                      "--grace", str(args.grace), "--max-update-rate", str(args.max_update_rate),
                      "--time-scale", repr(args.time_scale)]
+        if not args.coalesce_when_late:
+            self.argv.append("--no-coalesce-when-late")
         if args.config is not None:
             self.argv += ["--config", str(args.config)]
         # Live capacity survives the engine's restarts: it saves it there and restores it.

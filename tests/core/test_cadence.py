@@ -1,0 +1,66 @@
+"""The stream cadence policy: every step unless late; coalescing engages on sustained
+lateness, doubles, relaxes back to every step; a forced cap ignores lateness."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference_lab.engine.drivers.cadence import (ADJUST_EVERY, MAX_INTERVAL, MIN_INTERVAL,
+                                                   Cadence)
+
+
+def feed(cadence: Cadence, lag: float, wakeups: int) -> list[float]:
+    """The interval after each change."""
+    return [cadence.current for _ in range(wakeups) if cadence.on_lag(lag)]
+
+
+def test_on_time_wakeups_deliver_every_step():
+    cadence = Cadence()
+    assert feed(cadence, 0.0003, 1000) == []
+    assert cadence.interval(256) == 0.0 and cadence.engaged == 0
+
+
+def test_a_single_late_wakeup_does_not_engage_it():
+    cadence = Cadence()
+    feed(cadence, 0.0, 100)
+    cadence.on_lag(0.040)  # one 40 ms hiccup: the mean moves by 40/32 = 1.25 ms < 2 ms
+    assert feed(cadence, 0.0, 100) == [] and cadence.current == 0.0
+
+
+def test_sustained_lateness_engages_then_doubles_up_to_the_maximum():
+    cadence = Cadence()
+    changes = feed(cadence, 0.010, 20 * ADJUST_EVERY)
+    assert changes[0] == MIN_INTERVAL
+    assert changes[1] == 2 * MIN_INTERVAL
+    assert changes[-1] == MAX_INTERVAL and len(changes) == 7  # 1, 2, 4, ..., 32, then 50 ms
+    assert cadence.engaged == 1
+    assert cadence.interval(4) == MAX_INTERVAL  # whatever the stream count
+
+
+def test_on_time_again_it_halves_back_to_every_step():
+    cadence = Cadence()
+    feed(cadence, 0.010, 3 * ADJUST_EVERY)  # 1 ms, then 2 ms, then 4 ms
+    assert cadence.current == 4 * MIN_INTERVAL
+    changes = feed(cadence, 0.0, 20 * ADJUST_EVERY)
+    # the mean lag takes ~96 wake-ups to fall under 2 ms (10 ms x (31/32)^96 ~ 0.5 ms):
+    # one more doubling first, then halvings down to every step
+    assert changes == [8 * MIN_INTERVAL, 4 * MIN_INTERVAL, 2 * MIN_INTERVAL, MIN_INTERVAL, 0.0]
+    feed(cadence, 0.010, 3 * ADJUST_EVERY)
+    assert cadence.engaged == 2
+
+
+def test_never_coalescing_ignores_lateness():
+    cadence = Cadence(when_late=False)
+    assert feed(cadence, 0.5, 1000) == [] and cadence.interval(256) == 0.0
+
+
+def test_a_forced_rate_is_streams_over_rate_at_least_a_millisecond_whatever_the_lag():
+    cadence = Cadence(rate=10_000.0)
+    assert feed(cadence, 0.5, 1000) == []
+    assert cadence.interval(256) == pytest.approx(0.0256)
+    assert cadence.interval(4) == MIN_INTERVAL
+
+
+def test_a_negative_rate_is_refused():
+    with pytest.raises(ValueError, match="rate must be >= 0"):
+        Cadence(rate=-1.0)

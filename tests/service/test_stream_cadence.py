@@ -1,0 +1,93 @@
+"""Stream cadence through the real engine and the real gateway, read by a real HTTP client:
+by default every token is its own SSE event; a forced cap groups mid-stream tokens and
+counts it; the first and the last token are never grouped. Functional, not timed: the
+engine's clock runs at 1/5 of the wall's (--time-scale 0.2, ~2.5 ms a step), so a
+step's end is far from the next."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+from engine_helpers import running_engine
+
+from inference_lab.gateway import create_app
+
+STREAMS = 4
+TOKENS = 40
+
+
+async def read_stream(session: aiohttp.ClientSession, url: str) -> list[int]:
+    """Token events (SSE events whose usage so far grew by one token) per read of the body
+    that carried any: a write of k tokens is k events, which a client reads at once."""
+    body = {"model": "gpt-oss-20b", "stream": True, "max_tokens": TOKENS,
+            "messages": [{"role": "user", "content": "Say hello."}],
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    per_read = []
+    seen, buffer = 0, b""
+    async with session.post(url, json=body) as resp:
+        assert resp.status == 200
+        async for chunk in resp.content.iter_any():
+            buffer += chunk
+            *events, buffer = buffer.split(b"\n\n")
+            tokens = 0
+            for event in events:
+                data = event.removeprefix(b"data: ")
+                if data == b"[DONE]":
+                    continue
+                payload = json.loads(data)
+                total = payload["usage"]["completion_tokens"]
+                if payload["choices"] and total > seen:
+                    assert total == seen + 1  # one token per event
+                    seen = total
+                    tokens += 1
+            if tokens:
+                per_read.append(tokens)
+    assert seen == TOKENS and buffer == b""
+    return per_read
+
+
+async def run_streams(**engine_options) -> tuple[list[list[int]], str]:
+    async with running_engine(time_scale=0.2, **engine_options) as engine:
+        async with TestServer(create_app(f"127.0.0.1:{engine.port}")) as server:
+            url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
+            async with aiohttp.ClientSession() as session:
+                streams = await asyncio.gather(*(read_stream(session, url)
+                                                 for _ in range(STREAMS)))
+        metrics = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(
+                f"http://127.0.0.1:{engine.metrics_port}/metrics").read().decode())
+    return streams, metrics
+
+
+def sample(text: str, name: str) -> float:
+    line = next(l for l in text.splitlines() if l.startswith(name + "{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+async def test_by_default_every_token_is_its_own_write_and_nothing_is_coalesced():
+    streams, metrics = await run_streams()
+    for per_read in streams:
+        assert per_read[0] == 1 and per_read[-1] == 1
+        # every token its own write; a client busy with its other streams may read two
+        # writes at once now and then
+        assert sum(per_read) == TOKENS and per_read.count(1) >= 0.9 * len(per_read)
+    assert sample(metrics, "inference_lab_coalesced_updates_total") == 0
+    assert sample(metrics, "inference_lab_stream_update_interval_seconds") == 0
+
+
+async def test_a_forced_cap_groups_mid_stream_tokens_never_the_first_or_the_last():
+    # 20 updates/s over 4 streams: a running stream's next update 200 ms (wall) after its
+    # previous one, while ~80 steps of ~2.5 ms produce its 40 tokens.
+    streams, metrics = await run_streams(update_rate=20.0)
+    for per_read in streams:
+        assert sum(per_read) == TOKENS
+        assert per_read[0] == 1 and per_read[-1] == 1
+        assert max(per_read[1:-1]) > 5
+        assert len(per_read) < TOKENS / 2
+    assert sample(metrics, "inference_lab_coalesced_updates_total") > 0
+    # S / 20 s with S live streams when an update was last held: 4 to 1 of them
+    assert 0.05 <= sample(metrics, "inference_lab_stream_update_interval_seconds") <= 0.2
