@@ -20,6 +20,12 @@ Modes (config["mode"]):
   request with no connection available is counted as skipped). Latency is measured from
   the write and, separately, from the scheduled instant (no coordinated omission).
 
+Inter-event gaps (closed mode): for every token event a stream receives after its first
+read in [t_warm, t_end), the time since the previous read that carried events (0 for the
+second and later events of one read: what ITL tools measure per chunk), counted in
+`gaps`, a histogram of GAP_BUCKET-wide buckets (the last holds everything longer). The
+final read's closing frames (final chunk, [DONE]) are not token events.
+
 Times are time.monotonic() (CLOCK_MONOTONIC: the same clock in every process).
 """
 
@@ -34,6 +40,9 @@ import time
 monotonic = time.monotonic
 TERMINATOR = b"\r\n0\r\n\r\n"
 MARK = b'"inference_lab":'
+GAP_BUCKET = 10e-6  # inter-event gap histogram: 10 us buckets up to 100 ms
+GAP_BUCKETS = 10_000
+CLOSING_FRAMES = 2  # in a stream's last read: its final chunk and [DONE]
 
 
 def request_bytes(host: str, port: int, path: str, body: dict) -> bytes:
@@ -58,7 +67,7 @@ class Conn(asyncio.Protocol):
     """One keep-alive connection; one request at a time."""
 
     __slots__ = ("gen", "transport", "waiter", "head", "status", "length", "chunked", "got",
-                 "prev", "last", "frames", "writes", "t_first", "lost")
+                 "prev", "last", "frames", "writes", "t_first", "t_read", "lost")
 
     def __init__(self, gen: "Gen") -> None:
         self.gen = gen
@@ -78,6 +87,7 @@ class Conn(asyncio.Protocol):
         self.frames = 0
         self.writes = 0
         self.t_first = 0.0
+        self.t_read = 0.0  # the last read that carried events
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -121,6 +131,7 @@ class Conn(asyncio.Protocol):
             if prev:
                 n += (prev[-5:] + data[:5]).count(b"data: ")
                 w += (prev[-3:] + data[:3]).count(b"\n\n\r\n")
+            done = data.endswith(b"0\r\n\r\n") and (prev[-7:] + data).endswith(TERMINATOR)
             if n:
                 if not self.t_first:
                     self.t_first = now
@@ -130,8 +141,11 @@ class Conn(asyncio.Protocol):
                 if gen.t_warm <= now < gen.t_end:
                     gen.win_frames += n
                     gen.win_writes += w
+                    if self.t_read:
+                        gen.gap(now - self.t_read, n - CLOSING_FRAMES if done else n)
+                self.t_read = now
             self.prev, self.last = prev, data
-            if data.endswith(b"0\r\n\r\n") and (prev[-7:] + data).endswith(TERMINATOR):
+            if done:
                 self._done(now)
         else:
             self.got += len(data)
@@ -156,6 +170,7 @@ class Gen:
         self.t_hard = cfg["t_hard"]
         self.win_frames = 0
         self.win_writes = 0
+        self.gaps = [0] * (GAP_BUCKETS + 1)
         self.errors: dict[str, int] = {}
         self.conns: list[Conn] = []
 
@@ -164,6 +179,13 @@ class Gen:
                                                     self.cfg["port"])
         self.conns.append(conn)
         return conn
+
+    def gap(self, seconds: float, events: int) -> None:
+        """A read with `events` token events, `seconds` after the stream's previous one."""
+        if events > 0:
+            gaps = self.gaps
+            gaps[min(int(seconds / GAP_BUCKET), GAP_BUCKETS)] += 1
+            gaps[0] += events - 1
 
     def error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
@@ -241,7 +263,7 @@ class Gen:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         return {"records": records, "unfinished": unfinished, "win_frames": self.win_frames,
-                "win_writes": self.win_writes, "sent": sent[0]}
+                "win_writes": self.win_writes, "sent": sent[0], "gaps": self.gaps}
 
     # ---- open loop of short requests --------------------------------------------------------
     async def open(self) -> dict:

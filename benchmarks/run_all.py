@@ -83,6 +83,15 @@ def main() -> None:
             f"{r['e2e_client_p50'] * 1e3:.0f} / {r['e2e_model_p50'] * 1e3:.0f} ms "
             f"(median ratio {r['e2e_ratio_median']:.3f})", "within 5 %",
             within(r["e2e_client_p50"], r["e2e_model_p50"], 0.05) if n >= 256 else None)
+        row(f"{n} streams: client inter-event gap p50 / p90 / p99 vs modelled step",
+            f"{r['gap_p50'] * 1e3:.2f} / {r['gap_p90'] * 1e3:.2f} / {r['gap_p99'] * 1e3:.2f} ms "
+            f"vs {r['step_model_mean'] * 1e3:.2f} ms", "p50 within 10 % (<= 64 streams)",
+            within(r["gap_p50"], r["step_model_mean"], 0.10) if n <= 64 else None)
+        row(f"{n} streams: SSE events per write", f"{r['events_per_write']:.2f}",
+            "<= 1.05 (<= 64 streams)", r["events_per_write"] <= 1.05 if n <= 64 else None)
+        row(f"{n} streams: TTFT client - modelled p50", f"{r['ttft_over_model_p50'] * 1e3:.2f} ms",
+            "<= 0.7 ms at 24, <= 3 ms at 256",
+            r["ttft_over_model_p50"] <= (0.0007 if n <= 24 else 0.003) if n in (24, 256) else None)
         row(f"{n} streams: TTFT / e2e p99 client", f"{r['ttft_client_p99'] * 1e3:.1f} / "
             f"{r['e2e_client_p99'] * 1e3:.0f} ms", "", None)
         row(f"{n} streams: pacing lag p99",

@@ -13,6 +13,11 @@ warm up for --warmup seconds, then a --duration window is measured:
   "inference_lab" field of the same responses, and the median per-request ratio
   client/modelled; requests sent in the window count (clients keep the load up until
   they have all finished);
+- cadence: the client-measured inter-event gap (_loadgen.py: time since the stream's
+  previous read for the first event of a read, 0 for the others) p50/p90/p99 next to the
+  modelled step time (mean of vllm:inter_token_latency_seconds over the window, i.e. the
+  gap a client would see with every step delivered on time), SSE events per write, and
+  the median per-request client - modelled TTFT;
 - pacing lag p50/p99 of the engine: inference_lab_pacing_lag_seconds, difference of two
   scrapes (window start/end), linear within the bucket like histogram_quantile;
 - CPU seconds per 1,000 delivered tokens of the engine and the gateway (the serve process)
@@ -36,6 +41,7 @@ import time
 
 import _common as C
 import sse_ceiling
+from _loadgen import GAP_BUCKET
 
 FRAMES_PER_RESPONSE_EXTRA = 3  # role chunk, final chunk, [DONE]
 
@@ -74,6 +80,9 @@ def run_one(clients: int, args: argparse.Namespace) -> dict:
                             C.histogram(m1, "inference_lab_pacing_lag_seconds"))
     lag_p50, _ = C.histogram_quantile(lag[0], 0.50)
     lag_p99, lag_over = C.histogram_quantile(lag[0], 0.99)
+    itl = C.histogram_delta(C.histogram(m0, "vllm:inter_token_latency_seconds"),
+                            C.histogram(m1, "vllm:inter_token_latency_seconds"))
+    gaps = [sum(col) for col in zip(*(res["gaps"] for res in results))]
     records = [r for res in results for r in res["records"]]
     ttft_c = [(rec[1] - rec[0]) for rec in records if rec[1]]
     e2e_c = [(rec[2] - rec[0]) for rec in records]
@@ -82,6 +91,7 @@ def run_one(clients: int, args: argparse.Namespace) -> dict:
     e2e_m = [rec[5][2] for rec in with_m]
     queue_m = [rec[5][0] for rec in with_m]
     ttft_ratio = [(rec[1] - rec[0]) / rec[5][1] for rec in with_m if rec[5][1] > 0]
+    ttft_over = [(rec[1] - rec[0]) - rec[5][1] for rec in with_m]
     e2e_ratio = [(rec[2] - rec[0]) / rec[5][2] for rec in with_m if rec[5][2] > 0]
     short = [rec for rec in records if rec[3] != tokens + FRAMES_PER_RESPONSE_EXTRA]
     errors: dict[str, int] = {}
@@ -104,6 +114,10 @@ def run_one(clients: int, args: argparse.Namespace) -> dict:
         "queue_model_negative": sum(1 for q in queue_m if q < 0),
         "queue_model_min": min(queue_m) if queue_m else float("nan"),
         "ttft_ratio_median": C.quantile(ttft_ratio, 0.5),
+        "ttft_over_model_p50": C.quantile(ttft_over, 0.5),
+        "gap_p50": gap_quantile(gaps, 0.5), "gap_p90": gap_quantile(gaps, 0.9),
+        "gap_p99": gap_quantile(gaps, 0.99), "gap_events": sum(gaps),
+        "step_model_mean": itl[2] / itl[1] if itl[1] else float("nan"),
         "e2e_ratio_median": C.quantile(e2e_ratio, 0.5),
         "lag_wakeups": lag[1], "lag_p50": lag_p50, "lag_p99": lag_p99, "lag_p99_overflow": lag_over,
         "lag_mean": lag[2] / lag[1] if lag[1] else float("nan"),
@@ -115,6 +129,20 @@ def run_one(clients: int, args: argparse.Namespace) -> dict:
         "gateway_events_per_cpu_s": gw_events_per_cpu,
         "profiles": profiles,
     }
+
+
+def gap_quantile(counts: list[int], q: float) -> float:
+    """The q-quantile of the loadgens' gap histogram (middle of its bucket; the last
+    bucket, 100 ms and over, reads as its lower bound)."""
+    total = sum(counts)
+    if not total:
+        return float("nan")
+    rank, run = q * total, 0
+    for i, c in enumerate(counts):
+        run += c
+        if run >= rank:
+            return (i + 0.5) * GAP_BUCKET if i < len(counts) - 1 else i * GAP_BUCKET
+    return float("nan")
 
 
 def ms(x: float) -> str:
@@ -145,6 +173,10 @@ def report(r: dict, ceiling: float | None) -> None:
           f"modelled p50 {ms(r['e2e_model_p50'])} p99 {ms(r['e2e_model_p99'])} | "
           f"p50 {pct(r['e2e_client_p50'], r['e2e_model_p50'])}, "
           f"median ratio {r['e2e_ratio_median']:.3f}")
+    print(f"  cadence    client inter-event gap ms p50 {ms(r['gap_p50'])} p90 {ms(r['gap_p90'])} "
+          f"p99 {ms(r['gap_p99'])} ({r['gap_events']:,} events) | modelled step "
+          f"{ms(r['step_model_mean'])} (mean ITL) | {r['events_per_write']:.2f} events/write | "
+          f"TTFT client - modelled p50 {ms(r['ttft_over_model_p50'])}")
     print(f"  modelled queue time ms p50 {ms(r['queue_model_p50'])}, min {ms(r['queue_model_min'])}; "
           f"{r['queue_model_negative']} of {r['requests']} negative (a step booked to start "
           f"before the request arrived)")
@@ -178,6 +210,12 @@ def summary(rows: list[dict], ceiling: float | None) -> None:
               f"{cf['engine']:.2f}/{cf['gateway']:.2f}/{cf['loadgen']:.2f}    "
               f"{r['engine_cpu_per_1k_tokens']:.4f}/{r['gateway_cpu_per_1k_tokens']:.4f}  "
               f"{r['gateway_events_per_cpu_s']:>8,.0f}{ceil}")
+    print("\nclients  gap p50/p90/p99 (ms)    modelled step (ms)  events/write  "
+          "TTFT client-modelled p50 (ms)")
+    for r in rows:
+        print(f"{r['clients']:>7}  {ms(r['gap_p50']):>5}/{ms(r['gap_p90']):>5}/{ms(r['gap_p99']):<6}"
+              f"      {ms(r['step_model_mean']):>6}          {r['events_per_write']:>6.2f}        "
+              f"{ms(r['ttft_over_model_p50']):>6}")
 
 
 def main(argv: list[str] | None = None) -> dict:
