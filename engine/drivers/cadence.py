@@ -8,8 +8,10 @@ The pacer asks `interval(streams)` at each delivery and reports every wake-up's 
   by measured lateness: the pacer's wake-up lag, smoothed over the last ~32 wake-ups
   (an exponential mean). When that mean exceeds LATE (2 ms), a stream's next update waits
   at least `current` after its previous one, starting at MIN_INTERVAL and doubling every
-  ADJUST_EVERY late wake-ups up to MAX_INTERVAL; when the mean falls below ON_TIME it
-  halves back, and below MIN_INTERVAL returns to every step. `engaged` counts how often
+  ADJUST_EVERY late wake-ups up to MAX_INTERVAL; when the mean has stayed below ON_TIME
+  for RELAX_EVERY wake-ups it halves back, and below MIN_INTERVAL returns to every step.
+  Lateness is the pacer's own wake-up lag and, reported by the service, the time a
+  Session write waited for its reader (the gateway) to make room (`Pacer.relay_late`). `engaged` counts how often
   it switched on (the pacer logs the first).
 - `when_late` False: every step, always (no coalescing even when late; a late pacer still
   retires several due steps in one wake-up, so their tokens go together).
@@ -22,7 +24,9 @@ from __future__ import annotations
 LATE = 0.002  # mean wake-up lag (wall s) above which updates are coalesced
 ON_TIME = 0.0005  # mean lag below which coalescing relaxes
 LAG_WEIGHT = 1 / 32  # the mean's weight of each new wake-up
-ADJUST_EVERY = 32  # wake-ups between two changes of the interval
+ADJUST_EVERY = 32  # wake-ups between two doublings of the interval
+RELAX_EVERY = 512  # wake-ups on time between two halvings (~0.3-1 s: relaxing too soon
+# overloads the relaying process again)
 MIN_INTERVAL = 0.001  # no coalesced interval under 1 ms (a lone decode steps every ~0.5 ms)
 MAX_INTERVAL = 0.05
 
@@ -60,7 +64,7 @@ class Cadence:
             if not self.current:
                 self.engaged += 1
             self.current = min(max(2 * self.current, MIN_INTERVAL), MAX_INTERVAL)
-        elif self.mean_lag < ON_TIME and self.current:
+        elif self.mean_lag < ON_TIME and self.current and self._since >= RELAX_EVERY:
             half = self.current / 2
             self.current = half if half >= MIN_INTERVAL else 0.0
         else:

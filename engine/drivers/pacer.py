@@ -226,9 +226,17 @@ class Pacer:
                 self._target = self._next_wake()
                 await self._alarm.sleep_until(self.wall_of(self._target))
 
+    def relay_late(self, seconds: float) -> None:
+        """The process relaying the tokens (a Session's reader: the gateway) took `seconds`
+        to accept a batch: lateness as much as the pacer's own."""
+        self._cadence_lag(seconds)
+
     def _observe_lag(self, lag: float) -> None:
         if self._on_lag:
             self._on_lag(lag)
+        self._cadence_lag(lag)
+
+    def _cadence_lag(self, lag: float) -> None:
         cadence = self.cadence
         if cadence.on_lag(lag):
             if cadence.engaged and not self._logged:

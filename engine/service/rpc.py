@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 DOMAIN = "inference-lab"
 MAX_FAULT_SECONDS = 86_400.0
 MAX_SLOW_FACTOR = 1000.0
+# A Session write that waits longer than this (wall s) means its reader (the gateway) is
+# late: reported to the pacers as lateness (engine.drivers.cadence).
+WRITE_LATE = 0.0005
 _U64 = 2**64 - 1
 FINISH_REASON_PB = {
     Status.FINISHED_LENGTH: pb.FINISH_REASON_LENGTH,
@@ -284,7 +287,9 @@ class EngineService(engine_pb2_grpc.EngineServicer):
 
     # ---- Session: many requests over one stream -----------------------------------------
     async def Session(self, request_iterator, context: grpc.aio.ServicerContext):
-        sink = SessionSink(list(self.runtimes.values()))
+        runtimes = list(self.runtimes.values())
+        sink = SessionSink(runtimes)
+        loop = asyncio.get_running_loop()
         sink.flush()  # the first batch announces every model's queue state
         self.sessions.add(sink)
         reader = asyncio.create_task(self._read_session(request_iterator, sink))
@@ -294,7 +299,12 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                 sink.ready.clear()
                 batch = sink.take()
                 if batch is not None:
+                    started = loop.time()
                     await context.write(batch)
+                    waited = loop.time() - started  # > 0: the gateway reads late (flow control)
+                    if waited > WRITE_LATE:
+                        for rt in runtimes:
+                            rt.pacer.relay_late(waited)
                 if sink.closing:
                     return  # the engine is stopping: end the call with OK
                 if reader.done() and (reader.exception() is not None or

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inference_lab.engine.drivers.cadence import (ADJUST_EVERY, MAX_INTERVAL, MIN_INTERVAL,
-                                                   Cadence)
+                                                   RELAX_EVERY, Cadence)
 
 
 def feed(cadence: Cadence, lag: float, wakeups: int) -> list[float]:
@@ -41,9 +41,9 @@ def test_on_time_again_it_halves_back_to_every_step():
     cadence = Cadence()
     feed(cadence, 0.010, 3 * ADJUST_EVERY)  # 1 ms, then 2 ms, then 4 ms
     assert cadence.current == 4 * MIN_INTERVAL
-    changes = feed(cadence, 0.0, 20 * ADJUST_EVERY)
-    # the mean lag takes ~96 wake-ups to fall under 2 ms (10 ms x (31/32)^96 ~ 0.5 ms):
-    # one more doubling first, then halvings down to every step
+    changes = feed(cadence, 0.0, 5 * RELAX_EVERY)
+    # the mean lag takes ~96 wake-ups to fall under 0.5 ms (10 ms x (31/32)^96): one more
+    # doubling first (at 32 wake-ups), then a halving every RELAX_EVERY down to every step
     assert changes == [8 * MIN_INTERVAL, 4 * MIN_INTERVAL, 2 * MIN_INTERVAL, MIN_INTERVAL, 0.0]
     feed(cadence, 0.010, 3 * ADJUST_EVERY)
     assert cadence.engaged == 2
