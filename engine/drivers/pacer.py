@@ -241,11 +241,11 @@ class Pacer:
         if cadence.on_lag(lag):
             if cadence.engaged and not self._logged:
                 self._logged = True
-                log.warning("%s: pacer late by %.1f ms on average: mid-stream tokens now "
-                            "grouped (at least %.0f ms between a stream's updates) until it "
-                            "catches up; logged once, see inference_lab_stream_update_interval_"
-                            "seconds", self.core.name, cadence.mean_lag * 1e3,
-                            cadence.current * 1e3)
+                log.warning("%s: late by %.1f ms on average (pacer wake-ups, Session writes "
+                            "waiting for the gateway): mid-stream tokens now grouped (at least "
+                            "%.0f ms between a stream's updates) until it catches up; logged "
+                            "once, see inference_lab_stream_update_interval_seconds",
+                            self.core.name, cadence.mean_lag * 1e3, cadence.current * 1e3)
             if self._on_cadence:
                 self._on_cadence(0, cadence.current)
 
