@@ -74,7 +74,7 @@ async def test_by_default_every_token_is_its_own_write_and_nothing_is_coalesced(
         assert per_read[0] == 1 and per_read[-1] == 1
         # every token its own write; a client busy with its other streams may read two
         # writes at once now and then
-        assert sum(per_read) == TOKENS and per_read.count(1) >= 0.9 * len(per_read)
+        assert sum(per_read) == TOKENS and per_read.count(1) >= 0.8 * len(per_read)
     assert sample(metrics, "inference_lab_coalesced_updates_total") == 0
     assert sample(metrics, "inference_lab_stream_update_interval_seconds") == 0
 
