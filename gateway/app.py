@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, AsyncIterator, Callable
 
@@ -115,6 +116,10 @@ class GatewayState:
     enable_directives: bool = False  # honour x-inference-lab-fault headers
     static_faults: dict[str, FaultSpec] = field(default_factory=dict)  # model -> [fault] mode
     tokenizer: Tokenizer = field(default_factory=lambda: load_tokenizer(None))
+    # The replica this app fronts (gateway.fleet: one app per replica port); None = the
+    # engine's default replica, with no readiness checks (a lone gateway, as before replicas).
+    replica: int | None = None
+    shared_engine: EngineClient | None = None  # owned by the caller (gateway.fleet), not the app
     inflight: dict[RequestStream, web.BaseRequest] = field(default_factory=dict)
     metrics: GatewayMetrics = field(init=False)
     engine: EngineClient | None = None
@@ -253,7 +258,7 @@ def _generation_handler(dialect: Dialect):
                                                          gen.prompt_tokens)
             pump = fault_stream.pump_until_fault(fault)  # fires inside the real stream
         return await generate(request, gen, state.client, state.output_length, state.inflight,
-                              pump)
+                              pump, replica=state.replica)
 
     handler.__name__ = dialect.name.replace(".", "_")
     return handler
@@ -277,9 +282,36 @@ def _fault_for(request: web.Request, state: GatewayState, gen: Generation) -> Fa
                            f"Invalid fault directive: {exc}") from None
 
 
+async def _replica_rows(state: GatewayState) -> list[pb.ModelCapacity]:
+    """This port's replica of every model that has it (GetCapacity)."""
+    return await state.client.get_capacity(replica=state.replica)
+
+
+def _not_ready(rows: list[pb.ModelCapacity]) -> str | None:
+    """Why this replica is not ready, or None when every model's copy of it is."""
+    for row in rows:
+        if row.draining:
+            return f"replica {row.replica} of {row.model} is draining"
+        if row.starting:
+            return f"replica {row.replica} of {row.model} is starting: ready in {row.ready_in_s:.1f} s"
+    return None if rows else "no model has this replica"
+
+
+async def _require_ready(state: GatewayState) -> set[str] | None:
+    """Raise 503 unless this port's replica is ready; the models it serves (None = all)."""
+    if state.replica is None:
+        return None
+    rows = await _replica_rows(state)
+    reason = _not_ready(rows)
+    if reason is not None:
+        raise GatewayError(ErrorKind.REPLICA_UNAVAILABLE, reason)
+    return {row.model for row in rows}
+
+
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    models = await state.client.list_models()
+    served = await _require_ready(state)
+    models = [m for m in await state.client.list_models() if served is None or m.name in served]
     data = [vllm_api.model_card(m) for m in models]
     return web.Response(body=json_encode({"object": "list", "data": data}),
                         content_type="application/json")
@@ -299,13 +331,25 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
 
+async def health_ready(request: web.Request) -> web.Response:
+    """Readiness (a Kubernetes readinessProbe, an endpoint picker): 200 once this port's
+    replica has passed its start-up delay and is not draining; 503 otherwise."""
+    state = request.app[STATE]
+    if not await state.client.serving():
+        raise engine_unavailable("the engine is shutting down")
+    await _require_ready(state)
+    return web.Response(body=b'{"status":"ready"}', content_type="application/json")
+
+
 async def metrics(request: web.Request) -> web.Response:
     """vLLM's series where vLLM serves them: the engine's exposition (every vllm:* series
-    of the models this gateway fronts, and the engine's inference_lab_*), then the
-    gateway's own. Without an engine, the gateway's own alone (engine_metrics_up 0)."""
+    of the models this gateway fronts, and the engine's inference_lab_*; on a replica's
+    port, that replica's alone, labelled engine = its index), then the gateway's own.
+    Without an engine, the gateway's own alone (engine_metrics_up 0)."""
     state = request.app[STATE]
     try:
-        engine = await state.client.metrics_text()
+        engine = await state.client.metrics_text(
+            engines=None if state.replica is None else [state.replica])
     except GatewayError:
         engine = b""
     state.metrics.engine_up.set(1 if engine else 0)
@@ -336,7 +380,8 @@ def _capacity_body(models: list[pb.ModelCapacity]) -> web.Response:
 
 async def get_capacity(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    return _capacity_body(await state.client.get_capacity(request.query.get("model") or None))
+    return _capacity_body(await state.client.get_capacity(request.query.get("model") or None,
+                                                          replica=state.replica))
 
 
 async def set_capacity(request: web.Request) -> web.Response:
@@ -350,7 +395,8 @@ async def set_capacity(request: web.Request) -> web.Response:
         raise invalid(f"Invalid JSON body: {exc}") from None
     if update.max_num_seqs is None and update.max_waiting is None:
         raise invalid("Nothing to change: give max_num_seqs and/or max_waiting.")
-    models = await state.client.set_capacity(update.model, update.max_num_seqs, update.max_waiting)
+    models = await state.client.set_capacity(update.model, update.max_num_seqs, update.max_waiting,
+                                              replica=state.replica)
     return _capacity_body(models)
 
 
@@ -359,13 +405,21 @@ async def set_capacity(request: web.Request) -> web.Response:
 
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
-    state.engine = EngineClient(state.engine_target, control_token=state.control_token)
+    state.engine = state.shared_engine or EngineClient(state.engine_target,
+                                                       control_token=state.control_token)
     watchdog = asyncio.get_running_loop().create_task(_disconnect_watchdog(state))
     yield
     watchdog.cancel()
     await asyncio.gather(watchdog, return_exceptions=True)
     engine, state.engine = state.engine, None
-    await engine.close()
+    if state.shared_engine is None:
+        await engine.close()
+
+
+async def _echo_request_id(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """Every response carries `x-request-id`: the client's own when it sent one."""
+    if "x-request-id" not in response.headers:
+        response.headers["x-request-id"] = request.headers.get("x-request-id") or uuid.uuid4().hex
 
 
 async def _disconnect_watchdog(state: GatewayState) -> None:
@@ -398,6 +452,8 @@ def create_app(
     faults: FaultState | None = None,
     save_faults: Callable[[FaultState], None] | None = None,
     tokenizer: Tokenizer | None = None,
+    replica: int | None = None,
+    engine: EngineClient | None = None,
 ) -> web.Application:
     """The gateway application for the engine at `engine_target` ("host:port").
 
@@ -411,6 +467,9 @@ def create_app(
     `faults` is the initial state of injected errors and retry hints (live through
     /control/faults; `save_faults` is called after every change).
     `tokenizer` turns prompts into token IDs (default: the built-in byte-level one).
+    `replica` makes it the app of one replica's port (gateway.fleet): requests run on that
+    replica, /health/ready and /v1/models answer 200 only while it is ready, /metrics adds
+    its engine series; `engine` is then the fleet's one shared EngineClient.
     """
     state = GatewayState(
         engine_target=engine_target,
@@ -422,6 +481,8 @@ def create_app(
         enable_directives=enable_directives,
         static_faults=dict(static_faults or {}),
         tokenizer=tokenizer or load_tokenizer(None),
+        replica=replica,
+        shared_engine=engine,
     )
     app = web.Application(client_max_size=max_body_bytes,
                           middlewares=[edge_middleware, fault_control.fault_middleware])
@@ -433,6 +494,7 @@ def create_app(
     app[fault_control.FAULTS] = fault_control.FaultControl(
         faults or FaultState(), max_body_bytes, served_models, save_faults)
     app.cleanup_ctx.append(_engine_ctx)
+    app.on_response_prepare.append(_echo_request_id)
     for path, dialect in ROUTES.items():
         app.router.add_post(path, _generation_handler(dialect))
     app.router.add_get("/v1/models", list_models)
@@ -441,6 +503,7 @@ def create_app(
     lora_routes.add_routes(app, lambda: state.client,
                            lambda request: _read_body(request, state.max_body_bytes))
     app.router.add_get("/health", health)
+    app.router.add_get("/health/ready", health_ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/control/capacity", get_capacity)
     app.router.add_post("/control/capacity", set_capacity)

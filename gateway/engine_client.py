@@ -68,6 +68,11 @@ _MODEL_REFRESH_MIN_INTERVAL_S = 1.0  # an unknown model name refreshes the cache
 _ENGINE_SERVICE = pb.DESCRIPTOR.services_by_name["Engine"].full_name
 
 
+def queue_key(model: str, replica: int = 0) -> str:
+    """Whose queue state: the model's name for replica 0, `model@i` for replica i."""
+    return f"{model}@{replica}" if replica else model
+
+
 class ClientGone(Exception):
     """The HTTP client went away; its engine request has been cancelled."""
 
@@ -81,13 +86,15 @@ class RequestStream:
     the Session broke (the engine cancels on its side), or it was cancelled already.
     """
 
-    __slots__ = ("tag", "model", "n", "done", "total", "totals", "_finals", "_taken", "_events",
-                 "_waiter", "_error", "_loop")
+    __slots__ = ("tag", "model", "key", "replica", "n", "done", "total", "totals", "_finals",
+                 "_taken", "_events", "_waiter", "_error", "_loop")
 
     def __init__(self, tag: int, loop: asyncio.AbstractEventLoop, model: str = "",
-                 n: int = 1) -> None:
+                 n: int = 1, replica: int = 0) -> None:
         self.tag = tag
         self.model = model
+        self.key = queue_key(model, replica)  # whose queue state it reads
+        self.replica = replica
         self.n = n  # sequences: sequence i reports under tag + i
         self.done = False
         self.total = 0  # tokens announced by the engine so far (every sequence's)
@@ -184,9 +191,9 @@ class _Session:
     def __init__(self, stub: pb_grpc.EngineStub, on_broken: Callable[["_Session"], None]) -> None:
         self.routes: dict[int, RequestStream] = {}
         self.broken = False
-        # model -> the engine's last QueueState for it, while that says "saturated"
+        # queue_key(model, replica) -> the engine's last QueueState for it, while "saturated"
         self.saturated: dict[str, pb.QueueState] = {}
-        self._refused: dict[str, int] = {}  # refusals made here, not yet reported
+        self._refused: dict[tuple[str, int], int] = {}  # refusals made here, not yet reported
         self._outbox: asyncio.Queue[pb.SessionAction | None] = asyncio.Queue()
         self._on_broken = on_broken
         self.call = stub.Session(self._actions(), wait_for_ready=False)
@@ -196,26 +203,30 @@ class _Session:
         self._outbox.put_nowait(action)
 
     def set_queue_state(self, state: pb.QueueState) -> None:
+        key = queue_key(state.model, state.replica)
         if state.saturated:
-            self.saturated[state.model] = state
+            self.saturated[key] = state
         else:
-            self.saturated.pop(state.model, None)
+            self.saturated.pop(key, None)
 
-    def note_refused(self, model: str) -> None:
-        """Count a refusal made on the engine's word; reported in one action per model."""
+    def note_refused(self, key: tuple[str, int]) -> None:
+        """Count a refusal made on the engine's word; reported in one action per model
+        and replica."""
         refused = self._refused
         if not refused:
             asyncio.get_running_loop().call_later(REFUSED_REPORT_S, self._report_refused)
-        refused[model] = refused.get(model, 0) + 1
+        refused[key] = refused.get(key, 0) + 1
 
     def _report_refused(self) -> None:
         refused, self._refused = self._refused, {}
         if self.broken:
             return
-        for model, count in refused.items():
+        for (model, replica), count in refused.items():
             action = pb.SessionAction()
             action.refused.model = model
             action.refused.count = count
+            if replica:
+                action.refused.replica = replica
             self.send(action)
 
     async def _actions(self):  # the request iterator grpc.aio consumes
@@ -327,26 +338,29 @@ class EngineClient:
     async def open(
         self, model: str, prompt: Sequence[int] | int, max_tokens: int, *, priority: int = 0,
         request_id: str = "", n: int = 1, stop_at_end: bool = False,
+        replica: int | None = None,
     ) -> RequestStream:
-        """Start one request on the Session; its first event is `admitted` or `rejected`.
+        """Start one request on the Session (on replica `replica` of the model; None =
+        the engine's default, replica 0); its first event is `admitted` or `rejected`.
         With n > 1 it samples n sequences: their progress lands in `totals` and each sends
         its Finished. Raises GatewayError(queue_saturated) at once while the engine's last
-        word is that the model's queue is full, GatewayError(engine_unavailable) when the
+        word is that the replica's queue is full, GatewayError(engine_unavailable) when the
         engine cannot be reached. `prompt` is the prompt's token IDs (or only its length)."""
         prompt_tokens = prompt if isinstance(prompt, int) else len(prompt)
+        key = queue_key(model, replica or 0)
         for _ in range(2):
             session = self._session
             if session is None or session.broken:
                 await self._ensure_session()
                 continue
-            full = session.saturated.get(model)
+            full = session.saturated.get(key)
             if full is not None and self._fits(model, prompt_tokens, max_tokens, n):
                 # (one that can never fit goes on: the engine answers it with its 400 first)
-                session.note_refused(model)
+                session.note_refused((model, replica or 0))
                 raise GatewayError(ErrorKind.QUEUE_SATURATED,
                                    saturation_message(full.waiting, full.max_waiting))
             tag = next(self._tags)
-            stream = RequestStream(tag, asyncio.get_running_loop(), model, n)
+            stream = RequestStream(tag, asyncio.get_running_loop(), model, n, replica or 0)
             action = pb.SessionAction()
             action.open.tag = tag
             req = action.open.request
@@ -359,6 +373,8 @@ class EngineClient:
             req.priority = priority
             if request_id:
                 req.request_id = request_id
+            if replica is not None:
+                req.replica = replica
             session.routes[tag] = stream  # no await between the liveness check and this
             if n > 1:
                 req.n = n
@@ -394,7 +410,7 @@ class EngineClient:
                 session.send(action)
                 # It may free a place in the queue: requests go to the engine (which sees
                 # the Cancel first) until it announces the queue state again.
-                session.saturated.pop(stream.model, None)
+                session.saturated.pop(stream.key, None)
         stream._fail(reason or ClientGone())
 
     @property
@@ -507,10 +523,12 @@ class EngineClient:
 
     # ---- capacity -----------------------------------------------------------------------
 
-    async def get_capacity(self, model: str | None = None) -> list[pb.ModelCapacity]:
+    async def get_capacity(self, model: str | None = None,
+                           replica: int | None = None) -> list[pb.ModelCapacity]:
+        """Every replica's row (of one model and/or one replica index when given)."""
         resp = await self._unary(
-            "GetCapacity", pb.GetCapacityRequest(model=model or ""), self._rpc_timeout
-        )
+            "GetCapacity", pb.GetCapacityRequest(model=model or "", replica=replica),
+            self._rpc_timeout)
         return list(resp.models)
 
     async def load_lora_adapter(self, name: str, path: str, base: str = "") -> str:
@@ -529,11 +547,13 @@ class EngineClient:
 
     async def set_capacity(
         self, model: str | None = None, max_num_seqs: int | None = None,
-        max_waiting: int | None = None,
+        max_waiting: int | None = None, replica: int | None = None,
     ) -> list[pb.ModelCapacity]:
         fields: dict[str, Any] = {}
         if model:
             fields["model"] = model
+        if replica is not None:
+            fields["replica"] = replica
         if max_num_seqs is not None:
             fields["max_num_seqs"] = max_num_seqs
         if max_waiting is not None:
@@ -548,7 +568,16 @@ class EngineClient:
                 saturated = bool(m.max_waiting) and m.waiting >= m.max_waiting
                 session.set_queue_state(pb.QueueState(
                     model=m.model, saturated=saturated, waiting=m.waiting if saturated else 0,
-                    max_waiting=m.max_waiting if saturated else 0))
+                    max_waiting=m.max_waiting if saturated else 0, replica=m.replica))
+        return list(resp.models)
+
+    # ---- replicas -----------------------------------------------------------------------
+
+    async def set_replicas(self, model: str | None, replicas: int) -> list[pb.ModelCapacity]:
+        """Add or drain replicas live (SetReplicas, with the control token)."""
+        resp = await self._unary(
+            "SetReplicas", pb.SetReplicasRequest(model=model or "", replicas=replicas),
+            self._rpc_timeout, metadata=self._control_metadata)
         return list(resp.models)
 
     # ---- metrics ------------------------------------------------------------------------
@@ -557,10 +586,14 @@ class EngineClient:
                            engines: list[int] | None = None) -> bytes:
         """The engine's Prometheus exposition (vllm:* and inference_lab_*) of `models` on
         the engines (replicas) `engines` (None: all), as text; one unary call with a short
-        deadline."""
-        resp = await self._unary("GetMetrics", pb.GetMetricsRequest(models=models or (),
-                                                                    engines=engines or ()),
-                                 self._connect_timeout)
+        deadline. Empty when no model has those replicas."""
+        request = pb.GetMetricsRequest(models=models or (), engines=engines or ())
+        try:
+            resp = await self._unary("GetMetrics", request, self._connect_timeout)
+        except GatewayError as err:
+            if err.kind is ErrorKind.MODEL_NOT_FOUND:  # NOT_FOUND: no such replica (any more)
+                return b""
+            raise
         return resp.text
 
     # ---- replica-level faults ----------------------------------------------------------

@@ -31,6 +31,8 @@ class ErrorKind(enum.StrEnum):
     QUEUE_SATURATED = "queue_saturated"
     ENGINE_UNAVAILABLE = "engine_unavailable"
     MODEL_NOT_FOUND = "model_not_found"
+    REPLICA_NOT_FOUND = "replica_not_found"
+    REPLICA_UNAVAILABLE = "replica_unavailable"
     INVALID_REQUEST = "invalid_request"
     INVALID_FAULT_DIRECTIVE = "invalid_fault_directive"
     REQUEST_TIMEOUT = "request_timeout"
@@ -72,6 +74,10 @@ ERRORS: dict[ErrorKind, ErrorSpec] = {
         404, "invalid_request_error", "model_not_found", grpc.StatusCode.NOT_FOUND,
         "not_found_error",
     ),
+    # A replica index no model has here (its port is gone), or not one of this model.
+    ErrorKind.REPLICA_NOT_FOUND: ErrorSpec(404, "invalid_request_error", "replica_not_found", None),
+    # The replica exists but admits nothing yet or any more (starting, draining, scaled to 0).
+    ErrorKind.REPLICA_UNAVAILABLE: ErrorSpec(503, "server_error", "replica_unavailable", None),
     ErrorKind.INVALID_REQUEST: ErrorSpec(
         400, "invalid_request_error", "invalid_request", grpc.StatusCode.INVALID_ARGUMENT
     ),
@@ -156,9 +162,21 @@ def from_rejected(
     kind = _KIND_BY_GRPC_INT.get(code, ErrorKind.INTERNAL)
     if kind is ErrorKind.QUEUE_SATURATED or reason == "QUEUE_SATURATED":
         return queue_saturated(metadata)
+    replica_kind = _REPLICA_REASONS.get(reason)
+    if replica_kind is not None:
+        return GatewayError(replica_kind, message or reason)
     if kind is ErrorKind.ENGINE_UNAVAILABLE:
         return engine_unavailable(message or reason)
     return GatewayError(kind, message or reason or f"engine refused the request (code {code})")
+
+
+# Session refusal reasons about replicas (engine.fleet) and their kinds.
+_REPLICA_REASONS = {
+    "REPLICA_NOT_FOUND": ErrorKind.REPLICA_NOT_FOUND,
+    "REPLICA_NOT_READY": ErrorKind.REPLICA_UNAVAILABLE,
+    "REPLICA_DRAINING": ErrorKind.REPLICA_UNAVAILABLE,
+    "NO_REPLICA": ErrorKind.REPLICA_UNAVAILABLE,
+}
 
 
 def from_grpc_error(exc: grpc.aio.AioRpcError) -> GatewayError:

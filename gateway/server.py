@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from inference_lab.gateway.app import create_app
 from inference_lab.gateway.edge import DEFAULT_HEADER_TIMEOUT_S, EdgeAppRunner
 
 log = logging.getLogger("inference_lab.gateway.server")
@@ -55,13 +54,16 @@ async def run_gateway(
     on_ready: Callable[[int], None] | None = None,
     header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, **app_kwargs: Any
 ) -> None:
-    """Serve the gateway for the engine at `engine_target` until cancelled.
+    """Serve the gateway for the engine at `engine_target` until cancelled: replica i of
+    the engine's models on `port` + i (gateway.fleet; only `port` with one replica).
 
     `on_ready(bound_port)` is called once it listens. `app_kwargs` go to `create_app`
     (workload_path, seed, default_max_tokens, max_body_bytes, api_key, disconnect_poll_s).
     """
-    app = create_app(engine_target, **app_kwargs)
-    runner, bound = await start_gateway(app, host, port, header_timeout)
+    from inference_lab.gateway.fleet import FleetGateway
+
+    fleet = FleetGateway(engine_target, host, port, header_timeout=header_timeout, **app_kwargs)
+    bound = await fleet.start()
     # Everything allocated so far lives as long as the process: keep it out of the
     # collector's full passes, and collect the young generation less often (each request
     # allocates many short-lived objects; frequent passes show up as latency spikes).
@@ -77,5 +79,5 @@ async def run_gateway(
     try:
         await asyncio.Event().wait()  # until cancelled
     finally:
-        await runner.cleanup()
+        await fleet.stop()
         log.info("gateway stopped")

@@ -60,9 +60,10 @@ def submit_request(prompt: int = 16, max_tokens: int = 200, model: str = "") -> 
     return pb.SubmitRequest(model=model, prompt_tokens=prompt, max_tokens=max_tokens)
 
 
-def engine_rejections(metrics_port: int, model: str = "gpt-oss-20b") -> float:
+def engine_rejections(metrics_port: int, model: str = "gpt-oss-20b", replica: int = 0) -> float:
     """The engine's own count of QUEUE_SATURATED refusals of `model`, from its /metrics."""
-    key = f'inference_lab_rejections_total{{engine="0",model_name="{model}",reason="QUEUE_SATURATED"}}'
+    key = (f'inference_lab_rejections_total{{engine="{replica}",model_name="{model}",'
+           'reason="QUEUE_SATURATED"}')
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     return next((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import signal
 import socket
@@ -20,6 +21,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_port_run(count: int) -> int:
+    """A port p such that p .. p + count - 1 are all free now (replica i on p + i), below
+    the kernel's ephemeral range, so that client connections do not take them later."""
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    for _ in range(200):
+        base = random.randrange(max(low - 12000, 1024), low - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError(f"no run of {count} free ports found")
 
 
 class Served:
@@ -53,9 +75,10 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve(*extra: str, grace: float = 2.0):
-    """`python -m inference_lab serve` on free ports; stopped with SIGTERM afterwards."""
-    port, engine_port = free_port(), free_port()
+def serve(*extra: str, grace: float = 2.0, ports: int = 1):
+    """`python -m inference_lab serve` on free ports (`ports` consecutive ones for the
+    gateway: replica i on port + i); stopped with SIGTERM afterwards."""
+    port, engine_port = free_port_run(ports), free_port()
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "inference_lab", "serve", "--port", str(port),

@@ -439,7 +439,7 @@ class Exposition:
         """The exposition of the models called `names` on the engines (replicas) indexed
         `engines` (None or empty: all), merged family by family."""
         wanted = {str(e) for e in engines or ()}
-        chosen = [m for m in self.models if (not names or m.core.name in names)
+        chosen = [m for m in list(self.models) if (not names or m.core.name in names)
                   and (not wanted or m.labels[1] in wanted)]
         if not chosen:
             return b""
@@ -452,6 +452,12 @@ class Exposition:
             out.extend(chunks[i] for chunks in rendered)
         return "".join(out).encode() + lora_info(chosen)
 
+    def forget(self, model: ModelMetrics) -> None:
+        with self._lock:
+            if model in self.models:
+                self.models.remove(model)
+            self._templates.pop(id(model), None)
+
     def _template(self, model: ModelMetrics) -> _Template:
         template = self._templates.get(id(model))
         if template is None or template.shape != model.shape():
@@ -462,15 +468,31 @@ class Exposition:
 class EngineMetrics:
     """Every served model's metrics, one ModelMetrics per core."""
 
-    def __init__(self, cores: list[EngineCore], engine_index: int | list[int] = 0) -> None:
+    def __init__(self, cores: list[EngineCore] = (), engine_index: int | list[int] = 0) -> None:
         """`engine_index`: the `engine` label, one for every core or one per core (a
-        replica index)."""
+        replica index). engine.fleet adds and removes replicas' cores live (for_replica,
+        remove); their label is the replica index plus `engine_index` (when an int)."""
         indexes = engine_index if isinstance(engine_index, list) else [engine_index] * len(cores)
+        self.offset = engine_index if isinstance(engine_index, int) else 0
         self.models = [ModelMetrics(core, i) for core, i in zip(cores, indexes, strict=True)]
         self.exposition = Exposition(self.models)
 
     def for_model(self, core: EngineCore) -> ModelMetrics:
         return next(m for m in self.models if m.core is core)
+
+    def for_replica(self, core: EngineCore, replica: int = 0) -> ModelMetrics:
+        """A new replica's metrics (engine = offset + replica)."""
+        model = ModelMetrics(core, self.offset + replica)
+        self.models.append(model)
+        return model
+
+    def remove(self, model: ModelMetrics) -> None:
+        """A closed replica's series leave the exposition."""
+        self.exposition.forget(model)
+
+    def has_engines(self, engines: list[int]) -> bool:
+        wanted = {str(e) for e in engines}
+        return any(m.labels[1] in wanted for m in list(self.models))
 
     def render(self, names: list[str] | None = None, engines: list[int] | None = None) -> bytes:
         return self.exposition.render(names, engines)

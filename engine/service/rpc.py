@@ -21,6 +21,8 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from inference_lab.common.auth import bearer_ok
+from inference_lab.engine.fleet.replicas import Fleet, ReplicaNotFound, ReplicaUnavailable
+from inference_lab.engine.sim.kv import total_blocks
 from inference_lab.engine.sim.core import CapacityError, EngineCore, QueueSaturated, SubmitError
 from inference_lab.engine.service.kv_events import ZmqEventPublisher
 from inference_lab.engine.service.lora_modules import read_rank
@@ -58,18 +60,25 @@ def queue_state(core: EngineCore) -> tuple[bool, int, int]:
 
 
 class ModelRuntime:
-    """One served model: its core, the pacer driving it, its metrics, and the admission
-    state last announced to Sessions (with a version that counts its changes)."""
+    """One replica of one served model: its core, the pacer driving it, its metrics, and
+    the admission state last announced to Sessions (with a version that counts its
+    changes). The fleet (engine.fleet) orders its lifecycle: start, drained, stop."""
 
     def __init__(self, core: EngineCore, metrics: ModelMetrics, update_rate: float = 0.0,
                  time_scale: float = 1.0, kv_events: ZmqEventPublisher | None = None,
-                 coalesce_when_late: bool = True) -> None:
+                 coalesce_when_late: bool = True, replica: int = 0) -> None:
         self.core = core
         self.metrics = metrics
         self.kv_events = kv_events
+        self.replica = replica
+        self.key = (core.name, replica)
         self.queue_state = queue_state(core)
         self.queue_version = 0
         self.on_queue_change: Callable[[], None] | None = None
+        self._idle: asyncio.Event | None = None  # set once a drained replica holds nothing
+        self._stopped = False
+        self.adapters: dict[str, object] = {}  # LoRA name -> this core's LoraAdapter
+        self.on_stopped: Callable[[], None] | None = None  # its series leave the metrics
         on_step = metrics.on_step if kv_events is None else self._on_step
         self.pacer = Pacer(core, on_step=on_step, on_lag=metrics.on_lag,
                            on_finished=metrics.on_finished, on_change=self.check_queue,
@@ -91,11 +100,42 @@ class ModelRuntime:
             self.queue_version += 1
             if self.on_queue_change is not None:
                 self.on_queue_change()
+        if self._idle is not None and not self.pacer.open_streams():
+            self._idle.set()
 
     def queue_state_pb(self) -> pb.QueueState:
         saturated, waiting, max_waiting = self.queue_state
         return pb.QueueState(model=self.core.name, saturated=saturated, waiting=waiting,
-                             max_waiting=max_waiting)
+                             max_waiting=max_waiting, replica=self.replica)
+
+    # ---- lifecycle (engine.fleet.Fleet) --------------------------------------------------
+    def start(self) -> None:
+        self.pacer.start()
+
+    def open_streams(self) -> int:
+        return self.pacer.open_streams()
+
+    async def drained(self) -> None:
+        """Resolves once no request is left (the fleet admits nothing more to it)."""
+        while self.pacer.open_streams():
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+
+    async def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            await self.pacer.stop()
+            if self.on_stopped is not None:
+                self.on_stopped()
+
+
+class Refusal(Exception):
+    """A request that cannot be looked up or admitted: its gRPC status and Rejected reason."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
+        self.code = code
+        self.reason = reason
+        super().__init__(message)
 
 
 # ---- core objects -> messages ------------------------------------------------------------
@@ -161,9 +201,10 @@ class SessionSink:
     one ProgressBatch per flush (at most one per pacer wake-up, plus admissions as they
     happen)."""
 
-    def __init__(self, runtimes: list[ModelRuntime]) -> None:
-        self.runtimes = runtimes
-        self.seen: dict[str, int] = {}  # model -> queue_version announced on this Session
+    def __init__(self, service: "EngineService") -> None:
+        self.service = service
+        self.seen: dict[tuple[str, int], int] = {}  # (model, replica) -> queue_version announced
+        self.seen_changes = -1  # service.queue_changes as of the last look at every replica
         self.events: list[pb.Progress] = []
         self.totals: dict[int, int] = {}  # tag -> tokens so far, latest wins
         self.open: dict[int, tuple[ModelRuntime, Request]] = {}
@@ -184,12 +225,15 @@ class SessionSink:
         self.ready.set()
 
     def take(self) -> pb.ProgressBatch | None:
-        seen = self.seen
         states = None
-        for rt in self.runtimes:
-            if seen.get(rt.core.name) != rt.queue_version:
-                seen[rt.core.name] = rt.queue_version
-                (states := states or []).append(rt.queue_state_pb())
+        changes = self.service.queue_changes
+        if changes != self.seen_changes:  # some replica's queue state moved
+            self.seen_changes = changes
+            seen = self.seen
+            for rt in self.service.fleet.runtimes():
+                if seen.get(rt.key) != rt.queue_version:
+                    seen[rt.key] = rt.queue_version
+                    (states := states or []).append(rt.queue_state_pb())
         if not (self.events or self.totals or states):
             return None
         totals = self.totals
@@ -200,44 +244,67 @@ class SessionSink:
 
 
 class EngineService(engine_pb2_grpc.EngineServicer):
-    def __init__(self, runtimes: list[ModelRuntime], control_token: str | None = None,
-                 metrics: EngineMetrics | None = None) -> None:
-        self.runtimes = {rt.core.name: rt for rt in runtimes}
-        self.adapters: dict[str, tuple[ModelRuntime, LoraAdapter]] = {}  # LoRA name -> base
+    """The RPCs over a fleet of ModelRuntimes (one per model and replica index)."""
+
+    def __init__(self, fleet: Fleet, metrics: EngineMetrics | None = None,
+                 control_token: str | None = None) -> None:
+        self.fleet = fleet
+        # LoRA name -> (base model, path, rank); every replica of the base loads it
+        self.adapters: dict[str, tuple[str, str, int]] = {}
         self.metrics = metrics
         self.sessions: set[SessionSink] = set()
-        for rt in runtimes:
+        self.queue_changes = 0  # counts queue-state changes of any replica, and fleet changes
+        for rt in fleet.runtimes():
             rt.on_queue_change = self._queue_changed
         self.accepting = True
         self.on_capacity_change: Callable[[], None] | None = None  # after every SetCapacity
         self.replica_faults: ReplicaFaults | None = None  # set by the server once started
-        # SetCapacity requires metadata `authorization: Bearer <token>` when set.
+        # SetCapacity and SetReplicas require metadata `authorization: Bearer <token>` when set.
         self._control_token = control_token.encode() if control_token else None
 
-    def _runtime(self, model: str) -> ModelRuntime | None:
+    def fleet_changed(self) -> None:
+        """The replica set changed: new replicas report to Sessions too."""
+        for rt in self.fleet.runtimes():
+            rt.on_queue_change = self._queue_changed
+        self._queue_changed()
+
+    def _model(self, model: str) -> str | None:
         """The base model `model` names: itself, or the base of the LoRA adapter so named."""
-        if not model and len(self.runtimes) == 1:
-            return next(iter(self.runtimes.values()))
-        rt = self.runtimes.get(model)
-        if rt is None and model in self.adapters:
+        models = self.fleet.deployments
+        if not model and len(models) == 1:
+            return next(iter(models))
+        if model not in models and model in self.adapters:
             return self.adapters[model][0]
-        return rt
+        return model if model in models else None
+
+    def _runtime(self, model: str, replica: int = 0) -> ModelRuntime:
+        """The replica that admits this request now; raises Refusal."""
+        name = self._model(model)
+        if name is None:
+            raise Refusal(grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND", self._unknown_model(model))
+        try:
+            return self.fleet.lookup(name, replica).runtime
+        except ReplicaNotFound as exc:
+            raise Refusal(grpc.StatusCode.NOT_FOUND, "REPLICA_NOT_FOUND", str(exc)) from None
+        except ReplicaUnavailable as exc:
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, exc.reason, str(exc)) from None
 
     def _queue_changed(self) -> None:
+        self.queue_changes += 1
         for sink in self.sessions:
             sink.flush()  # the writer takes the new state with whatever else is due
 
     def _unknown_model(self, model: str) -> str:
-        return f"model {model!r} is not served here (models: {', '.join(self.runtimes)})"
+        return f"model {model!r} is not served here (models: {', '.join(self.fleet.deployments)})"
 
     def _admit(self, rt: ModelRuntime, request: pb.SubmitRequest, sink, tag) -> Request:
         """The funnel: check and reserve synchronously. Raises QueueSaturated or
         SubmitError; counts refusals."""
-        entry = self.adapters.get(request.model) if self.adapters else None
+        lora = rt.adapters.get(request.model) if rt.adapters else None
         try:
             req = rt.pacer.submit(request.prompt_tokens, request.max_tokens, sink, tag,
                                   priority=request.priority, token_ids=request.prompt_token_ids,
-                                  n=request.n or 1, lora=entry[1] if entry else None)
+                                  n=request.n or 1, lora=lora)
             req.eos = request.stop_at_end  # ends as "stop" (metrics), not "length"
         except QueueSaturated:
             rt.metrics.on_rejected("QUEUE_SATURATED")
@@ -262,9 +329,10 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     async def Submit(self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext):
         if not self.accepting:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "engine is shutting down")
-        rt = self._runtime(request.model)
-        if rt is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_model(request.model))
+        try:
+            rt = self._runtime(request.model, request.replica)
+        except Refusal as exc:
+            await context.abort(exc.code, str(exc))
         sink = SubmitSink()
         try:
             req = self._admit(rt, request, sink, None)
@@ -287,8 +355,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
 
     # ---- Session: many requests over one stream -----------------------------------------
     async def Session(self, request_iterator, context: grpc.aio.ServicerContext):
-        runtimes = list(self.runtimes.values())
-        sink = SessionSink(runtimes)
+        sink = SessionSink(self)
         loop = asyncio.get_running_loop()
         sink.flush()  # the first batch announces every model's queue state
         self.sessions.add(sink)
@@ -303,7 +370,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                     await context.write(batch)
                     waited = loop.time() - started  # > 0: the gateway reads late (flow control)
                     if waited > WRITE_LATE:
-                        for rt in runtimes:
+                        for rt in self.fleet.runtimes():
                             rt.pacer.relay_late(waited)
                 if sink.closing:
                     return  # the engine is stopping: end the call with OK
@@ -338,9 +405,6 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         tag, request = action.tag, action.request
         if not self.accepting:
             rejected = rejected_pb(grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN", "engine is shutting down")
-        elif (rt := self._runtime(request.model)) is None:
-            rejected = rejected_pb(grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND",
-                                   self._unknown_model(request.model))
         elif tag in sink.open:
             rejected = rejected_pb(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST",
                                    f"tag {tag} is already open in this session")
@@ -349,7 +413,10 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                                    f"tags {tag} .. {tag} + n - 1 (n = {request.n}) exceed 2^64 - 1")
         else:
             try:
+                rt = self._runtime(request.model, request.replica)
                 req = self._admit(rt, request, sink, tag)
+            except Refusal as exc:
+                rejected = rejected_pb(exc.code, exc.reason, str(exc))
             except QueueSaturated as exc:
                 rejected = rejected_pb(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_SATURATED",
                                        str(exc), saturated_metadata(exc))
@@ -371,32 +438,38 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             return  # finishing in the step in flight: its one Finished is on the way
         del sink.open[tag]
         sink.events.append(pb.Progress(tag=tag, finished=finished_pb(req)))
-        sink.seen.pop(rt.core.name, None)  # the client forgot the queue state: say it again
+        sink.seen.pop(rt.key, None)  # the client forgot the queue state: say it again
+        sink.seen_changes = -1
 
     def _session_refused(self, refused: pb.Refused) -> None:
-        rt = self.runtimes.get(refused.model)
-        if rt is not None and refused.count:
-            rt.metrics.on_rejected("QUEUE_SATURATED", refused.count)
+        replica = self.fleet.replicas.get(refused.model, {}).get(refused.replica)
+        if replica is not None and refused.count:
+            replica.runtime.metrics.on_rejected("QUEUE_SATURATED", refused.count)
 
     # ---- capacity and models ------------------------------------------------------------
-    def _capacity(self, runtimes) -> pb.CapacityResponse:
-        return pb.CapacityResponse(models=[
-            pb.ModelCapacity(model=rt.core.name, max_waiting=rt.core.max_waiting,
-                             max_num_seqs=rt.core.max_num_seqs, waiting=rt.core.num_waiting,
-                             running=rt.core.num_running)
-            for rt in runtimes])
+    def _capacity(self, replicas) -> pb.CapacityResponse:
+        now = self.fleet.now()
+        rows = []
+        for r in replicas:
+            core = r.runtime.core
+            rows.append(pb.ModelCapacity(
+                model=core.name, max_waiting=core.max_waiting, max_num_seqs=core.max_num_seqs,
+                waiting=core.num_waiting, running=core.num_running, replica=r.index,
+                starting=r.ready_in(now) > 0, draining=r.draining, ready_in_s=r.ready_in(now)))
+        return pb.CapacityResponse(models=rows)
 
-    def _select(self, model: str) -> list[ModelRuntime] | None:
-        if not model:
-            return list(self.runtimes.values())
-        rt = self.runtimes.get(model)
-        return [rt] if rt else None
+    async def _select(self, model: str, replica: int | None, context) -> list:
+        """The replicas a capacity call acts on (aborts NOT_FOUND for none)."""
+        if model and model not in self.fleet.deployments:
+            await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_model(model))
+        try:
+            return self.fleet.select(model, replica)
+        except ReplicaNotFound as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
 
     async def GetCapacity(self, request: pb.GetCapacityRequest, context):
-        runtimes = self._select(request.model)
-        if runtimes is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_model(request.model))
-        return self._capacity(runtimes)
+        replica = request.replica if request.HasField("replica") else None
+        return self._capacity(await self._select(request.model, replica, context))
 
     def _control_allowed(self, context) -> bool:
         """Constant-time check of `authorization: Bearer <control token>`, when one is set."""
@@ -417,9 +490,9 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "set at least one of max_num_seqs and max_waiting")
         model = request.model if request.HasField("model") else ""
-        runtimes = self._select(model)
-        if runtimes is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_model(model))
+        replica = request.replica if request.HasField("replica") else None
+        replicas = await self._select(model, replica, context)
+        runtimes = [r.runtime for r in replicas]
         try:
             for rt in runtimes:  # validate everything before changing anything
                 rt.core.check_capacity(seqs, waiting)
@@ -429,11 +502,25 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             rt.core.set_capacity(seqs, waiting)
             rt.pacer.poke()
             rt.check_queue()
-            log.info("capacity of %s: max_num_seqs=%d max_waiting=%d",
-                     rt.core.name, rt.core.max_num_seqs, rt.core.max_waiting)
+            log.info("capacity of %s replica %d: max_num_seqs=%d max_waiting=%d",
+                     rt.core.name, rt.replica, rt.core.max_num_seqs, rt.core.max_waiting)
         if self.on_capacity_change is not None:
             self.on_capacity_change()
-        return self._capacity(runtimes)
+        return self._capacity(replicas)
+
+    async def SetReplicas(self, request: pb.SetReplicasRequest, context):
+        if not self._control_allowed(context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "SetReplicas needs metadata `authorization: Bearer <control token>`")
+        if not self.accepting:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine is shutting down")
+        if request.model and request.model not in self.fleet.deployments:
+            await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_model(request.model))
+        try:
+            self.fleet.check_count(request.replicas)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return self._capacity(self.fleet.scale(request.model, request.replicas))
 
     # ---- replica-level faults (engine.service.replica_faults) ----------------------------
     def _fault_state(self) -> pb.EngineFaultState:
@@ -478,40 +565,56 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         return self._fault_state()
 
     async def GetMetrics(self, request: pb.GetMetricsRequest, context):
-        """Rendered off the event loop: the pacer keeps its wake-ups meanwhile."""
+        """Rendered off the event loop: the pacer keeps its wake-ups meanwhile. With
+        engines (replica indices), theirs alone (a gateway's replica port); NOT_FOUND when
+        no model has any of them."""
         if self.metrics is None:
             return pb.MetricsText()
         text = await asyncio.get_running_loop().run_in_executor(
             None, self.metrics.render, list(request.models), list(request.engines))
+        if not text and request.engines and not self.metrics.has_engines(request.engines):
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"no model has replica {', '.join(map(str, request.engines))}")
         return pb.MetricsText(text=text)
 
     async def ListModels(self, request, context):
-        def info(rt: ModelRuntime, name: str, parent: str = "", rank: int = 0) -> pb.ModelInfo:
-            return pb.ModelInfo(name=name, hardware=rt.core.deployment.hardware.name,
-                                tp=rt.core.deployment.tp, max_model_len=rt.core.max_model_len,
-                                kv_blocks=rt.core.total_blocks, block_size=rt.core.block_size,
+        def info(d, name: str, parent: str = "", rank: int = 0) -> pb.ModelInfo:
+            return pb.ModelInfo(name=name, hardware=d.hardware.name, tp=d.tp,
+                                max_model_len=d.scheduler.max_model_len or d.model.max_seq_len,
+                                kv_blocks=total_blocks(d), block_size=d.scheduler.block_size,
                                 parent=parent, lora_rank=rank)
 
-        models = [info(rt, rt.core.name) for rt in self.runtimes.values()]
-        models += [info(rt, name, rt.core.name, adapter.rank)
-                   for name, (rt, adapter) in self.adapters.items()]
+        deployments = self.fleet.deployments
+        models = [info(d, d.name) for d in deployments.values()]
+        models += [info(deployments[base], name, base, rank)
+                   for name, (base, _, rank) in self.adapters.items()]
         return pb.ListModelsResponse(models=models)
 
     # ---- LoRA adapters -------------------------------------------------------------------
     def load_adapter(self, name: str, path: str, base: str, rank: int) -> str:
-        """Register an adapter (LoraError / KeyError for the caller to map)."""
-        rt = self._runtime(base) if base or len(self.runtimes) == 1 else None
-        if rt is None or (base and base not in self.runtimes):
+        """Register an adapter on every replica of its base (LoraError / KeyError for the
+        caller to map); replicas added later load it too (`adapt`)."""
+        deployments = self.fleet.deployments
+        base = base or (next(iter(deployments)) if len(deployments) == 1 else "")
+        if base not in deployments:
             raise KeyError(base)
-        loras = rt.core.loras
-        if loras is None:
-            raise LoraError(f"LoRA is not enabled for {rt.core.name} (start the engine with "
+        replicas = self.fleet.select(base, None)
+        if any(r.runtime.core.loras is None for r in replicas):
+            raise LoraError(f"LoRA is not enabled for {base} (start the engine with "
                             "--enable-lora or --lora-modules)")
-        if name in self.runtimes or name in self.adapters:
+        if name in deployments or name in self.adapters:
             raise LoraError(f"The lora adapter '{name}' has already been loaded.")
-        self.adapters[name] = (rt, loras.load(name, path, rank))
-        log.info("LoRA adapter %s (rank %d, %s) loaded for %s", name, rank, path, rt.core.name)
+        self.adapters[name] = (base, path, rank)
+        for r in replicas:
+            self.adapt(r.runtime)
+        log.info("LoRA adapter %s (rank %d, %s) loaded for %s", name, rank, path, base)
         return f"Success: LoRA adapter '{name}' added successfully."
+
+    def adapt(self, rt: ModelRuntime) -> None:
+        """Give a replica every adapter of its model it lacks."""
+        for name, (base, path, rank) in self.adapters.items():
+            if base == rt.core.name and name not in rt.adapters and rt.core.loras is not None:
+                rt.adapters[name] = rt.core.loras.load(name, path, rank)
 
     async def LoadLoraAdapter(self, request: pb.LoadLoraAdapterRequest, context):
         if not self._control_allowed(context):
@@ -536,8 +639,9 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         if entry is None:
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"The lora adapter '{request.lora_name}' cannot be found.")
-        rt, adapter = entry
-        rt.core.loras.unload(adapter.name)
-        log.info("LoRA adapter %s unloaded", adapter.name)
+        for r in self.fleet.select(entry[0], None):
+            if r.runtime.adapters.pop(request.lora_name, None) is not None:
+                r.runtime.core.loras.unload(request.lora_name)
+        log.info("LoRA adapter %s unloaded", request.lora_name)
         return pb.LoraAdapterResponse(
             message=f"Success: LoRA adapter '{request.lora_name}' removed successfully.")

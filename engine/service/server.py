@@ -9,6 +9,7 @@ period, stop the server, then the pacers (which abort whatever is left).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -23,6 +24,8 @@ from inference_lab.engine.service.lora_modules import LoraModule, read_rank
 from inference_lab.engine.service.metrics import EngineMetrics, serve_metrics
 from inference_lab.engine.sim.lora import LoraError
 from inference_lab.engine.service.replica_faults import ReplicaFaults
+from inference_lab.engine.fleet.replicas import Fleet
+from inference_lab.engine.fleet.startup import startup_delay
 from inference_lab.engine.service.rpc import EngineService, ModelRuntime
 from inference_lab.engine.sim.specs import Deployment
 from inference_lab.engine.service.wire_guard import DecodeGuard
@@ -47,8 +50,11 @@ class EngineServer:
                  coalesce_when_late: bool = True,
                  engine_index: int = 0, state_dir: str | Path | None = None,
                  kv_events: KVEventsConfig | None = None,
-                 lora_modules: list[LoraModule] | None = None, max_loras: int = 0) -> None:
+                 lora_modules: list[LoraModule] | None = None, max_loras: int = 0,
+                 replicas: int = 1, startup_delay: float | str = 0.0) -> None:
         self.deployments = deployments
+        self.replicas = replicas  # of every model at start
+        self.startup_delay = startup_delay  # seconds or "auto" (engine.fleet.startup)
         self.update_rate = update_rate  # forced cap on mid-stream token updates/s per model
         self.coalesce_when_late = coalesce_when_late  # group tokens when the pacer is late
         self.time_scale = time_scale  # modelled seconds per wall second (engine.drivers.pacer)
@@ -68,27 +74,50 @@ class EngineServer:
         self.max_loras = max_loras
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
-        self.runtimes: list[ModelRuntime] = []
+        self.fleet: Fleet | None = None
         self.metrics: EngineMetrics | None = None
         self._metrics_http = None
 
+    @property
+    def runtimes(self) -> list[ModelRuntime]:
+        """Every replica's runtime, by model then replica index."""
+        return self.fleet.runtimes() if self.fleet is not None else []
+
+    def _make_runtime(self, deployment: Deployment, replica: int) -> ModelRuntime:
+        """A replica of its own: its own copy of the live-tunable scheduler knobs."""
+        own = dataclasses.replace(deployment, scheduler=dataclasses.replace(deployment.scheduler))
+        events = self.kv_events is not None and own.scheduler.enable_prefix_caching
+        core = EngineCore(own, record_kv_events=events)
+        runtime = ModelRuntime(core, self.metrics.for_replica(core, replica), self.update_rate,
+                               self.time_scale,
+                               self.kv_events if core.prefix_cache is not None else None,
+                               self.coalesce_when_late, replica)
+        runtime.on_stopped = lambda: self.metrics.remove(runtime.metrics)  # a drained replica
+        if self.max_loras:  # a replica added live gets LoRA and the adapters loaded so far
+            core.enable_lora(self.max_loras)
+            if getattr(self, "service", None) is not None:
+                self.service.adapt(runtime)
+        return runtime
+
+    def _fleet_changed(self) -> None:
+        if getattr(self, "service", None) is not None:
+            self.service.fleet_changed()
+
     async def start(self) -> None:
         events = self.kv_events_config is not None and self.kv_events_config.enabled
-        cores = [EngineCore(d, record_kv_events=events and d.scheduler.enable_prefix_caching)
-                 for d in self.deployments]
         if events:
             self.kv_events = ZmqEventPublisher(self.kv_events_config, self.engine_index)
             self.kv_events.start()
             log.info("KV cache events on %s%s", self.kv_events.endpoint,
                      f" (replay on {self.kv_events.replay_endpoint})"
                      if self.kv_events.replay_endpoint else "")
-        self.metrics = EngineMetrics(cores, self.engine_index)
-        self.runtimes = [ModelRuntime(core, self.metrics.for_model(core), self.update_rate,
-                                     self.time_scale,
-                                     self.kv_events if core.prefix_cache is not None else None,
-                                     self.coalesce_when_late)
-                         for core in cores]
-        self.service = EngineService(self.runtimes, self.control_token, self.metrics)
+        self.metrics = EngineMetrics(engine_index=self.engine_index)
+        setting = self.startup_delay
+        self.fleet = Fleet(self.deployments, self._make_runtime,
+                           lambda d: startup_delay(d, setting), on_change=self._fleet_changed)
+        self.service = None
+        self.fleet.scale("", self.replicas)
+        self.service = EngineService(self.fleet, self.metrics, self.control_token)
         if self.max_loras:
             self._enable_lora()
         if self.state_path is not None:
@@ -109,18 +138,16 @@ class EngineServer:
         self.port = bound
         await server.start()
         self.server = server
-        for rt in self.runtimes:
-            rt.pacer.start()
         if self.metrics_port is not None:
             self._metrics_http = serve_metrics(self.metrics, self.host, self.metrics_port)
             self.metrics_port = self._metrics_http.server_port
         self.service.replica_faults = ReplicaFaults(self.runtimes, self._set_serving)
         await self._set_serving(True)
         for rt in self.runtimes:
-            log.info("serving %s on %s (tp=%d, %d KV blocks of %d, max_num_seqs=%d, max_waiting=%d)",
-                     rt.core.name, rt.core.deployment.hardware.name, rt.core.deployment.tp,
-                     rt.core.total_blocks, rt.core.block_size, rt.core.max_num_seqs,
-                     rt.core.max_waiting)
+            log.info("serving %s replica %d on %s (tp=%d, %d KV blocks of %d, max_num_seqs=%d, "
+                     "max_waiting=%d)", rt.core.name, rt.replica, rt.core.deployment.hardware.name,
+                     rt.core.deployment.tp, rt.core.total_blocks, rt.core.block_size,
+                     rt.core.max_num_seqs, rt.core.max_waiting)
         log.info("engine gRPC on %s:%d, metrics on %s", self.host, self.port,
                  f"http://{self.host}:{self.metrics_port}/metrics" if self.metrics_port else "off")
 
@@ -128,9 +155,10 @@ class EngineServer:
         """Adapters for every model, and the --lora-modules registered (LoraError on a
         bad one: the engine does not start)."""
         for rt in self.runtimes:
-            rt.core.enable_lora(self.max_loras)
+            if rt.core.loras is None:
+                rt.core.enable_lora(self.max_loras)
         for module in self.lora_modules:
-            if not module.base_model_name and len(self.runtimes) > 1:
+            if not module.base_model_name and len(self.deployments) > 1:
                 raise LoraError(f"--lora-modules {module.name}: several models are served; "
                                 "name the base with the JSON form's base_model_name")
             try:
@@ -146,27 +174,33 @@ class EngineServer:
         saved = read_state(self.state_path)  # StateFileError: refuse to start on a bad file
         if saved is None:
             return
-        by_name = {rt.core.name: rt for rt in self.runtimes}
+        by_name: dict[str, list[ModelRuntime]] = {}
+        for rt in self.runtimes:  # with replicas: every replica of the model
+            by_name.setdefault(rt.core.name, []).append(rt)
         for name, knobs in (saved.get("capacity") or {}).items():
-            rt = by_name.get(name)
-            if rt is None or not isinstance(knobs, dict):
+            replicas = by_name.get(name)
+            if replicas is None or not isinstance(knobs, dict):
                 log.warning("%s: saved capacity of %r ignored (not served here)",
                             self.state_path, name)
                 continue
             seqs, waiting = knobs.get("max_num_seqs"), knobs.get("max_waiting")
             try:
-                rt.core.set_capacity(seqs if type(seqs) is int else None,
-                                     waiting if type(waiting) is int else None)
+                for rt in replicas:
+                    rt.core.set_capacity(seqs if type(seqs) is int else None,
+                                         waiting if type(waiting) is int else None)
             except CapacityError as exc:
                 log.warning("%s: saved capacity of %s ignored: %s", self.state_path, name, exc)
                 continue
-            rt.check_queue()
+            for rt in replicas:
+                rt.check_queue()
             log.info("restored live capacity of %s from %s: max_num_seqs=%d max_waiting=%d",
                      name, self.state_path, rt.core.max_num_seqs, rt.core.max_waiting)
 
     def _save_capacity(self) -> None:
-        capacity = {rt.core.name: {"max_num_seqs": rt.core.max_num_seqs,
-                                   "max_waiting": rt.core.max_waiting} for rt in self.runtimes}
+        capacity = {}
+        for rt in self.runtimes:  # with replicas: the lowest-index replica's knobs per model
+            capacity.setdefault(rt.core.name, {"max_num_seqs": rt.core.max_num_seqs,
+                                               "max_waiting": rt.core.max_waiting})
         try:
             write_state(self.state_path, {"capacity": capacity})
         except OSError as exc:
@@ -193,8 +227,7 @@ class EngineServer:
         deadline = time.monotonic() + grace
         while self.live_requests() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for rt in self.runtimes:
-            await rt.pacer.stop()  # aborts what is left; its streams get a Finished
+        await self.fleet.stop()  # pacers abort what is left; its streams get a Finished
         await self.service.close_sessions()
         await self.server.stop(grace=0.5)
         self.server = None

@@ -122,7 +122,7 @@ def load_model(name: str) -> Model:
 
 _POSITIVE = "a positive number"
 _HARDWARE_KEYS = ("name", *(f"flops_{p}" for p in PRECISION_ORDER), "memory_bandwidth",
-                  "memory_capacity", "fabric", "memory", "calibration")
+                  "memory_capacity", "load_bandwidth", "fabric", "memory", "calibration")
 _CALIBRATION_KEYS = ("flops_efficiency", "flops_half_tokens", "bandwidth_efficiency",
                      "comm_efficiency", "step_overhead", "request_overhead", "fit")
 _LINK_KEYS = ("bandwidth", "latency", "in_network_reduction")
@@ -200,7 +200,7 @@ def _parse_memory(t: Table) -> tuple[str, ...]:
 
 def parse_hardware(table: Any, where: str, path: str = "", name: str | None = None) -> Hardware:
     """A Hardware from a hardware table: `flops_<precision>` (at least one),
-    `memory_bandwidth`, `memory_capacity`, optional `[fabric]` (`gpus_per_node`,
+    `memory_bandwidth`, `memory_capacity`, optional `load_bandwidth` (bytes/s), `[fabric]` (`gpus_per_node`,
     `scale_up` and `scale_out` = {bandwidth, latency, in_network_reduction}) and `[memory]`
     (stores, junctions, links: parsed, not simulated). An optional `name` key names it
     when the caller gives no `name`."""
@@ -210,6 +210,7 @@ def parse_hardware(table: Any, where: str, path: str = "", name: str | None = No
     flops = {p: v for p, v in peaks.items() if v is not None}
     bandwidth = t.get("memory_bandwidth", float, f"{_POSITIVE} (bytes/s)", ok=lambda v: v > 0)
     capacity = t.get("memory_capacity", float, f"{_POSITIVE} (bytes)", ok=lambda v: v > 0)
+    load = t.get("load_bandwidth", float, f"{_POSITIVE} (bytes/s)", 64e9, ok=lambda v: v > 0)
     fabric = t.table("fabric", None, ("gpus_per_node", "scale_up", "scale_out"))
     link_bw, latency, reduce, per_node, out_bw, out_latency = 0.0, 5e-6, False, 0, 0.0, 0.0
     if fabric is not None:
@@ -229,7 +230,8 @@ def parse_hardware(table: Any, where: str, path: str = "", name: str | None = No
                     hbm_bytes=capacity, link_bandwidth=link_bw, link_latency=latency,
                     in_network_reduction=reduce, gpus_per_node=per_node,
                     scale_out_bandwidth=out_bw, scale_out_latency=out_latency,
-                    memory_stores=stores, calibration=calibration)
+                    memory_stores=stores, calibration=calibration,
+                    load_bandwidth=load)
 
 
 def _parse_calibration(t: Table) -> Calibration:

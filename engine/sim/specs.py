@@ -52,6 +52,9 @@ class Hardware:
     scale_out_latency: float = 0.0
     memory_stores: tuple[str, ...] = ()  # KV tiers beyond HBM the node offers (parsed only)
     calibration: Calibration | None = None  # the `calibrated` timing model's fit
+    # bytes/s per GPU at which weights load from the host at start-up (the host link's peak;
+    # engine.fleet.startup): PCIe Gen5 x16 unless the preset says otherwise
+    load_bandwidth: float = 64e9
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,39 @@ def _kv_events_config(text: str) -> str:
     return text
 
 
+def _startup_delay(text: str) -> float | str:
+    from inference_lab.engine.fleet.startup import parse_startup_delay
+
+    try:
+        return parse_startup_delay(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _replicas(text: str) -> int:
+    from inference_lab.engine.fleet.replicas import MAX_REPLICAS
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 1 <= value <= MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(f"expected 1..{MAX_REPLICAS}, got {value}")
+    return value
+
+
+def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
+    """The replica flags: shared by `engine` and `serve`."""
+    p.add_argument("--replicas", type=_replicas, default=1, metavar="N",
+                   help="independent replicas of every model, each its own modelled GPU, "
+                        "scheduler, KV cache and queue (default 1; at most 64); `serve` answers "
+                        "replica i on --port + i")
+    p.add_argument("--startup-delay", type=_startup_delay, default=0.0, metavar="SECONDS|auto",
+                   help="a replica is ready this long after it is created (default 0); auto = "
+                        "resident weight bytes / the hardware preset's load_bandwidth / tp, plus "
+                        "20 s of fixed engine start-up")
+
+
 def add_pacing_arguments(p: argparse.ArgumentParser) -> None:
     from inference_lab.engine.service.server import DEFAULT_UPDATE_RATE
 
@@ -154,6 +187,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"Prometheus /metrics port (default {DEFAULT_METRICS_PORT}, beside the gRPC "
                         "port and outside the exporters' 9100-9999; 0 = any free). A gateway "
                         "serves the same series on its API port's /metrics")
+    add_fleet_arguments(p)
     add_pacing_arguments(p)
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds in-flight requests get to finish on SIGTERM (default 10)")
@@ -198,7 +232,8 @@ def run(args: argparse.Namespace) -> int:
                           state_dir=args.state_dir, kv_events=kv_events,
                           lora_modules=[parse_lora_module(m) for m in args.lora_modules or ()],
                           max_loras=(args.max_loras or 1) if (args.enable_lora or args.lora_modules
-                                                              or args.max_loras) else 0)
+                                                              or args.max_loras) else 0,
+                          replicas=args.replicas, startup_delay=args.startup_delay)
     if token:
         log.info("SetCapacity requires the control token")
     from inference_lab.common.state_file import StateFileError

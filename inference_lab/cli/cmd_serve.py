@@ -19,7 +19,9 @@ import sys
 import tempfile
 
 from inference_lab.cli.auth_flags import CONTROL_TOKEN_ENV, control_token
-from inference_lab.cli.cmd_engine import add_model_arguments, add_pacing_arguments, load_deployments
+from inference_lab.cli.cmd_engine import (
+    add_fleet_arguments, add_model_arguments, add_pacing_arguments, load_deployments,
+)
 from inference_lab.cli.cmd_engine import lora_argv
 from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs
 
@@ -31,6 +33,7 @@ process, the gateway here. With no --config it serves the embedded gpt-oss-20b.
 
   inference-lab serve                                   # gpt-oss-20b on a B200 at :8080
   inference-lab serve --config configs/ --hardware b200 --max-waiting 64
+  inference-lab serve --replicas 4 --startup-delay auto  # replica i on :8080 + i
 
 then: curl localhost:8080/control/capacity
 """
@@ -49,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the engine's own Prometheus /metrics port (default 0 = any free, "
                         "printed at start); the API port's /metrics serves the same vllm:* "
                         "series with the gateway's own")
+    add_fleet_arguments(p)
     add_pacing_arguments(p)
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds in-flight requests get to finish on shutdown (default 10)")
@@ -86,6 +90,9 @@ class EngineProcess:
             self.argv += ["--catalog", str(directory)]
         if args.timing is not None:
             self.argv += ["--timing", args.timing]
+        if args.replicas != 1 or args.startup_delay:
+            self.argv += ["--replicas", str(args.replicas),
+                          "--startup-delay", str(args.startup_delay)]
         # The engine requires the gateway's control token too; through the environment,
         # never argv (which any local user can list).
         token = control_token(args)

@@ -32,7 +32,7 @@ ENGINE_FAULT_SLOW: EngineFaultKind
 ENGINE_FAULT_CLEAR: EngineFaultKind
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id", "prompt_token_ids", "n", "stop_at_end")
+    __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id", "prompt_token_ids", "n", "stop_at_end", "replica")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class SubmitRequest(_message.Message):
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     STOP_AT_END_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt_tokens: int
     max_tokens: int
@@ -49,7 +50,8 @@ class SubmitRequest(_message.Message):
     prompt_token_ids: bytes
     n: int
     stop_at_end: bool
-    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., n: _Optional[int] = ..., stop_at_end: _Optional[bool] = ...) -> None: ...
+    replica: int
+    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., n: _Optional[int] = ..., stop_at_end: _Optional[bool] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class Admitted(_message.Message):
     __slots__ = ("engine_request_id", "waiting")
@@ -151,12 +153,14 @@ class Cancel(_message.Message):
     def __init__(self, tag: _Optional[int] = ...) -> None: ...
 
 class Refused(_message.Message):
-    __slots__ = ("model", "count")
+    __slots__ = ("model", "count", "replica")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     model: str
     count: int
-    def __init__(self, model: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+    replica: int
+    def __init__(self, model: _Optional[str] = ..., count: _Optional[int] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("tag", "admitted", "tokens", "finished", "rejected")
@@ -185,46 +189,60 @@ class ProgressBatch(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., token_tags: _Optional[_Iterable[int]] = ..., token_totals: _Optional[_Iterable[int]] = ..., queue_states: _Optional[_Iterable[_Union[QueueState, _Mapping]]] = ...) -> None: ...
 
 class QueueState(_message.Message):
-    __slots__ = ("model", "saturated", "waiting", "max_waiting")
+    __slots__ = ("model", "saturated", "waiting", "max_waiting", "replica")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SATURATED_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     model: str
     saturated: bool
     waiting: int
     max_waiting: int
-    def __init__(self, model: _Optional[str] = ..., saturated: _Optional[bool] = ..., waiting: _Optional[int] = ..., max_waiting: _Optional[int] = ...) -> None: ...
+    replica: int
+    def __init__(self, model: _Optional[str] = ..., saturated: _Optional[bool] = ..., waiting: _Optional[int] = ..., max_waiting: _Optional[int] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class GetCapacityRequest(_message.Message):
-    __slots__ = ("model",)
+    __slots__ = ("model", "replica")
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     model: str
-    def __init__(self, model: _Optional[str] = ...) -> None: ...
+    replica: int
+    def __init__(self, model: _Optional[str] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class SetCapacityRequest(_message.Message):
-    __slots__ = ("model", "max_num_seqs", "max_waiting")
+    __slots__ = ("model", "max_num_seqs", "max_waiting", "replica")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_num_seqs: int
     max_waiting: int
-    def __init__(self, model: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., max_waiting: _Optional[int] = ...) -> None: ...
+    replica: int
+    def __init__(self, model: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., max_waiting: _Optional[int] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class ModelCapacity(_message.Message):
-    __slots__ = ("model", "max_waiting", "max_num_seqs", "waiting", "running")
+    __slots__ = ("model", "max_waiting", "max_num_seqs", "waiting", "running", "replica", "starting", "draining", "ready_in_s")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    STARTING_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    READY_IN_S_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_waiting: int
     max_num_seqs: int
     waiting: int
     running: int
-    def __init__(self, model: _Optional[str] = ..., max_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
+    replica: int
+    starting: bool
+    draining: bool
+    ready_in_s: float
+    def __init__(self, model: _Optional[str] = ..., max_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., replica: _Optional[int] = ..., starting: _Optional[bool] = ..., draining: _Optional[bool] = ..., ready_in_s: _Optional[float] = ...) -> None: ...
 
 class CapacityResponse(_message.Message):
     __slots__ = ("models",)
@@ -283,6 +301,14 @@ class ListModelsResponse(_message.Message):
     MODELS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
+
+class SetReplicasRequest(_message.Message):
+    __slots__ = ("model", "replicas")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    replicas: int
+    def __init__(self, model: _Optional[str] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class GetMetricsRequest(_message.Message):
     __slots__ = ("models", "engines")

@@ -69,6 +69,11 @@ class EngineStub:
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.UnloadLoraAdapterRequest.SerializeToString,
                 response_deserializer=inference__lab_dot_v1_dot_engine__pb2.LoraAdapterResponse.FromString,
                 _registered_method=True)
+        self.SetReplicas = channel.unary_unary(
+                '/inference_lab.v1.Engine/SetReplicas',
+                request_serializer=inference__lab_dot_v1_dot_engine__pb2.SetReplicasRequest.SerializeToString,
+                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.FromString,
+                _registered_method=True)
         self.GetMetrics = channel.unary_unary(
                 '/inference_lab.v1.Engine/GetMetrics',
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.GetMetricsRequest.SerializeToString,
@@ -154,10 +159,22 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetReplicas(self, request, context):
+        """Adds or drains replicas of a model (or of every model) live, and returns every
+        replica of the models it acted on. A new replica is ready after its start-up delay;
+        a drained one stops admitting, finishes its in-flight requests, then is gone.
+        INVALID_ARGUMENT: replicas above the engine's maximum. NOT_FOUND: unknown model.
+        UNAUTHENTICATED: as SetCapacity.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetMetrics(self, request, context):
         """The engine's Prometheus metrics (vLLM's vllm:* series and the lab's inference_lab_*)
         in the text exposition format, for a gateway to serve on its API port as vLLM does.
-        Every series carries the labels model_name and engine (the engine's index).
+        Every series carries the labels model_name and engine (the replica index). With
+        engines: those replicas' series only (NOT_FOUND when no model has any of them).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -221,6 +238,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.UnloadLoraAdapter,
                     request_deserializer=inference__lab_dot_v1_dot_engine__pb2.UnloadLoraAdapterRequest.FromString,
                     response_serializer=inference__lab_dot_v1_dot_engine__pb2.LoraAdapterResponse.SerializeToString,
+            ),
+            'SetReplicas': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetReplicas,
+                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.SetReplicasRequest.FromString,
+                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.SerializeToString,
             ),
             'GetMetrics': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMetrics,
@@ -427,6 +449,33 @@ class Engine:
             '/inference_lab.v1.Engine/UnloadLoraAdapter',
             inference__lab_dot_v1_dot_engine__pb2.UnloadLoraAdapterRequest.SerializeToString,
             inference__lab_dot_v1_dot_engine__pb2.LoraAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetReplicas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference_lab.v1.Engine/SetReplicas',
+            inference__lab_dot_v1_dot_engine__pb2.SetReplicasRequest.SerializeToString,
+            inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.FromString,
             options,
             channel_credentials,
             insecure,
