@@ -4,7 +4,8 @@ Knows: which replica indices the engine has (GetCapacity lists model x replica),
 each index gets its own aiohttp app (gateway.app with `replica=i`: the full OpenAI API,
 /health, /health/ready, /control/capacity and /metrics of that replica) on its own port,
 all sharing one EngineClient (one Session), and the base port's extra routes
-`GET/POST /control/replicas`, which add or drain replicas live (SetReplicas). A new
+`GET/POST /control/replicas`, which add or drain replicas live (SetReplicas), and
+`GET /fleet/targets` (every replica's port, for Prometheus HTTP service discovery). A new
 replica's port opens at once (it answers 503 until ready); a drained one's port closes
 once the engine has closed the replica, that is once its in-flight requests finished.
 The base port stays open whatever happens (it carries the control API); a model scaled to
@@ -115,6 +116,7 @@ class FleetGateway:
             app[FLEET] = self
             app.router.add_get("/control/replicas", get_replicas)
             app.router.add_post("/control/replicas", set_replicas)
+            app.router.add_get("/fleet/targets", targets)
         port = self.base_port + index if self.base_port else 0
         runner, bound = await self._start_gateway(app, self.host, port, **self.runner_kwargs)
         self.listeners[index] = (runner, bound)
@@ -188,3 +190,14 @@ async def set_replicas(request: web.Request) -> web.Response:
     everything = await fleet.reconcile()  # new ports open before the answer
     rows = [r for r in everything if not update.model or r.model == update.model]
     return web.Response(body=fleet.rows_json(rows), content_type="application/json")
+
+
+async def targets(request: web.Request) -> web.Response:
+    """GET /fleet/targets: every replica's port as Prometheus HTTP service discovery wants
+    it ([{"targets": ["host:port"], "labels": {"replica": "i"}}]), the host being the one
+    the caller reached this port by."""
+    fleet = request.app[FLEET]
+    host = (request.host or fleet.host).rsplit(":", 1)[0]
+    groups = [{"targets": [f"{host}:{port}"], "labels": {"replica": str(index)}}
+              for index, (_, port) in sorted(fleet.listeners.items())]
+    return web.Response(body=json_encode(groups), content_type="application/json")

@@ -166,3 +166,12 @@ def test_draining_every_replica_answers_503_until_one_is_ready_again(fleet):
     assert call(fleet.port, "POST", "/control/replicas",
                 {"model": "gpt-oss-20b", "replicas": 1})[0] == 200
     wait_until(lambda: call(fleet.port, "POST", "/v1/completions", request)[0] == 200)
+
+
+def test_fleet_targets_list_every_replica_port_for_prometheus_discovery(fleet):
+    status, _, body = call(fleet.port, "GET", "/fleet/targets")
+    groups = json.loads(body)
+    assert status == 200
+    ports = {int(g["targets"][0].rsplit(":", 1)[1]): g["labels"]["replica"] for g in groups}
+    assert all(g["targets"][0].startswith("127.0.0.1:") for g in groups)
+    assert {fleet.port + i: str(i) for i in range(3)}.items() <= ports.items()

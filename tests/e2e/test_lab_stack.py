@@ -554,3 +554,19 @@ async def test_saturation_is_visible_in_prometheus(stack, prometheus):
     assert content_type == "application/json"
     assert error["error"]["code"] == "queue_saturated"
     assert error["error"]["type"] == "overloaded_error"
+
+
+@pytest.mark.skipif(DOCKER_COMPOSE is None,
+                    reason="docker-compose (v1) not installed (apt-get install docker-compose)")
+def test_docker_compose_runs_several_replicas_and_prometheus_discovers_each():
+    env = dict(os.environ, REPLICAS="4", GATEWAY_PORTS="8080-8083")
+    run = subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    services = load_yaml(run.stdout)["services"]
+    engine = services["engine"]["command"]
+    assert engine[engine.index("--replicas") + 1] == "4"
+    assert {int(p["published"]) for p in services["gateway"]["ports"]} == {8080, 8081, 8082, 8083}
+    jobs = {job["job_name"]: job for job in load_yaml(PROMETHEUS_YML.read_text())["scrape_configs"]}
+    assert jobs["replicas"]["http_sd_configs"] == [
+        {"url": "http://gateway:8080/fleet/targets", "refresh_interval": "5s"}]

@@ -1,0 +1,117 @@
+"""The Helm chart deploy/helm/inference-lab, rendered offline with Helm 4 as a library
+(PyPI helm-python-sdk: no helm binary, no cluster) for the default values and each optional
+feature, every object validated against the Kubernetes schemas (PyPI kubernetes-validate,
+offline). Custom resources have no schema offline (kubernetes-validate ships the core API
+only): they are listed as unchecked and their shape is asserted here instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+helm = pytest.importorskip("helm_python")
+kubernetes_validate = pytest.importorskip("kubernetes_validate")
+yaml = pytest.importorskip("yaml")
+
+CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "inference-lab"
+KUBERNETES = "1.33"
+# Custom resources: no schema offline, so not validated by kubernetes-validate.
+UNCHECKED = {"ServiceMonitor", "ScaledObject", "InferencePool"}
+SELECTOR = {"app.kubernetes.io/name": "inference-lab", "app.kubernetes.io/instance": "lab"}
+
+
+def render(values: dict | None = None) -> dict[str, dict]:
+    """Every rendered object by kind (one of each here), each checked against its schema."""
+    manifests = helm.Chart.load(CHART).render(values or {}, name="lab", namespace="lab-ns")
+    objects = {}
+    for text in manifests.values():
+        for doc in yaml.safe_load_all(text):
+            if not doc:
+                continue
+            if doc["kind"] in UNCHECKED:
+                with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+                    kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+            else:
+                kubernetes_validate.validate(doc, KUBERNETES, strict=True)  # raises if invalid
+            assert doc["kind"] not in objects
+            objects[doc["kind"]] = doc
+    return objects
+
+
+def test_the_chart_lints_clean():
+    report = helm.lint(str(CHART))
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_default_values_render_a_deployment_of_engine_and_gateway_pods_behind_a_service():
+    objects = render()
+    assert set(objects) == {"ConfigMap", "Deployment", "Service"}
+    deployment = objects["Deployment"]
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["labels"] == SELECTOR
+    engine, gateway = pod["spec"]["containers"]
+    assert engine["name"] == "engine" and gateway["name"] == "gateway"
+    assert engine["args"][:1] == ["engine"] and "--startup-delay" in engine["args"]
+    assert engine["args"][engine["args"].index("--host") + 1] == "127.0.0.1"  # localhost gRPC
+    assert gateway["args"][gateway["args"].index("--engine") + 1] == "127.0.0.1:50051"
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert gateway["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert gateway["startupProbe"]["httpGet"]["path"] == "/health"
+    assert "gpt-oss-20b.toml" in objects["ConfigMap"]["data"]
+    service = objects["Service"]
+    assert service["spec"]["selector"] == SELECTOR
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+
+
+def test_model_config_and_hardware_come_from_values():
+    objects = render({"hardware": "h200", "modelConfigs": {
+        "gpt-oss-20b.toml": None, "llama.toml": 'model = "llama-3.1-8b"\n'}})
+    engine = objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert engine["args"][engine["args"].index("--hardware") + 1] == "h200"
+    assert objects["ConfigMap"]["data"] == {"llama.toml": 'model = "llama-3.1-8b"\n'}
+    baked = render({"modelConfigs": None})  # the configs baked into the image
+    assert "ConfigMap" not in baked
+    assert "volumes" not in baked["Deployment"]["spec"]["template"]["spec"]
+
+
+def test_service_monitor_scrapes_every_pod_metrics():
+    monitor = render({"serviceMonitor": {"enabled": True}})["ServiceMonitor"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"] == SELECTOR
+    assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "5s"}]
+
+
+def test_hpa_scales_the_deployment_on_the_waiting_queue():
+    objects = render({"autoscaling": {"hpa": {"enabled": True}}})
+    hpa = objects["HorizontalPodAutoscaler"]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == objects["Deployment"]["metadata"]["name"]
+    assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "vllm:num_requests_waiting"
+    assert "replicas" not in objects["Deployment"]["spec"]  # the autoscaler owns the count
+
+
+def test_keda_scaled_object_queries_prometheus_for_the_waiting_queue():
+    objects = render({"autoscaling": {"keda": {"enabled": True}}})
+    scaled = objects["ScaledObject"]
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    trigger = scaled["spec"]["triggers"][0]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metadata"]["query"] == 'sum(vllm:num_requests_waiting{namespace="lab-ns"})'
+    assert scaled["spec"]["scaleTargetRef"]["name"] == objects["Deployment"]["metadata"]["name"]
+
+
+def test_inference_pool_selects_the_pods_and_names_its_endpoint_picker():
+    pool = render({"inferencePool": {"enabled": True}})["InferencePool"]
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    assert pool["spec"]["selector"]["matchLabels"] == SELECTOR
+    assert pool["spec"]["targetPorts"] == [{"number": 8080}]
+    assert pool["spec"]["endpointPickerRef"]["name"] == "inference-lab-epp"
+
+
+def test_bad_values_fail_to_validate():
+    objects = helm.Chart.load(CHART).render({"replicaCount": "two"}, name="lab")
+    deployment = next(yaml.safe_load(t) for t in objects.values() if "kind: Deployment" in t)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES, strict=True)
