@@ -180,10 +180,11 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve(*extra: str, grace: float = 0.5):
+def serve(*extra: str, grace: float = 0.5, port: int | None = None):
     """A fresh `inference-lab serve` on free loopback ports (engine metrics on a free port
-    too); SIGTERM afterwards, and the engine child is killed if it outlives it."""
-    port, engine_port = free_port(), free_port()
+    too), or on `port` when given; SIGTERM afterwards, and the engine child is killed if
+    it outlives it."""
+    port, engine_port = port or free_port(), free_port()
     log = tempfile.NamedTemporaryFile("w+", suffix=".serve.log", delete=False)
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "inference_lab", "serve", "--host", "127.0.0.1",
