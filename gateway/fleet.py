@@ -30,7 +30,7 @@ from aiohttp import web
 from inference_lab.gateway.app import STATE, create_app, _read_body
 from inference_lab.gateway.engine_client import EngineClient
 from inference_lab.gateway.errors import GatewayError
-from inference_lab.gateway.protocols.base import invalid, json_encode
+from inference_lab.gateway.protocols.base import decode, json_encode
 from inference_lab.v1 import engine_pb2 as pb
 
 log = logging.getLogger("inference_lab.gateway.fleet")
@@ -180,12 +180,8 @@ async def set_replicas(request: web.Request) -> web.Response:
     of the model(s) with its port (new ports are already open)."""
     fleet = request.app[FLEET]
     body = await _read_body(request, request.app[STATE].max_body_bytes)
-    try:
-        update = _replicas_decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise invalid(f"Invalid replicas update: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise invalid(f"Invalid JSON body: {exc}") from None
+    update = decode(_replicas_decoder, body, "replicas update",
+                    'expected {"model"?: string, "replicas": integer >= 0}')
     rows = await fleet.client.set_replicas(update.model, update.replicas)
     everything = await fleet.reconcile()  # new ports open before the answer
     rows = [r for r in everything if not update.model or r.model == update.model]
