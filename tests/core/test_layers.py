@@ -1,9 +1,9 @@
 """The layer contracts in pyproject.toml ([tool.importlinter]) hold, and they can fail.
 
-import-linter reads a package from one folder, while the source keeps `engine/` and
-`gateway/` at the repository's top; so the test assembles the installed layout
-(`inference_lab/{engine,gateway}`) in a temporary folder, as the wheel does, and runs
-the real `lint-imports` over it.
+import-linter reads a package from one folder; the source keeps `engine/` and `gateway/` at
+the repository's top and links them into `inference_lab/` (so `lint-imports` also runs as it
+is in a checkout). The test copies that layout into a temporary folder, where it can add a
+forbidden import without touching the tree, and runs the real `lint-imports` over it.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ CONTRACTS = 6
 
 
 def _assemble(where: Path) -> Path:
+    """A copy of the package as installed: `inference_lab/engine` and `inference_lab/gateway`
+    are links to the fixed top-level folders, which the copy follows."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / "inference_lab", where / "inference_lab", ignore=ignore)
-    shutil.copytree(ROOT / "engine", where / "inference_lab" / "engine", ignore=ignore)
-    shutil.copytree(ROOT / "gateway", where / "inference_lab" / "gateway", ignore=ignore)
     return where / "inference_lab"
 
 
