@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from inference_lab.cli.auth_flags import add_control_token_argument, control_token
-from inference_lab.cli.cmd_gateway import _positive_int as positive_int
+from inference_lab.cli.flag_types import positive_int, time_scale, update_rate
 from inference_lab.cli.catalog_flags import add_catalog_argument, add_timing_argument, build_catalog
 
 log = logging.getLogger("inference_lab.engine")
@@ -124,7 +124,7 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
 def add_pacing_arguments(p: argparse.ArgumentParser) -> None:
     from inference_lab.engine.service.server import DEFAULT_UPDATE_RATE
 
-    p.add_argument("--max-update-rate", type=_update_rate, default=DEFAULT_UPDATE_RATE,
+    p.add_argument("--max-update-rate", type=update_rate, default=DEFAULT_UPDATE_RATE,
                    metavar="N",
                    help="force a cap of N mid-stream token updates per second per model: with S "
                         "streams each stream's tokens then go together every S/N s (at least 1 "
@@ -137,30 +137,10 @@ def add_pacing_arguments(p: argparse.ArgumentParser) -> None:
                         "inference_lab_coalesced_updates_total and logged once; "
                         "--no-coalesce-when-late: every step's tokens always go at once "
                         "(default: on)")
-    p.add_argument("--time-scale", type=_time_scale, default=1.0, metavar="K",
+    p.add_argument("--time-scale", type=time_scale, default=1.0, metavar="K",
                    help="run the modelled clock K times faster than the wall clock (step times "
                         "scaled by 1/K on the wall; reported times stay modelled). The CPU "
                         "bounds K: see README, 'Faster than real time' (default 1)")
-
-
-def _update_rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def _time_scale(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not 0 < value <= 1000:
-        raise argparse.ArgumentTypeError(f"expected a number > 0 and <= 1000, got {text!r}")
-    return value
 
 
 def load_deployments(args: argparse.Namespace):

@@ -15,6 +15,7 @@ import logging
 import signal
 from pathlib import Path
 
+from inference_lab.cli.flag_types import port, positive_int, seconds
 from inference_lab.cli.auth_flags import (
     add_api_key_argument,
     add_control_token_argument,
@@ -26,36 +27,6 @@ log = logging.getLogger("inference_lab.gateway")
 
 DEFAULT_ENGINE = "127.0.0.1:50051"
 FAULTS_STATE_FILE = "faults.json"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 <= value <= 86_400:
-        raise argparse.ArgumentTypeError(f"expected seconds in 0..86400, got {value:g}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port in 0..65535, got {value}")
-    return value
 
 
 def _tokenizer(path: str):
@@ -87,9 +58,9 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         "(faults.json); `serve` and `engine` keep live capacity there too (capacity.json)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on for HTTP")
-    parser.add_argument("--port", type=_port, default=8080, help="HTTP port to listen on")
+    parser.add_argument("--port", type=port, default=8080, help="HTTP port to listen on")
     parser.add_argument(
-        "--header-timeout", type=_seconds, default=10.0, metavar="S",
+        "--header-timeout", type=seconds, default=10.0, metavar="S",
         help="close a connection that has not sent a complete request header S seconds after "
         "connecting (or after the first byte of a later request), with a 408: half-sent "
         "headers cannot hold file descriptors (0 = no limit; default 10)",
@@ -103,7 +74,7 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         "--seed", type=int, default=0, help="seed of the output-length draws from --workload"
     )
     parser.add_argument(
-        "--default-max-tokens", type=_positive_int, default=256, metavar="N",
+        "--default-max-tokens", type=positive_int, default=256, metavar="N",
         help="tokens generated when a request gives no max_tokens and there is no --workload",
     )
     parser.add_argument(
