@@ -11,7 +11,6 @@ source of truth for queue depth and capacity. Modules:
   one engine path they share (`protocols.generate`).
 - `app`: the aiohttp application factory, routes, metrics and lifecycles.
 - `server`: `run_gateway`, running the app until cancelled.
-- `testing`: `FakeEngine`, an in-process engine stand-in for tests (not imported here).
 """
 
 from inference_lab.gateway.app import create_app

@@ -46,7 +46,7 @@ from inference_lab.gateway.faults import control as fault_control
 from inference_lab.gateway.faults import replica as fault_replica
 from inference_lab.gateway.faults import stream as fault_stream
 from inference_lab.gateway.protocols import ROUTES, Dialect
-from inference_lab.gateway.protocols.base import Generation, OutputLength, invalid, json_encode
+from inference_lab.gateway.protocols.base import Generation, invalid, json_encode
 from inference_lab.gateway.protocols.generate import generate
 from inference_lab.gateway.protocols.openai import Completion
 from inference_lab.gateway.protocols import vllm as vllm_api
@@ -56,7 +56,6 @@ from inference_lab.v1 import engine_pb2 as pb
 log = logging.getLogger("inference_lab.gateway.app")
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-_U32 = 2**32 - 1
 CLIENT_CLOSED_STATUS = 499  # recorded in metrics when the client left before the response
 
 
@@ -108,7 +107,6 @@ class GatewayMetrics:
 @dataclass(slots=True)
 class GatewayState:
     engine_target: str
-    output_length: OutputLength
     max_body_bytes: int
     api_key: str | None
     disconnect_poll_s: float
@@ -257,8 +255,8 @@ def _generation_handler(dialect: Dialect):
                 return await fault_stream.serve_scripted(request, gen.reply, fault,
                                                          gen.prompt_tokens)
             pump = fault_stream.pump_until_fault(fault)  # fires inside the real stream
-        return await generate(request, gen, state.client, state.output_length, state.inflight,
-                              pump, replica=state.replica)
+        return await generate(request, gen, state.client, state.inflight, pump,
+                              replica=state.replica)
 
     handler.__name__ = dialect.name.replace(".", "_")
     return handler
@@ -360,10 +358,14 @@ async def metrics(request: web.Request) -> web.Response:
 # ---- capacity control (proxies GetCapacity / SetCapacity) -----------------------------------
 
 
+# What SetCapacity's int64 fields can carry; the engine checks the ranges (one home).
+_Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+
+
 class CapacityUpdate(msgspec.Struct, forbid_unknown_fields=True):
     model: str | None = None
-    max_num_seqs: Annotated[int, msgspec.Meta(ge=1, le=_U32)] | None = None
-    max_waiting: Annotated[int, msgspec.Meta(ge=0, le=_U32)] | None = None
+    max_num_seqs: _Int64 | None = None
+    max_waiting: _Int64 | None = None
 
 
 _capacity_decoder = msgspec.json.Decoder(CapacityUpdate)
@@ -393,8 +395,6 @@ async def set_capacity(request: web.Request) -> web.Response:
         raise invalid(f"Invalid capacity update: {exc}") from None
     except msgspec.DecodeError as exc:
         raise invalid(f"Invalid JSON body: {exc}") from None
-    if update.max_num_seqs is None and update.max_waiting is None:
-        raise invalid("Nothing to change: give max_num_seqs and/or max_waiting.")
     models = await state.client.set_capacity(update.model, update.max_num_seqs, update.max_waiting,
                                               replica=state.replica)
     return _capacity_body(models)
@@ -440,9 +440,6 @@ async def _disconnect_watchdog(state: GatewayState) -> None:
 def create_app(
     engine_target: str,
     *,
-    workload_path: str | None = None,
-    seed: int = 0,
-    default_max_tokens: int = 256,
     max_body_bytes: int = 1 << 20,
     api_key: str | None = None,
     control_token: str | None = None,
@@ -473,7 +470,6 @@ def create_app(
     """
     state = GatewayState(
         engine_target=engine_target,
-        output_length=OutputLength.from_workload(default_max_tokens, workload_path, seed),
         max_body_bytes=max_body_bytes,
         api_key=api_key,
         disconnect_poll_s=disconnect_poll_s,

@@ -10,14 +10,16 @@ SetCapacity (with the control token as `authorization` metadata when one is set)
 engine's gRPC health (`serving()`: NOT_SERVING while it drains for shutdown).
 
 Refusals without a round trip: the engine announces on the Session whenever a model's queue
-becomes full or stops being full (`QueueState`); while the last announcement says
-"saturated", `open()` refuses at once with QUEUE_SATURATED, exactly as the engine would, and
+becomes full or stops being full (`QueueState`, with the refusal's text); while the last
+announcement says "saturated", `open()` refuses at once with QUEUE_SATURATED and the
+engine's text, exactly as the engine would (a request too large for the model, by the
+engine's own `max_request_tokens`, still goes: the engine answers it with a 400), and
 reports the count back (`Refused`, batched every REFUSED_REPORT_S) so the engine's rejection
 metrics still count every refusal. The engine remains the authority for admission: every
 request that is sent is checked against the live queue there, so this can never over-admit;
 at worst a request is refused for as long as a message takes to cross (well under a
 millisecond), which no client can tell from having arrived that much earlier. A capacity
-change made through this client (`set_capacity`) applies to the announcement at once.
+change made through this client (`set_capacity`) applies the engine's reply at once.
 
 Failure policy: nothing waits for the engine forever. Calls use wait_for_ready=False and
 short deadlines, so a new request learns "engine unavailable" within ~1 s. When the Session
@@ -42,9 +44,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from inference_lab.common.tokenizer import ids_to_bytes
-from inference_lab.gateway.errors import (
-    ErrorKind, GatewayError, engine_unavailable, from_grpc_error, saturation_message,
-)
+from inference_lab.gateway.errors import ErrorKind, GatewayError, engine_unavailable, from_grpc_error
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc as pb_grpc
 
@@ -336,16 +336,16 @@ class EngineClient:
     # ---- the hot path ------------------------------------------------------------------
 
     async def open(
-        self, model: str, prompt: Sequence[int] | int, max_tokens: int, *, priority: int = 0,
-        request_id: str = "", n: int = 1, stop_at_end: bool = False,
-        replica: int | None = None,
+        self, model: str, prompt: Sequence[int] | int, max_tokens: int | None, *, priority: int = 0,
+        request_id: str = "", n: int = 1, replica: int | None = None,
     ) -> RequestStream:
         """Start one request on the Session (on replica `replica` of the model; None =
         the engine's default, replica 0); its first event is `admitted` or `rejected`.
-        With n > 1 it samples n sequences: their progress lands in `totals` and each sends
-        its Finished. Raises GatewayError(queue_saturated) at once while the engine's last
-        word is that the replica's queue is full, GatewayError(engine_unavailable) when the
-        engine cannot be reached. `prompt` is the prompt's token IDs (or only its length)."""
+        `max_tokens` None lets the engine choose the length. With n > 1 it samples n
+        sequences: their progress lands in `totals` and each sends its Finished. Raises
+        GatewayError(queue_saturated) at once while the engine's last word is that the
+        replica's queue is full, GatewayError(engine_unavailable) when the engine cannot be
+        reached. `prompt` is the prompt's token IDs (or only its length)."""
         prompt_tokens = prompt if isinstance(prompt, int) else len(prompt)
         key = queue_key(model, replica or 0)
         for _ in range(2):
@@ -354,11 +354,11 @@ class EngineClient:
                 await self._ensure_session()
                 continue
             full = session.saturated.get(key)
-            if full is not None and self._fits(model, prompt_tokens, max_tokens, n):
-                # (one that can never fit goes on: the engine answers it with its 400 first)
+            if full is not None and self._fits(model, prompt_tokens, max_tokens or 1, n):
+                # (one that can never fit goes on: the engine answers it with its 400 first;
+                # without max_tokens the engine fits the length it chooses to the model)
                 session.note_refused((model, replica or 0))
-                raise GatewayError(ErrorKind.QUEUE_SATURATED,
-                                   saturation_message(full.waiting, full.max_waiting))
+                raise GatewayError(ErrorKind.QUEUE_SATURATED, full.message)
             tag = next(self._tags)
             stream = RequestStream(tag, asyncio.get_running_loop(), model, n, replica or 0)
             action = pb.SessionAction()
@@ -368,8 +368,8 @@ class EngineClient:
             req.prompt_tokens = prompt_tokens
             if not isinstance(prompt, int):
                 req.prompt_token_ids = ids_to_bytes(prompt)
-            req.max_tokens = max_tokens
-            req.stop_at_end = stop_at_end
+            if max_tokens is not None:
+                req.max_tokens = max_tokens
             req.priority = priority
             if request_id:
                 req.request_id = request_id
@@ -385,15 +385,18 @@ class EngineClient:
         raise engine_unavailable("the session broke while connecting")
 
     def _fits(self, model: str, prompt_tokens: int, max_tokens: int, n: int = 1) -> bool:
-        """The engine's own checks before its queue's: within max_model_len and the KV
-        cache (n sequences share the prompt's full blocks and hold the rest each)."""
+        """Within the largest request the engine says the model takes (its checks come
+        before its queue's); n sequences share the prompt's full KV blocks and hold the
+        rest each."""
         info = self._models.get(model)
         if info is None:
             return False
         tokens = prompt_tokens + max_tokens
+        if n == 1:
+            return tokens <= info.max_request_tokens
         block = max(info.block_size, 1)
         one = -(-tokens // block)
-        return tokens <= info.max_model_len and (
+        return tokens <= info.max_request_tokens and (
             one + (n - 1) * (one - prompt_tokens // block) <= info.kv_blocks)
 
     def cancel(self, stream: RequestStream, reason: BaseException | None = None) -> None:
@@ -564,11 +567,8 @@ class EngineClient:
         )
         session = self._session
         if session is not None and not session.broken:
-            for m in resp.models:  # the new bound counts from now, not from the next push
-                saturated = bool(m.max_waiting) and m.waiting >= m.max_waiting
-                session.set_queue_state(pb.QueueState(
-                    model=m.model, saturated=saturated, waiting=m.waiting if saturated else 0,
-                    max_waiting=m.max_waiting if saturated else 0, replica=m.replica))
+            for state in resp.queue_states:  # the new bound counts from now, not the next push
+                session.set_queue_state(state)
         return list(resp.models)
 
     # ---- replicas -----------------------------------------------------------------------

@@ -138,18 +138,6 @@ class GatewayError(Exception):
         return ERRORS[self.kind]
 
 
-def saturation_message(waiting: object, max_waiting: object) -> str:
-    return (
-        f"Server is at capacity: {waiting} requests waiting (max_waiting = {max_waiting}). "
-        "Retry with reduced concurrency."
-    )
-
-
-def queue_saturated(metadata: Mapping[str, str]) -> GatewayError:
-    message = saturation_message(metadata.get("waiting", "?"), metadata.get("max_waiting", "?"))
-    return GatewayError(ErrorKind.QUEUE_SATURATED, message)
-
-
 def engine_unavailable(detail: str = "") -> GatewayError:
     message = "The inference engine is unavailable"
     return GatewayError(ErrorKind.ENGINE_UNAVAILABLE, f"{message}: {detail}" if detail else message)
@@ -158,10 +146,11 @@ def engine_unavailable(detail: str = "") -> GatewayError:
 def from_rejected(
     code: int, reason: str, message: str, metadata: Mapping[str, str]
 ) -> GatewayError:
-    """A Session `Rejected` (its fields) as a GatewayError."""
+    """A Session `Rejected` (its fields) as a GatewayError, with the engine's message
+    (the refusal text has one home: the engine)."""
     kind = _KIND_BY_GRPC_INT.get(code, ErrorKind.INTERNAL)
     if kind is ErrorKind.QUEUE_SATURATED or reason == "QUEUE_SATURATED":
-        return queue_saturated(metadata)
+        return GatewayError(ErrorKind.QUEUE_SATURATED, message or reason)
     replica_kind = _REPLICA_REASONS.get(reason)
     if replica_kind is not None:
         return GatewayError(replica_kind, message or reason)

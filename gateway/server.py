@@ -58,7 +58,7 @@ async def run_gateway(
     the engine's models on `port` + i (gateway.fleet; only `port` with one replica).
 
     `on_ready(bound_port)` is called once it listens. `app_kwargs` go to `create_app`
-    (workload_path, seed, default_max_tokens, max_body_bytes, api_key, disconnect_poll_s).
+    (max_body_bytes, api_key, control_token, disconnect_poll_s).
     """
     from inference_lab.gateway.fleet import FleetGateway
 

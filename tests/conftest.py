@@ -2,7 +2,7 @@
 
 import pytest
 
-from inference_lab.gateway.testing import FakeEngine
+from inference_lab.testing.fake_engine import FakeEngine
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextlib
 import time
 import urllib.request
@@ -23,7 +24,7 @@ async def running_engine(max_waiting: int | None = None, max_num_seqs: int | Non
     deployments = deployments or default_deployments("b200", max_waiting)
     if max_num_seqs is not None:
         for d in deployments:
-            d.scheduler.max_num_seqs = max_num_seqs
+            d.scheduler = dataclasses.replace(d.scheduler, max_num_seqs=max_num_seqs)
     server = EngineServer(deployments, "127.0.0.1", 0, 0, **server_options)
     await server.start()
     try:

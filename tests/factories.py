@@ -19,8 +19,8 @@ def deployment(model: str = "gpt-oss-20b", hardware: str = "b200", tp: int = 1,
     )
 
 
-def core(**kwargs) -> EngineCore:
-    return EngineCore(deployment(**kwargs))
+def core(lengths=None, **kwargs) -> EngineCore:
+    return EngineCore(deployment(**kwargs), lengths)
 
 
 def run_until_idle(engine: EngineCore, now: float = 0.0, max_steps: int = 1_000_000):

@@ -126,7 +126,7 @@ class Pacer:
         return self.epoch + sim_time / self.time_scale
 
     # ---- requests ----------------------------------------------------------------------
-    def submit(self, prompt_len: int, max_tokens: int, sink, tag, priority: int = 0,
+    def submit(self, prompt_len: int, max_tokens: int | None, sink, tag, priority: int = 0,
                token_ids: bytes = b"", n: int = 1, lora=None) -> Request:
         """Check and queue synchronously (raises QueueSaturated / SubmitError). With n > 1
         the siblings get streams of their own (same sink and tag, their index) when the

@@ -17,12 +17,13 @@ import math
 from collections.abc import Callable
 
 import grpc
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from inference_lab.common.auth import bearer_ok
 from inference_lab.engine.fleet.replicas import Fleet, ReplicaNotFound, ReplicaUnavailable
 from inference_lab.engine.sim.kv import total_blocks
+from inference_lab.engine.sim.capacity import require_change
 from inference_lab.engine.sim.core import CapacityError, EngineCore, QueueSaturated, SubmitError
 from inference_lab.engine.service.kv_events import ZmqEventPublisher
 from inference_lab.engine.service.lora_modules import read_rank
@@ -50,13 +51,79 @@ FINISH_REASON_PB = {
 }
 
 
-def queue_state(core: EngineCore) -> tuple[bool, int, int]:
-    """(saturated, waiting, max_waiting) as a Session announces it: the numbers only
-    matter (and are only set) while saturated, so the state changes rarely."""
-    waiting, max_waiting = core.num_waiting, core.max_waiting
-    if max_waiting and waiting >= max_waiting:
-        return True, waiting, max_waiting
-    return False, 0, 0
+class UnknownModel(LookupError):
+    """A model this engine does not serve."""
+
+
+class ShuttingDown(Exception):
+    """The engine is draining for shutdown: no new work."""
+
+    def __init__(self) -> None:
+        super().__init__("engine is shutting down")
+
+
+class Unauthenticated(Exception):
+    """A control call without the control token."""
+
+
+# The one table from an engine refusal to its gRPC status code and machine-readable
+# reason (ErrorInfo.reason under Submit and unary calls, Rejected.reason in a Session).
+REFUSALS: dict[type[Exception], tuple[grpc.StatusCode, str]] = {
+    QueueSaturated: (grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_SATURATED"),
+    SubmitError: (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"),
+    CapacityError: (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_CAPACITY"),
+    UnknownModel: (grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),
+    ReplicaNotFound: (grpc.StatusCode.NOT_FOUND, "REPLICA_NOT_FOUND"),
+    # its reason says why: REPLICA_NOT_READY, REPLICA_DRAINING or NO_REPLICA (engine.fleet)
+    ReplicaUnavailable: (grpc.StatusCode.UNAVAILABLE, "REPLICA_UNAVAILABLE"),
+    ShuttingDown: (grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN"),
+    Unauthenticated: (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED"),
+}
+REFUSED = tuple(REFUSALS)
+
+
+def refusal(exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """(gRPC code, reason) of a refusal, from REFUSALS (a refusal naming its own reason,
+    like ReplicaUnavailable, keeps it)."""
+    code, reason = REFUSALS[type(exc)]
+    return code, getattr(exc, "reason", reason)
+
+
+def refusal_metadata(exc: Exception) -> dict[str, str]:
+    if isinstance(exc, QueueSaturated):
+        return {"model": exc.model, "waiting": str(exc.waiting), "max_waiting": str(exc.max_waiting)}
+    return {}
+
+
+def refusal_status(exc: Exception) -> grpc.Status:
+    """The status of a refused call: its code, message and google.rpc.ErrorInfo{reason,
+    domain, metadata} in the details."""
+    code, reason = refusal(exc)
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=refusal_metadata(exc))
+    status = status_pb2.Status(code=code.value[0], message=str(exc))
+    status.details.add().Pack(info)
+    return rpc_status.to_status(status)
+
+
+async def abort(context: grpc.aio.ServicerContext, exc: Exception):
+    status = refusal_status(exc)
+    await context.abort(status.code, status.details, status.trailing_metadata)
+
+
+def rejected_pb(exc: Exception) -> pb.Rejected:
+    """The same refusal inside a Session."""
+    code, reason = refusal(exc)
+    return pb.Rejected(code=code.value[0], reason=reason, message=str(exc),
+                       metadata=refusal_metadata(exc))
+
+
+def queue_state(core: EngineCore) -> tuple[bool, int, int, str]:
+    """(saturated, waiting, max_waiting, message) as a Session announces it: the numbers
+    only matter (and are only set) while saturated, so the state changes rarely."""
+    full = core.saturation()
+    if full is not None:
+        return True, full.waiting, full.max_waiting, str(full)
+    return False, 0, 0, ""
 
 
 class ModelRuntime:
@@ -104,9 +171,10 @@ class ModelRuntime:
             self._idle.set()
 
     def queue_state_pb(self) -> pb.QueueState:
-        saturated, waiting, max_waiting = self.queue_state
+        saturated, waiting, max_waiting, message = self.queue_state
         return pb.QueueState(model=self.core.name, saturated=saturated, waiting=waiting,
-                             max_waiting=max_waiting, replica=self.replica)
+                             max_waiting=max_waiting, replica=self.replica,
+                             message=message)
 
     # ---- lifecycle (engine.fleet.Fleet) --------------------------------------------------
     def start(self) -> None:
@@ -129,14 +197,6 @@ class ModelRuntime:
                 self.on_stopped()
 
 
-class Refusal(Exception):
-    """A request that cannot be looked up or admitted: its gRPC status and Rejected reason."""
-
-    def __init__(self, code: grpc.StatusCode, reason: str, message: str) -> None:
-        self.code = code
-        self.reason = reason
-        super().__init__(message)
-
 
 # ---- core objects -> messages ------------------------------------------------------------
 def finished_pb(req: Request) -> pb.Finished:
@@ -148,24 +208,6 @@ def finished_pb(req: Request) -> pb.Finished:
         completion_tokens=req.num_output, queue_time_s=since_arrival(req.first_scheduled),
         ttft_s=since_arrival(req.first_token), e2e_s=since_arrival(req.finish_time),
         preemptions=req.preemptions, cached_tokens=req.cached_tokens, index=req.index)
-
-
-def saturated_metadata(exc: QueueSaturated) -> dict[str, str]:
-    return {"model": exc.model, "waiting": str(exc.waiting), "max_waiting": str(exc.max_waiting)}
-
-
-def saturated_status(exc: QueueSaturated) -> grpc.Status:
-    """RESOURCE_EXHAUSTED with google.rpc.ErrorInfo{reason: QUEUE_SATURATED} in details."""
-    info = error_details_pb2.ErrorInfo(reason="QUEUE_SATURATED", domain=DOMAIN,
-                                       metadata=saturated_metadata(exc))
-    status = status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=str(exc))
-    status.details.add().Pack(info)
-    return rpc_status.to_status(status)
-
-
-def rejected_pb(code: grpc.StatusCode, reason: str, message: str,
-                metadata: dict[str, str] | None = None) -> pb.Rejected:
-    return pb.Rejected(code=code.value[0], reason=reason, message=message, metadata=metadata or {})
 
 
 # ---- sinks: where the pacer's deliveries go --------------------------------------------------
@@ -278,16 +320,11 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         return model if model in models else None
 
     def _runtime(self, model: str, replica: int = 0) -> ModelRuntime:
-        """The replica that admits this request now; raises Refusal."""
+        """The replica that admits this request now; raises one of REFUSED."""
         name = self._model(model)
         if name is None:
-            raise Refusal(grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND", self._unknown_model(model))
-        try:
-            return self.fleet.lookup(name, replica).runtime
-        except ReplicaNotFound as exc:
-            raise Refusal(grpc.StatusCode.NOT_FOUND, "REPLICA_NOT_FOUND", str(exc)) from None
-        except ReplicaUnavailable as exc:
-            raise Refusal(grpc.StatusCode.UNAVAILABLE, exc.reason, str(exc)) from None
+            raise UnknownModel(self._unknown_model(model))
+        return self.fleet.lookup(name, replica).runtime  # ReplicaNotFound, ReplicaUnavailable
 
     def _queue_changed(self) -> None:
         self.queue_changes += 1
@@ -297,23 +334,25 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     def _unknown_model(self, model: str) -> str:
         return f"model {model!r} is not served here (models: {', '.join(self.fleet.deployments)})"
 
-    def _admit(self, rt: ModelRuntime, request: pb.SubmitRequest, sink, tag) -> Request:
-        """The funnel: check and reserve synchronously. Raises QueueSaturated or
-        SubmitError; counts refusals."""
+    def _admit(self, request: pb.SubmitRequest, sink, tag) -> tuple[ModelRuntime, Request]:
+        """The funnel: check and reserve synchronously. Raises one of REFUSED; counts
+        the refusals of a served replica's queue and rules."""
+        if not self.accepting:
+            raise ShuttingDown()
+        rt = self._runtime(request.model, request.replica)
         lora = rt.adapters.get(request.model) if rt.adapters else None
+        max_tokens = request.max_tokens if request.HasField("max_tokens") else None
         try:
-            req = rt.pacer.submit(request.prompt_tokens, request.max_tokens, sink, tag,
+            req = rt.pacer.submit(request.prompt_tokens, max_tokens, sink, tag,
                                   priority=request.priority, token_ids=request.prompt_token_ids,
                                   n=request.n or 1, lora=lora)
-            req.eos = request.stop_at_end  # ends as "stop" (metrics), not "length"
-        except QueueSaturated:
-            rt.metrics.on_rejected("QUEUE_SATURATED")
-            raise
-        except SubmitError:
-            rt.metrics.on_rejected("INVALID_REQUEST")
+            if request.stop_at_end:
+                req.eos = True  # ends as "stop" (metrics), not "length"
+        except (QueueSaturated, SubmitError) as exc:
+            rt.metrics.on_rejected(REFUSALS[type(exc)][1])
             raise
         rt.check_queue()
-        return req
+        return rt, req
 
     async def close_sessions(self, timeout: float = 1.0) -> None:
         """End every Session call cleanly (after what is buffered has been sent)."""
@@ -327,21 +366,12 @@ class EngineService(engine_pb2_grpc.EngineServicer):
 
     # ---- Submit: one request per call ---------------------------------------------------
     async def Submit(self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext):
-        if not self.accepting:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine is shutting down")
-        try:
-            rt = self._runtime(request.model, request.replica)
-        except Refusal as exc:
-            await context.abort(exc.code, str(exc))
         sink = SubmitSink()
         try:
-            req = self._admit(rt, request, sink, None)
-        except QueueSaturated as exc:
-            status = saturated_status(exc)
+            rt, req = self._admit(request, sink, None)
+        except REFUSED as exc:
             log.debug("refused %s: %s", request.request_id or "request", exc)  # counted in metrics
-            await context.abort(status.code, status.details, status.trailing_metadata)
-        except SubmitError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await abort(context, exc)
         try:
             await context.write(pb.SubmitEvent(
                 admitted=pb.Admitted(engine_request_id=req.id, waiting=rt.core.num_waiting)))
@@ -403,31 +433,18 @@ class EngineService(engine_pb2_grpc.EngineServicer):
 
     def _session_open(self, action: pb.Open, sink: SessionSink) -> None:
         tag, request = action.tag, action.request
-        if not self.accepting:
-            rejected = rejected_pb(grpc.StatusCode.UNAVAILABLE, "SHUTTING_DOWN", "engine is shutting down")
-        elif tag in sink.open:
-            rejected = rejected_pb(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST",
-                                   f"tag {tag} is already open in this session")
-        elif tag + max(request.n, 1) - 1 > _U64:
-            rejected = rejected_pb(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST",
-                                   f"tags {tag} .. {tag} + n - 1 (n = {request.n}) exceed 2^64 - 1")
-        else:
-            try:
-                rt = self._runtime(request.model, request.replica)
-                req = self._admit(rt, request, sink, tag)
-            except Refusal as exc:
-                rejected = rejected_pb(exc.code, exc.reason, str(exc))
-            except QueueSaturated as exc:
-                rejected = rejected_pb(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_SATURATED",
-                                       str(exc), saturated_metadata(exc))
-            except SubmitError as exc:
-                rejected = rejected_pb(grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST", str(exc))
-            else:
-                sink.open[tag] = (rt, req)
-                sink.events.append(pb.Progress(tag=tag, admitted=pb.Admitted(
-                    engine_request_id=req.id, waiting=rt.core.num_waiting)))
-                return
-        sink.events.append(pb.Progress(tag=tag, rejected=rejected))
+        try:
+            if tag in sink.open:
+                raise SubmitError(f"tag {tag} is already open in this session")
+            if tag + max(request.n, 1) - 1 > _U64:
+                raise SubmitError(f"tags {tag} .. {tag} + n - 1 (n = {request.n}) exceed 2^64 - 1")
+            rt, req = self._admit(request, sink, tag)
+        except REFUSED as exc:
+            sink.events.append(pb.Progress(tag=tag, rejected=rejected_pb(exc)))
+            return
+        sink.open[tag] = (rt, req)
+        sink.events.append(pb.Progress(tag=tag, admitted=pb.Admitted(
+            engine_request_id=req.id, waiting=rt.core.num_waiting)))
 
     def _session_cancel(self, tag: int, sink: SessionSink) -> None:
         entry = sink.open.get(tag)
@@ -444,10 +461,10 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     def _session_refused(self, refused: pb.Refused) -> None:
         replica = self.fleet.replicas.get(refused.model, {}).get(refused.replica)
         if replica is not None and refused.count:
-            replica.runtime.metrics.on_rejected("QUEUE_SATURATED", refused.count)
+            replica.runtime.metrics.on_rejected(REFUSALS[QueueSaturated][1], refused.count)
 
     # ---- capacity and models ------------------------------------------------------------
-    def _capacity(self, replicas) -> pb.CapacityResponse:
+    def _capacity(self, replicas) -> list[pb.ModelCapacity]:
         now = self.fleet.now()
         rows = []
         for r in replicas:
@@ -456,48 +473,47 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                 model=core.name, max_waiting=core.max_waiting, max_num_seqs=core.max_num_seqs,
                 waiting=core.num_waiting, running=core.num_running, replica=r.index,
                 starting=r.ready_in(now) > 0, draining=r.draining, ready_in_s=r.ready_in(now)))
-        return pb.CapacityResponse(models=rows)
+        return rows
 
-    async def _select(self, model: str, replica: int | None, context) -> list:
-        """The replicas a capacity call acts on (aborts NOT_FOUND for none)."""
+    def _select(self, model: str, replica: int | None) -> list:
+        """The replicas a capacity call acts on (UnknownModel, ReplicaNotFound for none)."""
         if model and model not in self.fleet.deployments:
-            await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_model(model))
-        try:
-            return self.fleet.select(model, replica)
-        except ReplicaNotFound as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            raise UnknownModel(self._unknown_model(model))
+        return self.fleet.select(model, replica)
 
     async def GetCapacity(self, request: pb.GetCapacityRequest, context):
         replica = request.replica if request.HasField("replica") else None
-        return self._capacity(await self._select(request.model, replica, context))
+        try:
+            return pb.CapacityResponse(models=self._capacity(self._select(request.model, replica)))
+        except REFUSED as exc:
+            await abort(context, exc)
 
-    def _control_allowed(self, context) -> bool:
+    def _check_control(self, context, call: str = "SetCapacity") -> None:
         """Constant-time check of `authorization: Bearer <control token>`, when one is set."""
         if self._control_token is None:
-            return True
+            return
         for key, value in context.invocation_metadata() or ():
-            if key == "authorization":
-                return bearer_ok(value, self._control_token)
-        return False
+            if key == "authorization" and bearer_ok(value, self._control_token):
+                return
+        raise Unauthenticated(f"{call} needs metadata `authorization: Bearer <control token>`")
 
     async def SetCapacity(self, request: pb.SetCapacityRequest, context):
-        if not self._control_allowed(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "SetCapacity needs metadata `authorization: Bearer <control token>`")
+        try:
+            return self._set_capacity(request, context)
+        except REFUSED as exc:
+            await abort(context, exc)
+
+    def _set_capacity(self, request: pb.SetCapacityRequest, context) -> pb.SetCapacityResponse:
+        self._check_control(context)
         seqs = request.max_num_seqs if request.HasField("max_num_seqs") else None
         waiting = request.max_waiting if request.HasField("max_waiting") else None
-        if seqs is None and waiting is None:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "set at least one of max_num_seqs and max_waiting")
+        require_change(seqs, waiting)  # before the model: a request with nothing is invalid
         model = request.model if request.HasField("model") else ""
         replica = request.replica if request.HasField("replica") else None
-        replicas = await self._select(model, replica, context)
+        replicas = self._select(model, replica)
         runtimes = [r.runtime for r in replicas]
-        try:
-            for rt in runtimes:  # validate everything before changing anything
-                rt.core.check_capacity(seqs, waiting)
-        except CapacityError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        for rt in runtimes:  # validate everything before changing anything
+            rt.core.check_capacity(seqs, waiting)
         for rt in runtimes:
             rt.core.set_capacity(seqs, waiting)
             rt.pacer.poke()
@@ -506,21 +522,24 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                      rt.core.name, rt.replica, rt.core.max_num_seqs, rt.core.max_waiting)
         if self.on_capacity_change is not None:
             self.on_capacity_change()
-        return self._capacity(replicas)
+        return pb.SetCapacityResponse(models=self._capacity(replicas),
+                                      queue_states=[rt.queue_state_pb() for rt in runtimes])
 
     async def SetReplicas(self, request: pb.SetReplicasRequest, context):
-        if not self._control_allowed(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "SetReplicas needs metadata `authorization: Bearer <control token>`")
-        if not self.accepting:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "engine is shutting down")
-        if request.model and request.model not in self.fleet.deployments:
-            await context.abort(grpc.StatusCode.NOT_FOUND, self._unknown_model(request.model))
+        try:
+            self._check_control(context, "SetReplicas")
+            if not self.accepting:
+                raise ShuttingDown()
+            if request.model and request.model not in self.fleet.deployments:
+                raise UnknownModel(self._unknown_model(request.model))
+        except REFUSED as exc:
+            await abort(context, exc)
         try:
             self.fleet.check_count(request.replicas)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return self._capacity(self.fleet.scale(request.model, request.replicas))
+        return pb.CapacityResponse(models=self._capacity(self.fleet.scale(request.model,
+                                                                          request.replicas)))
 
     # ---- replica-level faults (engine.service.replica_faults) ----------------------------
     def _fault_state(self) -> pb.EngineFaultState:
@@ -529,9 +548,10 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                                    slow_for_s=st.slow_for_s)
 
     async def InjectFault(self, request: pb.InjectFaultRequest, context):
-        if not self._control_allowed(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "InjectFault needs metadata `authorization: Bearer <control token>`")
+        try:
+            self._check_control(context, "InjectFault")
+        except Unauthenticated as exc:
+            await abort(context, exc)
         faults, kind, seconds = self.replica_faults, request.kind, request.seconds
         if faults is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is not started")
@@ -577,12 +597,20 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                                 f"no model has replica {', '.join(map(str, request.engines))}")
         return pb.MetricsText(text=text)
 
+    def _max_request_tokens(self, deployment) -> int:
+        """The largest request the model takes: every replica of a model has the same rules,
+        so any replica's core answers (a model with none left: a core built to ask)."""
+        replicas = self.fleet.replicas.get(deployment.name)
+        core = next(iter(replicas.values())).runtime.core if replicas else EngineCore(deployment)
+        return core.max_request_tokens
+
     async def ListModels(self, request, context):
         def info(d, name: str, parent: str = "", rank: int = 0) -> pb.ModelInfo:
             return pb.ModelInfo(name=name, hardware=d.hardware.name, tp=d.tp,
                                 max_model_len=d.scheduler.max_model_len or d.model.max_seq_len,
                                 kv_blocks=total_blocks(d), block_size=d.scheduler.block_size,
-                                parent=parent, lora_rank=rank)
+                                parent=parent, lora_rank=rank,
+                                max_request_tokens=self._max_request_tokens(d))
 
         deployments = self.fleet.deployments
         models = [info(d, d.name) for d in deployments.values()]
@@ -617,9 +645,10 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                 rt.adapters[name] = rt.core.loras.load(name, path, rank)
 
     async def LoadLoraAdapter(self, request: pb.LoadLoraAdapterRequest, context):
-        if not self._control_allowed(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "LoadLoraAdapter needs metadata `authorization: Bearer <control token>`")
+        try:
+            self._check_control(context, "LoadLoraAdapter")
+        except Unauthenticated as exc:
+            await abort(context, exc)
         try:
             rank = read_rank(request.lora_path)
             message = self.load_adapter(request.lora_name, request.lora_path,
@@ -632,9 +661,10 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         return pb.LoraAdapterResponse(message=message)
 
     async def UnloadLoraAdapter(self, request: pb.UnloadLoraAdapterRequest, context):
-        if not self._control_allowed(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                "UnloadLoraAdapter needs metadata `authorization: Bearer <control token>`")
+        try:
+            self._check_control(context, "UnloadLoraAdapter")
+        except Unauthenticated as exc:
+            await abort(context, exc)
         entry = self.adapters.pop(request.lora_name, None)
         if entry is None:
             await context.abort(grpc.StatusCode.NOT_FOUND,

@@ -9,7 +9,6 @@ period, stop the server, then the pacers (which abort whatever is left).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from inference_lab.common.state_file import read_state, write_state
 from inference_lab.engine.sim.core import CapacityError, EngineCore
 from inference_lab.engine.service.kv_events import KVEventsConfig, ZmqEventPublisher
 from inference_lab.engine.service.lora_modules import LoraModule, read_rank
+from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.service.metrics import EngineMetrics, serve_metrics
 from inference_lab.engine.sim.lora import LoraError
 from inference_lab.engine.service.replica_faults import ReplicaFaults
@@ -51,10 +51,12 @@ class EngineServer:
                  engine_index: int = 0, state_dir: str | Path | None = None,
                  kv_events: KVEventsConfig | None = None,
                  lora_modules: list[LoraModule] | None = None, max_loras: int = 0,
-                 replicas: int = 1, startup_delay: float | str = 0.0) -> None:
+                 replicas: int = 1, startup_delay: float | str = 0.0,
+                 lengths: OutputLength | None = None) -> None:
         self.deployments = deployments
         self.replicas = replicas  # of every model at start
         self.startup_delay = startup_delay  # seconds or "auto" (engine.fleet.startup)
+        self.lengths = lengths  # output lengths when max_tokens is absent (engine.sim.lengths)
         self.update_rate = update_rate  # forced cap on mid-stream token updates/s per model
         self.coalesce_when_late = coalesce_when_late  # group tokens when the pacer is late
         self.time_scale = time_scale  # modelled seconds per wall second (engine.drivers.pacer)
@@ -84,10 +86,10 @@ class EngineServer:
         return self.fleet.runtimes() if self.fleet is not None else []
 
     def _make_runtime(self, deployment: Deployment, replica: int) -> ModelRuntime:
-        """A replica of its own: its own copy of the live-tunable scheduler knobs."""
-        own = dataclasses.replace(deployment, scheduler=dataclasses.replace(deployment.scheduler))
-        events = self.kv_events is not None and own.scheduler.enable_prefix_caching
-        core = EngineCore(own, record_kv_events=events)
+        """A replica of its own (its core holds its own live capacity; the deployment is
+        shared and never written)."""
+        events = self.kv_events is not None and deployment.scheduler.enable_prefix_caching
+        core = EngineCore(deployment, self.lengths, record_kv_events=events)
         runtime = ModelRuntime(core, self.metrics.for_replica(core, replica), self.update_rate,
                                self.time_scale,
                                self.kv_events if core.prefix_cache is not None else None,

@@ -33,8 +33,9 @@ from typing import Any
 
 from inference_lab.common.toml import ConfigError, Table, read_toml
 from inference_lab.engine.sim import catalog as bundled
+from inference_lab.engine.sim.capacity import EXPECTED, out_of_range, seqs_fit_budget
 from inference_lab.engine.sim.catalog import Catalog
-from inference_lab.engine.sim.specs import MAX_COUNT, Deployment, Hardware, Model, SchedulerConfig, TimeCorrection
+from inference_lab.engine.sim.specs import Deployment, Hardware, Model, SchedulerConfig, TimeCorrection
 from inference_lab.engine.sim.speculative import parse_speculative
 
 __all__ = ["ConfigError", "load_deployment", "load_config_dir", "default_deployments"]
@@ -58,7 +59,7 @@ _MEMORY_KEYS = ("tiers", "capacity", "preset", "source", "hbm_eviction", "write"
                 "load_overlap", "hbm_evict_backed_first")
 # SchedulerConfig field -> (TOML type, what is expected, check).
 _SCHEDULER: dict[str, tuple[type, str, Any]] = {
-    "max_num_seqs": (int, "an integer >= 1", lambda v: v >= 1),
+    "max_num_seqs": (int, EXPECTED["max_num_seqs"], None),  # ranges: engine.sim.capacity
     "max_num_batched_tokens": (int, "an integer >= 1", lambda v: v >= 1),
     "policy": (str, f"one of {', '.join(POLICIES + OTHER_POLICIES)}",
                lambda v: v in POLICIES + OTHER_POLICIES),
@@ -69,7 +70,7 @@ _SCHEDULER: dict[str, tuple[type, str, Any]] = {
     "kv_cache_capacity": (float, "a number of bytes >= 0 (0 = derived)", lambda v: v >= 0),
     "max_model_len": (int, "an integer >= 1", lambda v: v >= 1),
     "long_prefill_token_threshold": (int, "an integer >= 0 (0 = no cap)", lambda v: v >= 0),
-    "max_waiting": (int, "an integer >= 0 (0 = unbounded)", lambda v: v >= 0),
+    "max_waiting": (int, EXPECTED["max_waiting"], None),
 }
 assert set(_SCHEDULER) == {f.name for f in fields(SchedulerConfig)}
 # Scheduler keys inference-lab has that are parsed, not simulated: key -> (type, what,
@@ -82,10 +83,12 @@ _SCHEDULER_PARSED: dict[str, tuple[type, str, Any, Any]] = {
 
 
 def _check_max_waiting(max_waiting: Any) -> None:
-    if max_waiting is not None and (type(max_waiting) is not int or max_waiting < 0):
-        raise ConfigError("--max-waiting", "", f"expected an integer >= 0, got {max_waiting!r}")
-    if max_waiting is not None and max_waiting > MAX_COUNT:
-        raise ConfigError("--max-waiting", "", f"expected at most {MAX_COUNT}, got {max_waiting!r}")
+    if max_waiting is None:
+        return
+    if type(max_waiting) is not int:
+        raise ConfigError("--max-waiting", "", f"expected {EXPECTED['max_waiting']}, got {max_waiting!r}")
+    if (expected := out_of_range("max_waiting", max_waiting)) is not None:
+        raise ConfigError("--max-waiting", "", f"expected {expected}, got {max_waiting!r}")
 
 
 def _unknown_hardware(name: Any, cat: Catalog) -> ConfigError:
@@ -119,14 +122,13 @@ def _build_scheduler(keys: dict[str, tuple[Any, str]], model: Model, where: str,
     def path(name: str) -> str:
         return keys.get(name, (None, f"scheduler.{name}"))[1]
 
-    if sched.max_num_batched_tokens < sched.max_num_seqs:
+    for name in ("max_num_seqs", "max_waiting"):
+        if (expected := out_of_range(name, getattr(sched, name))) is not None:
+            raise ConfigError(where, path(name), f"expected {expected}, got {getattr(sched, name)!r}")
+    if not seqs_fit_budget(sched.max_num_seqs, sched.max_num_batched_tokens):
         raise ConfigError(where, path("max_num_batched_tokens"),
                           f"expected an integer >= max_num_seqs ({sched.max_num_seqs}), "
                           f"got {sched.max_num_batched_tokens!r}")
-    for name in ("max_num_seqs", "max_waiting"):  # reported as uint32 (engine.proto)
-        if getattr(sched, name) > MAX_COUNT:
-            raise ConfigError(where, path(name),
-                              f"expected at most {MAX_COUNT}, got {getattr(sched, name)!r}")
     if sched.max_model_len is not None and sched.max_model_len > model.max_seq_len:
         raise ConfigError(where, path("max_model_len"),
                           f"expected at most the model's max_seq_len ({model.max_seq_len}), "
@@ -334,7 +336,7 @@ def load_deployment(path: str | Path, hardware: str, max_waiting: int | None = N
         logger.info("%s: no [hardware.%s] entry; model %s skipped", where, hw_wanted, served)
         return None
     if max_waiting is not None:
-        dep.scheduler.max_waiting = max_waiting
+        dep.scheduler = replace(dep.scheduler, max_waiting=max_waiting)
     _apply_timing(dep, timing)
     _log_precision_fallbacks(dep)
     for note in dep.unmodelled:

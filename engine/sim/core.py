@@ -12,14 +12,18 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from inference_lab.engine.sim.capacity import Capacity, CapacityError
 from inference_lab.engine.sim.cost import CostModel, attention_load, rate_for
 from inference_lab.engine.sim.speculative import draft_seconds
 from inference_lab.engine.sim.kv import fixed_blocks, total_blocks
+from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.sim.lora import MAX_ADAPTERS, LoraAdapter, LoraRegistry
 from inference_lab.engine.sim.prefix_cache import block_hashes
 from inference_lab.engine.sim.request import Request, Status
 from inference_lab.engine.sim.scheduler import Scheduler
-from inference_lab.engine.sim.specs import MAX_COUNT, Deployment
+from inference_lab.engine.sim.specs import Deployment
+
+__all__ = ["CapacityError", "EngineCore", "QueueSaturated", "StepResult", "SubmitError"]
 
 
 class SubmitError(ValueError):
@@ -27,7 +31,8 @@ class SubmitError(ValueError):
 
 
 class QueueSaturated(Exception):
-    """The waiting queue holds max_waiting requests: refuse, immediately."""
+    """The waiting queue holds max_waiting requests: refuse, immediately. Its text is
+    the one refusal message (the gateway relays it, never re-writes it)."""
 
     def __init__(self, model: str, waiting: int, max_waiting: int) -> None:
         self.model = model
@@ -37,10 +42,6 @@ class QueueSaturated(Exception):
             f"Server is at capacity: {waiting} requests waiting (max_waiting = {max_waiting}). "
             "Retry with reduced concurrency."
         )
-
-
-class CapacityError(ValueError):
-    """An impossible capacity setting."""
 
 
 @dataclass(slots=True)
@@ -61,7 +62,8 @@ class StepResult:
 
 
 class EngineCore:
-    def __init__(self, deployment: Deployment, *, record_kv_events: bool = False) -> None:
+    def __init__(self, deployment: Deployment, lengths: OutputLength | None = None, *,
+                 record_kv_events: bool = False) -> None:
         self.deployment = deployment
         self.name = deployment.name
         config = deployment.scheduler
@@ -69,10 +71,14 @@ class EngineCore:
         self.total_blocks = total_blocks(deployment)
         self.block_size = config.block_size
         self.max_model_len = config.max_model_len or deployment.model.max_seq_len
-        self.max_waiting = config.max_waiting
+        self.lengths = lengths or OutputLength()
+        # The one live capacity (the deployment keeps what it was configured with).
+        self.capacity = Capacity(0, 0).changed(config.max_num_batched_tokens,
+                                               config.max_num_seqs, config.max_waiting)
         self._ids = itertools.count(1)
         self.scheduler = Scheduler(config, self.total_blocks, self.cost.windows,
                                    fixed_blocks(deployment), record_kv_events, ids=self._ids)
+        self.max_request_tokens = min(limit for limit, _ in self._request_limits())
         self.speculative = deployment.speculative
         if self.speculative is not None:
             self.scheduler.group.max_advance = 1 + self.speculative.gamma
@@ -85,7 +91,18 @@ class EngineCore:
     # ---- queries ---------------------------------------------------------------------
     @property
     def max_num_seqs(self) -> int:
-        return self.deployment.scheduler.max_num_seqs
+        return self.capacity.max_num_seqs
+
+    @property
+    def max_waiting(self) -> int:
+        return self.capacity.max_waiting
+
+    def saturation(self) -> QueueSaturated | None:
+        """The refusal a new arrival would get now, or None when it would be queued."""
+        waiting = self.scheduler.num_waiting
+        if self.capacity.refuses(waiting):
+            return QueueSaturated(self.name, waiting, self.capacity.max_waiting)
+        return None
 
     @property
     def num_waiting(self) -> int:
@@ -132,6 +149,23 @@ class EngineCore:
         return self.scheduler.group.steps_to_next_finish()
 
     # ---- inputs ----------------------------------------------------------------------
+    def _request_limits(self):
+        """(largest prompt + output, why a larger one is refused) for each rule a request
+        must pass: the model's length, the KV cache, one step's budget without chunking."""
+        config = self.deployment.scheduler
+        name = self.name
+        yield self.max_model_len, lambda p, m, total: (
+            f"prompt ({p} tokens) + max_tokens ({m}) = {total} exceeds "
+            f"max_model_len {self.max_model_len} of {name}")
+        scheduler = self.scheduler
+        yield (self.total_blocks - scheduler.fixed_blocks) * self.block_size, lambda p, m, total: (
+            f"{total} tokens need {scheduler.blocks_for(total)} KV blocks; "
+            f"{name} has {self.total_blocks} in all")
+        if not config.enable_chunked_prefill:
+            yield config.max_num_batched_tokens, lambda p, m, total: (
+                f"{total} tokens exceed max_num_batched_tokens {config.max_num_batched_tokens} "
+                "and chunked prefill is off")
+
     def check(self, prompt_len: int, max_tokens: int, n: int = 1) -> None:
         """Refuse a request that could never run, with the reason."""
         if prompt_len < 1:
@@ -144,32 +178,23 @@ class EngineCore:
             raise SubmitError(f"n ({n}) exceeds max_num_seqs {self.max_num_seqs} of {self.name}: "
                               "each sequence needs a running place")
         total = prompt_len + max_tokens
-        if total > self.max_model_len:
-            raise SubmitError(
-                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
-                f"max_model_len {self.max_model_len} of {self.name}"
-            )
-        one = self.scheduler.blocks_for(total)
-        # n sequences share the prompt's full blocks and hold the rest each.
-        need = one + (n - 1) * (one - prompt_len // self.block_size)
-        if need > self.total_blocks:
-            sequences = f"{n} sequences of " if n > 1 else ""
-            raise SubmitError(
-                f"{sequences}{total} tokens need {need} KV blocks; "
-                f"{self.name} has {self.total_blocks} in all"
-            )
-        config = self.deployment.scheduler
-        if not config.enable_chunked_prefill and total > config.max_num_batched_tokens:
-            raise SubmitError(
-                f"{total} tokens exceed max_num_batched_tokens {config.max_num_batched_tokens} "
-                "and chunked prefill is off"
-            )
+        if total > self.max_request_tokens:
+            for limit, why in self._request_limits():
+                if total > limit:
+                    raise SubmitError(why(prompt_len, max_tokens, total))
+        if n > 1:  # n sequences share the prompt's full blocks and hold the rest each
+            one = self.scheduler.blocks_for(total)
+            need = one + (n - 1) * (one - prompt_len // self.block_size)
+            if need > self.total_blocks:
+                raise SubmitError(f"{n} sequences of {total} tokens need {need} KV blocks; "
+                                  f"{self.name} has {self.total_blocks} in all")
 
-    def submit(self, prompt_len: int, max_tokens: int, now: float, *, priority: int = 0,
+    def submit(self, prompt_len: int, max_tokens: int | None, now: float, *, priority: int = 0,
                tag: object = None, token_ids: bytes = b"", n: int = 1,
                lora: LoraAdapter | None = None) -> Request:
         """Check and queue in one synchronous step: raises QueueSaturated when
         max_waiting (> 0) requests already wait, SubmitError when it can never run.
+        `max_tokens` None (or, with a workload, any value) is settled by `lengths`.
         `token_ids` (packed little-endian uint32, prompt_len of them) lets the request
         use the prefix cache; prompt_len may then be 0 (taken from them). With n > 1 it
         still waits as one request; its siblings appear in the StepResult.spawned of the
@@ -183,14 +208,18 @@ class EngineCore:
                 raise SubmitError(f"prompt_tokens ({prompt_len}) disagrees with the "
                                   f"{count} prompt_token_ids")
             prompt_len = count
+        requested = max_tokens
+        max_tokens = self.lengths.choose(max_tokens, prompt_len, self.max_request_tokens)
         self.check(prompt_len, max_tokens, n)
-        waiting = self.scheduler.num_waiting
-        if self.max_waiting and waiting >= self.max_waiting:
-            raise QueueSaturated(self.name, waiting, self.max_waiting)
+        full = self.saturation()
+        if full is not None:
+            raise full
         if now > self.clock and not self.scheduler.has_work():
             self.clock = now  # idle: the next step starts at this arrival
         req = Request(next(self._ids), prompt_len, max_tokens, now, priority, tag=tag, n=n,
-                      ready=now + self.cost.request_overhead, lora=lora)
+                      ready=now + self.cost.request_overhead, lora=lora,
+                      # a chosen length (no cap, or a draw below it) stands for an EOS
+                      eos=requested is None or max_tokens < requested)
         if token_ids and self.prefix_cache is not None and prompt_len >= self.block_size:
             req.block_hashes = block_hashes(token_ids, self.block_size,
                                             lora.name.encode() if lora is not None else b"")
@@ -208,32 +237,15 @@ class EngineCore:
         req.finish_time = now
         return True
 
-    def check_capacity(self, max_num_seqs: int | None = None, max_waiting: int | None = None) -> None:
-        """Raise CapacityError for a setting set_capacity would refuse."""
-        config = self.deployment.scheduler
-        if max_num_seqs is not None:
-            if max_num_seqs < 1:
-                raise CapacityError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
-            if max_num_seqs > config.max_num_batched_tokens:
-                raise CapacityError(
-                    f"max_num_seqs ({max_num_seqs}) must not exceed max_num_batched_tokens "
-                    f"({config.max_num_batched_tokens}) of {self.name}"
-                )
-        if max_waiting is not None and max_waiting < 0:
-            raise CapacityError(f"max_waiting must be at least 0 (0 = unbounded), got {max_waiting}")
-        for name, value in (("max_num_seqs", max_num_seqs), ("max_waiting", max_waiting)):
-            if value is not None and value > MAX_COUNT:
-                raise CapacityError(f"{name} must be at most {MAX_COUNT}, got {value}")
+    def check_capacity(self, max_num_seqs: int | None = None, max_waiting: int | None = None) -> Capacity:
+        """The capacity set_capacity would make, or CapacityError (nothing changes)."""
+        return self.capacity.changed(self.deployment.scheduler.max_num_batched_tokens,
+                                     max_num_seqs, max_waiting)
 
     def set_capacity(self, max_num_seqs: int | None = None, max_waiting: int | None = None) -> None:
         """Retune live. Lowering max_num_seqs drains (it gates admission only);
         lowering max_waiting affects later arrivals only."""
-        self.check_capacity(max_num_seqs, max_waiting)
-        config = self.deployment.scheduler
-        if max_num_seqs is not None:
-            config.max_num_seqs = max_num_seqs
-        if max_waiting is not None:
-            config.max_waiting = self.max_waiting = max_waiting
+        self.capacity = self.check_capacity(max_num_seqs, max_waiting)
 
     # ---- LoRA adapters ----------------------------------------------------------------------
     def enable_lora(self, max_loras: int, max_adapters: int = MAX_ADAPTERS) -> LoraRegistry:
@@ -310,7 +322,7 @@ class EngineCore:
         width = advance = 1
         if self.speculative is not None and scheduler.group.n:
             width, advance = self._draft()
-        decision = scheduler.schedule(start, width, advance)
+        decision = scheduler.schedule(start, self.capacity.max_num_seqs, width, advance)
         decodes = decision.num_decodes
         if decodes:
             full, wins = scheduler.group.attention(width)

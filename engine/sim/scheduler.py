@@ -144,16 +144,17 @@ class Scheduler:
         return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 0.0
 
     # ---- the decision --------------------------------------------------------------
-    def schedule(self, now: float, width: int = 1, advance: int = 1) -> Decision:
+    def schedule(self, now: float, max_num_seqs: int, width: int = 1, advance: int = 1) -> Decision:
         """The iteration starting at simulated time `now`: requests that arrive later
         (a driver catching up on a step that began in the past) wait for the next one.
-        Each decode verifies `width` positions and keeps `advance` of them."""
+        `max_num_seqs` is the live cap on running requests (EngineCore owns it). Each
+        decode verifies `width` positions and keeps `advance` of them."""
         decision = Decision(num_decodes=0, decode_width=width, decode_advance=advance)
         budget = self.config.max_num_batched_tokens
         budget -= self._schedule_decodes(decision)
         budget = self._schedule_prefilling(decision, budget)
         if not decision.preempted:
-            self._admit_waiting(decision, budget, now)
+            self._admit_waiting(decision, budget, now, max_num_seqs)
         assert decision.num_tokens <= self.config.max_num_batched_tokens
         return decision
 
@@ -194,8 +195,7 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _admit_waiting(self, decision: Decision, budget: int, now: float) -> None:
-        cap = self.config.max_num_seqs
+    def _admit_waiting(self, decision: Decision, budget: int, now: float, cap: int) -> None:
         skipped: list[Request] = []  # waiting for a LoRA slot: later requests may go first
         while budget > 0:
             req = self.waiting.peek()

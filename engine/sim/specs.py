@@ -138,10 +138,10 @@ class Model:
 MAX_COUNT = 2**32 - 1
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Knobs of one model's scheduler. max_num_seqs and max_waiting change live
-    (both at most MAX_COUNT)."""
+    """Knobs of one model's scheduler, as configured. max_num_seqs and max_waiting are
+    where the live capacity starts (EngineCore.capacity; engine.sim.capacity)."""
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192

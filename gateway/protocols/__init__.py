@@ -1,7 +1,7 @@
 """The client-facing generation APIs, one module per dialect, over one engine path.
 
 - `base`: the contract (`Dialect` parses a body into a `Generation` with its `Reply`,
-  which renders the response bytes), the lab's tokenizer, output lengths, SSE framing.
+  which renders the response bytes), the lab's tokenizer, SSE framing.
 - `openai`: chat completions and completions (`n` choices, `echo`).
 - `anthropic`: the Anthropic Messages API, with Anthropic's error envelope.
 - `responses`: the OpenAI Responses API (text only, typed stream events).

@@ -5,8 +5,8 @@ the explicit output cap, how many sequences, streaming or not) together with its
 the object that renders that request's response bytes; `Outcome`, what the engine reported
 when the request finished; the prompt as token IDs under the configured tokenizer (the
 engine hashes them for prefix caching; every generated token is the same placeholder
-text); how many
-tokens a request generates when it does not say (`OutputLength`); and the SSE framing.
+text); and the SSE framing. (How many tokens a request without max_tokens generates is
+the engine's to choose: engine.sim.lengths.)
 
 Does not know: aiohttp, gRPC or the engine's events (`gateway.protocols.generate` turns
 those into calls of a Reply), nor any one API's shapes (one module per dialect).
@@ -14,11 +14,9 @@ those into calls of a Reply), nor any one API's shapes (one module per dialect).
 
 from __future__ import annotations
 
-import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from collections.abc import Sequence
-from typing import Callable
 
 import msgspec
 
@@ -75,48 +73,6 @@ def checked_ids(ids: list[int], where: str) -> list[int]:
         if not 0 <= tid < _U32_LIMIT:
             raise invalid(f"token ids must be in [0, 2^32), got {tid} - at `{where}[{i}]`")
     return ids
-
-
-# ---- output length --------------------------------------------------------------------
-
-
-class OutputLength:
-    """How many tokens a request generates (the simulation has no EOS: exactly this many).
-
-    Explicit max_completion_tokens / max_tokens wins; with a workload the length is a
-    seeded draw from its output distribution, capped by an explicit max when both; else
-    the default. Draws and the default are also capped to fit max_model_len (an explicit
-    value is not: the engine refuses it with 400, like vLLM).
-    """
-
-    def __init__(self, default_max_tokens: int, sampler: Callable[[], int] | None = None):
-        if default_max_tokens < 1:
-            raise ValueError("default_max_tokens must be at least 1")
-        self.default = default_max_tokens
-        self._sampler = sampler
-
-    @classmethod
-    def from_workload(cls, default_max_tokens: int, workload_path: str | None,
-                      seed: int = 0) -> "OutputLength":
-        if workload_path is None:
-            return cls(default_max_tokens)
-        from inference_lab.common.workload import load_workload  # lazily: only when a workload is given
-
-        spec = load_workload(workload_path)
-        rng = random.Random(seed)
-        dist = spec.output_len_dist
-        return cls(default_max_tokens, lambda: int(dist.sample(rng)))
-
-    def choose(self, requested: int | None, prompt_len: int, max_model_len: int) -> int:
-        if self._sampler is None and requested is not None:
-            return requested
-        n = self._sampler() if self._sampler is not None else self.default
-        if requested is not None:
-            return max(1, min(n, requested))
-        room = max_model_len - prompt_len
-        if max_model_len > 0 and room >= 1:
-            n = min(n, room)
-        return max(1, n)
 
 
 # ---- what the engine reported, and what a dialect renders -------------------------------

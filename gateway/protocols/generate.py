@@ -24,7 +24,7 @@ from inference_lab.gateway.errors import (
     ErrorKind, GatewayError, engine_unavailable, from_rejected, log_error,
 )
 from inference_lab.gateway.protocols.base import (
-    Generation, Outcome, OutputLength, Reply, modelled_timings,
+    Generation, Outcome, Reply, modelled_timings,
 )
 from inference_lab.v1 import engine_pb2 as pb
 
@@ -45,17 +45,14 @@ Pump = Callable[[web.Request, RequestStream, Reply, web.StreamResponse, list, in
 
 
 async def generate(request: web.Request, gen: Generation, client: EngineClient,
-                   output_length: OutputLength, inflight: dict[RequestStream, web.BaseRequest],
+                   inflight: dict[RequestStream, web.BaseRequest],
                    pump: Pump | None = None, replica: int | None = None) -> web.StreamResponse:
     """Serve one parsed generation request (on `replica` of the model: gateway.fleet);
-    `inflight` holds it while it is open."""
-    info = await client.resolve_model(gen.model)
-    n_out = output_length.choose(gen.max_tokens, gen.prompt_tokens, info.max_model_len)
+    `inflight` holds it while it is open. Without max_tokens the engine chooses the length."""
+    await client.resolve_model(gen.model)
     reply = gen.reply
-    stream = await client.open(gen.model, gen.prompt, n_out, priority=gen.priority,
-                               request_id=reply.id, n=gen.n,
-                               stop_at_end=gen.max_tokens is None or n_out < gen.max_tokens,
-                               replica=replica)
+    stream = await client.open(gen.model, gen.prompt, gen.max_tokens, priority=gen.priority,
+                               request_id=reply.id, n=gen.n, replica=replica)
     inflight[stream] = request
     try:
         events = await stream.next_events()  # Admitted or Rejected comes first

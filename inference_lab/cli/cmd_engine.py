@@ -121,6 +121,39 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
                         "20 s of fixed engine start-up")
 
 
+LENGTH_FLAGS = ("--workload", "--seed", "--default-max-tokens")
+
+
+def add_length_arguments(p: argparse.ArgumentParser) -> None:
+    """How long a request without max_tokens is: shared by `engine` and `serve`."""
+    from inference_lab.engine.sim.lengths import DEFAULT_MAX_TOKENS
+
+    p.add_argument("--workload", metavar="FILE", default=None,
+                   help="workload TOML whose output-length distribution sets how many tokens a "
+                        "request without max_tokens generates (capped by max_tokens when given)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the output-length draws from --workload")
+    p.add_argument("--default-max-tokens", type=positive_int, default=DEFAULT_MAX_TOKENS, metavar="N",
+                   help="tokens generated when a request gives no max_tokens and there is no "
+                        f"--workload (default {DEFAULT_MAX_TOKENS})")
+
+
+def output_lengths(args: argparse.Namespace):
+    """The engine's OutputLength from the flags of add_length_arguments."""
+    from inference_lab.cli import UsageError
+    from inference_lab.common.toml import ConfigError
+    from inference_lab.common.workload import output_length_sampler
+    from inference_lab.engine.sim.lengths import OutputLength
+
+    if args.workload is None:
+        return OutputLength(args.default_max_tokens)
+    if not Path(args.workload).is_file():
+        raise UsageError(f"--workload: no such file: {args.workload}")
+    try:
+        return OutputLength(args.default_max_tokens, output_length_sampler(args.workload, args.seed))
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def add_pacing_arguments(p: argparse.ArgumentParser) -> None:
     from inference_lab.engine.service.server import DEFAULT_UPDATE_RATE
 
@@ -145,10 +178,7 @@ def add_pacing_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_deployments(args: argparse.Namespace):
     from inference_lab.engine.sim.config import default_deployments, load_config_dir
-    from inference_lab.cli import UsageError
 
-    if args.max_waiting is not None and args.max_waiting < 0:
-        raise UsageError(f"--max-waiting must be at least 0 (0 = unbounded), got {args.max_waiting}")
     catalog = build_catalog(args)
     if args.config is None:
         return default_deployments(args.hardware, args.max_waiting, catalog, args.timing)
@@ -169,6 +199,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "serves the same series on its API port's /metrics")
     add_fleet_arguments(p)
     add_pacing_arguments(p)
+    add_length_arguments(p)
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds in-flight requests get to finish on SIGTERM (default 10)")
     p.add_argument("--state-dir", type=Path, metavar="DIR",
@@ -201,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
     from inference_lab.engine.service.server import EngineServer
 
     deployments = load_deployments(args)
+    lengths = output_lengths(args)
     token = control_token(args)
     from inference_lab.engine.service.kv_events import KVEventsConfig
     from inference_lab.engine.service.lora_modules import parse_lora_module
@@ -213,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
                           lora_modules=[parse_lora_module(m) for m in args.lora_modules or ()],
                           max_loras=(args.max_loras or 1) if (args.enable_lora or args.lora_modules
                                                               or args.max_loras) else 0,
-                          replicas=args.replicas, startup_delay=args.startup_delay)
+                          replicas=args.replicas, startup_delay=args.startup_delay,
+                          lengths=lengths)
     if token:
         log.info("SetCapacity requires the control token")
     from inference_lab.common.state_file import StateFileError

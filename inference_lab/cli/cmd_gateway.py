@@ -15,13 +15,14 @@ import logging
 import signal
 from pathlib import Path
 
-from inference_lab.cli.flag_types import port, positive_int, seconds
+from inference_lab.cli.flag_types import port, seconds
 from inference_lab.cli.auth_flags import (
     add_api_key_argument,
     add_control_token_argument,
     api_key,
     control_token,
 )
+from inference_lab.cli.cmd_engine import LENGTH_FLAGS
 
 log = logging.getLogger("inference_lab.gateway")
 
@@ -64,18 +65,6 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         help="close a connection that has not sent a complete request header S seconds after "
         "connecting (or after the first byte of a later request), with a 408: half-sent "
         "headers cannot hold file descriptors (0 = no limit; default 10)",
-    )
-    parser.add_argument(
-        "--workload", metavar="FILE", default=None,
-        help="workload TOML whose output-length distribution sets how many tokens a request "
-        "without max_tokens generates (capped by max_tokens when given)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the output-length draws from --workload"
-    )
-    parser.add_argument(
-        "--default-max-tokens", type=positive_int, default=256, metavar="N",
-        help="tokens generated when a request gives no max_tokens and there is no --workload",
     )
     parser.add_argument(
         "--enable-directives", action="store_true",
@@ -128,9 +117,7 @@ def fault_kwargs(config: Path | None, state_dir: Path | None) -> dict:
 def gateway_app_kwargs(args: argparse.Namespace, config: Path | None = None) -> dict:
     """create_app keyword arguments from the parsed gateway flags (secrets from the
     environment when their flags are absent)."""
-    kwargs = {"workload_path": args.workload, "seed": args.seed,
-              "default_max_tokens": args.default_max_tokens,
-              "api_key": api_key(args), "control_token": control_token(args),
+    kwargs = {"api_key": api_key(args), "control_token": control_token(args),
               "enable_directives": args.enable_directives,
               "tokenizer": args.tokenizer,
               **fault_kwargs(config if config is not None else getattr(args, "config", None),
@@ -169,17 +156,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_gateway_arguments(parser)
+    for flag in LENGTH_FLAGS:  # moved to the engine, which now chooses output lengths
+        parser.add_argument(flag, dest=f"moved_{flag[2:].replace('-', '_')}",
+                            default=None, help=argparse.SUPPRESS)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
     from inference_lab.gateway.server import run_gateway
     from inference_lab.cli import UsageError
 
-    if args.workload is not None and not os.path.isfile(args.workload):
-        raise UsageError(f"--workload: no such file: {args.workload}")
+    for flag in LENGTH_FLAGS:
+        if getattr(args, f"moved_{flag[2:].replace('-', '_')}") is not None:
+            raise UsageError(f"{flag} is a flag of the engine now, which chooses the length of a "
+                             f"request without max_tokens: `inference-lab engine {flag} ...` "
+                             "(`serve` takes it too)")
 
     async def main() -> None:
         task = asyncio.current_task()

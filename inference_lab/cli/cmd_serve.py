@@ -14,16 +14,16 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 import tempfile
 
 from inference_lab.cli.auth_flags import CONTROL_TOKEN_ENV, control_token
 from inference_lab.cli.cmd_engine import (
-    add_fleet_arguments, add_model_arguments, add_pacing_arguments, load_deployments,
+    add_fleet_arguments, add_length_arguments, add_model_arguments, add_pacing_arguments,
+    load_deployments, lora_argv, output_lengths,
 )
-from inference_lab.cli.cmd_engine import lora_argv
 from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs
+from inference_lab.common.ports import free_port
 
 log = logging.getLogger("inference_lab.serve")
 
@@ -54,15 +54,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "series with the gateway's own")
     add_fleet_arguments(p)
     add_pacing_arguments(p)
+    add_length_arguments(p)
     p.add_argument("--grace", type=float, default=10.0,
                    help="seconds in-flight requests get to finish on shutdown (default 10)")
     p.set_defaults(func=run)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class EngineProcess:
@@ -93,6 +88,9 @@ class EngineProcess:
         if args.replicas != 1 or args.startup_delay:
             self.argv += ["--replicas", str(args.replicas),
                           "--startup-delay", str(args.startup_delay)]
+        self.argv += ["--seed", str(args.seed), "--default-max-tokens", str(args.default_max_tokens)]
+        if args.workload is not None:
+            self.argv += ["--workload", os.path.abspath(args.workload)]
         # The engine requires the gateway's control token too; through the environment,
         # never argv (which any local user can list).
         token = control_token(args)
@@ -192,9 +190,8 @@ async def _serve(args: argparse.Namespace, gateway_kwargs: dict, state_dir: str)
 def run(args: argparse.Namespace) -> int:
     from inference_lab.cli import UsageError
 
-    load_deployments(args)  # refuse a bad config before starting anything
-    if args.workload is not None and not os.path.isfile(args.workload):
-        raise UsageError(f"--workload: no such file: {args.workload}")
+    load_deployments(args)  # refuse a bad config or workload before starting anything
+    output_lengths(args)
     gateway_kwargs = gateway_app_kwargs(args)  # [fault] tables and saved state checked too
     try:
         import uvloop

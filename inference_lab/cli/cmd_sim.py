@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -95,10 +96,11 @@ def run(args: argparse.Namespace) -> int:
         from inference_lab.engine.sim.core import CapacityError, EngineCore
 
         try:  # validate exactly as a live SetCapacity would
-            EngineCore(deployment).set_capacity(max_num_seqs=args.max_num_seqs)
+            EngineCore(deployment).check_capacity(max_num_seqs=args.max_num_seqs)
         except CapacityError as exc:
             raise UsageError(str(exc)) from None
-        deployment.scheduler.max_num_seqs = args.max_num_seqs
+        deployment.scheduler = dataclasses.replace(deployment.scheduler,
+                                                   max_num_seqs=args.max_num_seqs)
     spec = load_workload(args.workload)
 
     show = not args.no_progress and sys.stderr.isatty() and spec.num_requests >= 2000

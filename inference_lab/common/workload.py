@@ -34,7 +34,7 @@ samples lengths from the same distributions. Does not know about the engine or t
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,6 +173,14 @@ def parse_workload(doc: dict, where: str) -> WorkloadSpec:
 def load_workload(path: str | Path) -> WorkloadSpec:
     """The workload of a TOML file; a bad one is a ConfigError naming the file and key."""
     return parse_workload(read_toml(path), str(path))
+
+
+def output_length_sampler(path: str | Path, seed: int = 0) -> Callable[[], int]:
+    """Seeded draws from the workload's output-length distribution (what `engine
+    --workload` gives engine.sim.lengths.OutputLength)."""
+    dist = load_workload(path).output_len_dist
+    rng = random.Random(seed)
+    return lambda: int(dist.sample(rng))
 
 
 def open_loop_arrivals(spec: WorkloadSpec,

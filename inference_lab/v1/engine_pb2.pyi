@@ -189,18 +189,20 @@ class ProgressBatch(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., token_tags: _Optional[_Iterable[int]] = ..., token_totals: _Optional[_Iterable[int]] = ..., queue_states: _Optional[_Iterable[_Union[QueueState, _Mapping]]] = ...) -> None: ...
 
 class QueueState(_message.Message):
-    __slots__ = ("model", "saturated", "waiting", "max_waiting", "replica")
+    __slots__ = ("model", "saturated", "waiting", "max_waiting", "replica", "message")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SATURATED_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
     model: str
     saturated: bool
     waiting: int
     max_waiting: int
     replica: int
-    def __init__(self, model: _Optional[str] = ..., saturated: _Optional[bool] = ..., waiting: _Optional[int] = ..., max_waiting: _Optional[int] = ..., replica: _Optional[int] = ...) -> None: ...
+    message: str
+    def __init__(self, model: _Optional[str] = ..., saturated: _Optional[bool] = ..., waiting: _Optional[int] = ..., max_waiting: _Optional[int] = ..., replica: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetCapacityRequest(_message.Message):
     __slots__ = ("model", "replica")
@@ -250,12 +252,20 @@ class CapacityResponse(_message.Message):
     models: _containers.RepeatedCompositeFieldContainer[ModelCapacity]
     def __init__(self, models: _Optional[_Iterable[_Union[ModelCapacity, _Mapping]]] = ...) -> None: ...
 
+class SetCapacityResponse(_message.Message):
+    __slots__ = ("models", "queue_states")
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_STATES_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelCapacity]
+    queue_states: _containers.RepeatedCompositeFieldContainer[QueueState]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelCapacity, _Mapping]]] = ..., queue_states: _Optional[_Iterable[_Union[QueueState, _Mapping]]] = ...) -> None: ...
+
 class ListModelsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "hardware", "tp", "max_model_len", "kv_blocks", "block_size", "parent", "lora_rank")
+    __slots__ = ("name", "hardware", "tp", "max_model_len", "kv_blocks", "block_size", "parent", "lora_rank", "max_request_tokens")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     TP_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +274,7 @@ class ModelInfo(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    MAX_REQUEST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     name: str
     hardware: str
     tp: int
@@ -272,7 +283,8 @@ class ModelInfo(_message.Message):
     block_size: int
     parent: str
     lora_rank: int
-    def __init__(self, name: _Optional[str] = ..., hardware: _Optional[str] = ..., tp: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., parent: _Optional[str] = ..., lora_rank: _Optional[int] = ...) -> None: ...
+    max_request_tokens: int
+    def __init__(self, name: _Optional[str] = ..., hardware: _Optional[str] = ..., tp: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., parent: _Optional[str] = ..., lora_rank: _Optional[int] = ..., max_request_tokens: _Optional[int] = ...) -> None: ...
 
 class LoadLoraAdapterRequest(_message.Message):
     __slots__ = ("lora_name", "lora_path", "base_model_name")

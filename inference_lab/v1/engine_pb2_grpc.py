@@ -52,7 +52,7 @@ class EngineStub:
         self.SetCapacity = channel.unary_unary(
                 '/inference_lab.v1.Engine/SetCapacity',
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.SetCapacityRequest.SerializeToString,
-                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.FromString,
+                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.SetCapacityResponse.FromString,
                 _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/inference_lab.v1.Engine/ListModels',
@@ -222,7 +222,7 @@ def add_EngineServicer_to_server(servicer, server):
             'SetCapacity': grpc.unary_unary_rpc_method_handler(
                     servicer.SetCapacity,
                     request_deserializer=inference__lab_dot_v1_dot_engine__pb2.SetCapacityRequest.FromString,
-                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.SerializeToString,
+                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.SetCapacityResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -367,7 +367,7 @@ class Engine:
             target,
             '/inference_lab.v1.Engine/SetCapacity',
             inference__lab_dot_v1_dot_engine__pb2.SetCapacityRequest.SerializeToString,
-            inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.FromString,
+            inference__lab_dot_v1_dot_engine__pb2.SetCapacityResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -216,7 +216,7 @@ def test_the_max_waiting_override_replaces_every_models_value(tmp_path):
     write(tmp_path, 'model = "llama-3.1-8b"\n[hardware.b200]\n', "b.toml")
     assert [d.scheduler.max_waiting for d in load_config_dir(tmp_path, "b200")] == [10, 0]
     assert [d.scheduler.max_waiting for d in load_config_dir(tmp_path, "b200", max_waiting=3)] == [3, 3]
-    with pytest.raises(ConfigError, match="--max-waiting: expected an integer >= 0, got -1"):
+    with pytest.raises(ConfigError, match=r"--max-waiting: expected an integer >= 0 \(0 = unbounded\), got -1"):
         load_config_dir(tmp_path, "b200", max_waiting=-1)
 
 

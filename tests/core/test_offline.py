@@ -1,6 +1,7 @@
 """The offline driver and `inference-lab sim`: the reference page's numbers, the JSON
 summary's shape, and clear errors for bad input."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -20,7 +21,7 @@ CLOSED_24 = ROOT / "configs" / "workloads" / "chat-closed-loop-24.toml"
 def simulate(max_num_seqs=None, max_waiting=None):
     deployment = load_deployment(CONFIG, "b200", max_waiting)
     if max_num_seqs is not None:
-        deployment.scheduler.max_num_seqs = max_num_seqs
+        deployment.scheduler = dataclasses.replace(deployment.scheduler, max_num_seqs=max_num_seqs)
     return run_offline(deployment, load_workload(CLOSED_24))
 
 
@@ -66,7 +67,7 @@ def test_sim_command_writes_the_summary_json(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--config", "missing.toml"], "no such file"),
     (["--hardware", "tpu9"], "unknown hardware"),
-    (["--max-num-seqs", "0"], "max_num_seqs must be at least 1"),
+    (["--max-num-seqs", "0"], "max_num_seqs must be an integer >= 1"),
 ])
 def test_sim_command_reports_bad_input_in_one_line_without_a_traceback(args, message):
     base = {"--config": str(CONFIG), "--hardware": "b200", "--workload": str(CLOSED_24)}

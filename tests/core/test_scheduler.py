@@ -109,14 +109,16 @@ def test_lowering_max_num_seqs_drains_the_batch_and_never_evicts():
 
 def test_capacity_settings_are_validated():
     engine = core()
-    with pytest.raises(CapacityError, match="at least 1"):
+    with pytest.raises(CapacityError, match="max_num_seqs must be an integer >= 1, got 0"):
         engine.set_capacity(max_num_seqs=0)
-    with pytest.raises(CapacityError, match="at least 0"):
+    with pytest.raises(CapacityError, match="max_waiting must be an integer >= 0"):
         engine.set_capacity(max_waiting=-1)
     with pytest.raises(CapacityError, match="max_num_batched_tokens"):
         engine.set_capacity(max_num_seqs=10_000)
+    configured = engine.deployment.scheduler
     engine.set_capacity(max_num_seqs=16, max_waiting=0)
     assert engine.max_num_seqs == 16 and engine.max_waiting == 0
+    assert engine.deployment.scheduler is configured and configured.max_num_seqs == 256
 
 
 def test_priority_policy_admits_the_lowest_priority_value_first():

@@ -33,6 +33,7 @@ from hardening_helpers import (
     sse_frames,
     wait_until,
 )
+from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc
 
@@ -58,9 +59,9 @@ def fuzz(max_examples: int) -> settings:
 @pytest.fixture(scope="module")
 def lab(request):
     lab = ThreadedLab({
-        "open": {"default_max_tokens": 4},
-        "locked": {"default_max_tokens": 4, "api_key": API_KEY, "control_token": CONTROL_TOKEN},
-    })
+        "open": {},
+        "locked": {"api_key": API_KEY, "control_token": CONTROL_TOKEN},
+    }, engine_kwargs={"lengths": OutputLength(4)})
     try:
         lab.start()
         with grpc.insecure_channel(f"127.0.0.1:{lab.engine.port}") as channel:

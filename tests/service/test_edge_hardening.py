@@ -13,7 +13,7 @@ import pytest
 from inference_lab.gateway import create_app
 from inference_lab.gateway import edge
 from inference_lab.gateway.server import start_gateway
-from inference_lab.gateway.testing import FAKE_MODEL
+from inference_lab.testing.fake_engine import FAKE_MODEL
 
 HEADER_TIMEOUT = 0.5
 

@@ -9,7 +9,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from inference_lab.gateway import create_app
 from inference_lab.gateway.faults import directive_for, parse_header
 from inference_lab.gateway.faults.directive import DirectiveError, FaultMode, from_table
-from inference_lab.gateway.testing import FAKE_MODEL
+from inference_lab.testing.fake_engine import FAKE_MODEL
 
 CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
 HEADER = {"x-inference-lab-fault": "no_usage;delay_ms=0"}

@@ -13,7 +13,7 @@ from inference_lab.common.toml import ConfigError
 from inference_lab.gateway import create_app
 from inference_lab.gateway.faults.config import load_fault_tables
 from inference_lab.gateway.faults.injection import FaultState
-from inference_lab.gateway.testing import FAKE_MODEL, FakeEngine
+from inference_lab.testing.fake_engine import FAKE_MODEL, FakeEngine
 
 CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 STATUS = {"rate_limit": 429, "invalid_api_key": 401, "context_length": 400, "server_error": 500,

@@ -17,7 +17,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from inference_lab.gateway import create_app
-from inference_lab.gateway.testing import FAKE_MODEL
+from inference_lab.testing.fake_engine import FAKE_MODEL
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 SLACK = 0.15  # request time and scheduling on a loaded two-core machine

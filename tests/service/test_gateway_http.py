@@ -7,8 +7,9 @@ import json
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.gateway import create_app
-from inference_lab.gateway.testing import FAKE_MODEL
+from inference_lab.testing.fake_engine import FAKE_MODEL
 
 SATURATED = {
     "error": {
@@ -59,11 +60,11 @@ async def test_max_completion_tokens_is_what_the_engine_is_asked_for(client, fak
     assert fake.opened.items[0].request.max_tokens == 3
 
 
-async def test_default_max_tokens_applies_when_none_is_given(fake):
-    app = create_app(fake.target, default_max_tokens=4)
-    async with TestClient(TestServer(app)) as c:
-        resp = await c.post("/v1/completions", json={"model": FAKE_MODEL, "prompt": "hi"})
-        assert (await resp.json())["usage"]["completion_tokens"] == 4
+async def test_without_max_tokens_the_engine_chooses_the_length(client, fake):
+    fake.lengths = OutputLength(4)  # the engine's --default-max-tokens 4
+    resp = await client.post("/v1/completions", json={"model": FAKE_MODEL, "prompt": "hi"})
+    assert (await resp.json())["usage"]["completion_tokens"] == 4
+    assert not fake.opened.items[0].request.HasField("max_tokens")  # left to the engine
 
 
 async def test_chat_stream_frames_role_tokens_finish_usage_done(client):
@@ -226,14 +227,15 @@ async def test_post_capacity_returns_the_new_state(client):
 @pytest.mark.parametrize("body, needle", [
     (b"[]", "Expected `object`"),
     (b"3", "Expected `object`"),
-    (b"{}", "Nothing to change"),
-    (b'{"model": "fake-model"}', "Nothing to change"),
+    (b"{}", "max_num_seqs or max_waiting must be given"),
+    (b'{"model": "fake-model"}', "max_num_seqs or max_waiting must be given"),
     (b'{"max_num_seqs": 8, "extra": 1}', "unknown field `extra`"),
     (b'{"max_num_seqs": true}', "$.max_num_seqs"),
     (b'{"max_waiting": 1.5}', "$.max_waiting"),
     (b'{"max_num_seqs": "8"}', "$.max_num_seqs"),
-    (b'{"max_num_seqs": 0}', "$.max_num_seqs"),
-    (b'{"max_waiting": -1}', "$.max_waiting"),
+    (b'{"max_num_seqs": 0}', "max_num_seqs must be an integer >= 1, got 0"),
+    (b'{"max_waiting": -1}', "max_waiting must be an integer >= 0 (0 = unbounded), got -1"),
+    (b'{"max_waiting": 4294967296}', "max_waiting must be at most 4294967295"),
     (b"{oops", "Invalid JSON"),
 ])
 async def test_post_capacity_validation_is_400(client, body, needle):
@@ -252,4 +254,4 @@ async def test_post_capacity_engine_invalid_argument_is_400_with_its_message(cli
     resp = await client.post("/control/capacity", json={"max_num_seqs": 100000})
     assert resp.status == 400
     assert (await resp.json())["error"]["message"] == (
-        "max_num_seqs 100000 exceeds max_num_batched_tokens 8192")
+        "max_num_seqs must be at most max_num_batched_tokens (8192), got 100000")

@@ -12,11 +12,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from inference_lab.gateway import create_app
 from inference_lab.gateway.app import STATE
-from inference_lab.gateway.testing import FAKE_MODEL
+from inference_lab.testing.fake_engine import FAKE_MODEL, saturated_state
 from inference_lab.v1 import engine_pb2 as pb
 
 CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
-FULL = pb.QueueState(model=FAKE_MODEL, saturated=True, waiting=7, max_waiting=7)
+FULL = saturated_state(FAKE_MODEL, waiting=7, max_waiting=7)
 FREE = pb.QueueState(model=FAKE_MODEL, saturated=False)
 
 

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from inference_lab.gateway import create_app
 from inference_lab.gateway.app import STATE
-from inference_lab.gateway.testing import FAKE_MODEL, FakeEngine
+from inference_lab.testing.fake_engine import FAKE_MODEL, FakeEngine
 
 CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hello"}]}
 

@@ -5,6 +5,7 @@ decoded with the independent `msgpack` package to check vLLM's wire layout."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import socket
@@ -32,7 +33,8 @@ def free_port() -> int:
 def small_cache_deployments():
     deployments = default_deployments("b200")
     for d in deployments:
-        d.scheduler.kv_cache_capacity = int(bytes_per_token(d) * d.scheduler.block_size * BLOCKS)
+        d.scheduler = dataclasses.replace(  # SchedulerConfig is frozen
+            d.scheduler, kv_cache_capacity=int(bytes_per_token(d) * d.scheduler.block_size * BLOCKS))
     return deployments
 
 

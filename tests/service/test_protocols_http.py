@@ -11,7 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from inference_lab.gateway import create_app
-from inference_lab.gateway.testing import FAKE_MODEL
+from inference_lab.testing.fake_engine import FAKE_MODEL
 
 KEY = "sk-protocols-test"
 MESSAGE = {"model": FAKE_MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}

@@ -4,12 +4,13 @@ Knows: the engine's gRPC contract as the gateway sees it, with behaviour chosen 
 rather than simulated: `mode` decides what an Open gets ("complete": admitted, a first
 token, the rest coalesced into one Tokens event, finished; "reject": QUEUE_SATURATED with
 metadata; "hold": admitted, then nothing until cancelled; "partial": admitted and one
-token, then nothing; "silent": no answer at all). Unknown models and prompts longer than
-max_model_len are refused like the engine does. GetCapacity/SetCapacity/ListModels keep
-state and validate like the engine. `announce(state)` pushes a QueueState to every open
-Session, as the engine does when a queue fills or empties. Every Open, Cancel and Refused
-report is recorded, with events a test
-can await (never sleep to synchronise). It can be stopped and restarted on the same port.
+token, then nothing; "silent": no answer at all). The engine's own rules decide what
+they decide there (engine.sim: the output length when max_tokens is absent, the capacity
+ranges, the refusal text), so the fake cannot drift from them; unknown models and
+requests longer than max_model_len are refused like the engine does. `announce(state)`
+pushes a QueueState to every open Session, as the engine does when a queue fills or
+empties. Every Open, Cancel and Refused report is recorded, with events a test can await
+(never sleep to synchronise). It can be stopped and restarted on the same port.
 
 Does not know: timing, batching or scheduling; it is not the engine.
 """
@@ -21,6 +22,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from inference_lab.engine.sim.capacity import Capacity, CapacityError
+from inference_lab.engine.sim.core import QueueSaturated
+from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc as pb_grpc
 
@@ -31,8 +35,7 @@ MAX_NUM_BATCHED_TOKENS = 8192
 @dataclass(slots=True)
 class _Model:
     max_model_len: int
-    max_num_seqs: int = 256
-    max_waiting: int = 0
+    capacity: Capacity = Capacity(256, 0)
 
 
 @dataclass(slots=True)
@@ -57,10 +60,12 @@ class _Recorder:
 
 
 class FakeEngine(pb_grpc.EngineServicer):
-    def __init__(self, models: dict[str, int] | None = None) -> None:
+    def __init__(self, models: dict[str, int] | None = None,
+                 default_max_tokens: int | None = None) -> None:
         self.models = {name: _Model(n) for name, n in (models or {FAKE_MODEL: 4096}).items()}
+        self.lengths = OutputLength(*(() if default_max_tokens is None else (default_max_tokens,)))
         self.mode = "complete"
-        self.saturation = {"waiting": "64", "max_waiting": "64"}
+        self.saturation = (64, 64)  # (waiting, max_waiting) under mode "reject"
         self.opened = _Recorder()  # pb.Open
         self.cancelled = _Recorder()  # tags
         self.refused = _Recorder()  # pb.Refused reports
@@ -129,18 +134,22 @@ class FakeEngine(pb_grpc.EngineServicer):
             out.put_nowait(_batch(_rejected(tag, 5, "MODEL_NOT_FOUND",
                                             f"unknown model {req.model!r}")))
             return
-        if req.prompt_tokens + req.max_tokens > model.max_model_len:
+        n = self.lengths.choose(req.max_tokens if req.HasField("max_tokens") else None,
+                                req.prompt_tokens, model.max_model_len)
+        if req.prompt_tokens + n > model.max_model_len:
             out.put_nowait(_batch(_rejected(
                 tag, 3, "INVALID_REQUEST",
-                f"prompt_tokens + max_tokens = {req.prompt_tokens + req.max_tokens} exceeds "
+                f"prompt_tokens + max_tokens = {req.prompt_tokens + n} exceeds "
                 f"max_model_len {model.max_model_len}",
             )))
             return
         if self.mode == "silent":
             return
         if self.mode == "reject":
-            meta = {"model": req.model, **self.saturation}
-            out.put_nowait(_batch(_rejected(tag, 8, "QUEUE_SATURATED", "queue full", meta)))
+            full = QueueSaturated(req.model, *self.saturation)
+            meta = {"model": req.model, "waiting": str(full.waiting),
+                    "max_waiting": str(full.max_waiting)}
+            out.put_nowait(_batch(_rejected(tag, 8, "QUEUE_SATURATED", str(full), meta)))
             return
         admitted = pb.Progress(tag=tag, admitted=pb.Admitted(engine_request_id=tag, waiting=1))
         if self.mode == "hold":
@@ -151,7 +160,6 @@ class FakeEngine(pb_grpc.EngineServicer):
             held.add(tag)
             out.put_nowait(_batch(admitted, _tokens(tag, 1, 1)))
             return
-        n = req.max_tokens
         out.put_nowait(_batch(admitted))
         out.put_nowait(_batch(_tokens(tag, 1, 1)))  # the first token alone (TTFT)
         last = []
@@ -165,7 +173,7 @@ class FakeEngine(pb_grpc.EngineServicer):
     async def ListModels(self, request, context):
         return pb.ListModelsResponse(models=[
             pb.ModelInfo(name=name, hardware="fake", tp=1, max_model_len=m.max_model_len,
-                         kv_blocks=1000, block_size=16)
+                         kv_blocks=1000, block_size=16, max_request_tokens=m.max_model_len)
             for name, m in self.models.items()
         ])
 
@@ -176,37 +184,34 @@ class FakeEngine(pb_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {model!r}")
         return [model]
 
-    def _capacity(self, names: list[str]) -> pb.CapacityResponse:
-        return pb.CapacityResponse(models=[
-            pb.ModelCapacity(model=n, max_waiting=self.models[n].max_waiting,
-                             max_num_seqs=self.models[n].max_num_seqs, waiting=0, running=0)
-            for n in names
-        ])
+    def _capacity(self, names: list[str]) -> list[pb.ModelCapacity]:
+        return [pb.ModelCapacity(model=n, max_waiting=self.models[n].capacity.max_waiting,
+                                 max_num_seqs=self.models[n].capacity.max_num_seqs,
+                                 waiting=0, running=0)
+                for n in names]
 
     async def GetCapacity(self, request, context):
-        return self._capacity(await self._selected(request.model, context))
+        return pb.CapacityResponse(models=self._capacity(await self._selected(request.model, context)))
 
     async def SetCapacity(self, request, context):
-        has_seqs, has_waiting = request.HasField("max_num_seqs"), request.HasField("max_waiting")
-        if not (has_seqs or has_waiting):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no field set")
-        if has_seqs and request.max_num_seqs < 1:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_num_seqs must be >= 1")
-        if has_seqs and request.max_num_seqs > MAX_NUM_BATCHED_TOKENS:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"max_num_seqs {request.max_num_seqs} exceeds max_num_batched_tokens "
-                f"{MAX_NUM_BATCHED_TOKENS}",
-            )
-        if has_waiting and request.max_waiting < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_waiting must be >= 0")
+        seqs = request.max_num_seqs if request.HasField("max_num_seqs") else None
+        waiting = request.max_waiting if request.HasField("max_waiting") else None
         names = await self._selected(request.model if request.HasField("model") else "", context)
-        for name in names:
-            if has_seqs:
-                self.models[name].max_num_seqs = request.max_num_seqs
-            if has_waiting:
-                self.models[name].max_waiting = request.max_waiting
-        return self._capacity(names)
+        try:
+            changed = {n: self.models[n].capacity.changed(MAX_NUM_BATCHED_TOKENS, seqs, waiting)
+                       for n in names}
+        except CapacityError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        for name, capacity in changed.items():
+            self.models[name].capacity = capacity
+        return pb.SetCapacityResponse(models=self._capacity(names), queue_states=[
+            pb.QueueState(model=n) for n in names])  # nothing ever waits here
+
+
+def saturated_state(model: str, waiting: int, max_waiting: int) -> pb.QueueState:
+    """A QueueState saying `model` is full, with the engine's own refusal text."""
+    return pb.QueueState(model=model, saturated=True, waiting=waiting, max_waiting=max_waiting,
+                         message=str(QueueSaturated(model, waiting, max_waiting)))
 
 
 def _batch(*events: pb.Progress) -> pb.ProgressBatch:
