@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -53,7 +54,8 @@ def offline(_args) -> None:
           f"{workload.num_turns} turns, {workload.shared_prefix_len}-token system prompt)")
     for caching in (False, True):
         (deployment,) = default_deployments("b200")
-        deployment.scheduler.enable_prefix_caching = caching
+        deployment.scheduler = dataclasses.replace(deployment.scheduler,
+                                                   enable_prefix_caching=caching)
         out = run_offline(deployment, workload)
         ttft = out["latency_metrics"]["ttft_ms"]
         cache = out["prefix_cache"]

@@ -117,7 +117,7 @@ def _build_scheduler(keys: dict[str, tuple[Any, str]], model: Model, where: str,
             notes.append(f"scheduler {name} = {keys[name][0]!r}: parsed, not modelled")
     if sched.policy in OTHER_POLICIES:
         notes.append(f"scheduler policy {sched.policy!r}: parsed, scheduled as fcfs")
-        sched.policy = "fcfs"
+        sched = replace(sched, policy="fcfs")
 
     def path(name: str) -> str:
         return keys.get(name, (None, f"scheduler.{name}"))[1]

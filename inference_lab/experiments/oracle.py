@@ -17,7 +17,6 @@ Knows the offline driver and the deployment configs. Does not know HTTP or the r
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 from inference_lab.common.workload import WorkloadSpec
@@ -44,9 +43,8 @@ def deployment_for(scenario: Scenario) -> Deployment:
 
 
 def _with_capacity(dep: Deployment, max_num_seqs: int) -> Deployment:
-    sched = copy.copy(dep.scheduler)
-    sched.max_num_seqs = max_num_seqs
-    sched.max_waiting = 0  # the oracle never queues past c*, so never refuses
+    # the oracle never queues past c*, so never refuses (max_waiting 0)
+    sched = replace(dep.scheduler, max_num_seqs=max_num_seqs, max_waiting=0)
     return replace(dep, scheduler=sched)
 
 
