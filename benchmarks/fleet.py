@@ -10,7 +10,9 @@ the client next to the modelled one (the engine's own e2e of the same requests),
 engine's pacing lag p99 over the window.
 idle: `engine --replicas R` with nothing to do: its CPU over the window.
 scrape: `serve --replicas R`, S streams spread over the replicas, every replica's /metrics
-scraped every 50 ms by one thread each; the latency of replica 0's scrapes.
+scraped every 50 ms by one thread each; the latency of replica 0's scrapes. The scrapers
+start together (every 50 ms all eight ask at once: the worst case) unless --stagger spreads
+their phases over the 50 ms (as independent scrapers, each on its own ticker, fall).
 Prints figures, no pass/fail; the machine is shared, so the load average is printed too.
 """
 
@@ -147,9 +149,9 @@ def scrape(args) -> None:
         sizes: list[int] = []
         stop = threading.Event()
 
-        def scraper(port: int, record: bool) -> None:
+        def scraper(port: int, record: bool, phase: float) -> None:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            next_at = start
+            next_at = start + phase
             while not stop.is_set():
                 time.sleep(max(0.0, next_at - time.monotonic()))
                 next_at += 0.05
@@ -162,8 +164,9 @@ def scrape(args) -> None:
                 if time.monotonic() >= end:
                     return
 
-        threads = [threading.Thread(target=scraper, args=(base + i, i == 0))
-                   for i in range(args.replicas)]
+        threads = [threading.Thread(target=scraper, args=(
+            base + i, i == 0, 0.05 * i / args.replicas if args.stagger else 0.0))
+            for i in range(args.replicas)]
         try:
             time.sleep(max(0.0, start - time.monotonic() - 0.05))
             C.print_load("before")
@@ -177,6 +180,7 @@ def scrape(args) -> None:
             C.stop_all(loadgens)
         C.print_load("after")
         print(f"/metrics of replica 0 while {args.replicas} replicas are scraped every 50 ms "
+              f"({'phases spread' if args.stagger else 'all at once'}) "
               f"and {args.streams} streams run: {len(latencies)} scrapes of ~{sizes[-1]} B, "
               f"p50 {C.quantile(latencies, 0.5) * 1000:.2f} ms, "
               f"p99 {C.quantile(latencies, 0.99) * 1000:.2f} ms, "
@@ -198,6 +202,7 @@ def main() -> None:
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--seconds", type=float, default=15)
+    p.add_argument("--stagger", action="store_true")
     args = parser.parse_args()
     {"fidelity": fidelity, "idle": idle, "scrape": scrape}[args.what](args)
 

@@ -6,7 +6,7 @@ completions, completions and Responses, Anthropic Messages; /v1/models, /health,
 `x-api-key`, errors in the envelope of the route's dialect, metrics by route and status),
 that a client who leaves has its engine request cancelled (aiohttp handler cancellation,
 plus a watchdog on closed transports for runners that do not enable it), and the
-gateway's own Prometheus registry.
+gateway's own series (gateway.metrics).
 
 Does not know: gRPC details (gateway.engine_client), request schemas, response bytes and
 the engine path they share (gateway.protocols), the error table (gateway.errors), or
@@ -24,13 +24,13 @@ from typing import Annotated, AsyncIterator, Callable
 
 import msgspec
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from inference_lab.common.auth import bearer_ok
 from inference_lab.common.tokenizer import Tokenizer, load_tokenizer
 from inference_lab.gateway import lora as lora_routes
 from inference_lab.gateway.engine_client import ClientGone, EngineClient, RequestStream
+from inference_lab.gateway.metrics import GatewayMetrics
 from inference_lab.gateway.errors import envelope as openai_envelope
 from inference_lab.gateway.errors import (
     ErrorKind,
@@ -55,53 +55,7 @@ from inference_lab.v1 import engine_pb2 as pb
 
 log = logging.getLogger("inference_lab.gateway.app")
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 CLIENT_CLOSED_STATUS = 499  # recorded in metrics when the client left before the response
-
-
-class GatewayMetrics:
-    """The gateway's own registry; children are cached per label set (one dict lookup)."""
-
-    def __init__(self, inflight: "dict[RequestStream, web.BaseRequest]") -> None:
-        self.registry = CollectorRegistry()
-        self._requests = Counter(
-            "inference_lab_gateway_http_requests_total",
-            "HTTP requests answered by the gateway, by route and status.",
-            ["route", "status"], registry=self.registry,
-        )
-        self._duration = Histogram(
-            "inference_lab_gateway_http_request_duration_seconds",
-            "Time from request start to the handler's end (whole stream when streaming).",
-            ["route"], buckets=_LATENCY_BUCKETS, registry=self.registry,
-        )
-        Gauge(
-            "inference_lab_gateway_inflight_requests",
-            "Generation requests open in the engine on behalf of HTTP clients.",
-            registry=self.registry,
-        ).set_function(lambda: len(inflight))
-        self.engine_up = Gauge(
-            "inference_lab_gateway_engine_metrics_up",
-            "1 when the last /metrics scrape got the engine's series, 0 when it could not.",
-            registry=self.registry,
-        )
-        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
-            self.registry.register(collector)  # the process's own, as vLLM's API server has
-        self._counter_children: dict[tuple[str, int], Counter] = {}
-        self._duration_children: dict[str, Histogram] = {}
-
-    def observe(self, route: str, status: int, seconds: float) -> None:
-        counter = self._counter_children.get((route, status))
-        if counter is None:
-            counter = self._requests.labels(route=route, status=str(status))
-            self._counter_children[(route, status)] = counter
-        counter.inc()
-        hist = self._duration_children.get(route)
-        if hist is None:
-            hist = self._duration_children[route] = self._duration.labels(route=route)
-        hist.observe(seconds)
-
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 @dataclass(slots=True)
@@ -350,7 +304,7 @@ async def metrics(request: web.Request) -> web.Response:
             engines=None if state.replica is None else [state.replica])
     except GatewayError:
         engine = b""
-    state.metrics.engine_up.set(1 if engine else 0)
+    state.metrics.engine_up = 1 if engine else 0
     body = engine + state.metrics.exposition()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

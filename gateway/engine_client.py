@@ -63,6 +63,10 @@ CHANNEL_OPTIONS = (
     # fewer, larger updates) instead of gRPC buffering seconds of per-step batches.
     ("grpc.http2.bdp_probe", 0),
 )
+# Scrapes of /metrics (~140 KB per replica) go over a connection of their own: on the
+# Session's, a response waits behind the token batches the gateway has not read yet (its
+# flow-control window is small on purpose, and shared by every stream of the connection).
+SCRAPE_CHANNEL_OPTIONS = tuple(o for o in CHANNEL_OPTIONS if o[0] != "grpc.http2.bdp_probe")
 REFUSED_REPORT_S = 0.01  # refusals made here reach the engine's metrics within this
 _MODEL_REFRESH_MIN_INTERVAL_S = 1.0  # an unknown model name refreshes the cache at most this often
 _ENGINE_SERVICE = pb.DESCRIPTOR.services_by_name["Engine"].full_name
@@ -325,6 +329,7 @@ class EngineClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.EngineStub | None = None
         self._stale = False
+        self._scrape_channel: grpc.aio.Channel | None = None  # GetMetrics only
         self._session: _Session | None = None
         self._connecting: asyncio.Future[None] | None = None
         self._refreshing: asyncio.Future[None] | None = None
@@ -493,6 +498,9 @@ class EngineClient:
         if self._channel is not None:
             await self._channel.close(grace=None)
             self._channel = None
+        if self._scrape_channel is not None:
+            await self._scrape_channel.close(grace=None)
+            self._scrape_channel = None
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
@@ -588,12 +596,21 @@ class EngineClient:
         the engines (replicas) `engines` (None: all), as text; one unary call with a short
         deadline. Empty when no model has those replicas."""
         request = pb.GetMetricsRequest(models=models or (), engines=engines or ())
+        if self._scrape_channel is None:
+            self._scrape_channel = grpc.aio.insecure_channel(self.target,
+                                                             options=SCRAPE_CHANNEL_OPTIONS)
+        stub = pb_grpc.EngineStub(self._scrape_channel)
         try:
-            resp = await self._unary("GetMetrics", request, self._connect_timeout)
-        except GatewayError as err:
+            resp = await stub.GetMetrics(request, timeout=self._connect_timeout,
+                                         wait_for_ready=False)
+        except grpc.aio.AioRpcError as exc:
+            err = from_grpc_error(exc)
             if err.kind is ErrorKind.MODEL_NOT_FOUND:  # NOT_FOUND: no such replica (any more)
                 return b""
-            raise
+            if err.kind is ErrorKind.ENGINE_UNAVAILABLE:  # the next scrape connects afresh
+                channel, self._scrape_channel = self._scrape_channel, None
+                await channel.close(grace=None)
+            raise err from None
         return resp.text
 
     # ---- replica-level faults ----------------------------------------------------------

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import threading
 import time
-from bisect import bisect_left
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -35,6 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from inference_lab.common.exposition import Hist, HistLines, Lines, split_families
 from inference_lab.engine.service import metric_buckets as B
 from inference_lab.engine.sim.core import EngineCore, StepResult
 from inference_lab.engine.sim.request import Request, Status
@@ -164,29 +164,6 @@ def bucket_sets(max_model_len: int) -> dict[str, tuple[float, ...]]:
     return {"ttft": B.TTFT, "per_token": B.PER_TOKEN, "e2e": B.E2E, "phase": B.PHASE,
             "tokens": B.one_two_five(max_model_len), "iteration": B.VLLM_ITERATION_TOKENS,
             "n": B.VLLM_PARAMS_N, "lag": LAG_BUCKETS}
-
-
-class Hist:
-    """A histogram as plain numbers: counts per bucket (the last is +Inf) and the sum."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float, n: int = 1) -> None:
-        self.counts[bisect_left(self.bounds, value)] += n  # le: value <= bound
-        self.sum += value * n
-
-    def cumulative(self) -> tuple[list[int], float]:
-        counts, total = list(self.counts), self.sum  # a copy: the loop may write meanwhile
-        run = 0
-        for i, c in enumerate(counts):
-            run += c
-            counts[i] = run
-        return counts, total
 
 
 class ModelMetrics:
@@ -355,21 +332,21 @@ class _Collect:
 
 class _Template:
     """One model's exposition with its numbers taken out, family by family: rendered once
-    by prometheus-client, then filled in per scrape (and cached while nothing changed)."""
+    by prometheus-client (common.exposition), then filled in per scrape: each histogram's
+    lines kept until it changes, the whole model's kept while nothing changed."""
 
     def __init__(self, model: ModelMetrics) -> None:
         self.model = model
         self.shape = model.shape()
-        self.headers: list[str] = []  # HELP and TYPE lines of each family
-        self.prefixes: list[list[str]] = []  # each family's sample lines, number removed
-        for line in generate_latest(_Collect([model])).decode().splitlines(keepends=True):
-            if line.startswith("# HELP"):
-                self.headers.append(line)
-                self.prefixes.append([])
-            elif line.startswith("#"):
-                self.headers[-1] += line
+        families = split_families(generate_latest(_Collect([model])).decode())
+        self.headers = [header for header, _ in families]  # HELP and TYPE lines per family
+        self.fills: list = []  # per family: HistLines, or (name, Lines) of other samples
+        for (_, prefixes), name in zip(families, METRICS):
+            if METRICS[name].kind == "histogram":
+                self.fills.append(HistLines(model.hists[name], prefixes))
             else:
-                self.prefixes[-1].append(line.rsplit(" ", 1)[0] + " ")
+                self.fills.append((name, Lines(prefixes)))
+        self.info = "".join(p + "1.0\n" for p in families[-1][1])  # cache_config_info
         self.key: tuple = ()
         self.chunks: list[str] = []
 
@@ -380,19 +357,13 @@ class _Template:
         if key == self.key:
             return self.chunks
         chunks = []
-        fmt = floatToGoString
-        for prefixes, name in zip(self.prefixes, METRICS):
-            values: list[float] = []
-            for _, value in m.samples(name):
-                if METRICS[name].kind == "histogram":
-                    counts, total = value
-                    values.extend(counts)
-                    values.append(counts[-1])  # _count
-                    values.append(total)  # _sum
-                else:
-                    values.append(value)
-            chunks.append("".join([p + fmt(v) + "\n" for p, v in zip(prefixes, values)]))
-        chunks.append("".join(p + "1.0\n" for p in self.prefixes[-1]))  # cache_config_info
+        for fill in self.fills:
+            if isinstance(fill, HistLines):
+                chunks.append(fill.render())
+            else:
+                name, lines = fill
+                chunks.append(lines.fill([value for _, value in m.samples(name)]))
+        chunks.append(self.info)
         self.key, self.chunks = key, chunks
         return chunks
 

@@ -90,3 +90,17 @@ def test_the_fast_exposition_is_prometheus_clients_own_text():
     assert metrics.render(engines=[4]) == metrics.render(["llama-3.1-8b"])  # one replica's
     assert b'engine="3"' not in metrics.render(engines=[4])
     assert metrics.render(engines=[7]) == b""
+
+
+def test_counts_from_a_million_on_are_written_as_prometheus_client_writes_them():
+    engine = core()
+    metrics = EngineMetrics([engine])
+    model = metrics.for_model(engine)
+    itl = model.hists["vllm:inter_token_latency_seconds"]
+    itl.observe(0.002, 999_999)
+    assert metrics.render() == generate_latest(_Collect(metrics.models))  # "999999.0"
+    itl.observe(0.003, 2)  # 1000001: Go's exponent form, 1.000001e+06
+    model.version += 1
+    text = metrics.render()
+    assert text == generate_latest(_Collect(metrics.models))
+    assert b'vllm:inter_token_latency_seconds_count{engine="0",model_name="gpt-oss-20b"} 1.000001e+06' in text

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import shutil
 import time
 from pathlib import Path
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from metrics_helpers import PROMTOOL, promtool_check
+from metrics_helpers import PROMTOOL, promtool_check, sample
 from serve_helpers import serve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +88,32 @@ def test_every_replica_port_serves_the_openai_api_and_echoes_the_request_id(flee
         (m, i, fleet.port + i, True) for m in ("gpt-oss-20b", "llama-3.1-8b") for i in range(3)}
 
 
+def histograms(text: str) -> dict[tuple, tuple[list[float], float]]:
+    """(name, labels without le) -> (bucket values in order, _count) of an exposition."""
+    found: dict[tuple, tuple[list[float], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            key = (family.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")))
+            buckets, count = found.get(key, ([], 0.0))
+            if s.name.endswith("_bucket"):
+                buckets.append(s.value)
+            elif s.name.endswith("_count"):
+                count = s.value
+            found[key] = (buckets, count)
+    return {k: v for k, v in found.items() if v[0]}
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
 def test_each_replica_metrics_carry_only_its_own_series_and_pass_promtool(fleet):
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{fleet.port + 1}/v1", api_key="x",
+                           max_retries=0)
+    key = ("vllm:e2e_request_latency_seconds", (("engine", "1"), ("model_name", "gpt-oss-20b")))
+    before = call(fleet.port + 1, "GET", "/metrics")[2].decode()
+    finished = histograms(before).get(key, ([], 0.0))[1]
+    generated = sample(before, "vllm:generation_tokens_total", engine="1",
+                       model_name="gpt-oss-20b")
+    for tokens in (5, 17):  # every histogram of replica 1 gets observations
+        client.completions.create(model="gpt-oss-20b", prompt="a b c", max_tokens=tokens)
     status, _, body = call(fleet.port + 1, "GET", "/metrics")
     text = body.decode()
     assert status == 200
@@ -98,8 +125,20 @@ def test_each_replica_metrics_carry_only_its_own_series_and_pass_promtool(fleet)
                                   and "num_gpu_blocks=" in line for line in info)
     assert 'engine="0"' not in text and 'engine="2"' not in text
     assert "inference_lab_gateway_http_requests_total" in text  # the gateway's own too
-    if PROMTOOL:
-        assert promtool_check(text)[1] == []  # parses; only vLLM's own names are linted
+    assert promtool_check(text)[1] == []  # parses; only vLLM's own names are linted
+    # the filled-in numbers: cumulative buckets ending at _count, two finished requests
+    hists = histograms(text)
+    assert all(b == sorted(b) and b[-1] == count for b, count in hists.values())
+    assert hists[key][1] == finished + 2
+    assert sample(text, "vllm:generation_tokens_total", engine="1",
+                  model_name="gpt-oss-20b") == generated + 22
+    # the base port is replica 0's, with the same families: nothing is left out for speed
+    base = call(fleet.port, "GET", "/metrics")[2].decode()
+    assert set(re.findall(r'engine="\d+"', base)) == {'engine="0"'}
+    families = {f.name for f in text_string_to_metric_families(text)}
+    assert {f.name for f in text_string_to_metric_families(base)} == families
+    assert len(families) > 40
+    assert promtool_check(base)[1] == []
 
 
 def test_a_model_without_this_replica_is_a_404_and_bad_scaling_input_a_400(fleet):

@@ -203,3 +203,25 @@ def test_n_choices_stream_by_index_and_usage_counts_them_all():
     assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (3, 3, 6)
     body = json.loads(c.body(Outcome(3, [2, 2])))
     assert [ch["text"] for ch in body["choices"]] == ["Hi token token"] * 2
+
+
+def test_the_gateways_own_series_are_prometheus_clients_text_with_the_numbers_filled_in():
+    from prometheus_client import generate_latest
+
+    from inference_lab.gateway.metrics import GatewayMetrics, _Families
+
+    metrics = GatewayMetrics({"a": 1, "b": 2})
+    metrics.observe("/v1/chat/completions", 200, 0.02)
+    first = metrics.exposition()
+    for seconds in (0.003, 7.0):
+        metrics.observe("/metrics", 200, seconds)  # a new route: its lines are rendered anew
+    metrics.observe("/v1/chat/completions", 529, 0.001)
+    metrics.engine_up = 1
+    own = metrics.exposition().split(b"# HELP process_", 1)[0]
+    assert own == generate_latest(_Families(metrics.families()))
+    assert b'inference_lab_gateway_http_request_duration_seconds_count{route="/metrics"} 2.0' in own
+    assert b'inference_lab_gateway_http_request_duration_seconds_bucket{le="5.0",route="/metrics"} 1.0' in own
+    assert b"inference_lab_gateway_inflight_requests 2.0" in own
+    assert b"inference_lab_gateway_engine_metrics_up 1.0" in own
+    assert b"inference_lab_gateway_engine_metrics_up 0.0" in first
+    assert b"process_" in metrics.exposition() or b"python_info" in metrics.exposition()
