@@ -78,6 +78,8 @@ class EngineServer:
         self.health = health.aio.HealthServicer()
         self.fleet: Fleet | None = None
         self.metrics: EngineMetrics | None = None
+        # saved capacity of replicas not started yet: (model, index) -> knobs
+        self._pending_capacity: dict[tuple[str, int], dict] = {}
         self._metrics_http = None
 
     @property
@@ -95,6 +97,9 @@ class EngineServer:
                                self.kv_events if core.prefix_cache is not None else None,
                                self.coalesce_when_late, replica)
         runtime.on_stopped = lambda: self.metrics.remove(runtime.metrics)  # a drained replica
+        pending = self._pending_capacity.pop((core.name, replica), None)
+        if pending is not None:  # saved by an earlier run with more replicas
+            self._apply_capacity(runtime, pending)
         if self.max_loras:  # a replica added live gets LoRA and the adapters loaded so far
             core.enable_lora(self.max_loras)
             if getattr(self, "service", None) is not None:
@@ -171,38 +176,60 @@ class EngineServer:
                                 f"{module.base_model_name!r} is not served") from None
 
     def _restore_capacity(self) -> None:
-        """Apply the live capacity saved by an earlier run (logged; a model no longer
-        served, or a value its config now forbids, is skipped with a warning)."""
+        """Apply the live capacity saved by an earlier run, each replica its own (logged; a
+        model no longer served, or a value its config now forbids, is skipped with a
+        warning). A file from before replicas (one set of knobs per model) applies to every
+        replica; a saved replica this engine does not have yet is kept and applied when it
+        is added (and saved meanwhile), so no operator setting is lost."""
         saved = read_state(self.state_path)  # StateFileError: refuse to start on a bad file
         if saved is None:
             return
-        by_name: dict[str, list[ModelRuntime]] = {}
-        for rt in self.runtimes:  # with replicas: every replica of the model
-            by_name.setdefault(rt.core.name, []).append(rt)
+        by_name: dict[str, dict[int, ModelRuntime]] = {}
+        for rt in self.runtimes:
+            by_name.setdefault(rt.core.name, {})[rt.replica] = rt
         for name, knobs in (saved.get("capacity") or {}).items():
             replicas = by_name.get(name)
             if replicas is None or not isinstance(knobs, dict):
                 log.warning("%s: saved capacity of %r ignored (not served here)",
                             self.state_path, name)
                 continue
-            seqs, waiting = knobs.get("max_num_seqs"), knobs.get("max_waiting")
-            try:
-                for rt in replicas:
-                    rt.core.set_capacity(seqs if type(seqs) is int else None,
-                                         waiting if type(waiting) is int else None)
-            except CapacityError as exc:
-                log.warning("%s: saved capacity of %s ignored: %s", self.state_path, name, exc)
-                continue
-            for rt in replicas:
-                rt.check_queue()
-            log.info("restored live capacity of %s from %s: max_num_seqs=%d max_waiting=%d",
-                     name, self.state_path, rt.core.max_num_seqs, rt.core.max_waiting)
+            own = knobs.get("replicas")
+            own = {int(k): v for k, v in own.items() if k.isdigit() and isinstance(v, dict)} \
+                if isinstance(own, dict) else {}
+            for index, rt in sorted(replicas.items()):
+                self._apply_capacity(rt, own.pop(index, knobs))
+            for index, rest in own.items():  # replicas not started (yet): kept for later
+                self._pending_capacity[(name, index)] = rest
+                log.info("%s: saved capacity of %s replica %d kept until it is added",
+                         self.state_path, name, index)
+
+    def _apply_capacity(self, rt: ModelRuntime, knobs: dict) -> None:
+        seqs, waiting = knobs.get("max_num_seqs"), knobs.get("max_waiting")
+        try:
+            rt.core.set_capacity(seqs if type(seqs) is int else None,
+                                 waiting if type(waiting) is int else None)
+        except CapacityError as exc:
+            log.warning("%s: saved capacity of %s replica %d ignored: %s", self.state_path,
+                        rt.core.name, rt.replica, exc)
+            return
+        rt.check_queue()
+        log.info("restored live capacity of %s%s from %s: max_num_seqs=%d max_waiting=%d",
+                 rt.core.name, f" replica {rt.replica}" if rt.replica else "", self.state_path,
+                 rt.core.max_num_seqs, rt.core.max_waiting)
 
     def _save_capacity(self) -> None:
-        capacity = {}
-        for rt in self.runtimes:  # with replicas: the lowest-index replica's knobs per model
-            capacity.setdefault(rt.core.name, {"max_num_seqs": rt.core.max_num_seqs,
-                                               "max_waiting": rt.core.max_waiting})
+        """Every replica's own knobs (under `replicas`, by index), with the lowest replica's
+        also at the model's level (what a file from before replicas held), plus saved
+        replicas not added yet."""
+        capacity: dict[str, dict] = {}
+        for rt in self.runtimes:
+            knobs = {"max_num_seqs": rt.core.max_num_seqs, "max_waiting": rt.core.max_waiting}
+            entry = capacity.setdefault(rt.core.name, {**knobs, "replicas": {}})
+            entry["replicas"][str(rt.replica)] = knobs
+        for (name, index), knobs in self._pending_capacity.items():
+            entry = capacity.get(name)
+            if entry is not None:
+                entry["replicas"].setdefault(str(index), knobs)
         try:
             write_state(self.state_path, {"capacity": capacity})
         except OSError as exc:

@@ -123,3 +123,32 @@ async def test_get_metrics_renders_one_replica_labelled_with_its_index():
         assert 'vllm:generation_tokens_total{engine="2",model_name="gpt-oss-20b"} 0.0' in other
         everything = (await stub.GetMetrics(pb.GetMetricsRequest())).text.decode()
         assert all(f'engine="{i}"' in everything for i in range(3))
+
+
+async def test_each_replica_keeps_its_own_capacity_across_a_restart(tmp_path):
+    async with running_engine(replicas=3, state_dir=tmp_path) as server, \
+            engine_stub(server) as stub:
+        await stub.SetCapacity(pb.SetCapacityRequest(max_num_seqs=3, replica=1))
+        await stub.SetCapacity(pb.SetCapacityRequest(max_waiting=7, replica=2))
+    # fewer replicas at first: replica 2's setting waits for replica 2
+    async with running_engine(replicas=2, state_dir=tmp_path) as server, \
+            engine_stub(server) as stub:
+        now = rows(await stub.GetCapacity(pb.GetCapacityRequest()))
+        assert [(now[i].max_num_seqs, now[i].max_waiting) for i in (0, 1)] == [(256, 0), (3, 0)]
+        await stub.SetCapacity(pb.SetCapacityRequest(max_waiting=4, replica=0))  # saves again
+        added = rows(await stub.SetReplicas(pb.SetReplicasRequest(replicas=3)))
+        assert (added[2].max_num_seqs, added[2].max_waiting) == (256, 7)
+    async with running_engine(replicas=3, state_dir=tmp_path) as server, \
+            engine_stub(server) as stub:
+        now = rows(await stub.GetCapacity(pb.GetCapacityRequest()))
+        assert [(now[i].max_num_seqs, now[i].max_waiting) for i in range(3)] == [
+            (256, 4), (3, 0), (256, 7)]
+
+
+async def test_a_capacity_file_from_before_replicas_applies_to_every_replica(tmp_path):
+    (tmp_path / "capacity.json").write_text(
+        '{"capacity": {"gpt-oss-20b": {"max_num_seqs": 5, "max_waiting": 9}}}')
+    async with running_engine(replicas=2, state_dir=tmp_path) as server, \
+            engine_stub(server) as stub:
+        now = rows(await stub.GetCapacity(pb.GetCapacityRequest()))
+        assert [(now[i].max_num_seqs, now[i].max_waiting) for i in (0, 1)] == [(5, 9), (5, 9)]
