@@ -1,4 +1,6 @@
-"""Shared plumbing of the benchmarks: processes, CPU accounting, metrics, statistics.
+"""Shared plumbing of the benchmarks: CPU accounting, metrics, statistics, load generators.
+The processes (`serve`, `engine`, `gateway`) come from inference_lab.testing.launch, the
+launcher the tests use too.
 
 Everything listens on 127.0.0.1 on free ports; every process started here is stopped by
 the context manager or `stop_all` that started it, also on Ctrl-C or an exception.
@@ -11,15 +13,19 @@ import json
 import os
 import platform
 import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+from inference_lab.common.ports import free_port  # noqa: F401 (the benchmarks' C.free_port)
+from inference_lab.testing.launch import (  # noqa: F401 (one launcher for tests and benchmarks)
+    Served,
+    serve,
+    stop_process,
+    wait_http_ok,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -66,12 +72,6 @@ def print_load(label: str) -> None:
 
 
 # ---- processes -------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def proc_cpu(pid: int) -> float:
     """utime + stime of a live process (all its threads), in seconds; NaN once gone."""
     try:
@@ -101,108 +101,6 @@ def cpu_snapshot(pids: dict[str, list[int]]) -> dict[str, float]:
 def others(cpu_delta: dict[str, float]) -> float:
     """CPU seconds used by processes outside the benchmark's groups (incl. this one)."""
     return cpu_delta["machine"] - sum(v for k, v in cpu_delta.items() if k != "machine")
-
-
-def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> int | None:
-    """SIGTERM, then SIGKILL after `timeout`; the exit status when SIGTERM sufficed
-    (or the process had already exited), else None."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            return None
-    return proc.returncode
-
-
-def wait_http_ok(url: str, proc: subprocess.Popen, timeout: float = 60.0, log=None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[:4]} exited with {proc.returncode}:\n{log() if log else ''}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer within {timeout} s:\n{log() if log else ''}")
-
-
-class Served:
-    """A running `inference-lab serve` (the gateway is the serve process itself)."""
-
-    def __init__(self, proc: subprocess.Popen, port: int, log_path: str) -> None:
-        self.proc = proc
-        self.port = port
-        self.log_path = log_path
-        self.base = f"http://127.0.0.1:{port}"
-        self.engine_pid = 0
-        self.metrics_port = 0
-        self.exit_status: int | None = None  # of serve, once stopped
-
-    def log(self) -> str:
-        with open(self.log_path) as f:
-            return f.read()
-
-    def find_engine(self, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.findall(r"engine started: pid (\d+), engine ready: grpc \S+ metrics (\d+)",
-                           self.log())
-            if m:
-                self.engine_pid, self.metrics_port = int(m[-1][0]), int(m[-1][1])
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"no 'engine started' line from serve:\n{self.log()}")
-
-    @property
-    def gateway_pid(self) -> int:
-        return self.proc.pid
-
-    def engine_metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            return r.read().decode()
-
-    def capacity(self, update: dict | None = None) -> list:
-        url = self.base + "/control/capacity"
-        if update is None:
-            req = urllib.request.Request(url)
-        else:
-            req = urllib.request.Request(url, data=json.dumps(update).encode(), method="POST",
-                                         headers={"content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return json.loads(r.read())
-
-
-@contextlib.contextmanager
-def serve(*extra: str, grace: float = 0.5, port: int | None = None):
-    """A fresh `inference-lab serve` on free loopback ports (engine metrics on a free port
-    too), or on `port` when given; SIGTERM afterwards, and the engine child is killed if
-    it outlives it."""
-    port, engine_port = port or free_port(), free_port()
-    log = tempfile.NamedTemporaryFile("w+", suffix=".serve.log", delete=False)
-    proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "inference_lab", "serve", "--host", "127.0.0.1",
-         "--port", str(port), "--engine-port", str(engine_port), "--metrics-port", "0",
-         "--grace", str(grace), *extra],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=ROOT)
-    served = Served(proc, port, log.name)
-    try:
-        wait_http_ok(served.base + "/health", proc, log=served.log)
-        served.find_engine()
-        yield served
-    finally:
-        served.exit_status = stop_process(proc, timeout=grace + 20)
-        for pid in {served.engine_pid} - {0}:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        os.unlink(log.name)
 
 
 def start_loadgens(configs: list[dict]) -> list[subprocess.Popen]:

@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
-import sys
 import time
 import urllib.request
 
 import _common as C
+from inference_lab.testing.launch import engine_process
 import grpc
 
 from inference_lab.v1 import engine_pb2 as pb
@@ -85,12 +84,8 @@ async def run_submit(stub, clients: int, seconds: float, max_tokens: int) -> tup
 
 
 async def main_async(args) -> None:
-    port, metrics_port = C.free_port(), C.free_port()
-    engine = subprocess.Popen([sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING",
-                               "engine", "--port", str(port), "--metrics-port", str(metrics_port)],
-                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    try:
-        assert engine.stdout.readline().startswith(b"engine ready")
+    with engine_process(log_level="WARNING") as engine:
+        port, metrics_port = engine.port, engine.metrics_port
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = engine_pb2_grpc.EngineStub(channel)
             run = run_session if args.mode == "session" else run_submit
@@ -112,9 +107,6 @@ async def main_async(args) -> None:
               f"per 1,000 tokens; client CPU {client_cpu / wall:.2f} cores")
         print(f"pacing lag p50 {1000 * lag_quantile(lag0, lag1, 0.5):.2f} ms, "
               f"p99 {1000 * lag_quantile(lag0, lag1, 0.99):.2f} ms")
-    finally:
-        engine.terminate()
-        engine.wait(timeout=30)
 
 
 def main() -> None:

@@ -21,13 +21,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
-import os
-import subprocess
-import sys
 import threading
 import time
 
 import _common as C
+from inference_lab.common.ports import free_port_run
+from inference_lab.testing.launch import engine_process
+from inference_lab.testing.poll import wait_until
 
 LAG = "inference_lab_pacing_lag_seconds"
 BODY = {"model": "gpt-oss-20b", "messages": [{"role": "user", "content": "x"}],
@@ -43,25 +43,24 @@ def get(port: int, path: str) -> bytes:
         conn.close()
 
 
+def ready(port: int) -> bool:
+    with contextlib.suppress(OSError):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", "/health/ready")
+            return conn.getresponse().status == 200
+        finally:
+            conn.close()
+    return False
+
+
 def wait_ready(base_port: int, replicas: int, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    for i in range(replicas):
-        while True:
-            with contextlib.suppress(OSError):
-                conn = http.client.HTTPConnection("127.0.0.1", base_port + i, timeout=5)
-                conn.request("GET", "/health/ready")
-                if conn.getresponse().status == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"replica {i} never became ready")
-            time.sleep(0.05)
+    wait_until(lambda: all(ready(base_port + i) for i in range(replicas)), timeout,
+               what=f"{replicas} replicas ready")
 
 
 def serve_fleet(replicas: int):
     """`serve --replicas R` on a run of free ports (replica i on base + i)."""
-    sys.path.insert(0, str(C.ROOT / "tests"))
-    from serve_helpers import free_port_run
-
     base = free_port_run(replicas)
     return base, C.serve("--replicas", str(replicas), port=base)
 
@@ -112,14 +111,7 @@ def fidelity(args) -> None:
 
 
 def idle(args) -> None:
-    port, metrics = C.free_port(), C.free_port()
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "inference_lab", "engine", "--port",
-                             str(port), "--metrics-port", str(metrics), "--replicas",
-                             str(args.replicas)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=C.ROOT)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith(b"engine ready"), line
+    with engine_process("--replicas", str(args.replicas)) as proc:
         time.sleep(2.0)  # start-up allocations settle
         C.print_load("before")
         cpu0, t0 = C.proc_cpu(proc.pid), time.monotonic()
@@ -129,8 +121,6 @@ def idle(args) -> None:
         print(f"{args.replicas} idle replicas of gpt-oss-20b in one engine: "
               f"{(cpu1 - cpu0) / (t1 - t0):.4f} cores over {t1 - t0:.1f} s "
               f"(CPU time resolution {1 / C.CLK_TCK * 1000:.0f} ms); {C.machine()}")
-    finally:
-        C.stop_process(proc)
 
 
 def scrape(args) -> None:

@@ -20,13 +20,12 @@ import dataclasses
 import json
 import os
 import random
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import _common as C
+from inference_lab.testing.launch import engine_process
 import grpc
 from engine_stream import run_session
 
@@ -83,25 +82,19 @@ async def _one_run(args, caching: bool) -> tuple[float, int, float]:
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "gpt-oss-20b.toml"
         config.write_text(CONFIG.format(caching="true" if caching else "false"))
-        port, metrics_port, events_port = C.free_port(), C.free_port(), C.free_port()
-        argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING", "engine",
-                "--config", str(config), "--port", str(port), "--metrics-port", str(metrics_port)]
+        argv = ["--config", str(config)]
         if caching:
             argv += ["--kv-events-config", json.dumps({
-                "enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{events_port}"})]
-        engine = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        try:
-            assert engine.stdout.readline().startswith(b"engine ready")
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                "enable_kv_cache_events": True,
+                "endpoint": f"tcp://127.0.0.1:{C.free_port()}"})]
+        with engine_process(*argv, log_level="WARNING") as engine:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{engine.port}") as channel:
                 stub = engine_pb2_grpc.EngineStub(channel)
                 await _drive(stub, args.clients, 1.5, caching)  # warm-up
                 cpu0, wall0 = C.proc_cpu(engine.pid), time.perf_counter()
                 finished = await _drive(stub, args.clients, args.seconds, caching)
                 wall = time.perf_counter() - wall0
                 cpu = C.proc_cpu(engine.pid) - cpu0
-        finally:
-            engine.terminate()
-            engine.wait(timeout=30)
     return cpu, finished, wall
 
 

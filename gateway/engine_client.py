@@ -77,6 +77,25 @@ def queue_key(model: str, replica: int = 0) -> str:
     return f"{model}@{replica}" if replica else model
 
 
+class Probe:
+    """An observer of the Session pipe (EngineClient(probe=...)), for diagnostics such as
+    benchmarks/session_pipe.py: called per message, never per token, and not at all when
+    no probe is given. Subclass and override what you need; every hook runs on the
+    event loop and must not block."""
+
+    def on_open(self, tag: int) -> None:
+        """A request is about to be sent with this tag (its sequences: tag .. tag + n - 1)."""
+
+    def on_send(self, action: pb.SessionAction) -> None:
+        """An action was queued in the Session's outbox."""
+
+    def on_message(self, actions: list[pb.SessionAction]) -> None:
+        """These queued actions leave in one SessionActions message."""
+
+    def on_batch(self, batch: pb.ProgressBatch) -> None:
+        """A ProgressBatch arrived (before its events reach their streams)."""
+
+
 class ClientGone(Exception):
     """The HTTP client went away; its engine request has been cancelled."""
 
@@ -192,7 +211,8 @@ class _Sequence:
 class _Session:
     """One live Session call: its routes (tag -> stream), outbox and dispatcher task."""
 
-    def __init__(self, stub: pb_grpc.EngineStub, on_broken: Callable[["_Session"], None]) -> None:
+    def __init__(self, stub: pb_grpc.EngineStub, on_broken: Callable[["_Session"], None],
+                 probe: Probe | None = None) -> None:
         self.routes: dict[int, RequestStream] = {}
         self.broken = False
         # queue_key(model, replica) -> the engine's last QueueState for it, while "saturated"
@@ -200,11 +220,14 @@ class _Session:
         self._refused: dict[tuple[str, int], int] = {}  # refusals made here, not yet reported
         self._outbox: asyncio.Queue[pb.SessionAction | None] = asyncio.Queue()
         self._on_broken = on_broken
+        self._probe = probe
         self.call = stub.Session(self._actions(), wait_for_ready=False)
         self.task = asyncio.get_running_loop().create_task(self._dispatch(), name="engine-session")
 
     def send(self, action: pb.SessionAction) -> None:
         self._outbox.put_nowait(action)
+        if self._probe is not None:
+            self._probe.on_send(action)
 
     def set_queue_state(self, state: pb.QueueState) -> None:
         key = queue_key(state.model, state.replica)
@@ -236,24 +259,32 @@ class _Session:
     async def _actions(self):  # the request iterator grpc.aio consumes
         """Every action queued by the time gRPC is ready for the next message goes in it:
         a burst of requests costs one message, not one each."""
-        outbox = self._outbox
+        outbox, probe = self._outbox, self._probe
         while True:
             action = await outbox.get()
             if action is None:
                 return
             actions = [action]
+            end = False
             while not outbox.empty():
                 action = outbox.get_nowait()
                 if action is None:
-                    yield pb.SessionActions(actions=actions)
-                    return
+                    end = True
+                    break
                 actions.append(action)
+            if probe is not None:
+                probe.on_message(actions)
             yield pb.SessionActions(actions=actions)
+            if end:
+                return
 
     async def _dispatch(self) -> None:
         reason = "the engine closed the session"
+        probe = self._probe
         try:
             async for batch in self.call:
+                if probe is not None:
+                    probe.on_batch(batch)
                 for state in batch.queue_states:  # before any event: a client that
                     self.set_queue_state(state)  # hears of a finish sees the queue after it
                 routes = self.routes
@@ -316,9 +347,10 @@ class EngineClient:
 
     def __init__(
         self, target: str, *, connect_timeout: float = 1.0, rpc_timeout: float = 5.0,
-        control_token: str | None = None,
+        control_token: str | None = None, probe: Probe | None = None,
     ) -> None:
         self.target = target
+        self._probe = probe  # an observer of the Session pipe (diagnostics), usually None
         # Sent with SetCapacity, which an engine started with a control token requires.
         self._control_metadata = (
             (("authorization", f"Bearer {control_token}"),) if control_token else None
@@ -365,6 +397,8 @@ class EngineClient:
                 session.note_refused((model, replica or 0))
                 raise GatewayError(ErrorKind.QUEUE_SATURATED, full.message)
             tag = next(self._tags)
+            if self._probe is not None:
+                self._probe.on_open(tag)
             stream = RequestStream(tag, asyncio.get_running_loop(), model, n, replica or 0)
             action = pb.SessionAction()
             action.open.tag = tag
@@ -468,7 +502,7 @@ class EngineClient:
         await self._fetch_models()  # the engine answers: it is reachable (and models fresh)
         if self._closed:
             raise engine_unavailable("the gateway is shutting down")
-        self._session = _Session(self._current_stub(), self._on_session_broken)
+        self._session = _Session(self._current_stub(), self._on_session_broken, self._probe)
         log.info("engine session open to %s (%d models)", self.target, len(self._models))
 
     def _on_session_broken(self, session: _Session) -> None:

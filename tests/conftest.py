@@ -1,7 +1,9 @@
 """Fixtures shared across test files."""
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from inference_lab.gateway import create_app
 from inference_lab.testing.fake_engine import FakeEngine
 
 
@@ -12,3 +14,11 @@ async def fake():
     await engine.start()
     yield engine
     await engine.stop()
+
+
+@pytest.fixture
+async def client(fake):
+    """An aiohttp test client of the real gateway app in front of the fake engine (a test
+    file that needs other create_app arguments defines its own `client`)."""
+    async with TestClient(TestServer(create_app(fake.target))) as c:
+        yield c

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import contextlib
-import time
 import urllib.request
 
 import grpc
@@ -37,16 +35,6 @@ async def running_engine(max_waiting: int | None = None, max_num_seqs: int | Non
 async def engine_stub(server: EngineServer):
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         yield engine_pb2_grpc.EngineStub(channel)
-
-
-async def eventually(predicate, timeout: float = 10.0, interval: float = 0.01) -> None:
-    """Wait until predicate() holds: for effects of work the server does after the
-    client's call returned (a cancel being processed), which no event announces."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(interval)
 
 
 async def collect(call) -> list[pb.SubmitEvent]:

@@ -1,24 +1,16 @@
-"""Helpers of the hardening tests: an in-process lab on a background loop (for synchronous
-hypothesis tests), a raw HTTP client, the error-envelope check, and the real `engine` and
-`gateway` commands as separate processes on free loopback ports."""
+"""Helpers of the tests that talk HTTP: an in-process lab on a background loop (for
+synchronous hypothesis tests), a raw HTTP client, a JSON one, the error-envelope checks and
+SSE parsing. The real commands as processes: inference_lab.testing.launch."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client as httpclient
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
-import time
-from typing import Any, Iterator
-
-from serve_helpers import free_port
+import urllib.error
+import urllib.request
+from typing import Any
 
 ENVELOPE_KEYS = {"message", "type", "code"}
 
@@ -116,6 +108,18 @@ def http(port: int, method: str, path: str, body: bytes | None = None,
         conn.close()
 
 
+def json_request(base: str, method: str, path: str, body=None) -> tuple[int, dict | list]:
+    """One JSON request with urllib: (status, parsed body), error statuses included."""
+    req = urllib.request.Request(base + path, method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
 def _json_4xx(status: int, headers: dict[str, str], body: bytes,
               allowed: tuple[int, ...] | None) -> dict:
     """A 4xx (one of `allowed`) with a JSON body and no trace; the parsed body."""
@@ -183,109 +187,3 @@ def content_tokens(frames: list[bytes], echo: bool = False) -> int:
             if text:
                 n += 1
     return n
-
-
-# ---- the real commands as processes -------------------------------------------------------------
-
-
-class Proc:
-    """A command whose output goes to a log file. `close()` kills and reaps it, kills the
-    engine children it logged (`serve` starts its engine in a session of its own) and
-    removes the log."""
-
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
-        self._log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        self.argv = argv
-        self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log(self) -> str:
-        with open(self._log.name) as f:
-            return f.read()
-
-    def wait_for_log(self, pattern: str, timeout: float = 30.0) -> re.Match:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            match = re.search(pattern, self.log())
-            if match:
-                return match
-            if self.proc.poll() is not None:
-                raise AssertionError(f"{self.argv[3:5]} exited {self.proc.returncode}:\n{self.log()}")
-            time.sleep(0.05)
-        raise AssertionError(f"no {pattern!r} in the log within {timeout} s:\n{self.log()}")
-
-    def terminate(self, timeout: float = 30.0) -> int:
-        """SIGTERM, then wait; SIGKILL if it does not exit in time. The exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"did not exit within {timeout} s of SIGTERM:\n{self.log()}")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-
-    def close(self) -> None:
-        self.kill()
-        for pid in re.findall(r"engine started: pid (\d+)", self.log()):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            os.unlink(self._log.name)
-
-
-def command(*args: str) -> list[str]:
-    return [sys.executable, "-P", "-m", "inference_lab", *args]
-
-
-@contextlib.contextmanager
-def engine_process(*extra: str, port: int | None = None,
-                   env: dict[str, str] | None = None) -> Iterator[Proc]:
-    """`inference-lab engine` on 127.0.0.1 (a free port unless given); `.port` is its gRPC
-    port once it printed `engine ready`."""
-    port = port or free_port()
-    proc = Proc(command("engine", "--host", "127.0.0.1", "--port", str(port),
-                        "--metrics-port", "0", *extra), env)
-    try:
-        proc.wait_for_log(r"engine ready: grpc 127\.0\.0\.1:\d+")
-        proc.port = port
-        yield proc
-    finally:
-        proc.close()
-
-
-@contextlib.contextmanager
-def gateway_process(engine_port: int, *extra: str, port: int | None = None,
-                    env: dict[str, str] | None = None) -> Iterator[Proc]:
-    """`inference-lab gateway` on a free 127.0.0.1 port in front of the engine; `.port`."""
-    port = port or free_port()
-    proc = Proc(command("gateway", "--engine", f"127.0.0.1:{engine_port}", "--host",
-                        "127.0.0.1", "--port", str(port), *extra), env)
-    try:
-        proc.wait_for_log(r"gateway listening on http://")
-        proc.port = port
-        yield proc
-    finally:
-        proc.close()
-
-
-def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05):
-    """Poll `predicate` (for effects in another process that no event announces)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(interval)

@@ -193,7 +193,7 @@ def test_an_open_loop_overload_gets_529s_and_aimd_sheds_arrivals(tmp_path):
 
 
 def test_url_drives_a_running_server_and_reads_its_queue_from_control_capacity(tmp_path):
-    from serve_helpers import serve
+    from inference_lab.testing.launch import serve
 
     scenario = tmp_path / "url.toml"
     scenario.write_text(SCENARIO.replace("duration = 8", "duration = 2").replace("at = 4", "at = 1"))

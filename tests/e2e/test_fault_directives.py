@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_helpers import serve
+from inference_lab.testing.launch import serve
 
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
 

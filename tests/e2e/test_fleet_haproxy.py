@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from serve_helpers import free_port, serve
+from inference_lab.common.ports import free_port
+from inference_lab.testing.launch import serve
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"

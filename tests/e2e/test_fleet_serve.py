@@ -11,7 +11,6 @@ import http.client
 import json
 import re
 import shutil
-import time
 from pathlib import Path
 
 import openai
@@ -19,7 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from metrics_helpers import PROMTOOL, promtool_check, sample
-from serve_helpers import serve
+from inference_lab.testing.launch import serve
+from inference_lab.testing.poll import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DELAY = 1.0
@@ -36,14 +36,6 @@ def call(port: int, method: str, path: str, body: dict | None = None,
         return resp.status, dict(resp.getheaders()), resp.read()
     finally:
         conn.close()
-
-
-def wait_until(predicate, timeout: float = 15.0) -> None:
-    """For a state the server reaches on its own clock (a start-up delay, a drain)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 def ready(port: int) -> bool:

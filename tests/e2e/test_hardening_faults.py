@@ -14,12 +14,8 @@ import aiohttp
 import grpc
 
 from engine_helpers import collect
-from hardening_helpers import (
-    content_tokens,
-    engine_process,
-    gateway_process,
-    sse_frames,
-)
+from hardening_helpers import content_tokens, sse_frames
+from inference_lab.testing.launch import engine_process, gateway_process
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc
 

@@ -31,8 +31,8 @@ from hardening_helpers import (
     http,
     named_events,
     sse_frames,
-    wait_until,
 )
+from inference_lab.testing.poll import wait_until
 from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc

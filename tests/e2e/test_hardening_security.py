@@ -22,11 +22,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from inference_lab.engine.sim.config import default_deployments
 from inference_lab.engine.service.server import EngineServer
 from inference_lab.gateway import create_app
-from hardening_helpers import Proc, command, engine_process, gateway_process
+from inference_lab.testing.launch import Proc, command, engine_process, gateway_process
 from inference_lab.cli import build_parser
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc
-from serve_helpers import free_port
+from inference_lab.common.ports import free_port
 
 MODEL = "gpt-oss-20b"
 KEY, TOKEN = "sk-lab-3f9a1c", "ct-lab-77e2b0"

@@ -16,33 +16,16 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine_helpers import collect
-from hardening_helpers import (
-    Proc,
-    command,
-    content_tokens,
-    engine_process,
-    gateway_process,
-    sse_frames,
-)
+from hardening_helpers import content_tokens, sse_frames
+from inference_lab.testing.launch import Proc, command, engine_process, gateway_process
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc
-from serve_helpers import free_port
+from inference_lab.common.ports import free_port
+from inference_lab.testing.poll import until
 
 MODEL = "gpt-oss-20b"
 ENGINE_SERVICE = "inference_lab.v1.Engine"
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-async def until(predicate, timeout: float = 5.0, interval: float = 0.02):
-    """Await an async predicate (effects in another process that no event announces)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(interval)
 
 
 async def exit_status(proc: Proc, timeout: float) -> int:

@@ -8,11 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
-from serve_helpers import serve
+from inference_lab.testing.launch import serve
+from inference_lab.testing.poll import wait_until
 
 MODEL = "gpt-oss-20b"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -34,13 +34,6 @@ def capacity(base: str) -> tuple[int, int]:
     return rows[0]["max_num_seqs"], rows[0]["max_waiting"]
 
 
-def wait_for(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
 def healthy(base: str) -> bool:
     try:
         with urllib.request.urlopen(base + "/health", timeout=2) as resp:
@@ -57,7 +50,7 @@ def test_sigkill_of_the_engine_mid_experiment_keeps_live_capacity_and_faults():
             ["curl", "-sN", "-m", "20", f"{lab.base}/v1/chat/completions", "-d",
              json.dumps({**CHAT, "stream": True, "max_tokens": 50_000})],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        wait_for(lambda: call(lab.base, "/control/capacity")[1][0]["running"] == 1)
+        wait_until(lambda: call(lab.base, "/control/capacity")[1][0]["running"] == 1, timeout=30)
         call(lab.base, "/control/faults",
              {"retry_after_ms": 250, "script": [{"error": "rate_limit", "count": 2}]})
         assert call(lab.base, "/v1/chat/completions", CHAT)[0] == 429  # one step used
@@ -65,7 +58,7 @@ def test_sigkill_of_the_engine_mid_experiment_keeps_live_capacity_and_faults():
         os.kill(engine, signal.SIGKILL)
         out, _ = stream.communicate(timeout=30)
         assert b"engine_unavailable" in out  # the stream ended with an error frame
-        wait_for(lambda: len(lab.engine_pids()) == 2 and healthy(lab.base))
+        wait_until(lambda: len(lab.engine_pids()) == 2 and healthy(lab.base), timeout=30)
         assert capacity(lab.base) == (8, 5)
         assert "restored live capacity of gpt-oss-20b" in lab.log()
         _, faults = call(lab.base, "/control/faults")  # the gateway's own, untouched
@@ -108,6 +101,6 @@ def test_a_crash_fault_exits_the_engine_and_serve_restarts_it():
         call(lab.base, "/control/capacity", {"max_num_seqs": 4})
         status, state = call(lab.base, "/control/faults/replica", {"fault": "crash"})
         assert status == 200 and state["replica"] == 0
-        wait_for(lambda: len(lab.engine_pids()) == 2 and healthy(lab.base))
+        wait_until(lambda: len(lab.engine_pids()) == 2 and healthy(lab.base), timeout=30)
         assert "engine exited with status 70" in lab.log()
         assert capacity(lab.base)[0] == 4

@@ -14,7 +14,8 @@ import httpx2
 import openai
 import pytest
 
-from serve_helpers import json_request, serve
+from hardening_helpers import json_request
+from inference_lab.testing.launch import serve
 
 MODEL = "gpt-oss-20b"
 

@@ -14,7 +14,9 @@ import openai
 import pytest
 
 from engine_helpers import engine_rejections
-from serve_helpers import free_port, json_request, serve
+from hardening_helpers import json_request
+from inference_lab.common.ports import free_port
+from inference_lab.testing.launch import serve
 
 CURL = shutil.which("curl")
 

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from metrics_helpers import PROMTOOL, promtool_check, sample
-from serve_helpers import serve
+from inference_lab.testing.launch import serve
 
 MODEL = "gpt-oss-20b"
 LABELS = {"model_name": MODEL, "engine": "0"}

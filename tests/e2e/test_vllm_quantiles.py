@@ -19,7 +19,8 @@ import urllib.request
 import aiohttp
 import pytest
 
-from serve_helpers import free_port, serve
+from inference_lab.common.ports import free_port
+from inference_lab.testing.launch import serve
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None,

@@ -12,9 +12,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
 from engine_helpers import (
-    collect, engine_rejections, engine_stub, eventually, running_engine, submit_request,
+    collect, engine_rejections, engine_stub, running_engine, submit_request,
 )
 from inference_lab.v1 import engine_pb2 as pb
+from inference_lab.testing.poll import until
 
 
 async def test_a_submit_streams_admitted_tokens_and_finished_with_exact_counts():
@@ -34,7 +35,7 @@ async def test_a_saturated_model_refuses_before_any_message_with_queue_saturated
     async with running_engine(max_waiting=1, max_num_seqs=1) as server, engine_stub(server) as stub:
         running = stub.Submit(submit_request(max_tokens=2000))
         assert (await running.read()).HasField("admitted")
-        await eventually(lambda: server.runtimes[0].core.num_running == 1)
+        await until(lambda: server.runtimes[0].core.num_running == 1)
         queued = stub.Submit(submit_request(max_tokens=10))
         assert (await queued.read()).HasField("admitted")
         refused = stub.Submit(submit_request(max_tokens=10))
@@ -111,7 +112,7 @@ async def test_lowering_max_num_seqs_with_32_running_drains_to_8_and_loses_nothi
         calls = [stub.Submit(submit_request(max_tokens=400 + 10 * i)) for i in range(32)]
         for call in calls:
             assert (await call.read()).HasField("admitted")
-        await eventually(lambda: core.num_running == 32)
+        await until(lambda: core.num_running == 32)
         reply = await stub.SetCapacity(pb.SetCapacityRequest(max_num_seqs=8))
         assert reply.models[0].max_num_seqs == 8 and reply.models[0].running == 32
         late = stub.Submit(submit_request(max_tokens=5))
@@ -142,7 +143,7 @@ async def test_cancelling_a_submit_frees_its_slot_and_kv_blocks():
         assert (await call.read()).HasField("tokens")
         assert core.num_running == 1 and core.scheduler.free_blocks < core.total_blocks
         call.cancel()
-        await eventually(lambda: core.num_running == 0)
+        await until(lambda: core.num_running == 0)
         assert core.scheduler.free_blocks == core.total_blocks and core.num_waiting == 0
 
 

@@ -20,12 +20,6 @@ STATUS = {"rate_limit": 429, "invalid_api_key": 401, "context_length": 400, "ser
           "overloaded": 503, "model_not_found": 404, "queue_saturated": 529}
 
 
-@pytest.fixture
-async def client(fake):
-    async with TestClient(TestServer(create_app(fake.target))) as c:
-        yield c
-
-
 async def post_faults(client, **body) -> dict:
     resp = await client.post("/control/faults", json=body)
     assert resp.status == 200, await resp.text()

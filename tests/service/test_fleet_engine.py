@@ -8,9 +8,10 @@ import asyncio
 import grpc
 import pytest
 
-from engine_helpers import collect, engine_stub, eventually, running_engine, submit_request
+from engine_helpers import collect, engine_stub, running_engine, submit_request
 from inference_lab.engine.fleet.replicas import MAX_REPLICAS
 from inference_lab.v1 import engine_pb2 as pb
+from inference_lab.testing.poll import until
 
 
 def on(replica: int, max_tokens: int = 20) -> pb.SubmitRequest:
@@ -66,7 +67,7 @@ async def test_unknown_replica_is_not_found_everywhere():
 
 async def test_an_added_replica_refuses_until_its_startup_delay_has_passed():
     async with running_engine(replicas=1, startup_delay=0.5) as server, engine_stub(server) as stub:
-        await eventually(lambda: all(r.ready(server.fleet.now()) for r in server.fleet))
+        await until(lambda: all(r.ready(server.fleet.now()) for r in server.fleet))
         resp = rows(await stub.SetReplicas(pb.SetReplicasRequest(replicas=2)))
         assert sorted(resp) == [0, 1] and resp[1].starting and 0.4 < resp[1].ready_in_s <= 0.5
         with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -90,14 +91,14 @@ async def test_a_drained_replica_finishes_its_requests_then_is_gone():
         events = await collect(inflight)  # nothing lost: it runs to its end
         assert events[-1].finished.reason == pb.FINISH_REASON_LENGTH
         assert events[-1].finished.completion_tokens == 400
-        await eventually(lambda: [r.index for r in server.fleet] == [0])
+        await until(lambda: [r.index for r in server.fleet] == [0])
         assert sorted(rows(await stub.GetCapacity(pb.GetCapacityRequest()))) == [0]
 
 
 async def test_draining_the_last_replica_makes_the_model_unavailable_until_one_is_back():
     async with running_engine(replicas=1) as server, engine_stub(server) as stub:
         assert list(rows(await stub.SetReplicas(pb.SetReplicasRequest(replicas=0)))) in ([0], [])
-        await eventually(lambda: not list(server.fleet))
+        await until(lambda: not list(server.fleet))
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.Submit(submit_request()).read()
         assert info.value.code() is grpc.StatusCode.UNAVAILABLE

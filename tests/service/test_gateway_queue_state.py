@@ -4,34 +4,16 @@ cancel). A narrow test against the fake engine: which Opens reach the engine is 
 
 from __future__ import annotations
 
-import asyncio
-import time
 
-import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from inference_lab.gateway import create_app
 from inference_lab.gateway.app import STATE
 from inference_lab.testing.fake_engine import FAKE_MODEL, saturated_state
 from inference_lab.v1 import engine_pb2 as pb
+from inference_lab.testing.poll import until
 
 CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 FULL = saturated_state(FAKE_MODEL, waiting=7, max_waiting=7)
 FREE = pb.QueueState(model=FAKE_MODEL, saturated=False)
-
-
-@pytest.fixture
-async def client(fake):
-    async with TestClient(TestServer(create_app(fake.target))) as c:
-        yield c
-
-
-async def until(predicate, timeout: float = 5.0) -> None:
-    """The gateway's dispatcher applies an announcement on its own time: wait for it."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
 
 
 def saturated(client) -> dict:

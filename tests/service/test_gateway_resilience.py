@@ -18,12 +18,6 @@ from inference_lab.testing.fake_engine import FAKE_MODEL, FakeEngine
 CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hello"}]}
 
 
-@pytest.fixture
-async def client(fake):
-    async with TestClient(TestServer(create_app(fake.target))) as c:
-        yield c
-
-
 async def assert_503(resp: aiohttp.ClientResponse) -> None:
     assert resp.status == 503
     assert resp.content_type == "application/json"

@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 import json
 import random
-import socket
 
 import msgpack
 import pytest
@@ -20,14 +19,9 @@ from inference_lab.engine.service.kv_events import KVEventsConfig, KVEventsConfi
 from inference_lab.engine.sim.config import default_deployments
 from inference_lab.engine.sim.kv import bytes_per_token
 from inference_lab.v1 import engine_pb2 as pb
+from inference_lab.common.ports import free_port
 
 BLOCKS = 96  # a small KV cache, so that the workload evicts
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def small_cache_deployments():

@@ -7,8 +7,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from engine_helpers import collect, engine_stub, eventually, running_engine
+from engine_helpers import collect, engine_stub, running_engine
 from inference_lab.v1 import engine_pb2 as pb
+from inference_lab.testing.poll import until
 
 
 async def test_a_submit_of_three_sequences_streams_each_by_index_and_finishes_each():
@@ -78,6 +79,6 @@ async def test_a_session_reports_sequences_under_tag_plus_index_and_admits_once(
         assert {t: (f.index, f.completion_tokens) for t, f in finished.items() if t >= 20} == {
             20: (0, 5), 21: (1, 5)}
         assert totals[20] == totals[21] == 5
-        await eventually(lambda: server.runtimes[0].core.num_running == 0)
+        await until(lambda: server.runtimes[0].core.num_running == 0)
         core = server.runtimes[0].core
         assert core.scheduler.free_blocks == core.total_blocks

@@ -19,12 +19,6 @@ RESPONSE = {"model": FAKE_MODEL, "input": "hi", "max_output_tokens": 4}
 
 
 @pytest.fixture
-async def client(fake):
-    async with TestClient(TestServer(create_app(fake.target))) as c:
-        yield c
-
-
-@pytest.fixture
 async def locked(fake):
     async with TestClient(TestServer(create_app(fake.target, api_key=KEY))) as c:
         yield c
