@@ -120,10 +120,13 @@ def _draw(adapters: list[tuple[object, float]], rng: random.Random):
 
 
 def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None = None,
-                on_progress: Callable[[int, int], None] | None = None) -> dict:
+                on_progress: Callable[[int, int], None] | None = None,
+                slowdown: float = 1.0) -> dict:
     """Simulate `spec` on a fresh EngineCore and return the summary dict.
-    on_progress(completed_or_refused, total) is called every few hundred requests."""
+    on_progress(completed_or_refused, total) is called every few hundred requests.
+    slowdown: every step time x this (a throttled replica, as the `slow` fault)."""
     core = EngineCore(deployment)
+    core.slowdown = slowdown
     rng = random.Random(spec.seed if seed is None else seed)
     convs = (Conversations(spec.shared_prefix_len, spec.num_shared_prefixes, spec.num_turns,
                            spec.seed if seed is None else seed) if spec.structured else None)

@@ -21,15 +21,11 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from inference_lab.common.fault_names import ERROR_TYPES, OK_STEP
 
-class ErrorType(enum.StrEnum):
-    RATE_LIMIT = "rate_limit"
-    INVALID_API_KEY = "invalid_api_key"
-    CONTEXT_LENGTH = "context_length"
-    SERVER_ERROR = "server_error"
-    OVERLOADED = "overloaded"
-    MODEL_NOT_FOUND = "model_not_found"
-    QUEUE_SATURATED = "queue_saturated"
+
+# The names live in inference_lab.common.fault_names (experiment scenarios read them too).
+ErrorType = enum.StrEnum("ErrorType", [(name.upper(), name) for name in ERROR_TYPES])
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +63,8 @@ INJECTED: dict[ErrorType, Injected] = {
         529, "overloaded_error", "queue_saturated",
         "Server is at capacity. Retry with reduced concurrency. (injected fault)"),
 }
-TYPES = tuple(t.value for t in ErrorType)
-OK = "ok"  # a script step that lets requests through
+TYPES = ERROR_TYPES
+OK = OK_STEP  # a script step that lets requests through
 HINTED_STATUSES = frozenset({429, 503, 529})  # the statuses retry hints go on
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 import msgspec
 from aiohttp import web
 
+from inference_lab.common.fault_names import MAX_FAULT_SECONDS, MAX_SLOW_FACTOR, REPLICA_FAULTS
 from inference_lab.gateway.edge import read_body
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.protocols.base import decode as decode_json
@@ -26,9 +27,9 @@ KINDS = {"crash": pb.ENGINE_FAULT_CRASH, "stall": pb.ENGINE_FAULT_STALL,
 
 
 class ReplicaFault(msgspec.Struct, forbid_unknown_fields=True):
-    fault: Literal["crash", "stall", "slow", "clear"]
-    seconds: Annotated[float, msgspec.Meta(ge=0.0, le=86_400.0)] = 0.0
-    factor: Annotated[float, msgspec.Meta(gt=0.0, le=1000.0)] | None = None
+    fault: Literal[REPLICA_FAULTS]  # type: ignore[valid-type]
+    seconds: Annotated[float, msgspec.Meta(ge=0.0, le=MAX_FAULT_SECONDS)] = 0.0
+    factor: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_SLOW_FACTOR)] | None = None
     replica: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 

@@ -12,6 +12,10 @@ For a phase with capacity (max_num_seqs, max_waiting) and a load:
   carry, of the Poisson load itself at rate r. Queueing beyond c* only adds latency, and
   beyond max_num_seqs + max_waiting it only adds 529s: no controller can do better.
 
+Faults: a `slow` fault in force is simulated (every step time x its factor, as the engine
+does); under a stall, after a crash or with injected errors the oracle is the fault-free
+prediction, so the score shows what the fault cost (`oracle.fault_modelled` says which).
+
 Knows the offline driver and the deployment configs. Does not know HTTP or the records.
 """
 
@@ -64,29 +68,37 @@ def _facts(summary: dict, concurrency: float, kind: str) -> dict:
     }
 
 
-def _closed(dep: Deployment, spec: WorkloadSpec, users: int) -> dict:
+def _closed(dep: Deployment, spec: WorkloadSpec, users: int, slowdown: float = 1.0) -> dict:
     n = max(MIN_REQUESTS, min(MAX_REQUESTS, users * REQUESTS_PER_USER))
     run = run_offline(dep, replace(spec, arrival_pattern="closed_loop", num_concurrent_users=users,
-                                   num_requests=n, arrival_rate=None))
+                                   num_requests=n, arrival_rate=None), slowdown=slowdown)
     return _facts(run, users, "closed_loop")
 
 
 def phase_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase) -> dict:
+    facts = _phase_oracle(dep, spec, phase)
+    facts["fault"] = phase.fault
+    facts["fault_modelled"] = phase.fault_modelled
+    return facts
+
+
+def _phase_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase) -> dict:
     dep = _with_capacity(dep, phase.max_num_seqs)
+    slow = phase.slowdown
     if phase.users is not None and spec.arrival_pattern == "closed_loop":
         if phase.users == 0:
             return {"kind": "idle", "concurrency": 0, "goodput_tok_s": 0.0, "requests_per_s": 0.0,
                     "e2e_p50_s": 0.0, "e2e_p99_s": 0.0, "ttft_p50_s": 0.0, "ttft_p99_s": 0.0,
                     "e2e_mean_s": 0.0}
-        return _closed(dep, spec, min(phase.users, phase.max_num_seqs))
-    saturated = _closed(dep, spec, phase.max_num_seqs)
+        return _closed(dep, spec, min(phase.users, phase.max_num_seqs), slow)
+    saturated = _closed(dep, spec, phase.max_num_seqs, slow)
     rate = phase.rate or 0.0
     if rate >= 0.98 * saturated["requests_per_s"]:
         saturated["kind"] = "open_loop_overloaded"
         return saturated
     n = max(MIN_REQUESTS, min(MAX_REQUESTS, int(rate * (phase.end - phase.start) * 2)))
     run = run_offline(dep, replace(spec, arrival_pattern="poisson", arrival_rate=rate,
-                                   num_requests=n, num_concurrent_users=None))
+                                   num_requests=n, num_concurrent_users=None), slowdown=slow)
     facts = _facts(run, 0.0, "open_loop")
     facts["concurrency"] = rate * facts["e2e_mean_s"]  # Little's law
     return facts
@@ -98,7 +110,7 @@ def oracles(scenario: Scenario) -> list[dict]:
     cache: dict[tuple, dict] = {}
     out = []
     for phase in scenario.phases():
-        key = (phase.max_num_seqs, phase.users, phase.rate)
+        key = (phase.max_num_seqs, phase.users, phase.rate, phase.slowdown, phase.fault)
         if key not in cache:
             cache[key] = phase_oracle(dep, scenario.workload, phase)
         out.append(dict(cache[key]))

@@ -6,7 +6,8 @@ Files in the run directory:
   requests.parquet    one row per request (columns in REQUEST_COLUMNS)
   controller.parquet  t, limit, inflight            (limit: inf when there is none)
   server.parquet      t, waiting, running, max_num_seqs, max_waiting
-  actions.json        [{"t": when applied, "at": when due, "label": ...}], plus run facts
+  actions.json        [{"t": when applied, "at": when due, "label": ..., "kind": "", "fault" or "fault_end"}],
+                      plus run facts
 
 Times are modelled seconds from the start of the run unless the name says otherwise
 (`send_delay_ms`: wall milliseconds). Status: the HTTP status, 0 when the client's own
@@ -73,8 +74,8 @@ class Records:
         for name in SERVER_COLUMNS:
             self.srv[name].append(t if name == "t" else gauges.get(name, NAN))
 
-    def action(self, t: float, at: float, label: str) -> None:
-        self.actions.append({"t": t, "at": at, "label": label})
+    def action(self, t: float, at: float, label: str, kind: str = "") -> None:
+        self.actions.append({"t": t, "at": at, "label": label, "kind": kind})
 
     def request(self, run, due_wall: float, user: int, phase: int, limit: float, inflight: int,
                 prompt: int, max_tokens: int, result) -> None:

@@ -2,7 +2,7 @@
 with matplotlib and embedded as PNG data URIs, plus the per-phase summary as a table.
 
 Plots of one run: controller limit and in-flight over time with the timeline's actions
-marked and each phase's band [max_num_seqs, max_num_seqs + max_waiting] shaded; goodput
+marked (faults in purple, the stretches with a fault in force shaded) and each phase's band [max_num_seqs, max_num_seqs + max_waiting] shaded; goodput
 (tokens/s of 200s) and the 529 rate per window, with the oracle's goodput; TTFT and e2e
 p50/p99 per window, with the oracle's e2e p50; the server's waiting and running.
 A comparison overlays the runs' limits, goodput and e2e p50 and tables their scores.
@@ -54,12 +54,25 @@ def _plt():
     return plt
 
 
-def _mark_actions(ax, actions: list[dict], label: bool = False) -> None:
-    for a in actions:
-        ax.axvline(a["at"], color="#d62728", linestyle="--", linewidth=1)
-        if label:
+ACTION_COLOR = "#d62728"
+FAULT_COLOR = "#9467bd"
+
+
+def _mark_actions(ax, actions: list[dict], label: bool = False,
+                  phases: list[dict] | None = None) -> None:
+    """Each action a dashed line (a fault's in purple; the end of a fault dotted, not
+    labelled), and with `phases` each stretch with a fault in force shaded."""
+    for p in phases or ():
+        if p.get("fault"):
+            ax.axvspan(p["start_s"], p["end_s"], color=FAULT_COLOR, alpha=0.08, linewidth=0)
+    for i, a in enumerate(actions):
+        kind = a.get("kind", "")
+        color = FAULT_COLOR if kind.startswith("fault") else ACTION_COLOR
+        ax.axvline(a["at"], color=color, linestyle=":" if kind == "fault_end" else "--", linewidth=1)
+        if label and kind != "fault_end":
             ax.annotate(a["label"], (a["at"], 1.0), xycoords=("data", "axes fraction"),
-                        xytext=(3, -12), textcoords="offset points", fontsize=8, color="#d62728")
+                        xytext=(3, -12 - 10 * (i % 2)), textcoords="offset points", fontsize=8,
+                        color=color)
 
 
 def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
@@ -69,7 +82,8 @@ def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
 
 
 def _phase_table(summary: dict) -> str:
-    rows = ["<tr><th class=l>phase</th><th>from–to s</th><th>max_num_seqs / max_waiting</th>"
+    rows = ["<tr><th class=l>phase</th><th class=l>fault</th><th>from–to s</th>"
+            "<th>max_num_seqs / max_waiting</th>"
             "<th>limit p50</th><th>in band</th><th>goodput tok/s</th><th>oracle tok/s</th>"
             "<th>529 %</th><th>e2e p50 / p99 ms</th><th>oracle e2e p50 ms</th>"
             "<th>score goodput</th><th>score e2e p50</th><th>settle s</th><th>into band s</th></tr>"]
@@ -77,6 +91,7 @@ def _phase_table(summary: dict) -> str:
         s, o, sc = p["steady"], p["oracle"], p["scores"]
         rows.append(
             f"<tr><td class=l>{html.escape(p['action'])}</td>"
+            f"<td class=l>{html.escape(p.get('fault') or '–')}</td>"
             f"<td>{p['start_s']:.0f}–{p['end_s']:.0f}</td>"
             f"<td>{p['capacity']['max_num_seqs']} / {p['capacity']['max_waiting']}</td>"
             f"<td>{_fmt(s['limit_p50'])}</td><td>{_fmt(p['limit_in_band'], ' %', 100, 0)}</td>"
@@ -108,7 +123,9 @@ def _run_figures(run: dict, summary: dict, window: float) -> list[tuple[str, str
     ax.step(ctl["t"], limit, where="post", label="controller limit", color="#1f77b4")
     ax.step(ctl["t"], ctl["inflight"], where="post", label="in flight", color="#ff7f0e",
             alpha=0.6, linewidth=0.8)
-    _mark_actions(ax, actions, label=True)
+    _mark_actions(ax, actions, label=True, phases=summary["phases"])
+    if any(p.get("fault") for p in summary["phases"]):
+        ax.plot([], [], color=FAULT_COLOR, alpha=0.3, linewidth=6, label="fault in force")
     ax.set_xlim(0, duration)
     ax.set_xlabel("modelled seconds")
     ax.set_ylabel("requests")
@@ -129,7 +146,7 @@ def _run_figures(run: dict, summary: dict, window: float) -> list[tuple[str, str
     ax2.plot(w["t"], w["rate_529"], color="#d62728", alpha=0.7, label="529/s")
     ax2.set_ylabel("529 per second", color="#d62728")
     ax2.set_ylim(bottom=0)
-    _mark_actions(ax, actions)
+    _mark_actions(ax, actions, phases=summary["phases"])
     ax.set_xlim(0, duration)
     ax.set_xlabel("modelled seconds")
     lines = ax.get_legend_handles_labels()
@@ -146,7 +163,7 @@ def _run_figures(run: dict, summary: dict, window: float) -> list[tuple[str, str
         ax.hlines(p["oracle"]["e2e_p50_s"] * 1000, p["start_s"], p["end_s"], colors="#2ca02c",
                   linestyles=":", linewidth=1.5)
     ax.plot([], [], color="#2ca02c", linestyle=":", label="oracle e2e p50")
-    _mark_actions(ax, actions)
+    _mark_actions(ax, actions, phases=summary["phases"])
     ax.set_xlim(0, duration)
     ax.set_ylabel("ms (modelled)")
     ax.set_xlabel("modelled seconds")
@@ -164,7 +181,7 @@ def _run_figures(run: dict, summary: dict, window: float) -> list[tuple[str, str
         ax.step(srv["t"], srv["waiting"], where="post", label="waiting", color="#ff7f0e")
         ax.step(srv["t"], srv["max_num_seqs"], where="post", label="max_num_seqs",
                 color="#7f7f7f", linestyle=":")
-    _mark_actions(ax, actions)
+    _mark_actions(ax, actions, phases=summary["phases"])
     ax.set_xlim(0, duration)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("requests")

@@ -8,7 +8,13 @@ an action at `at`, and records client-measured durations multiplied by K (modell
 seconds, comparable with the engine's own `inference_lab` timings, which are recorded
 beside them). Send delays are recorded in wall milliseconds.
 
-Knows: HTTP endpoints (/v1/completions, /control/capacity, /metrics), the scenario and
+Faults: a timeline action's `fault` goes to POST /control/faults/replica (stall, slow,
+crash; its seconds divided by K, since the engine times them on the wall) or POST
+/control/faults (errors); `clear` and the end of an `errors` fault reset both; the end of
+a stall or a slowdown is the engine's own timer (the runner only marks it). A run with
+faults clears them all when it ends, so a server given by --url is left as it was found.
+
+Knows: HTTP endpoints (/v1/completions, /control/capacity, /control/faults, /metrics), the scenario and
 the controller interface. Does not know how the server is started (the CLI does) or how
 results are summarised (summary, report).
 """
@@ -29,7 +35,7 @@ from inference_lab.engine.drivers.alarm import Alarm
 from inference_lab.experiments.client import Connection, ConnectionError_, Endpoint, Result, monotonic
 from inference_lab.experiments.controllers import Controller, Outcome
 from inference_lab.experiments.records import Records
-from inference_lab.experiments.scenario import Action, Scenario
+from inference_lab.experiments.scenario import END, REPLICA_KINDS, Action, Scenario
 
 log = logging.getLogger(__name__)
 
@@ -140,11 +146,36 @@ class Runner:
 
     # ---- control plane -------------------------------------------------------------------
     async def set_capacity(self, update: dict) -> None:
-        body = {"model": self.sc.model, **update}
-        status, text = await self.http.request("POST", self.base + "/control/capacity", body)
+        await self._post("/control/capacity", {"model": self.sc.model, **update})
+
+    async def _post(self, path: str, body: dict) -> None:
+        status, text = await self.http.request("POST", self.base + path, body)
         if status != 200:
-            raise RuntimeError(f"POST /control/capacity {body} answered {status}: "
-                               f"{text[:200].decode('utf-8', 'replace')}")
+            raise RuntimeError(f"POST {path} {json.dumps(body)} answered {status}: "
+                               f"{text[:300].decode('utf-8', 'replace')}")
+
+    async def apply_fault(self, fault: dict) -> None:
+        """One fault action (scenario.FAULT_KEYS) as the server's control requests."""
+        kind = fault["kind"]
+        if kind in REPLICA_KINDS:
+            body = {"fault": kind, "seconds": fault.get("seconds", 0.0) / self.k}
+            if kind == "slow":
+                body["factor"] = fault["factor"]
+            if "replica" in fault:
+                body["replica"] = fault["replica"]
+            await self._post("/control/faults/replica", body)
+        elif kind == "errors":
+            await self._post("/control/faults", {k: v for k, v in fault.items()
+                                                 if k not in ("kind", "seconds")})
+        elif kind == "clear":
+            await self.clear_faults()
+        elif kind == END and fault["of"]["kind"] == "errors":
+            await self._post("/control/faults", {"reset": True})
+        # END of a stall or a slowdown: the engine's own timer ended it
+
+    async def clear_faults(self) -> None:
+        await self._post("/control/faults/replica", {"fault": "clear"})
+        await self._post("/control/faults", {"reset": True})
 
     async def scrape(self) -> dict[str, float]:
         if self.metrics_url:
@@ -347,6 +378,8 @@ class Runner:
     async def _apply(self, action: Action) -> None:
         if action.capacity:
             await self.set_capacity(action.capacity)
+        if action.fault:
+            await self.apply_fault(action.fault)
         if "num_concurrent_users" in action.load:
             self.users_target = action.load["num_concurrent_users"]
             self._ensure_users()
@@ -354,7 +387,8 @@ class Runner:
         if "arrival_rate" in action.load:
             self.rate = action.load["arrival_rate"]
         self.phase += 1
-        self.records.action(self.now(), action.at, action.describe())
+        kind = "" if not action.fault else "fault_end" if action.fault["kind"] == END else "fault"
+        self.records.action(self.now(), action.at, action.describe(), kind)
         self.progress(f"t={action.at:.1f}s: {action.describe()}")
 
     async def _timeline(self) -> None:
@@ -407,6 +441,11 @@ class Runner:
             await asyncio.gather(timeline, scraper, return_exceptions=True)
             for conn in self._idle:
                 conn.close()
+            if self.sc.has_faults:
+                try:
+                    await self.clear_faults()
+                except (OSError, RuntimeError, asyncio.TimeoutError) as exc:
+                    log.warning("could not clear the faults at the end: %s", exc)
         if failed:
             raise RuntimeError(f"the timeline failed: {failed}")
         self.records.finish(self.now())

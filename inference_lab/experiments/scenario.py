@@ -34,6 +34,15 @@ timeline of actions at given (modelled) seconds.
     at = 45
     load = { num_concurrent_users = 48 }   # or { arrival_rate = 80 }
     label = "double the users"
+    [[timeline]]
+    at = 50
+    fault = { kind = "slow", factor = 3, seconds = 5 }   # see FAULT_KEYS
+
+A `fault` is one of FAULT_KEYS' kinds: `stall` (seconds), `slow` (factor, seconds; 0 =
+until cleared), `crash` (POST /control/faults/replica), `errors` (the body of POST
+/control/faults: rate, types, script, seed, retry hints, model; optional seconds), and
+`clear` (ends every fault). Its seconds are modelled, like `at`; a fault with seconds
+adds an implicit action at its end (`... ends`), so the phases split there.
 
 Knows: the file's shape and its validation (errors name the file and key, via
 common.toml). Does not know HTTP or the controllers' rules.
@@ -44,6 +53,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from inference_lab.common.fault_names import (ERROR_TYPES, MAX_FAULT_SECONDS, MAX_SLOW_FACTOR,
+                                              OK_STEP)
 from inference_lab.common.toml import ConfigError, Table, read_toml
 from inference_lab.common.workload import WorkloadSpec, parse_workload
 
@@ -56,9 +67,20 @@ _TOP = ("name", "description", "duration", "model", "window", "server", "load", 
         "timeline")
 _SERVER = ("config", "hardware", "max_num_seqs", "max_waiting", "time_scale")
 _CONTROLLER = ("name", "rtt", "params")
-_ACTION = ("at", "capacity", "load", "label")
+_ACTION = ("at", "capacity", "load", "fault", "label")
 _CAPACITY = ("max_num_seqs", "max_waiting")
 _LOAD_CHANGE = ("num_concurrent_users", "arrival_rate")
+REPLICA_KINDS = ("stall", "slow", "crash")  # POST /control/faults/replica
+ERROR_KEYS = ("model", "rate", "types", "script", "seed", "retry_after", "retry_after_ms",
+              "should_retry")  # POST /control/faults
+FAULT_KEYS = {
+    "stall": ("kind", "seconds", "replica"),
+    "slow": ("kind", "factor", "seconds", "replica"),
+    "crash": ("kind", "replica"),
+    "errors": ("kind", *ERROR_KEYS, "seconds"),
+    "clear": ("kind",),
+}
+END = "end"  # the kind of the implicit action that ends a fault with seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +89,38 @@ class Action:
     capacity: dict = field(default_factory=dict)  # POST /control/capacity body
     load: dict = field(default_factory=dict)  # num_concurrent_users / arrival_rate
     label: str = ""
+    fault: dict = field(default_factory=dict)  # {"kind": ..., the kind's keys}; see FAULT_KEYS
 
     def describe(self) -> str:
         if self.label:
             return self.label
         parts = [f"{k}={v}" for k, v in {**self.capacity, **self.load}.items()]
+        if self.fault:
+            parts.append(describe_fault(self.fault))
         return ", ".join(parts)
+
+
+def describe_fault(fault: dict) -> str:
+    kind = fault["kind"]
+    if kind == END:
+        return f"{describe_fault(fault['of'])} ends"
+    if kind == "stall":
+        return f"stall {fault['seconds']:g} s"
+    if kind == "slow":
+        until = f" for {fault['seconds']:g} s" if fault.get("seconds") else ""
+        return f"slow x{fault['factor']:g}{until}"
+    if kind == "errors":
+        what = []
+        if "rate" in fault:
+            what.append(f"{100 * fault['rate']:g} % {'/'.join(fault.get('types', ['any']))}")
+        if "script" in fault:
+            what.append(" ".join(f"{s['count']}x{s['error']}" for s in fault["script"]))
+        hints = [k for k in ("retry_after", "retry_after_ms", "should_retry") if k in fault]
+        if hints:
+            what.append("hints " + ",".join(hints))
+        until = f" for {fault['seconds']:g} s" if fault.get("seconds") else ""
+        return f"errors {', '.join(what) or 'settings'}{until}"
+    return "clear faults" if kind == "clear" else kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +135,9 @@ class Phase:
     users: int | None
     rate: float | None
     action: Action | None  # the action that began it (None for the first)
+    fault: str = ""  # the faults in force ("" = none)
+    slowdown: float = 1.0  # step times x this (a `slow` fault in force)
+    fault_modelled: bool = True  # the offline simulator models the faults in force (slow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,19 +169,135 @@ class Scenario:
     def phases(self) -> list[Phase]:
         seqs, waiting = self.max_num_seqs, self.max_waiting
         users, rate = self.workload.num_concurrent_users, self.workload.arrival_rate
+        faults = FaultsInForce()
         out, start, action = [], 0.0, None
         for nxt in [*self.timeline, None]:
             end = nxt.at if nxt is not None else self.duration
             if end > start:
-                out.append(Phase(len(out), start, end, seqs, waiting, users, rate, action))
+                out.append(Phase(len(out), start, end, seqs, waiting, users, rate, action,
+                                 faults.describe(), faults.slow, faults.modelled))
             if nxt is None:
                 break
             seqs = nxt.capacity.get("max_num_seqs", seqs)
             waiting = nxt.capacity.get("max_waiting", waiting)
             users = nxt.load.get("num_concurrent_users", users)
             rate = nxt.load.get("arrival_rate", rate)
+            if nxt.fault:
+                faults.apply(nxt.fault)
             start, action = nxt.at, nxt
         return out
+
+    @property
+    def has_faults(self) -> bool:
+        return any(a.fault for a in self.timeline)
+
+
+class FaultsInForce:
+    """Which faults hold after each action: a stall, a slowdown, injected errors, or the
+    aftermath of a crash (until the next action)."""
+
+    def __init__(self) -> None:
+        self.stall = self.errors = self.crash = ""
+        self.slow = 1.0
+
+    def apply(self, fault: dict) -> None:
+        kind, self.crash = fault["kind"], ""
+        if kind == END:
+            of = fault["of"]["kind"]
+            if of == "stall":
+                self.stall = ""
+            elif of == "slow":
+                self.slow = 1.0
+            else:
+                self.errors = ""
+        elif kind == "stall":
+            self.stall = describe_fault(fault)
+        elif kind == "slow":
+            self.slow = fault["factor"]
+        elif kind == "errors":
+            self.errors = describe_fault(fault)
+        elif kind == "crash":  # a restarted engine has no stall or slowdown
+            self.stall, self.slow, self.crash = "", 1.0, "after a crash"
+        else:  # clear
+            self.stall = self.errors = ""
+            self.slow = 1.0
+
+    @property
+    def modelled(self) -> bool:
+        return not (self.stall or self.errors or self.crash)
+
+    def describe(self) -> str:
+        slow = f"slow x{self.slow:g}" if self.slow != 1.0 else ""
+        return ", ".join(p for p in (self.crash, self.stall, slow, self.errors) if p)
+
+
+def _number(t: Table, name: str, what: str, low: float, high: float, default=None,
+            open_low: bool = False):
+    return t.get(name, float, f"{what} in {'(' if open_low else '['}{low:g}, {high:g}]", default,
+                 ok=lambda v: (v > low if open_low else v >= low) and v <= high)
+
+
+def _fault(t: Table) -> dict:
+    """A `fault` table, checked against what the server accepts (its names and ranges)."""
+    kinds = tuple(FAULT_KEYS)
+    kind = t.get("kind", str, f"one of {', '.join(kinds)}", ok=lambda v: v in kinds)
+    t.refuse_unknown(FAULT_KEYS[kind])
+    fault: dict = {"kind": kind}
+    seconds_required = kind == "stall"
+    if "seconds" in FAULT_KEYS[kind]:
+        seconds = _number(t, "seconds", "a number of modelled seconds", 0, MAX_FAULT_SECONDS,
+                          None, open_low=seconds_required)
+        if seconds is None and seconds_required:
+            raise t.error("seconds", "a number of modelled seconds > 0 (how long the stall lasts)", None)
+        if seconds:
+            fault["seconds"] = seconds
+    if "replica" in FAULT_KEYS[kind]:
+        replica = t.get("replica", int, "an integer >= 0", None, ok=lambda v: v >= 0)
+        if replica is not None:
+            fault["replica"] = replica
+    if kind == "slow":
+        fault["factor"] = _number(t, "factor", "a number (step times x factor)", 0,
+                                  MAX_SLOW_FACTOR, open_low=True)
+    if kind == "errors":
+        fault.update(_error_settings(t))
+        if not set(fault) - {"kind", "seconds", "model"}:
+            raise t.error("rate", f"one or more of {', '.join(ERROR_KEYS[1:])} (errors to inject)",
+                          None)
+    t.done()
+    return fault
+
+
+def _error_settings(t: Table) -> dict:
+    out: dict = {}
+    types_what = f"a non-empty list of error types ({', '.join(ERROR_TYPES)})"
+    for name, value in (
+            ("model", t.get("model", str, "a model name", None)),
+            ("rate", _number(t, "rate", "a probability", 0, 1)),
+            ("types", t.get("types", list, types_what, None,
+                            ok=lambda v: v and all(x in ERROR_TYPES for x in v))),
+            ("seed", t.get("seed", int, "an integer >= 0", None, ok=lambda v: 0 <= v < 2**63)),
+            ("retry_after", _number(t, "retry_after", "a number of seconds", 0, 86_400)),
+            ("retry_after_ms", t.get("retry_after_ms", int, "an integer of milliseconds in [0, 86400000]",
+                                     None, ok=lambda v: 0 <= v <= 86_400_000)),
+            ("should_retry", t.get("should_retry", bool, "true or false", None))):
+        if value is not None:
+            out[name] = value
+    if "script" in t.data:
+        t._known.append("script")
+        raw = t.data["script"]
+        if not isinstance(raw, list):
+            raise t.error("script", "an array of { error = TYPE, count = N } tables", raw)
+        steps = []
+        for i, item in enumerate(raw):
+            st = Table(item, t.where, f"{t.key('script')}[{i}]", ("error", "count"))
+            error = st.get("error", str, f"one of {', '.join((*ERROR_TYPES, OK_STEP))}",
+                           ok=lambda v: v in (*ERROR_TYPES, OK_STEP))
+            count = st.get("count", int, "an integer in [1, 1000000]", 1,
+                           ok=lambda v: 1 <= v <= 1_000_000)
+            st.done()
+            steps.append({"error": error, "count": count})
+        out["script"] = steps
+    return out
 
 
 def _action(t: Table, duration: float) -> Action:
@@ -154,11 +321,22 @@ def _action(t: Table, duration: float) -> Action:
             load["num_concurrent_users"] = users
         if rate is not None:
             load["arrival_rate"] = rate
+    fault = _fault(t.table("fault")) if "fault" in t.data else {}
     label = t.get("label", str, "a string", "")
     t.done()
-    if not cap and not load:
-        raise t.error("capacity", "a `capacity` or `load` table (an action must change something)", None)
-    return Action(at, cap, load, label)
+    if not cap and not load and not fault:
+        raise t.error("capacity", "a `capacity`, `load` or `fault` table (an action must change "
+                      "something)", None)
+    return Action(at, cap, load, label, fault)
+
+
+def _ends(action: Action, duration: float) -> list[Action]:
+    """The implicit action that ends a fault given seconds (if it ends within the run)."""
+    seconds = action.fault.get("seconds") if action.fault else None
+    if not seconds or action.at + seconds >= duration:
+        return []
+    return [Action(action.at + seconds, fault={"kind": END, "of": action.fault},
+                   label=f"{describe_fault(action.fault)} ends")]
 
 
 def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
@@ -212,6 +390,7 @@ def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
         if not isinstance(item, dict):
             raise ConfigError(where, f"timeline[{i}]", f"expected a table, got {item!r}")
         actions.append(_action(Table(item, where, f"timeline[{i}]", _ACTION), duration))
+    actions += [end for action in actions for end in _ends(action, duration)]
     top.done()
     return Scenario(name=name, duration=duration, model=model, workload=workload,
                     controller=controller, controller_params=params, rtt=rtt,

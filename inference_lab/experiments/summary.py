@@ -11,6 +11,7 @@ time to react; the whole phase is reported too):
   the phase's action until the limit is within a band around where it ends up
   (+-max(2, 20 %) of the steady median) and spends at least 90 % of the rest of the phase
   there; band_settle_s: the same for the band below.
+- fault: the faults in force ("" = none; the oracle models a slowdown only);
 - band: [max_num_seqs, max_num_seqs + max_waiting] (the physical concurrency and the
   most the queue admits; only with max_waiting set), and the share of the steady half
   the limit spent inside it.
@@ -159,6 +160,7 @@ def summarise(scenario: Scenario, run: dict, oracles: list[dict], controller: st
             "action": phase.action.describe() if phase.action else "start",
             "capacity": {"max_num_seqs": phase.max_num_seqs, "max_waiting": phase.max_waiting},
             "load": {"users": phase.users, "arrival_rate": phase.rate},
+            "fault": phase.fault,
             "steady": steady,
             "whole": whole,
             "oracle": oracle,

@@ -38,10 +38,24 @@ def test_phases_follow_the_timeline():
     ({"duration": -1}, "duration: expected a number of seconds > 0"),
     ({"timeline": [{"at": 99, "capacity": {"max_num_seqs": 2}}]}, "timeline[0].at"),
     ({"timeline": [{"at": 1, "capacity": {"max_num_seqs": 0}}]}, "timeline[0].capacity.max_num_seqs"),
-    ({"timeline": [{"at": 1}]}, "timeline[0].capacity: expected a `capacity` or `load` table"),
+    ({"timeline": [{"at": 1}]}, "timeline[0].capacity: expected a `capacity`, `load` or `fault` table"),
     ({"controller": {"name": "aimd", "rtt": "p99"}}, "controller.rtt"),
     ({"load": {**BASE["load"], "arrival_pattern": "batched"}}, "load.arrival_pattern"),
     ({"load": {**BASE["load"], "retry_after_529": -1}}, "load.retry_after_529"),
+    ({"timeline": [{"at": 1, "fault": {"kind": "melt"}}]},
+     "timeline[0].fault.kind: expected one of stall, slow, crash, errors, clear, got 'melt'"),
+    ({"timeline": [{"at": 1, "fault": {"kind": "stall"}}]}, "timeline[0].fault.seconds"),
+    ({"timeline": [{"at": 1, "fault": {"kind": "slow", "factor": 0}}]},
+     "timeline[0].fault.factor: expected a number (step times x factor) in (0, 1000]"),
+    ({"timeline": [{"at": 1, "fault": {"kind": "crash", "seconds": 2}}]},
+     "timeline[0].fault.seconds: unknown key (known keys: kind, replica)"),
+    ({"timeline": [{"at": 1, "fault": {"kind": "errors", "types": ["teapot"]}}]},
+     "timeline[0].fault.types: expected a non-empty list of error types (rate_limit,"),
+    ({"timeline": [{"at": 1, "fault": {"kind": "errors", "rate": 1.5}}]},
+     "timeline[0].fault.rate: expected a probability in [0, 1]"),
+    ({"timeline": [{"at": 1, "fault": {"kind": "errors", "script": [{"error": "ok", "count": 0}]}}]},
+     "timeline[0].fault.script[0].count"),
+    ({"timeline": [{"at": 1, "fault": {"kind": "errors"}}]}, "timeline[0].fault.rate: expected one or more"),
 ])
 def test_bad_scenarios_are_refused_naming_the_key(change, key):
     with pytest.raises(ConfigError) as err:
@@ -62,3 +76,20 @@ def test_settle_is_the_time_after_which_the_limit_stays_in_its_band():
     assert settle_seconds(long_dip, 0.0, 10.0, 16, 24) == pytest.approx(7.0, abs=0.06)
     grid, values = step_series(ctl["t"], ctl["limit"], 1.0, 3.0, step=1.0)
     assert list(values) == [40.0, 20.0]
+
+
+def test_a_fault_with_seconds_ends_in_its_own_phase_and_the_oracle_knows_what_it_models():
+    sc = parse_scenario({**BASE, "duration": 30, "timeline": [
+        {"at": 5, "fault": {"kind": "slow", "factor": 3, "seconds": 10}},
+        {"at": 8, "fault": {"kind": "errors", "rate": 0.1, "types": ["overloaded"]}},
+        {"at": 20, "fault": {"kind": "clear"}},
+        {"at": 22, "fault": {"kind": "stall", "seconds": 2}},
+        {"at": 29, "fault": {"kind": "stall", "seconds": 5}}]}, "s.toml")  # ends after the run
+    assert [a.describe() for a in sc.timeline] == [
+        "slow x3 for 10 s", "errors 10 % overloaded", "slow x3 for 10 s ends", "clear faults",
+        "stall 2 s", "stall 2 s ends", "stall 5 s"]
+    assert [(p.start, p.fault, p.slowdown, p.fault_modelled) for p in sc.phases()] == [
+        (0, "", 1.0, True), (5, "slow x3", 3.0, True),
+        (8, "slow x3, errors 10 % overloaded", 3.0, False), (15, "errors 10 % overloaded", 1.0, False),
+        (20, "", 1.0, True), (22, "stall 2 s", 1.0, False), (24, "", 1.0, True),
+        (29, "stall 5 s", 1.0, False)]

@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -196,11 +197,83 @@ def test_url_drives_a_running_server_and_reads_its_queue_from_control_capacity(t
     from inference_lab.testing.launch import serve
 
     scenario = tmp_path / "url.toml"
-    scenario.write_text(SCENARIO.replace("duration = 8", "duration = 2").replace("at = 4", "at = 1"))
+    # A slowdown and injected errors with no end: the run clears them when it ends.
+    scenario.write_text(SCENARIO.replace("duration = 8", "duration = 2").replace("at = 4", "at = 1")
+                        + '[[timeline]]\nat = 1.5\nfault = { kind = "slow", factor = 2 }\n'
+                        + '[[timeline]]\nat = 1.9\nfault = { kind = "errors", retry_after = 1 }\n')
     out = tmp_path / "run"
     with serve() as served:
         done = experiment(str(scenario), "--url", served.base, "--out", str(out))
+        replica = json.load(urllib.request.urlopen(served.base + "/control/faults/replica"))
+        faults = json.load(urllib.request.urlopen(served.base + "/control/faults"))
     assert done.returncode == 0, done.stdout + done.stderr
+    assert replica["slow_factor"] == 1.0 and replica["slow_for_s"] == 0
+    assert faults["defaults"]["retry_after"] is None, faults
     server = pq.read_table(out / "server.parquet").to_pydict()
     assert len(server["t"]) >= 4 and set(server["max_num_seqs"]) == {8.0, 16.0}
     assert set(pq.read_table(out / "requests.parquet").column("status").to_pylist()) == {200}
+
+
+# Faults on the timeline (4 wall seconds at time scale 2): steps 3x slower from 2 to 4 s,
+# half the requests an injected 503 from 4.5 to 5.5 s, a stall from 6 to 7 s.
+FAULTS = """
+name = "faults"
+duration = 8
+window = 0.5
+[server]
+max_num_seqs = 8
+[load]
+arrival_pattern = "closed_loop"
+num_concurrent_users = 8
+input_len_dist = { type = "fixed", value = 16 }
+output_len_dist = { type = "fixed", value = 50 }
+retry_after_529 = 0.0
+[controller]
+name = "fixed"
+params = { limit = 8 }
+[[timeline]]
+at = 2
+fault = { kind = "slow", factor = 3, seconds = 2 }
+[[timeline]]
+at = 4.5
+fault = { kind = "errors", rate = 0.5, types = ["overloaded"], seed = 3, seconds = 1 }
+[[timeline]]
+at = 6
+fault = { kind = "stall", seconds = 1 }
+"""
+
+
+def test_faults_on_the_timeline_reach_the_server_and_the_report(tmp_path):
+    import numpy as np
+
+    scenario = tmp_path / "faults.toml"
+    scenario.write_text(FAULTS)
+    out = tmp_path / "run"
+    done = experiment(str(scenario), "--serve", "--time-scale", "2", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "t=2.0s: slow x3 for 2 s" in done.stdout and "t=7.0s: stall 1 s ends" in done.stdout
+    req = {k: np.array(v) for k, v in pq.read_table(out / "requests.parquet").to_pydict().items()}
+    send, status, m_e2e = req["send_s"], req["status"], req["m_e2e_s"]
+    # Modelled e2e triples while the steps run 3x slower (requests wholly inside it).
+    before = np.median(m_e2e[(status == 200) & (send < 1.8)])
+    slow = np.median(m_e2e[(status == 200) & (send > 2.2) & (req["done_s"] < 3.9)])
+    assert 2.4 < slow / before < 3.6, (before, slow)
+    # Injected 503s only while the errors fault holds (their bodies say so), ~half then.
+    injected = status == 503
+    assert all("injected fault" in e for e in req["error"][injected])
+    assert injected.any() and np.all((send[injected] > 4.3) & (send[injected] < 5.8))
+    in_window = (send > 4.6) & (send < 5.4)
+    assert 0.25 < injected[in_window].mean() < 0.75
+    # Nothing finishes during the stall (the modelled clock stops), all of it resumes.
+    assert not np.any((req["done_s"] > 6.2) & (req["done_s"] < 6.9))
+    assert set(status) == {200, 503}
+    summary = json.loads((out / "summary.json").read_text())
+    phases = {p["fault"]: p for p in summary["phases"]}
+    assert set(phases) == {"", "slow x3", "errors 50 % overloaded for 1 s", "stall 1 s"}
+    slow_oracle, free = phases["slow x3"]["oracle"], summary["phases"][0]["oracle"]
+    assert slow_oracle["fault_modelled"] and not phases["stall 1 s"]["oracle"]["fault_modelled"]
+    assert 2.5 < slow_oracle["e2e_p50_s"] / free["e2e_p50_s"] < 3.5
+    assert 0.6 < phases["slow x3"]["scores"]["goodput"] < 1.4
+    kinds = [a["kind"] for a in json.loads((out / "actions.json").read_text())["actions"]]
+    assert kinds == ["fault", "fault_end", "fault", "fault_end", "fault", "fault_end"]
+    assert "slow x3 for 2 s" in (out / "report.html").read_text()
