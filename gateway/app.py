@@ -263,7 +263,8 @@ async def _require_ready(state: GatewayState) -> set[str] | None:
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     served = await _require_ready(state)
-    models = [m for m in await state.client.list_models() if served is None or m.name in served]
+    models = [m for m in await state.client.list_models()
+              if served is None or m.name in served or m.parent in served]  # adapters too
     data = [vllm_api.model_card(m) for m in models]
     return web.Response(body=json_encode({"object": "list", "data": data}),
                         content_type="application/json")

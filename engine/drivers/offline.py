@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from inference_lab.engine.sim.core import EngineCore, QueueSaturated, SubmitError
 from inference_lab.engine.sim.specs import Deployment
 from inference_lab.common.conversations import Conversations
-from inference_lab.common.workload import WorkloadSpec, open_loop_arrivals
+from inference_lab.common.workload import WorkloadSpec, draw_adapter, open_loop_arrivals
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -109,16 +109,6 @@ def _adapters(core: EngineCore, spec: WorkloadSpec) -> list[tuple[object, float]
     return [(loras.load(name, "", spec.lora_rank), f) for name, f in spec.lora_adapters]
 
 
-def _draw(adapters: list[tuple[object, float]], rng: random.Random):
-    """An adapter with its fraction's probability, else None (the base model)."""
-    x = rng.random()
-    for adapter, fraction in adapters:
-        if x < fraction:
-            return adapter
-        x -= fraction
-    return None
-
-
 def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None = None,
                 on_progress: Callable[[int, int], None] | None = None,
                 slowdown: float = 1.0) -> dict:
@@ -151,7 +141,7 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
         tokens = convs.next_prompt(key, prompt_len, output_len) if convs else b""
         try:
             core.submit(prompt_len if not tokens else 0, output_len, now, tag=key,
-                        token_ids=tokens, lora=_draw(adapters, pick) if adapters else None)
+                        token_ids=tokens, lora=draw_adapter(adapters, pick) if adapters else None)
             return True
         except QueueSaturated:
             rec.rejected_saturated += 1

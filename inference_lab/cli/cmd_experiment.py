@@ -79,13 +79,17 @@ def _param(text: str) -> tuple[str, object]:
 class PrivateServer:
     """`inference-lab serve` on free loopback ports, for one run."""
 
-    def __init__(self, scenario, time_scale: float, log_path: Path) -> None:
+    def __init__(self, scenario, time_scale: float, log_path: Path,
+                 adapters: dict[str, str] | None = None) -> None:
         self.argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING",
                      "serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
                      "--hardware", scenario.hardware, "--time-scale", repr(time_scale),
                      "--grace", "1"]
         if scenario.config is not None:
             self.argv += ["--config", str(scenario.config)]
+        if adapters:  # the load's LoRA adapters (the runner would load them otherwise)
+            self.argv += ["--lora-modules", *(f"{n}={p}" for n, p in adapters.items()),
+                          "--max-loras", str(scenario.workload.max_loras)]
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.url = ""
@@ -136,7 +140,7 @@ class PrivateServer:
 def _run_scenario(args: argparse.Namespace) -> int:
     from inference_lab.cli import UsageError
     from inference_lab.cli.auth_flags import api_key, control_token
-    from inference_lab.experiments.experiment import run_experiment
+    from inference_lab.experiments.experiment import adapter_dirs, run_experiment
     from inference_lab.experiments.scenario import load_scenario
 
     if args.dirs:
@@ -182,7 +186,8 @@ def _run_scenario(args: argparse.Namespace) -> int:
 
     try:
         if args.serve:
-            with PrivateServer(scenario, scale, out / "server.log") as server:
+            with PrivateServer(scenario, scale, out / "server.log",
+                               adapter_dirs(scenario, out)) as server:
                 summary = go(server.url, args.metrics_url or server.metrics_url)
         else:
             summary = go(args.url, args.metrics_url)
@@ -194,7 +199,10 @@ def _run_scenario(args: argparse.Namespace) -> int:
         print(f"  phase {p['index']} ({p['action']}): limit p50 {s['limit_p50']}, "
               f"goodput {s['goodput_tok_s']:.0f} tok/s (oracle {p['oracle']['goodput_tok_s']:.0f}), "
               f"e2e p50 {e2e} ms, 529 {100 * s['frac_529']:.1f} %, "
-              f"score goodput {sc['goodput'] or 0:.2f}")
+              f"score goodput {sc['goodput'] or 0:.2f}"
+              + (f", cached {100 * s['cached_frac']:.0f} % (oracle "
+                 f"{100 * (p['oracle']['cache_hit_rate'] or 0):.0f} %)"
+                 if scenario.workload.structured and s["cached_frac"] is not None else ""))
     print(f"wrote {out / 'report.html'} and {out / 'summary.json'}")
     return 0
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from inference_lab.common.toml import REQUIRED, ConfigError, Table, read_toml
 
 __all__ = ["ConfigError", "LengthDist", "WorkloadSpec", "load_workload", "parse_workload",
-           "open_loop_arrivals"]
+           "open_loop_arrivals", "draw_adapter"]
 
 PATTERNS = ("poisson", "uniform", "batched", "closed_loop")
 DIST_TYPES = ("fixed", "uniform", "normal", "lognormal")
@@ -203,3 +203,14 @@ def open_loop_arrivals(spec: WorkloadSpec,
         else:
             t = (i // (spec.batch_size or spec.num_requests)) * spec.batch_interval
         yield t, spec.input_len_dist.sample(rng), spec.output_len_dist.sample(rng)
+
+
+def draw_adapter(adapters, rng: random.Random):
+    """From (adapter, fraction) pairs, an adapter with its fraction's probability, else
+    None (the base model): one uniform draw from `rng` per request."""
+    x = rng.random()
+    for adapter, fraction in adapters:
+        if x < fraction:
+            return adapter
+        x -= fraction
+    return None

@@ -18,6 +18,7 @@ import asyncio
 import json
 import re
 import time
+from base64 import b64encode
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -27,6 +28,7 @@ TERMINATOR = b"\r\n0\r\n\r\n"
 TAIL_BYTES = 4096
 _MODELLED = b'"inference_lab":'
 _COMPLETION = re.compile(rb'"completion_tokens":(\d+)')
+_CACHED = re.compile(rb'"cached_tokens":(\d+)')
 _decoder = json.JSONDecoder()
 # The clock of every timestamp: uvloop's loop.time() counts whole milliseconds.
 monotonic = time.monotonic
@@ -45,6 +47,7 @@ class Result:
     completion_tokens: int = 0
     modelled: dict | None = None  # the engine's "inference_lab" timings
     error: str = ""
+    cached_tokens: int = -1  # usage.prompt_tokens_details.cached_tokens; -1 if absent
 
 
 class Endpoint:
@@ -57,24 +60,32 @@ class Endpoint:
         self.host, self.port = parts.hostname, parts.port or 80
         self.model = model
         self._auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
-        self._cache: dict[tuple[int, int], bytes] = {}
+        self._cache: dict[tuple[int, int, str], tuple[bytes, int]] = {}
 
-    def request(self, prompt_tokens: int, max_tokens: int) -> bytes:
+    def request(self, prompt_tokens: int, max_tokens: int, serial: int = 0, model: str = "") -> bytes:
         """POST /v1/completions, streaming with usage: a prompt of exactly `prompt_tokens`
-        tokens (the gateway counts ceil(bytes / 4)) and `max_tokens` to generate."""
-        key = (prompt_tokens, max_tokens)
-        raw = self._cache.get(key)
-        if raw is None:
-            body = json.dumps({"model": self.model, "prompt": "abcd" * prompt_tokens,
-                               "max_tokens": max_tokens, "stream": True,
-                               "stream_options": {"include_usage": True}},
-                              separators=(",", ":")).encode()
-            raw = (f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                   f"{self._auth}Content-Type: application/json\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        tokens (the gateway counts ceil(bytes / 4)) whose first token is `serial` in 4
+        base64 characters, so that requests share no cached prefix; `max_tokens` to
+        generate; `model` (default: the endpoint's). The rest is cached per length."""
+        key = (prompt_tokens, max_tokens, model)
+        entry = self._cache.get(key)
+        if entry is None:
+            raw = self.request_text("abcd" * prompt_tokens, max_tokens, model)
+            entry = (raw, raw.index(b'"prompt":"') + 10)
             if len(self._cache) < 4096:
-                self._cache[key] = raw
-        return raw
+                self._cache[key] = entry
+        raw, at = entry
+        return raw[:at] + b64encode((serial & 0xFFFFFF).to_bytes(3, "little")) + raw[at + 4:]
+
+    def request_text(self, prompt: str, max_tokens: int, model: str = "") -> bytes:
+        """POST /v1/completions as `request`, with this prompt text (not cached)."""
+        body = json.dumps({"model": model or self.model, "prompt": prompt,
+                           "max_tokens": max_tokens, "stream": True,
+                           "stream_options": {"include_usage": True}},
+                          separators=(",", ":")).encode()
+        return (f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                f"{self._auth}Content-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
     async def connect(self) -> "Connection":
         loop = asyncio.get_running_loop()
@@ -180,6 +191,11 @@ class Connection(asyncio.Protocol):
                 pass
             if m is not None:
                 result.completion_tokens = int(m.group(1))
+            m = None
+            for m in _CACHED.finditer(tail):
+                pass
+            if m is not None:
+                result.cached_tokens = int(m.group(1))
             i = tail.rfind(_MODELLED)
             if i >= 0:
                 try:

@@ -20,7 +20,20 @@ from inference_lab.experiments.runner import Runner
 from inference_lab.experiments.scenario import Scenario
 from inference_lab.experiments.summary import summarise
 
-__all__ = ["run_experiment", "analyse", "compare"]
+__all__ = ["run_experiment", "analyse", "compare", "adapter_dirs"]
+
+
+def adapter_dirs(scenario: Scenario, out: Path) -> dict[str, str]:
+    """One directory per LoRA adapter of the load, under DIR/adapters, holding the
+    adapter_config.json with the load's `lora_rank` (the only file the server reads of an
+    adapter): for `serve --lora-modules` and POST /v1/load_lora_adapter."""
+    paths = {}
+    for name, _ in scenario.workload.lora_adapters:
+        where = out / "adapters" / name
+        where.mkdir(parents=True, exist_ok=True)
+        (where / "adapter_config.json").write_text(json.dumps({"r": scenario.workload.lora_rank}))
+        paths[name] = str(where.resolve())
+    return paths
 
 
 async def run_experiment(scenario: Scenario, base_url: str, out: Path, *, time_scale: float = 1.0,
@@ -33,7 +46,7 @@ async def run_experiment(scenario: Scenario, base_url: str, out: Path, *, time_s
                                  seed=scenario.workload.seed)
     runner = Runner(scenario, base_url, controller, time_scale=time_scale,
                     metrics_url=metrics_url, api_key=api_key, control_token=control_token,
-                    on_progress=on_progress)
+                    on_progress=on_progress, adapters=adapter_dirs(scenario, out))
     records = await runner.run()
     out.mkdir(parents=True, exist_ok=True)
     records.write(out)

@@ -12,6 +12,10 @@ For a phase with capacity (max_num_seqs, max_waiting) and a load:
   carry, of the Poisson load itself at rate r. Queueing beyond c* only adds latency, and
   beyond max_num_seqs + max_waiting it only adds 529s: no controller can do better.
 
+The load's prompt structure (shared prefixes, multi-turn conversations, LoRA adapters) is
+the offline run's too: its prompts are built by the same code as the experiment's
+(common.conversations), so `cache_hit_rate` predicts the run's cached prompt tokens.
+
 Faults: a `slow` fault in force is simulated (every step time x its factor, as the engine
 does); under a stall, after a crash or with injected errors the oracle is the fault-free
 prediction, so the score shows what the fault cost (`oracle.fault_modelled` says which).
@@ -65,6 +69,7 @@ def _facts(summary: dict, concurrency: float, kind: str) -> dict:
         "ttft_p50_s": lat["ttft_ms"]["p50"] / 1000.0,
         "ttft_p99_s": lat["ttft_ms"]["p99"] / 1000.0,
         "e2e_mean_s": lat["e2e_ms"]["mean"] / 1000.0,
+        "cache_hit_rate": summary["prefix_cache"].get("hit_rate"),  # None: caching off
     }
 
 
@@ -89,7 +94,7 @@ def _phase_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase) -> dict:
         if phase.users == 0:
             return {"kind": "idle", "concurrency": 0, "goodput_tok_s": 0.0, "requests_per_s": 0.0,
                     "e2e_p50_s": 0.0, "e2e_p99_s": 0.0, "ttft_p50_s": 0.0, "ttft_p99_s": 0.0,
-                    "e2e_mean_s": 0.0}
+                    "e2e_mean_s": 0.0, "cache_hit_rate": None}
         return _closed(dep, spec, min(phase.users, phase.max_num_seqs), slow)
     saturated = _closed(dep, spec, phase.max_num_seqs, slow)
     rate = phase.rate or 0.0

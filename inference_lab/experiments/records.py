@@ -33,7 +33,9 @@ REQUEST_COLUMNS = (
     "limit",            # controller limit at send (inf = none)
     "inflight",         # controller in-flight at send, counting this request
     "status",           # HTTP status; 0 shed by the controller; -1 no response
-    "prompt_tokens",
+    "prompt_tokens",    # as sent (a multi-turn prompt: the conversation so far + the new message)
+    "cached_tokens",    # usage.prompt_tokens_details.cached_tokens (-1: no usage came)
+    "adapter",          # the LoRA adapter the request named ("" = the base model)
     "max_tokens",
     "completion_tokens",
     "ttft_s",           # client-measured, modelled seconds (wall x time scale); nan if none
@@ -78,7 +80,8 @@ class Records:
         self.actions.append({"t": t, "at": at, "label": label, "kind": kind})
 
     def request(self, run, due_wall: float, user: int, phase: int, limit: float, inflight: int,
-                prompt: int, max_tokens: int, result) -> None:
+                prompt, max_tokens: int, result) -> None:
+        """`prompt`: the experiments.prompts.Prompt sent."""
         k, t0 = run.k, run.t0
         r = self.req
         r["due_s"].append((due_wall - t0) * k)
@@ -89,7 +92,9 @@ class Records:
         r["limit"].append(float(limit))
         r["inflight"].append(inflight)
         r["status"].append(result.status)
-        r["prompt_tokens"].append(prompt)
+        r["prompt_tokens"].append(prompt.tokens)
+        r["cached_tokens"].append(result.cached_tokens)
+        r["adapter"].append(prompt.adapter)
         r["max_tokens"].append(max_tokens)
         r["completion_tokens"].append(result.completion_tokens)
         r["ttft_s"].append((result.first - result.sent) * k if result.first else NAN)
@@ -109,7 +114,7 @@ class Records:
         for name, value in (("due_s", t), ("send_s", t), ("send_delay_ms", 0.0), ("user", -1),
                             ("phase", phase), ("limit", float(run.ctl.limit)),
                             ("inflight", run.ctl.inflight), ("status", 0), ("prompt_tokens", 0),
-                            ("max_tokens", 0), ("completion_tokens", 0), ("ttft_s", NAN),
+                            ("cached_tokens", -1), ("adapter", ""), ("max_tokens", 0), ("completion_tokens", 0), ("ttft_s", NAN),
                             ("e2e_s", NAN), ("done_s", t), ("m_queue_s", NAN), ("m_ttft_s", NAN),
                             ("m_e2e_s", NAN), ("preemptions", 0), ("error", "shed by the controller")):
             r[name].append(value)

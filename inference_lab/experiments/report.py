@@ -86,7 +86,8 @@ def _phase_table(summary: dict) -> str:
             "<th>max_num_seqs / max_waiting</th>"
             "<th>limit p50</th><th>in band</th><th>goodput tok/s</th><th>oracle tok/s</th>"
             "<th>529 %</th><th>e2e p50 / p99 ms</th><th>oracle e2e p50 ms</th>"
-            "<th>score goodput</th><th>score e2e p50</th><th>settle s</th><th>into band s</th></tr>"]
+            "<th>score goodput</th><th>score e2e p50</th><th>settle s</th><th>into band s</th>"
+            "<th>cached % / oracle</th></tr>"]
     for p in summary["phases"]:
         s, o, sc = p["steady"], p["oracle"], p["scores"]
         rows.append(
@@ -100,7 +101,8 @@ def _phase_table(summary: dict) -> str:
             f"<td>{_fmt(s['e2e_p50_s'], '', 1000, 0)} / {_fmt(s['e2e_p99_s'], '', 1000, 0)}</td>"
             f"<td>{_fmt(o['e2e_p50_s'], '', 1000, 0)}</td>"
             f"<td>{_fmt(sc['goodput'], digits=2)}</td><td>{_fmt(sc['e2e_p50'], digits=2)}</td>"
-            f"<td>{_fmt(sc['settle_s'])}</td><td>{_fmt(sc.get('band_settle_s'))}</td></tr>")
+            f"<td>{_fmt(sc['settle_s'])}</td><td>{_fmt(sc.get('band_settle_s'))}</td>"
+            f"<td>{_fmt(s.get('cached_frac'), '', 100)} / {_fmt(o.get('cache_hit_rate'), '', 100)}</td></tr>")
     return "<table>" + "".join(rows) + "</table>"
 
 

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from inference_lab.engine.drivers.alarm import Alarm
 from inference_lab.experiments.client import Connection, ConnectionError_, Endpoint, Result, monotonic
 from inference_lab.experiments.controllers import Controller, Outcome
+from inference_lab.experiments.prompts import Prompt, Prompts
 from inference_lab.experiments.records import Records
 from inference_lab.experiments.scenario import END, REPLICA_KINDS, Action, Scenario
 
@@ -112,8 +113,10 @@ class Runner:
     def __init__(self, scenario: Scenario, base_url: str, controller: Controller, *,
                  time_scale: float = 1.0, metrics_url: str | None = None,
                  api_key: str | None = None, control_token: str | None = None,
-                 on_progress: Callable[[str], None] | None = None) -> None:
+                 on_progress: Callable[[str], None] | None = None,
+                 adapters: dict[str, str] | None = None) -> None:
         self.sc = scenario
+        self.adapters = adapters or {}  # LoRA adapter name -> path, loaded when not served
         self.base = base_url.rstrip("/")
         self.endpoint = Endpoint(self.base, scenario.model, api_key)
         self.ctl = controller
@@ -122,6 +125,8 @@ class Runner:
         self.http = Http(control_token)
         self.records = Records()
         self.rng = random.Random(scenario.workload.seed)
+        self.prompts = Prompts(scenario.workload)
+        self._serial = 0  # requests built (each unstructured prompt's unique first token)
         self.users_target = scenario.workload.num_concurrent_users or 0
         self.rate = scenario.workload.arrival_rate or 0.0
         self.phase = 0
@@ -153,6 +158,17 @@ class Runner:
         if status != 200:
             raise RuntimeError(f"POST {path} {json.dumps(body)} answered {status}: "
                                f"{text[:300].decode('utf-8', 'replace')}")
+
+    async def load_adapters(self) -> None:
+        """The load's LoRA adapters the server does not list yet, loaded on it."""
+        if not self.adapters:
+            return
+        status, body = await self.http.request("GET", self.base + "/v1/models")
+        served = {m.get("id") for m in json.loads(body).get("data", [])} if status == 200 else set()
+        for name, path in self.adapters.items():
+            if name not in served:
+                await self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path,
+                                                           "base_model_name": self.sc.model})
 
     async def apply_fault(self, fault: dict) -> None:
         """One fault action (scenario.FAULT_KEYS) as the server's control requests."""
@@ -255,11 +271,21 @@ class Runner:
         self._wake_one()
 
     # ---- one request ------------------------------------------------------------------------
+    def _request(self, user: int) -> tuple[bytes, Prompt, int]:
+        """The next request of `user` (-1: an open-loop arrival): its bytes, its prompt and
+        its output length."""
+        wl = self.sc.workload
+        input_len = wl.input_len_dist.sample(self.rng)
+        output = wl.output_len_dist.sample(self.rng)
+        prompt = self.prompts.next(user, input_len, output)
+        self._serial += 1
+        if prompt.text is None:
+            return self.endpoint.request(prompt.tokens, output, self._serial, prompt.adapter), prompt, output
+        return self.endpoint.request_text(prompt.text, output, prompt.adapter), prompt, output
+
     async def _one(self, conn: Connection | None, due: float, user: int, ticket) -> tuple[Result, Connection | None]:
         """Send one request (on `conn`, or a new connection) and record it."""
-        prompt = self.sc.workload.input_len_dist.sample(self.rng)
-        output = self.sc.workload.output_len_dist.sample(self.rng)
-        raw = self.endpoint.request(prompt, output)
+        raw, prompt, output = self._request(user)
         limit, inflight, phase = self.ctl.limit, self.ctl.inflight, self.phase
         try:
             if conn is None or conn.closed:
@@ -341,11 +367,10 @@ class Runner:
         while idle:
             conn = idle.pop()
             if not conn.closed:
-                prompt = self.sc.workload.input_len_dist.sample(self.rng)
-                output = self.sc.workload.output_len_dist.sample(self.rng)
+                raw, prompt, output = self._request(-1)
                 context = (conn, due, ticket, self.phase, self.ctl.limit, self.ctl.inflight,
                            prompt, output)
-                conn.send(self.endpoint.request(prompt, output)).add_done_callback(
+                conn.send(raw).add_done_callback(
                     lambda fut, ctx=context: self._open_done(fut, ctx))
                 self._pending += 1
                 return
@@ -400,6 +425,7 @@ class Runner:
 
     async def run(self) -> Records:
         self.loop = asyncio.get_running_loop()
+        await self.load_adapters()
         await self.set_capacity({"max_num_seqs": self.sc.max_num_seqs,
                                  "max_waiting": self.sc.max_waiting})
         self.t0 = monotonic()

@@ -7,6 +7,8 @@ time to react; the whole phase is reported too):
 - goodput_tok_s: completion tokens of 200s that ended in the window, per second;
 - frac_529: 529s / requests sent; shed_frac: refused by the controller itself;
 - e2e / ttft p50 and p99 of 200s sent in the window (client-measured, modelled seconds);
+- cached_frac: the prompt tokens the server's prefix cache served (usage cached_tokens /
+  prompt tokens, of 200s), beside the oracle's cache_hit_rate;
 - scores: goodput / oracle goodput, e2e p50 / oracle e2e p50, and settle_s: seconds after
   the phase's action until the limit is within a band around where it ends up
   (+-max(2, 20 %) of the steady median) and spends at least 90 % of the rest of the phase
@@ -91,6 +93,8 @@ def _stats(req: dict, ctl: dict, a: float, b: float) -> dict:
     _, inflight = step_series(ctl["t"], ctl["inflight"].astype(float), a, b)
     finite = limits[np.isfinite(limits)]
     width = max(b - a, 1e-9)
+    usage = ok_sent & (req["cached_tokens"] >= 0)
+    prompted = int(req["prompt_tokens"][usage].sum())
     return {
         "from_s": a, "to_s": b,
         "requests": n_sent,
@@ -108,6 +112,8 @@ def _stats(req: dict, ctl: dict, a: float, b: float) -> dict:
         "ttft_p99_s": _pct(req["ttft_s"][ok_sent], 99),
         "modelled_e2e_p50_s": _pct(req["m_e2e_s"][ok_sent], 50),
         "send_delay_p99_ms": _pct(req["send_delay_ms"][sent & (status != 0)], 99),
+        "cached_frac": (float(req["cached_tokens"][usage].sum()) / prompted) if prompted else None,
+        "prompt_tokens_mean": float(req["prompt_tokens"][ok_sent].mean()) if ok_sent.any() else None,
     }
 
 

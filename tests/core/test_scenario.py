@@ -19,7 +19,8 @@ BASE = {"duration": 10, "load": {"arrival_pattern": "closed_loop", "num_concurre
                                  "output_len_dist": {"type": "fixed", "value": 8}}}
 
 
-@pytest.mark.parametrize("name", ["reference-page", "capacity-step", "overload-ramp"])
+@pytest.mark.parametrize("name", ["reference-page", "capacity-step", "overload-ramp", "slow-replica",
+                                  "multi-turn"])
 def test_the_shipped_scenarios_load(name):
     sc = load_scenario(ROOT / "configs" / "experiments" / f"{name}.toml")
     assert sc.name == name and sc.timeline and sc.config.is_file()

@@ -277,3 +277,51 @@ def test_faults_on_the_timeline_reach_the_server_and_the_report(tmp_path):
     kinds = [a["kind"] for a in json.loads((out / "actions.json").read_text())["actions"]]
     assert kinds == ["fault", "fault_end", "fault", "fault_end", "fault", "fault_end"]
     assert "slow x3 for 2 s" in (out / "report.html").read_text()
+
+
+# Multi-turn chats on shared system prompts, half of the requests through a LoRA adapter:
+# real distinct prompt text whose structure the server's prefix cache and the oracle's
+# offline simulation both see.
+MULTI_TURN = """
+name = "multi-turn"
+duration = 6
+[server]
+max_num_seqs = 8
+[load]
+arrival_pattern = "closed_loop"
+num_concurrent_users = 8
+input_len_dist = { type = "fixed", value = 64 }
+output_len_dist = { type = "fixed", value = 32 }
+shared_prefix_len = 256
+num_shared_prefixes = 2
+num_turns = 3
+lora_adapters = { sql = 0.5 }
+seed = 9
+[controller]
+name = "fixed"
+params = { limit = 0 }
+"""
+
+
+def test_multi_turn_prompts_hit_the_prefix_cache_as_the_oracle_predicts(tmp_path):
+    import numpy as np
+
+    scenario = tmp_path / "multi.toml"
+    scenario.write_text(MULTI_TURN)
+    out = tmp_path / "run"
+    done = experiment(str(scenario), "--serve", "--time-scale", "2", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    req = {k: np.array(v) for k, v in pq.read_table(out / "requests.parquet").to_pydict().items()}
+    assert set(req["status"]) == {200} and len(req["status"]) > 100
+    assert set(req["adapter"]) == {"", "sql"} and 0.35 < np.mean(req["adapter"] == "sql") < 0.65
+    # Turn 1 = 256 + 64 tokens; turn 2 adds its reply and a message (+96), turn 3 again.
+    prompt, cached = req["prompt_tokens"], req["cached_tokens"]
+    assert set(prompt) == {320, 416, 512}
+    assert np.all(cached % 64 == 0) and np.all(cached < prompt)
+    # A later turn on the adapter of the turn before finds at least that turn's prompt.
+    assert np.mean(cached > 0) > 0.7 and cached[prompt == 512].max() >= 384
+    summary = json.loads((out / "summary.json").read_text())
+    (phase,) = summary["phases"]
+    predicted, measured = phase["oracle"]["cache_hit_rate"], phase["whole"]["cached_frac"]
+    assert predicted > 0.4 and abs(measured - predicted) < 0.08, (measured, predicted)
+    assert "cached" in done.stdout
