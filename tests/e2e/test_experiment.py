@@ -49,6 +49,22 @@ def experiment(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
+def served_run(tmp_path: Path, text: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """The scenario `text` run with --serve --time-scale 2: its directory and the command."""
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(text)
+    out = tmp_path / "run"
+    done = experiment(str(scenario), "--serve", "--time-scale", "2", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out, done
+
+
+def rows(out: Path) -> dict:
+    import numpy as np
+
+    return {k: np.array(v) for k, v in pq.read_table(out / "requests.parquet").to_pydict().items()}
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("experiment")
@@ -174,11 +190,7 @@ load = { arrival_rate = 20.0 }
 
 
 def test_an_open_loop_overload_gets_529s_and_aimd_sheds_arrivals(tmp_path):
-    scenario = tmp_path / "overload.toml"
-    scenario.write_text(OVERLOAD)
-    out = tmp_path / "run"
-    done = experiment(str(scenario), "--serve", "--time-scale", "2", "--out", str(out))
-    assert done.returncode == 0, done.stdout + done.stderr
+    out, _ = served_run(tmp_path, OVERLOAD)
     table = pq.read_table(out / "requests.parquet").to_pydict()
     status = table["status"]
     assert status.count(529) > 10 and status.count(0) > 10 and status.count(200) > 50
@@ -246,13 +258,9 @@ fault = { kind = "stall", seconds = 1 }
 def test_faults_on_the_timeline_reach_the_server_and_the_report(tmp_path):
     import numpy as np
 
-    scenario = tmp_path / "faults.toml"
-    scenario.write_text(FAULTS)
-    out = tmp_path / "run"
-    done = experiment(str(scenario), "--serve", "--time-scale", "2", "--out", str(out))
-    assert done.returncode == 0, done.stdout + done.stderr
+    out, done = served_run(tmp_path, FAULTS)
     assert "t=2.0s: slow x3 for 2 s" in done.stdout and "t=7.0s: stall 1 s ends" in done.stdout
-    req = {k: np.array(v) for k, v in pq.read_table(out / "requests.parquet").to_pydict().items()}
+    req = rows(out)
     send, status, m_e2e = req["send_s"], req["status"], req["m_e2e_s"]
     # Modelled e2e triples while the steps run 3x slower (requests wholly inside it).
     before = np.median(m_e2e[(status == 200) & (send < 1.8)])
@@ -306,12 +314,8 @@ params = { limit = 0 }
 def test_multi_turn_prompts_hit_the_prefix_cache_as_the_oracle_predicts(tmp_path):
     import numpy as np
 
-    scenario = tmp_path / "multi.toml"
-    scenario.write_text(MULTI_TURN)
-    out = tmp_path / "run"
-    done = experiment(str(scenario), "--serve", "--time-scale", "2", "--out", str(out))
-    assert done.returncode == 0, done.stdout + done.stderr
-    req = {k: np.array(v) for k, v in pq.read_table(out / "requests.parquet").to_pydict().items()}
+    out, done = served_run(tmp_path, MULTI_TURN)
+    req = rows(out)
     assert set(req["status"]) == {200} and len(req["status"]) > 100
     assert set(req["adapter"]) == {"", "sql"} and 0.35 < np.mean(req["adapter"] == "sql") < 0.65
     # Turn 1 = 256 + 64 tokens; turn 2 adds its reply and a message (+96), turn 3 again.
