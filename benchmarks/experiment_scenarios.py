@@ -1,10 +1,13 @@
 """The shipped experiment scenarios as benchmarks: the reference page's experiment (fixed
 controller; the page says ~293 ms, then ~646 ms p50 end to end) and the capacity step
 (AIMD: seconds after each capacity change until its limit is, and stays for 90 % of the
-rest of the phase, between max_num_seqs and max_num_seqs + max_waiting).
+rest of the phase, between max_num_seqs and max_num_seqs + max_waiting); the multi-turn
+chat (the prompt tokens the server's prefix cache served beside the oracle's hit rate);
+and the slow replica (goodput and e2e p50 per phase against the oracle, which models the
+slowdown and not the errors or the stall).
 
-    python benchmarks/experiment_scenarios.py [--only reference|step] [--time-scale 1]
-                                              [--out DIR]
+    python benchmarks/experiment_scenarios.py [--only reference|step|multi-turn|faults]
+                                              [--time-scale 1] [--out DIR]
 
 Runs `inference-lab experiment SCENARIO --serve` (a private server on free ports) and
 reads its summary.json. Prints figures, no pass/fail. 60 modelled seconds each, so
@@ -37,7 +40,7 @@ def run(scenario: str, out: Path, scale: float) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=("reference", "step"))
+    ap.add_argument("--only", choices=("reference", "step", "multi-turn", "faults"))
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--out", type=Path, help="keep the run directories here")
     args = ap.parse_args()
@@ -61,6 +64,24 @@ def main() -> None:
                   f"{'never' if settle is None else f'{settle:.2f} s'}, limit p50 {st['limit_p50']:.0f}, "
                   f"in band {100 * (phase['limit_in_band'] or 0):.0f} % of the second half, "
                   f"529 {100 * st['frac_529']:.1f} %, goodput score {sc['goodput']:.2f}")
+
+    if args.only in (None, "multi-turn"):
+        s = run("multi-turn", base / "multi-turn", args.time_scale)
+        for phase in s["phases"]:
+            st, o = phase["steady"], phase["oracle"]
+            print(f"multi-turn     {phase['action']:>22}: cached {100 * st['cached_frac']:.1f} % of "
+                  f"prompt tokens (oracle {100 * o['cache_hit_rate']:.1f} %), mean prompt "
+                  f"{st['prompt_tokens_mean']:.0f} tokens, e2e p50 {st['e2e_p50_s'] * 1000:.0f} ms "
+                  f"(oracle {o['e2e_p50_s'] * 1000:.0f}), goodput score {phase['scores']['goodput']:.2f}")
+    if args.only in (None, "faults"):
+        s = run("slow-replica", base / "slow-replica", args.time_scale)
+        for phase in s["phases"]:
+            st, o = phase["steady"], phase["oracle"]
+            e2e = "-" if st["e2e_p50_s"] is None else f"{st['e2e_p50_s'] * 1000:.0f}"
+            print(f"slow-replica   {phase['action']:>34}: fault [{phase['fault'] or '-'}], "
+                  f"limit p50 {st['limit_p50']:.0f}, goodput score {phase['scores']['goodput']:.2f}, "
+                  f"e2e p50 {e2e} ms (oracle {o['e2e_p50_s'] * 1000:.0f}"
+                  f"{'' if o['fault_modelled'] else ', fault-free'}), 529 {100 * st['frac_529']:.1f} %")
 
 
 if __name__ == "__main__":
