@@ -16,21 +16,13 @@ from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTO
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from inference_lab.common.exposition import Hist, HistLines, Lines, fmt, split_families
+from inference_lab.common.exposition import Hist, HistLines, Lines, fmt, render, split_families
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 REQUESTS = "inference_lab_gateway_http_requests"
 DURATION = "inference_lab_gateway_http_request_duration_seconds"
 INFLIGHT = "inference_lab_gateway_inflight_requests"
 ENGINE_UP = "inference_lab_gateway_engine_metrics_up"
-
-
-class _Families:
-    def __init__(self, families) -> None:
-        self.families = families
-
-    def collect(self):
-        return self.families
 
 
 class GatewayMetrics:
@@ -89,7 +81,7 @@ class GatewayMetrics:
         return "".join(parts).encode() + generate_latest(self.process)
 
     def _compile(self, shape: tuple) -> None:
-        families = split_families(generate_latest(_Families(self.families())).decode())
+        families = split_families(render(self.families()).decode())
         self._headers = [header for header, _ in families]
         (_, requests), (_, durations), (_, inflight), (_, up) = families
         per_route = len(LATENCY_BUCKETS) + 3  # buckets, +Inf, _count, _sum

@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from inference_lab.common.exposition import Hist, HistLines, Lines, split_families
+from inference_lab.common.exposition import Hist, HistLines, Lines, render, split_families
 from inference_lab.engine.service import metric_buckets as B
 from inference_lab.engine.sim.core import EngineCore, StepResult
 from inference_lab.engine.sim.request import Request, Status
@@ -387,15 +387,7 @@ def lora_info(models: list[ModelMetrics]) -> bytes:
         running, waiting = m.core.lora_adapters_in_use()
         family.add_metric([*m.labels, str(m.core.loras.max_loras), ",".join(running),
                            ",".join(waiting)], now)
-    return generate_latest(_Families([family]))
-
-
-class _Families:
-    def __init__(self, families) -> None:
-        self.families = families
-
-    def collect(self):
-        return self.families
+    return render([family])
 
 
 class Exposition:

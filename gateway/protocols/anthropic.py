@@ -26,7 +26,7 @@ from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import GatewayError, anthropic_envelope
 from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
-    conversation_ids, json_encode,
+    content_text, conversation_ids, json_encode,
 )
 
 
@@ -51,19 +51,11 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
 _decoder = msgspec.json.Decoder(MessagesRequest)
 
 
-def _text(content: str | list[ContentBlock] | None) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(block.text for block in content if block.text)
-
-
 def messages_prompt(tokenizer: Tokenizer, req: MessagesRequest) -> Sequence[int]:
     """The system prompt (as a first message) and the messages, as chat completions
     render a conversation: requests sharing a system prompt share a token prefix."""
-    messages = [("system", _text(req.system))] if req.system is not None else []
-    messages += [(m.role, _text(m.content)) for m in req.messages]
+    messages = [("system", content_text(req.system))] if req.system is not None else []
+    messages += [(m.role, content_text(m.content)) for m in req.messages]
     return conversation_ids(tokenizer, messages)
 
 

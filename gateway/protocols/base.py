@@ -60,6 +60,16 @@ def text_ids(tokenizer: Tokenizer, text: str) -> Sequence[int]:
     return ids if len(ids) else (BOS,)
 
 
+def content_text(content) -> str:
+    """A message's text: a string, or the text of its parts (OpenAI content parts and
+    Anthropic content blocks alike: whatever has a `text`); None is empty."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text for part in content if part.text)
+
+
 def conversation_ids(tokenizer: Tokenizer, messages: list[tuple[str, str]]) -> Sequence[int]:
     """A conversation of (role, text) messages, rendered with its reply's priming
     (inference_lab.common.tokenizer says how). Under the built-in tokenizer that is, per

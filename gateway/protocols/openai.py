@@ -24,7 +24,7 @@ from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import GatewayError, sse_error_frame
 from inference_lab.gateway.protocols.base import (
     _U31, DONE_FRAME, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, data_frame,
-    checked_ids, conversation_ids, decode, invalid, json_encode, text_ids,
+    checked_ids, content_text, conversation_ids, decode, invalid, json_encode, text_ids,
 )
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=_U31)]
@@ -89,18 +89,10 @@ def decode_request(body: bytes, chat: bool) -> ChatCompletionRequest | Completio
 # ---- the prompt as token IDs ----------------------------------------------------------------
 
 
-def _text(content: str | list[ContentPart] | None) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    return "".join(part.text for part in content if part.text)
-
-
 def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage]) -> Sequence[int]:
     """The conversation's token IDs (built-in tokenizer: 3 + ceil(content bytes / 4) per
     message, plus 3 for the reply's priming)."""
-    return conversation_ids(tokenizer, [(m.role, _text(m.content)) for m in messages])
+    return conversation_ids(tokenizer, [(m.role, content_text(m.content)) for m in messages])
 
 
 def _single_prompt(prompt: str | list[str | int | list[int]]) -> str | list[int]:

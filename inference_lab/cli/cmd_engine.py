@@ -176,6 +176,17 @@ def add_pacing_arguments(p: argparse.ArgumentParser) -> None:
                         "bounds K: see README, 'Faster than real time' (default 1)")
 
 
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """How the engine runs (replicas, pacing, output lengths, the shutdown grace): the
+    same flags on `engine` and `serve` (which passes them to its engine child)."""
+    add_fleet_arguments(p)
+    add_pacing_arguments(p)
+    add_length_arguments(p)
+    p.add_argument("--grace", type=float, default=10.0,
+                   help="seconds in-flight requests get to finish on SIGTERM or shutdown "
+                        "(default 10)")
+
+
 def load_deployments(args: argparse.Namespace):
     from inference_lab.engine.sim.config import default_deployments, load_config_dir
 
@@ -197,11 +208,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"Prometheus /metrics port (default {DEFAULT_METRICS_PORT}, beside the gRPC "
                         "port and outside the exporters' 9100-9999; 0 = any free). A gateway "
                         "serves the same series on its API port's /metrics")
-    add_fleet_arguments(p)
-    add_pacing_arguments(p)
-    add_length_arguments(p)
-    p.add_argument("--grace", type=float, default=10.0,
-                   help="seconds in-flight requests get to finish on SIGTERM (default 10)")
+    add_run_arguments(p)
     p.add_argument("--state-dir", type=Path, metavar="DIR",
                    help="keep live capacity (SetCapacity) in DIR/capacity.json, written "
                         "atomically after every change, restored and logged at start, so it "

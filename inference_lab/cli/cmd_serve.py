@@ -19,8 +19,7 @@ import tempfile
 
 from inference_lab.cli.auth_flags import CONTROL_TOKEN_ENV, control_token
 from inference_lab.cli.cmd_engine import (
-    add_fleet_arguments, add_length_arguments, add_model_arguments, add_pacing_arguments,
-    load_deployments, lora_argv, output_lengths,
+    add_model_arguments, add_run_arguments, load_deployments, lora_argv, output_lengths,
 )
 from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs
 from inference_lab.common.ports import free_port
@@ -52,11 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the engine's own Prometheus /metrics port (default 0 = any free, "
                         "printed at start); the API port's /metrics serves the same vllm:* "
                         "series with the gateway's own")
-    add_fleet_arguments(p)
-    add_pacing_arguments(p)
-    add_length_arguments(p)
-    p.add_argument("--grace", type=float, default=10.0,
-                   help="seconds in-flight requests get to finish on shutdown (default 10)")
+    add_run_arguments(p)
     p.set_defaults(func=run)
 
 

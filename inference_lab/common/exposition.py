@@ -18,10 +18,26 @@ from __future__ import annotations
 from bisect import bisect_left
 from itertools import accumulate
 
+from prometheus_client import generate_latest
 from prometheus_client.utils import floatToGoString
 
 fmt = floatToGoString
 _GO_EXPONENT = 1_000_000  # from here floatToGoString writes an exponent (1e+06)
+
+
+class _Families:
+    """A collector of ready-made metric families (what generate_latest walks)."""
+
+    def __init__(self, families) -> None:
+        self.families = families
+
+    def collect(self):
+        return self.families
+
+
+def render(families) -> bytes:
+    """prometheus_client's own text exposition of these metric families."""
+    return generate_latest(_Families(families))
 
 
 def split_families(text: str) -> list[tuple[str, list[str]]]:

@@ -76,6 +76,7 @@ class Proc:
     def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self._log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
         self.argv = argv
+        self.log_path = self._log.name
         self.port = 0
         self.metrics_port = 0
         self.proc = subprocess.Popen(
@@ -85,10 +86,6 @@ class Proc:
     @property
     def pid(self) -> int:
         return self.proc.pid
-
-    @property
-    def log_path(self) -> str:
-        return self._log.name
 
     def log(self) -> str:
         with open(self._log.name) as f:

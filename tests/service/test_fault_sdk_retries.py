@@ -83,20 +83,16 @@ async def test_openai_without_hints_backs_off_exponentially_then_gives_up(base):
     assert 0.375 <= first <= 0.5 + SLACK and 0.75 <= second <= 1.0 + SLACK, attempts.waits
 
 
-async def test_openai_obeys_x_should_retry_false(base):
-    await faults(base, should_retry=False, script=[{"error": "overloaded", "count": 1}])
-    attempts = Attempts()
-    with pytest.raises(openai.InternalServerError) as exc:
-        await asyncio.to_thread(chat, openai_client(base, attempts))
-    assert exc.value.status_code == 503 and len(attempts.times) == 1
-
-
-async def test_openai_does_not_retry_when_retry_after_exceeds_two_minutes(base):
-    await faults(base, retry_after=121, script=[{"error": "queue_saturated", "count": 1}])
+@pytest.mark.parametrize("hint, error, status", [
+    ({"should_retry": False}, "overloaded", 503),  # x-should-retry: false is obeyed
+    ({"retry_after": 121}, "queue_saturated", 529),  # retry-after over two minutes: no retry
+], ids=["x-should-retry-false", "retry-after-over-two-minutes"])
+async def test_openai_does_not_retry_when_the_hints_say_not_to(base, hint, error, status):
+    await faults(base, **hint, script=[{"error": error, "count": 1}])
     attempts = Attempts()
     with pytest.raises(openai.APIStatusError) as exc:
         await asyncio.to_thread(chat, openai_client(base, attempts))
-    assert exc.value.status_code == 529 and len(attempts.times) == 1
+    assert exc.value.status_code == status and len(attempts.times) == 1
 
 
 async def test_openai_honours_fractional_retry_after_seconds(base):

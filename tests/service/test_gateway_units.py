@@ -206,9 +206,8 @@ def test_n_choices_stream_by_index_and_usage_counts_them_all():
 
 
 def test_the_gateways_own_series_are_prometheus_clients_text_with_the_numbers_filled_in():
-    from prometheus_client import generate_latest
-
-    from inference_lab.gateway.metrics import GatewayMetrics, _Families
+    from inference_lab.common.exposition import render  # prometheus_client's generate_latest
+    from inference_lab.gateway.metrics import GatewayMetrics
 
     metrics = GatewayMetrics({"a": 1, "b": 2})
     metrics.observe("/v1/chat/completions", 200, 0.02)
@@ -218,7 +217,7 @@ def test_the_gateways_own_series_are_prometheus_clients_text_with_the_numbers_fi
     metrics.observe("/v1/chat/completions", 529, 0.001)
     metrics.engine_up = 1
     own = metrics.exposition().split(b"# HELP process_", 1)[0]
-    assert own == generate_latest(_Families(metrics.families()))
+    assert own == render(metrics.families())
     assert b'inference_lab_gateway_http_request_duration_seconds_count{route="/metrics"} 2.0' in own
     assert b'inference_lab_gateway_http_request_duration_seconds_bucket{le="5.0",route="/metrics"} 1.0' in own
     assert b"inference_lab_gateway_inflight_requests 2.0" in own
