@@ -1,6 +1,6 @@
 """Fit the `calibrated` timing model to public measurements and print the error table.
 
-    python calibration/fit.py [--data calibration/data] [--sweeps 3]
+    python calibration/fit.py [--data calibration/data] [--sweeps 4] [--jobs N] [--hardware h200]
 
 Reads every `calibration/data/*.toml` (a [source] with its provenance, [[deployments]]
 naming a bundled model and hardware preset with tp and scheduler limits, [[rows]] of
@@ -20,6 +20,8 @@ them, `requests` in all, default 6 x concurrency; the first wave's TTFT is taken
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import statistics
 import sys
 import tomllib
@@ -41,6 +43,11 @@ GRID = {
     "step_overhead": [0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3, 10e-3, 15e-3, 20e-3],
     "request_overhead": [0.0, 2e-3, 5e-3, 10e-3, 20e-3, 40e-3, 100e-3, 200e-3],
     "comm_efficiency": [0.1, 0.2, 0.3, 0.5, 0.7, 1.0],
+    "layer_overhead": [0.0, 5e-6, 10e-6, 20e-6, 40e-6, 60e-6, 80e-6, 120e-6, 160e-6, 240e-6, 320e-6],
+    "expert_overhead": [0.0, 0.5e-6, 1e-6, 1.5e-6, 2e-6, 2.5e-6, 3e-6, 4e-6, 6e-6, 8e-6, 12e-6],
+    "mla_layer_overhead": [0.0, 20e-6, 40e-6, 80e-6, 120e-6, 160e-6, 200e-6, 240e-6, 280e-6,
+                           320e-6, 400e-6],
+    "sequence_overhead": [0.0, 10e-6, 25e-6, 50e-6, 100e-6, 200e-6],
 }
 
 
@@ -66,7 +73,10 @@ def load_rows(data_dir: Path) -> list[Row]:
         for d in data["deployments"]:
             sched = SchedulerConfig(max_num_seqs=d.get("max_num_seqs", 256),
                                     max_num_batched_tokens=d.get("max_num_batched_tokens", 8192),
-                                    block_size=d.get("block_size", 16))
+                                    block_size=d.get("block_size", 16),
+                                    enable_chunked_prefill=d.get("enable_chunked_prefill", True),
+                                    enable_prefix_caching=d.get("enable_prefix_caching", True),
+                                    max_model_len=d.get("max_model_len"))
             deployments[d["name"]] = Deployment(
                 name=d["name"], model=catalog.load_model(d["model"]),
                 hardware=catalog.load_hardware(d["hardware"]), tp=d.get("tp", 1), scheduler=sched)
@@ -82,7 +92,7 @@ def load_rows(data_dir: Path) -> list[Row]:
     return rows
 
 
-MAX_REQUESTS = 120  # per simulated row, at least 4 x concurrency (--max-requests)
+MAX_REQUESTS = 64  # per simulated row, at least 4 x concurrency (--max-requests)
 
 
 def _run(dep: Deployment, row: Row, requests: int) -> dict:
@@ -109,10 +119,18 @@ def simulate(row: Row, calibration: Calibration | None) -> dict[str, float]:
     return out
 
 
+_MEMO: dict[tuple[int, Calibration], dict[str, float]] = {}  # a descent revisits points
+
+
 def errors(rows: list[Row], calibration: Calibration | None) -> list[float]:
     out = []
     for row in rows:
-        sim = simulate(row, calibration)
+        key = (id(row), calibration)
+        sim = _MEMO.get(key) if calibration is not None else None
+        if sim is None:
+            sim = simulate(row, calibration)
+            if calibration is not None:
+                _MEMO[key] = sim
         out += [sim[k] / v - 1.0 for k, v in row.measured.items()]
     return out
 
@@ -153,6 +171,14 @@ def fit(rows: list[Row], sweeps: int) -> tuple[Calibration, float]:
     return best, score
 
 
+def _fit_one(job: tuple[str, list[Row], int, int]) -> tuple[str, Calibration, float]:
+    global MAX_REQUESTS
+    hw, rows, sweeps, max_requests = job
+    MAX_REQUESTS = max_requests
+    fitted, score = fit([r for r in rows if not r.holdout], sweeps)
+    return hw, fitted, score
+
+
 def main() -> int:
     global MAX_REQUESTS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -162,15 +188,27 @@ def main() -> int:
                         help="simulate at most this many requests per row (at least 4 x its "
                              "concurrency): a benchmark of 500 requests at concurrency 4 is "
                              "125 sequential waves, close to steady state after a few dozen")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="hardware fitted in parallel processes (default: the CPU count)")
+    parser.add_argument("--hardware", action="append", default=None,
+                        help="fit only this hardware preset (repeatable)")
     args = parser.parse_args()
     MAX_REQUESTS = args.max_requests
-    rows = load_rows(args.data)
+    rows = [r for r in load_rows(args.data)
+            if args.hardware is None or r.deployment.hardware.name in args.hardware]
     by_hw: dict[str, list[Row]] = {}
     for row in rows:
         by_hw.setdefault(row.deployment.hardware.name, []).append(row)
     summary = {"fit": {}, "held-out": {}}
+    jobs = [(hw, hw_rows, args.sweeps, MAX_REQUESTS) for hw, hw_rows in sorted(by_hw.items())]
+    workers = max(1, min(args.jobs, len(jobs)))
+    if workers > 1:  # one hardware per process: the fits are independent
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            fits = {hw: (fitted, score) for hw, fitted, score in pool.imap_unordered(_fit_one, jobs)}
+    else:
+        fits = {hw: (fitted, score) for hw, fitted, score in map(_fit_one, jobs)}
     for hw, hw_rows in sorted(by_hw.items()):
-        fitted, score = fit([r for r in hw_rows if not r.holdout], args.sweeps)
+        fitted, score = fits[hw]
         print(f"\n== {hw}: fitted on {sum(not r.holdout for r in hw_rows)} rows, "
               f"held out {sum(r.holdout for r in hw_rows)}; mean |error| on the fit rows {score:.1%}")
         print(f"{'row':44s} {'metric':8s} {'measured':>9s} {'roofline':>9s} {'calibr.':>9s} {'error':>7s}  set")

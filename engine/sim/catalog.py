@@ -124,12 +124,13 @@ _POSITIVE = "a positive number"
 _HARDWARE_KEYS = ("name", *(f"flops_{p}" for p in PRECISION_ORDER), "memory_bandwidth",
                   "memory_capacity", "load_bandwidth", "fabric", "memory", "calibration")
 _CALIBRATION_KEYS = ("flops_efficiency", "flops_half_tokens", "bandwidth_efficiency",
-                     "comm_efficiency", "step_overhead", "request_overhead", "fit")
+                     "comm_efficiency", "step_overhead", "request_overhead", "layer_overhead",
+                     "expert_overhead", "mla_layer_overhead", "sequence_overhead", "fit")
 _LINK_KEYS = ("bandwidth", "latency", "in_network_reduction")
 _STORE_KEYS = ("name", "per", "kind", "capacity", "bandwidth", "stripe", "aggregate_bandwidth",
                "latency", "pin")
 _MODEL_KEYS = ("name", "hidden_dim", "num_layers", "max_seq_len", "attention_precision",
-               "activation_bytes", "weights", "layers")
+               "activation_bytes", "vocab_size", "weights", "layers")
 _WEIGHT_KEYS = ("precision", "active_params", "resident_params", "routing")
 _ROUTING_KEYS = ("routed_experts", "experts_per_tok", "moe_layers")
 _LAYER_KEYS = {
@@ -247,6 +248,14 @@ def _parse_calibration(t: Table) -> Calibration:
         step_overhead=t.get("step_overhead", float, "a number >= 0 (seconds)", 0.0, ok=lambda v: v >= 0),
         request_overhead=t.get("request_overhead", float, "a number >= 0 (seconds)", 0.0,
                                ok=lambda v: v >= 0),
+        layer_overhead=t.get("layer_overhead", float, "a number >= 0 (seconds)", 0.0,
+                             ok=lambda v: v >= 0),
+        expert_overhead=t.get("expert_overhead", float, "a number >= 0 (seconds)", 0.0,
+                              ok=lambda v: v >= 0),
+        mla_layer_overhead=t.get("mla_layer_overhead", float, "a number >= 0 (seconds)", 0.0,
+                                 ok=lambda v: v >= 0),
+        sequence_overhead=t.get("sequence_overhead", float, "a number >= 0 (seconds)", 0.0,
+                                ok=lambda v: v >= 0),
         fit=t.get("fit", str, "a string", ""))
     t.done()
     return c
@@ -331,7 +340,7 @@ def _parse_layer(layer: Table, default_kv: str, attention_precision: str) -> Lay
 def parse_model(table: Any, where: str, path: str = "", name: str | None = None) -> Model:
     """A Model from a model table: `name` (else the `name` given), `hidden_dim`,
     `num_layers` (default: the sum of layer counts), `max_seq_len`, `attention_precision`,
-    `activation_bytes`, `[[weights]]` streams and `[[layers]]` classes of kind
+    `activation_bytes`, `vocab_size` (the LM head's rows, optional), `[[weights]]` streams and `[[layers]]` classes of kind
     attention, mla or linear."""
     t = Table(table, where, path, _MODEL_KEYS)
     own_name = t.get("name", str, "a non-empty string", name, ok=bool)
@@ -342,6 +351,7 @@ def parse_model(table: Any, where: str, path: str = "", name: str | None = None)
     max_seq_len = _pos_int(t, "max_seq_len")
     attention_precision = _precision(t, "attention_precision", "bf16")
     activation_bytes = _pos_int(t, "activation_bytes", default=2)
+    vocab_size = _pos_int(t, "vocab_size", default=0)
     streams = tuple(_parse_weights(w) for w in t.tables("weights", _WEIGHT_KEYS))
     layers = [_parse_layer(layer, attention_precision, attention_precision)
               for layer in t.tables("layers")]
@@ -356,7 +366,7 @@ def parse_model(table: Any, where: str, path: str = "", name: str | None = None)
     return Model(name=own_name, num_layers=num_layers or total, hidden_size=hidden,
                  max_seq_len=max_seq_len, weight_streams=streams, layer_classes=tuple(layers),
                  attention_precision=attention_precision, kv_precision=kv_precision,
-                 activation_bytes=activation_bytes)
+                 activation_bytes=activation_bytes, vocab_size=vocab_size)
 
 
 # ---- derived facts -------------------------------------------------------------------

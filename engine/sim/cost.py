@@ -7,7 +7,9 @@ as a batch of 1). What each layer kind costs per position is engine.sim.layers'.
 
 Per precision stream p:  t_p = max(FLOPs_p / (rate_p * tp), bytes_p / (bw * tp)).
 Streams are summed; tensor parallelism adds two collectives per layer; the deployment's
-time_correction maps t to alpha * t + beta. docs/timing.md has the formulas.
+time_correction maps t to alpha * t + beta. The calibrated model adds achieved fractions,
+kernel floors per layer and per touched expert, and charges the LM head per sequence.
+docs/timing.md has the formulas.
 """
 
 from __future__ import annotations
@@ -100,6 +102,11 @@ class CostModel:
         self._flops_eff = cal.flops_efficiency if cal else 1.0
         self._flops_half = cal.flops_half_tokens if cal else 0.0
         self._step_overhead = cal.step_overhead if cal else 0.0
+        if cal:  # kernel floors: every layer and every MLA layer, every step (docs/timing.md)
+            mla = sum(c.count for c in model.layer_classes if c.kind == "mla")
+            self._step_overhead += model.num_layers * cal.layer_overhead + mla * cal.mla_layer_overhead
+        self._sequence_overhead = cal.sequence_overhead if cal else 0.0
+        expert_floor = cal.expert_overhead / deployment.ep if cal else 0.0
         self.request_overhead = cal.request_overhead if cal else 0.0
         comm = cal.comm_efficiency if cal else 1.0
         if cal:
@@ -123,18 +130,33 @@ class CostModel:
         def group_of(precision: str) -> list:
             return groups.setdefault(precision, [rate(precision), 0.0, 0.0, []])
 
-        for stream in model.weight_streams:
+        # Calibrated: the LM head (vocab x hidden, in the last dense stream) computes
+        # logits for the one position of each sequence that samples, not for every
+        # position of a prefill: its FLOPs move from per token to per sequence.
+        head = float(model.vocab_size * model.hidden_size) if cal else 0.0
+        head_stream = max((i for i, s in enumerate(model.weight_streams) if not s.num_experts),
+                          default=None)
+        if head_stream is None or model.weight_streams[head_stream].active_params < head:
+            head = 0.0
+        self._head_flops = 2.0 * head
+        expert_floors: list[tuple[int, int, float]] = []  # (E, k, seconds per touched expert)
+        for index, stream in enumerate(model.weight_streams):
             group = group_of(stream.precision)
             bpv = BYTES_PER_VALUE[stream.precision]
-            group[1] += 2.0 * stream.active_params
+            group[1] += 2.0 * (stream.active_params - (head if index == head_stream else 0.0))
             if stream.num_experts:
                 e, k = stream.num_experts, stream.top_k
                 w = (stream.resident_params - stream.active_params) / (e - k)
                 group[2] += max(stream.active_params - k * w, 0.0) * bpv  # shared part
                 group[3].append((e, k, w * bpv))
+                if expert_floor:
+                    expert_floors.append((e, k, expert_floor * stream.moe_layers))
             else:
                 group[2] += stream.active_params * bpv
         group_of(model.attention_precision)
+        self._expert_floors = tuple(expert_floors)
+        self._head_index = (list(groups).index(model.weight_streams[head_stream].precision)
+                            if head else -1)
 
         # Attention paths by reach: cap -> per stream [decode, prefill, prefill/attended]
         # FLOP coefficients, and the bytes read per attended position (charged to the
@@ -183,10 +205,24 @@ class CostModel:
                 cache[key] = value
         return value
 
+    def _expert_floor(self, tokens: int) -> float:
+        """Kernel floor of the experts a step of `tokens` tokens touches (cached)."""
+        cache = self._distinct_cache
+        key = (-1, tokens)
+        value = cache.get(key)
+        if value is None:
+            value = sum(expected_distinct_experts(e, k, tokens) * seconds
+                        for e, k, seconds in self._expert_floors)
+            if len(cache) < 65536:
+                cache[key] = value
+        return value
+
     def step_cost(self, tokens: int, load: AttentionLoad) -> StepCost:
         """The cost of one iteration computing `tokens` new positions."""
         nstreams = len(self._streams)
         attn_flops = [0.0] * nstreams
+        if self._head_flops:
+            attn_flops[self._head_index] = self._head_flops * (load.sequences or tokens)
         attn_bytes = self._state_bytes * load.sequences
         width = load.decode_width
         dec, pnp, pp = load.decode_p, load.prefill_np, load.prefill_p
@@ -199,7 +235,9 @@ class CostModel:
             for i, (cd, cp, cu) in enumerate(row):
                 attn_flops[i] += cd * width * d + cp * n + cu * p
             attn_bytes += self._read_coefs[j] * (d + p)
-        seconds = self._step_overhead
+        seconds = self._step_overhead + self._sequence_overhead * load.sequences
+        if self._expert_floors:
+            seconds += self._expert_floor(tokens)
         worst = 0.0
         bound = "memory"
         bandwidth = self.bandwidth

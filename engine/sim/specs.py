@@ -22,7 +22,16 @@ class Calibration:
     of T tokens; achieved bandwidth = peak x bandwidth_efficiency; collectives take
     1 / comm_efficiency as long; every step pays step_overhead seconds (scheduling,
     sampling, launches); a request reaches the scheduler request_overhead seconds after
-    it arrives (tokenisation and admission, which run beside the GPU: TTFT only)."""
+    it arrives (tokenisation and admission, which run beside the GPU: TTFT only).
+    Kernel floors: every layer adds layer_overhead seconds per step (the minimum time of
+    its chain of small kernels, which a launch graph does not remove), every MLA layer
+    mla_layer_overhead more (its longer chain: latent projections and norms, rope, the
+    absorbed up-projections, cache write, the MLA kernel and its metadata), and
+    every expert a step touches expert_overhead per MoE layer (the ramp-up and tail of
+    its small weight read and the padding of its token block), on each GPU: per touched
+    expert / ep. Host work grows with the batch: sequence_overhead seconds per sequence
+    in the step (input preparation, sampling, detokenisation, output processing). The LM head is charged once per sequence in the step (the position that
+    samples), not per position (needs the model's vocab_size)."""
 
     flops_efficiency: float = 1.0  # fraction of peak FLOP/s at large steps
     flops_half_tokens: float = 0.0  # tokens per step at which half of that is reached
@@ -30,6 +39,10 @@ class Calibration:
     comm_efficiency: float = 1.0  # fraction of the fabric's collective speed
     step_overhead: float = 0.0  # seconds per step outside the kernels
     request_overhead: float = 0.0  # seconds from arrival to schedulable
+    layer_overhead: float = 0.0  # seconds per layer per step (kernel floor)
+    expert_overhead: float = 0.0  # seconds per touched expert per MoE layer per step
+    mla_layer_overhead: float = 0.0  # seconds per MLA layer per step (its longer kernel chain)
+    sequence_overhead: float = 0.0  # seconds per sequence in the step (host work)
     fit: str = ""  # where the numbers come from
 
 
@@ -126,6 +139,7 @@ class Model:
     attention_precision: str = "bf16"
     kv_precision: str = "bf16"  # of the first cache-holding layer (for display)
     activation_bytes: int = 2  # bytes per activation element on the wire
+    vocab_size: int = 0  # the LM head's rows (0 = unknown); it is in the last dense stream
 
     @property
     def moe_layers(self) -> int:

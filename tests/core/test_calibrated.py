@@ -90,3 +90,75 @@ def test_every_calibration_data_file_carries_its_provenance_and_a_held_out_part(
     rows = fit.load_rows(ROOT / "calibration" / "data")
     assert any(r.holdout for r in rows) and any(not r.holdout for r in rows)
     assert all(r.measured for r in rows)
+
+
+def test_every_layer_adds_its_kernel_floor_to_a_calibrated_step():
+    # 2 layers x 50 us on top of the 1-token step worked out above
+    dep = dense()
+    dep.hardware = replace(dep.hardware, calibration=replace(CAL, layer_overhead=50e-6))
+    load = attention_load(CostModel(dep).caps, [])
+    assert CostModel(dep).step_cost(1, load).seconds == pytest.approx(
+        1e-3 + 2 * 50e-6 + 2e9 / (8e12 * 0.8), rel=1e-12)
+
+
+def moe(ep: int = 1, expert_overhead: float = 2e-6) -> Deployment:
+    # 8 experts top-2 over 4 MoE layers, 1e8 params per expert in all layers together
+    stream = WeightStream("bf16", 2e8, 8e8, num_experts=8, top_k=2, moe_layers=4)
+    model = Model(name="tiny-moe", num_layers=4, hidden_size=1024, max_seq_len=8192,
+                  weight_streams=(stream,), layer_classes=(LayerClass(4, 8, 128, 8),))
+    cal = Calibration(bandwidth_efficiency=0.5, expert_overhead=expert_overhead)
+    hw = replace(catalog.load_hardware("b200"), calibration=cal)
+    return Deployment(name="tiny-moe", model=model, hardware=hw, tp=ep, ep=ep,
+                      scheduler=SchedulerConfig(block_size=64), timing="calibrated")
+
+
+def test_every_touched_expert_adds_its_kernel_floor_per_moe_layer():
+    # 3 tokens x top-2 over 8 experts touch 8 (1 - (7/8)^6) = 4.393 experts per layer;
+    # bytes 4.393 x 1e8 x 2 B at 8e12 x 0.5; floor 4.393 x 4 layers x 2 us; with ep 2
+    # each GPU holds half the experts: half the floor (and twice the bandwidth).
+    touched = 8 * (1 - (7 / 8) ** 6)
+    for ep in (1, 2):
+        dep = moe(ep)
+        cost = CostModel(dep)
+        load = attention_load(cost.caps, [])
+        expected = touched * 4 * 2e-6 / ep + touched * 1e8 * 2 / (8e12 * ep * 0.5)
+        if ep > 1:  # the FFN and attention all-reduces of 3 tokens
+            expected += 8 * (5e-6 + 3 * 1024 * 2 / 9e11)
+        assert cost.step_cost(3, load).seconds == pytest.approx(expected, rel=1e-9)
+    no_floor = CostModel(moe(1, 0.0))
+    assert no_floor.step_cost(3, attention_load(no_floor.caps, [])).seconds == pytest.approx(
+        touched * 1e8 * 2 / (8e12 * 0.5), rel=1e-9)
+
+
+def test_the_calibrated_lm_head_computes_logits_once_per_sequence():
+    # 1e9 params of which the LM head 32,000 x 4096 = 131.072e6; a 4,000-token prefill of
+    # one sequence in one step is compute-bound: 2 (1e9 - 131.072e6) x 4000 + 2 x 131.072e6
+    # FLOPs (+ attention) at 2.25e15. The roofline keeps charging every position.
+    def build(timing: str) -> CostModel:
+        dep = dense(timing)
+        dep.model = replace(dep.model, vocab_size=32000)
+        dep.hardware = replace(dep.hardware, calibration=Calibration())
+        return CostModel(dep)
+    head = 32000 * 4096
+    cal, roof = build("calibrated"), build("roofline")
+    load = attention_load(cal.caps, [(4000, 0)])
+    attention = roof.step_cost(4000, load).seconds - 2e9 * 4000 / 2.25e15
+    assert cal.step_cost(4000, load).seconds == pytest.approx(
+        (2 * (1e9 - head) * 4000 + 2 * head) / 2.25e15 + attention, rel=1e-9)
+    # without a vocab size nothing moves
+    assert CostModel(dense()).step_cost(1, attention_load(cal.caps, [])).seconds == pytest.approx(
+        1e-3 + 2e9 / (8e12 * 0.8), rel=1e-12)
+
+
+def test_mla_layers_and_sequences_add_their_floors():
+    # DeepSeek-R1: 61 MLA layers x 100 us more per step; 3 decodes x 30 us of host work
+    def step(cal: Calibration) -> float:
+        hw = replace(catalog.load_hardware("h200"), calibration=cal)
+        dep = Deployment(name="r1", model=catalog.load_model("deepseek-r1"), hardware=hw, tp=8,
+                         scheduler=SchedulerConfig(block_size=64), timing="calibrated")
+        cost = CostModel(dep)
+        return cost.step_cost(3, attention_load(cost.caps, (), (3000.0,) * len(cost.caps), 1, 3)).seconds
+    base = step(Calibration())
+    assert step(Calibration(mla_layer_overhead=100e-6)) - base == pytest.approx(61 * 100e-6, rel=1e-9)
+    assert step(Calibration(sequence_overhead=30e-6)) - base == pytest.approx(3 * 30e-6, rel=1e-9)
+    assert step(Calibration(layer_overhead=10e-6)) - base == pytest.approx(61 * 10e-6, rel=1e-9)
