@@ -39,7 +39,7 @@ from inference_lab.gateway.errors import (
     error_response,
     from_http_exception,
 )
-from inference_lab.gateway.edge import read_body
+from inference_lab.gateway.edge import arrival_stamp, read_body
 from inference_lab.gateway.faults import HEADER as FAULT_HEADER
 from inference_lab.gateway.faults import DirectiveError, FaultSpec, directive_for
 from inference_lab.gateway.faults import control as fault_control
@@ -200,7 +200,9 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 def _generation_handler(dialect: Dialect):
     async def handler(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
-        gen = dialect.parse(await _read_body(request, state.max_body_bytes), state.tokenizer)
+        body = await _read_body(request, state.max_body_bytes)
+        arrived = arrival_stamp(request)  # the request is read: the engine books it here
+        gen = dialect.parse(body, state.tokenizer)
         fault = _fault_for(request, state, gen)
         pump = None
         if fault is not None:
@@ -210,7 +212,7 @@ def _generation_handler(dialect: Dialect):
                                                          gen.prompt_tokens)
             pump = fault_stream.pump_until_fault(fault)  # fires inside the real stream
         return await generate(request, gen, state.client, state.inflight, pump,
-                              replica=state.replica)
+                              replica=state.replica, arrived=arrived)
 
     handler.__name__ = dialect.name.replace(".", "_")
     return handler

@@ -12,6 +12,8 @@ it; otherwise it gets a 408 in the same envelope and is closed. (3) `read_body`:
 must arrive within BODY_TIMEOUT_S, and bad framing inside it is a 400, not a hang. Without this a client that
 opens thousands of connections and sends half a header each holds a file descriptor per
 connection for aiohttp's keep-alive timeout (75 s under AppRunner, an hour by default).
+(4) `received_at`: the time.monotonic() of the connection's latest bytes, which
+`arrival_stamp` turns into a request's arrival instant (inference_lab.common.clock).
 
 Where aiohttp does not allow the envelope, it is not sent: a parse error after the
 response has begun (the connection is only closed), a connection reset, and a TLS or
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -47,6 +50,15 @@ def envelope(status: int, message: str) -> bytes:
                                   "code": _CODES.get(status, "bad_http_request")}})
 
 
+def arrival_stamp(request: web.BaseRequest) -> float:
+    """When the gateway finished reading `request` (time.monotonic()), for a caller whose
+    body is read: the arrival of the connection's latest bytes, the body's last (later
+    bytes, a pipelined next request, only make it later). Under a server that is not
+    the edge's: now."""
+    stamp = getattr(request.protocol, "received_at", None)
+    return time.monotonic() if stamp is None else stamp
+
+
 async def read_body(request: web.BaseRequest, timeout: float | None = None) -> bytes:
     """The request body, read within `timeout` seconds (a 408 otherwise: a trickled body
     cannot hold a connection either); bad chunked framing is a 400. aiohttp keeps the bytes:
@@ -68,12 +80,13 @@ async def read_body(request: web.BaseRequest, timeout: float | None = None) -> b
 class EdgeRequestHandler(RequestHandler):
     """One HTTP connection (aiohttp's protocol) with JSON refusals and a header deadline."""
 
-    __slots__ = ("_header_timeout", "_header_timer")
+    __slots__ = ("_header_timeout", "_header_timer", "received_at")
 
     def __init__(self, *args, header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._header_timeout = header_timeout
         self._header_timer: asyncio.TimerHandle | None = None
+        self.received_at: float | None = None  # time.monotonic() of the latest bytes read
 
     # ---- the header deadline -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -90,6 +103,7 @@ class EdgeRequestHandler(RequestHandler):
             self._header_timer = None
 
     def data_received(self, data: bytes) -> None:
+        self.received_at = time.monotonic()
         parsed = self._request_count
         super().data_received(data)
         if self._request_count > parsed:

@@ -43,6 +43,7 @@ from typing import Any, Awaitable, Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from inference_lab.common.clock import CLOCK_METADATA, clock_id
 from inference_lab.common.tokenizer import ids_to_bytes
 from inference_lab.gateway.errors import ErrorKind, GatewayError, engine_unavailable, from_grpc_error
 from inference_lab.v1 import engine_pb2 as pb
@@ -221,7 +222,9 @@ class _Session:
         self._outbox: asyncio.Queue[pb.SessionAction | None] = asyncio.Queue()
         self._on_broken = on_broken
         self._probe = probe
-        self.call = stub.Session(self._actions(), wait_for_ready=False)
+        clock = clock_id()  # an engine on this machine books arrivals at our stamps
+        self.call = stub.Session(self._actions(), wait_for_ready=False,
+                                 metadata=((CLOCK_METADATA, clock),) if clock else None)
         self.task = asyncio.get_running_loop().create_task(self._dispatch(), name="engine-session")
 
     def send(self, action: pb.SessionAction) -> None:
@@ -375,6 +378,7 @@ class EngineClient:
     async def open(
         self, model: str, prompt: Sequence[int] | int, max_tokens: int | None, *, priority: int = 0,
         request_id: str = "", n: int = 1, replica: int | None = None,
+        arrived: float | None = None,
     ) -> RequestStream:
         """Start one request on the Session (on replica `replica` of the model; None =
         the engine's default, replica 0); its first event is `admitted` or `rejected`.
@@ -382,7 +386,9 @@ class EngineClient:
         sequences: their progress lands in `totals` and each sends its Finished. Raises
         GatewayError(queue_saturated) at once while the engine's last word is that the
         replica's queue is full, GatewayError(engine_unavailable) when the engine cannot be
-        reached. `prompt` is the prompt's token IDs (or only its length)."""
+        reached. `prompt` is the prompt's token IDs (or only its length). `arrived`: when
+        the request arrived here (time.monotonic()); an engine on this machine books its
+        arrival then (inference_lab.common.clock)."""
         prompt_tokens = prompt if isinstance(prompt, int) else len(prompt)
         key = queue_key(model, replica or 0)
         for _ in range(2):
@@ -414,6 +420,8 @@ class EngineClient:
                 req.request_id = request_id
             if replica is not None:
                 req.replica = replica
+            if arrived is not None:
+                req.arrival_monotonic_s = arrived
             session.routes[tag] = stream  # no await between the liveness check and this
             if n > 1:
                 req.n = n

@@ -7,6 +7,12 @@ with `on_tokens(stream, total)` / `on_finished(stream, request)` / `flush()`.
 Rules (docs/architecture.md, "Pacing"):
 - No cold-start deficit: an arrival at an idle engine moves the sim clock to the present
   (EngineCore.submit), so the first burst after idle is paced like every other.
+- An arrival is booked at the instant its sender stamped (`submit(arrived=...)`, a
+  time.monotonic() reading of this machine: inference_lab.common.clock), so the hop from
+  the gateway is not added to the modelled queue + prefill; clamped to what the clock
+  allows (`arrival_of`): never in the future, at most MAX_BACKDATE wall seconds back, never
+  before the start of the step booked last (a step already decided cannot take it), and
+  on an idle engine never so far back that its first token would already be due.
 - A step is booked at its start and its tokens are delivered at its end: token counts
   handed out are those of the last step that has *ended* (read from the core at that
   step's progress mark, `due_mark`), never of the step in flight.
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from inference_lab.engine.drivers.alarm import Alarm
@@ -62,6 +69,11 @@ class Stream:
 
 
 class Pacer:
+    # An arrival stamp is believed at most this far back (wall s): a hop inside the lab
+    # takes well under it; an older stamp is booked this far back (the engine or the
+    # gateway really was that late, and the pacing lag shows what cannot be honoured).
+    MAX_BACKDATE = 0.02
+
     def __init__(self, core: EngineCore, *, on_step: Callable[[StepResult], None] | None = None,
                  on_lag: Callable[[float], None] | None = None,
                  on_finished: Callable[[Request, int, float], None] | None = None,
@@ -84,6 +96,10 @@ class Pacer:
         self.inflight: StepResult | None = None
         self.due_mark = 0  # the core's progress mark as of the last step that ended
         self.last_end = -1.0  # sim time at which the last retired step ended
+        # No arrival is booked before this sim time: the start of the step booked last
+        # (decided without it) or the instant a stall ended.
+        self._not_before = 0.0
+        self.monotonic = time.monotonic  # the clock arrival stamps are read on
         self._finishing: list[Request] = []  # finish in the step in flight
         self._due_finished: list[Request] = []
         self._dirty_sinks: set = set()
@@ -118,6 +134,7 @@ class Pacer:
         later on the wall clock as the stall lasted."""
         if self._frozen_at is not None:
             self.epoch += self.loop.time() - self._frozen_wall
+            self._not_before = max(self._not_before, self._frozen_at)  # none in the stall
             self._frozen_at = None
             self.poke()
 
@@ -125,13 +142,36 @@ class Pacer:
         """The loop time at which the sim clock reads `sim_time`."""
         return self.epoch + sim_time / self.time_scale
 
+    def arrival_of(self, stamp: float | None) -> float:
+        """The sim time at which to book an arrival its sender stamped at `stamp` (this
+        machine's time.monotonic(); None = now): `now` minus the stamp's age in modelled
+        seconds. A stamp from the future is now; one older than MAX_BACKDATE is that old;
+        and never before what the clock can still honour: the start of the step booked
+        last, which was decided without it (so an arrival while the engine is busy moves
+        back at most into the step in flight), nor, when no step is in flight, so far back
+        that even the fastest first token would be due already (the first step it starts
+        ends now at the earliest: its tokens are never late nor grouped), nor into a stall.
+        A stalled clock books at the instant it stopped."""
+        now = self.sim_now()
+        if stamp is None or self._frozen_at is not None:
+            return now
+        age = self.monotonic() - stamp
+        if not age > 0:  # from the future (or NaN): not this clock, or a racing reading
+            return now
+        floor = self._not_before
+        if self.inflight is None:
+            floor = max(floor, now - self.core.fastest_first_token())
+        arrival = now - min(age, self.MAX_BACKDATE) * self.time_scale
+        return arrival if arrival > floor else min(floor, now)
+
     # ---- requests ----------------------------------------------------------------------
     def submit(self, prompt_len: int, max_tokens: int | None, sink, tag, priority: int = 0,
-               token_ids: bytes = b"", n: int = 1, lora=None) -> Request:
-        """Check and queue synchronously (raises QueueSaturated / SubmitError). With n > 1
-        the siblings get streams of their own (same sink and tag, their index) when the
-        core spawns them."""
-        req = self.core.submit(prompt_len, max_tokens, self.sim_now(), priority=priority,
+               token_ids: bytes = b"", n: int = 1, lora=None,
+               arrived: float | None = None) -> Request:
+        """Check and queue synchronously (raises QueueSaturated / SubmitError), arrived at
+        the stamp `arrived` (see `arrival_of`). With n > 1 the siblings get streams of
+        their own (same sink and tag, their index) when the core spawns them."""
+        req = self.core.submit(prompt_len, max_tokens, self.arrival_of(arrived), priority=priority,
                                tag=Stream(sink, tag), token_ids=token_ids, n=n, lora=lora)
         self._live[req.id] = req
         self.poke()
@@ -286,6 +326,7 @@ class Pacer:
                 return
             # The booked step's tokens are not due yet: count as of its start.
             self.due_mark = core.progress_marks()[0]
+            self._not_before = result.start
             for sibling in result.spawned:  # n > 1: the sequences beyond the first
                 first = sibling.family.members[0].tag
                 sibling.tag = Stream(first.sink, first.tag, sibling.index)
@@ -313,7 +354,9 @@ class Pacer:
         held_since = now - interval
         earliest = now  # the oldest last update among running streams
         held = 0
-        for req in self._live.values():
+        # Newest first: the requests whose first token this is (admitted last) lead the
+        # batch, so their readers are woken first (TTFT is what the lab's hop adds to most).
+        for req in reversed(self._live.values()):
             stream = req.tag
             due = core.tokens_at(req, mark)
             if due > stream.sent:

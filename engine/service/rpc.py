@@ -21,6 +21,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from inference_lab.common.auth import bearer_ok
+from inference_lab.common.clock import same_clock
 from inference_lab.engine.fleet.replicas import Fleet, ReplicaNotFound, ReplicaUnavailable
 from inference_lab.engine.sim.kv import total_blocks
 from inference_lab.engine.sim.capacity import require_change
@@ -253,6 +254,7 @@ class SessionSink:
         self.ready = asyncio.Event()
         self.closing = False  # the engine is stopping: end the call once flushed
         self.ended = asyncio.Event()
+        self.same_clock = False  # the client reads this machine's clock: its stamps count
 
     def on_tokens(self, stream: Stream, total: int) -> None:
         # Sequence i of a request with n > 1 reports under tag + i.
@@ -334,18 +336,23 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     def _unknown_model(self, model: str) -> str:
         return f"model {model!r} is not served here (models: {', '.join(self.fleet.deployments)})"
 
-    def _admit(self, request: pb.SubmitRequest, sink, tag) -> tuple[ModelRuntime, Request]:
+    def _admit(self, request: pb.SubmitRequest, sink, tag,
+               same_clock: bool = False) -> tuple[ModelRuntime, Request]:
         """The funnel: check and reserve synchronously. Raises one of REFUSED; counts
-        the refusals of a served replica's queue and rules."""
+        the refusals of a served replica's queue and rules. The arrival is booked at the
+        request's stamp when its sender reads this machine's clock (`same_clock`), else
+        now."""
         if not self.accepting:
             raise ShuttingDown()
         rt = self._runtime(request.model, request.replica)
         lora = rt.adapters.get(request.model) if rt.adapters else None
         max_tokens = request.max_tokens if request.HasField("max_tokens") else None
+        arrived = (request.arrival_monotonic_s
+                   if same_clock and request.HasField("arrival_monotonic_s") else None)
         try:
             req = rt.pacer.submit(request.prompt_tokens, max_tokens, sink, tag,
                                   priority=request.priority, token_ids=request.prompt_token_ids,
-                                  n=request.n or 1, lora=lora)
+                                  n=request.n or 1, lora=lora, arrived=arrived)
             if request.stop_at_end:
                 req.eos = True  # ends as "stop" (metrics), not "length"
         except (QueueSaturated, SubmitError) as exc:
@@ -368,7 +375,9 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     async def Submit(self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext):
         sink = SubmitSink()
         try:
-            rt, req = self._admit(request, sink, None)
+            rt, req = self._admit(request, sink, None,
+                                  request.HasField("arrival_monotonic_s")
+                                  and same_clock(context.invocation_metadata()))
         except REFUSED as exc:
             log.debug("refused %s: %s", request.request_id or "request", exc)  # counted in metrics
             await abort(context, exc)
@@ -386,6 +395,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     # ---- Session: many requests over one stream -----------------------------------------
     async def Session(self, request_iterator, context: grpc.aio.ServicerContext):
         sink = SessionSink(self)
+        sink.same_clock = same_clock(context.invocation_metadata())  # its stamps are believed
         loop = asyncio.get_running_loop()
         sink.flush()  # the first batch announces every model's queue state
         self.sessions.add(sink)
@@ -438,7 +448,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                 raise SubmitError(f"tag {tag} is already open in this session")
             if tag + max(request.n, 1) - 1 > _U64:
                 raise SubmitError(f"tags {tag} .. {tag} + n - 1 (n = {request.n}) exceed 2^64 - 1")
-            rt, req = self._admit(request, sink, tag)
+            rt, req = self._admit(request, sink, tag, sink.same_clock)
         except REFUSED as exc:
             sink.events.append(pb.Progress(tag=tag, rejected=rejected_pb(exc)))
             return

@@ -87,6 +87,8 @@ class EngineCore:
         self.record_kv_events = record_kv_events
         self.clock = 0.0  # simulated time at which the engine is next free
         self.slowdown = 1.0  # step times x this (a throttled replica); 1 = as modelled
+        # The cheapest step there is: one token attending one position (the weights read once).
+        self._shortest_step = self.cost.step_cost(1, attention_load(self.cost.caps, [(1, 0)])).seconds
 
     # ---- queries ---------------------------------------------------------------------
     @property
@@ -147,6 +149,11 @@ class EngineCore:
     def steps_to_next_finish(self) -> int | None:
         """Steps until the next decoding request reaches max_tokens (None: none decodes)."""
         return self.scheduler.group.steps_to_next_finish()
+
+    def fastest_first_token(self) -> float:
+        """A lower bound on any request's time from arrival to its first token: its
+        overhead before it may be scheduled plus the cheapest step (simulated s)."""
+        return self.cost.request_overhead + self._shortest_step * self.slowdown
 
     # ---- inputs ----------------------------------------------------------------------
     def _request_limits(self):

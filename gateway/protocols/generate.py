@@ -46,13 +46,15 @@ Pump = Callable[[web.Request, RequestStream, Reply, web.StreamResponse, list, in
 
 async def generate(request: web.Request, gen: Generation, client: EngineClient,
                    inflight: dict[RequestStream, web.BaseRequest],
-                   pump: Pump | None = None, replica: int | None = None) -> web.StreamResponse:
-    """Serve one parsed generation request (on `replica` of the model: gateway.fleet);
-    `inflight` holds it while it is open. Without max_tokens the engine chooses the length."""
+                   pump: Pump | None = None, replica: int | None = None,
+                   arrived: float | None = None) -> web.StreamResponse:
+    """Serve one parsed generation request (on `replica` of the model: gateway.fleet),
+    which arrived at `arrived` (time.monotonic(), None = unknown); `inflight` holds it
+    while it is open. Without max_tokens the engine chooses the length."""
     await client.resolve_model(gen.model)
     reply = gen.reply
     stream = await client.open(gen.model, gen.prompt, gen.max_tokens, priority=gen.priority,
-                               request_id=reply.id, n=gen.n, replica=replica)
+                               request_id=reply.id, n=gen.n, replica=replica, arrived=arrived)
     inflight[stream] = request
     try:
         events = await stream.next_events()  # Admitted or Rejected comes first
