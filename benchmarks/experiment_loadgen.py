@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import subprocess
 import sys
@@ -81,71 +82,119 @@ params = {params}
     return path
 
 
+class Timed:
+    """The controller, with the time spent inside acquire/release summed (perf_counter:
+    nothing in them blocks, so wall time there is CPU time)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.seconds = inner, 0.0
+
+    @property
+    def limit(self):
+        return self.inner.limit
+
+    @property
+    def inflight(self):
+        return self.inner.inflight
+
+    def acquire(self, now):
+        t = time.perf_counter()
+        ticket = self.inner.acquire(now)
+        self.seconds += time.perf_counter() - t
+        return ticket
+
+    def release(self, ticket, now, outcome, rtt):
+        t = time.perf_counter()
+        self.inner.release(ticket, now, outcome, rtt)
+        self.seconds += time.perf_counter() - t
+
+
 async def run(scenario, url: str, metrics_url: str | None):
+    """The runner's CPU: process time over run() plus building the records' columns."""
     from inference_lab.experiments.controllers import make_controller
     from inference_lab.experiments.runner import Runner
 
-    runner = Runner(scenario, url, make_controller(scenario.controller, scenario.controller_params),
-                    metrics_url=metrics_url)
+    ctl = Timed(make_controller(scenario.controller, scenario.controller_params))
+    runner = Runner(scenario, url, ctl, metrics_url=metrics_url)
+    gc.collect()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     records = await runner.run()
-    return records, time.process_time() - cpu0, time.perf_counter() - wall0
+    wall = time.perf_counter() - wall0
+    req = records.req
+    return req, time.process_time() - cpu0, wall, ctl.seconds
 
 
 class _Bare(asyncio.Protocol):
-    """The floor: write pre-built bytes, wait for the chunked terminator, parse nothing."""
+    """The floor's connection: write pre-built bytes, wait for the chunked terminator,
+    parse nothing."""
 
     def __init__(self) -> None:
-        self.tail, self.waiter, self.transport = b"", None, None
+        self.transport, self.on_done = None, None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self.tail = (self.tail + data)[-16:]
-        if self.tail.endswith(b"\r\n0\r\n\r\n"):
-            self.tail = b""
-            w, self.waiter = self.waiter, None
-            w.set_result(None)
+        if data.endswith(b"\r\n0\r\n\r\n"):
+            self.on_done(self)
 
 
 async def floor(port: int, rate: float, seconds: float) -> tuple[int, float, list[float]]:
-    """The same Poisson schedule, timer and connection pool with nothing else: what the
-    socket calls and the event loop cost per request on this machine."""
+    """The same Poisson schedule, timer callback and connection pool with nothing else
+    (no controller, no parsing, no records): what the event loop, the timer and the socket
+    calls cost per request on this machine."""
     import random
 
-    from inference_lab.engine.drivers.alarm import Alarm
+    from inference_lab.engine.drivers.alarm import Timer
     from inference_lab.experiments.client import Endpoint
 
     loop = asyncio.get_running_loop()
     raw = Endpoint(f"http://127.0.0.1:{port}", "gpt-oss-20b").request(16, 1)
-    idle = [(await loop.create_connection(_Bare, "127.0.0.1", port))[1] for _ in range(256)]
-    alarm, rng, delays, sent = Alarm(loop), random.Random(7), [], 0
-    cpu0 = time.process_time()
-    t = loop.time()
-    end = t + seconds
+    idle = [(await loop.create_connection(_Bare, "127.0.0.1", port))[1] for _ in range(64)]
+    rng, delays = random.Random(7), []
+    ended = loop.create_future()
+    due = [time.monotonic()]
+    end = due[0] + seconds
 
-    def done(fut, conn) -> None:
+    def done(conn) -> None:
         idle.append(conn)
 
-    while True:
-        t += rng.expovariate(rate)
+    def tick() -> None:
+        now = time.monotonic()
+        t = due[0]
+        while t <= now:
+            conn = idle.pop()
+            conn.on_done = done
+            delays.append((time.monotonic() - t) * 1000)
+            conn.transport.write(raw)
+            t += rng.expovariate(rate)
         if t >= end:
-            break
-        await alarm.sleep_until(t)
-        conn = idle.pop()
-        conn.waiter = loop.create_future()
-        delays.append((loop.time() - t) * 1000)
-        conn.transport.write(raw)
-        conn.waiter.add_done_callback(lambda f, c=conn: done(f, c))
-        sent += 1
-    while len(idle) < 256:
-        await asyncio.sleep(0.01)
+            ended.set_result(None)
+            return
+        due[0] = t
+        timer.arm(t)
+
+    timer = Timer(loop, tick)
+    gc.collect()
+    cpu0 = time.process_time()
+    due[0] += rng.expovariate(rate)
+    timer.arm(due[0])
+    await ended
+    while len(idle) < 64:
+        await asyncio.sleep(0.001)
     cpu = time.process_time() - cpu0
-    alarm.close()
+    timer.close()
     for conn in idle:
         conn.transport.close()
-    return sent, cpu, delays
+    return len(delays), cpu, delays
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
 
 
 def main() -> None:
@@ -166,32 +215,33 @@ def main() -> None:
         sc = load_scenario(scenario_file(args.rate, args.seconds, args.controller, Path(tmp)))
         if args.serve:
             with C.serve() as served:
-                records, cpu, wall = runner(run(sc, served.base, None))
+                req, cpu, wall, ctl_s = runner(run(sc, served.base, None))
         else:
             stub = subprocess.Popen([sys.executable, "-c", STUB], stdout=subprocess.PIPE)
             try:
                 port = int(stub.stdout.readline())
                 f_sent, f_cpu, f_delay = runner(floor(port, args.rate, args.seconds))
-                records, cpu, wall = runner(run(sc, f"http://127.0.0.1:{port}", None))
+                req, cpu, wall, ctl_s = runner(run(sc, f"http://127.0.0.1:{port}", None))
             finally:
                 stub.terminate()
                 stub.wait(5)
-    req = records.req
     status = np.array(req["status"])
     sent = status != 0
     delay = np.array(req["send_delay_ms"])[sent]
     n = int(sent.sum())
     print(f"experiment runner, controller {args.controller}, open loop {args.rate:.0f}/s for "
           f"{args.seconds:g} s against {'inference-lab serve' if args.serve else 'a stub SSE server'} "
-          f"(load average {os.getloadavg()[0]:.2f})")
+          f"(load average {os.getloadavg()[0]:.2f}, commit {commit()})")
     print(f"  requests sent {n} ({n / wall:.0f}/s), ok {int((status == 200).sum())}, "
           f"shed by the controller {int((status == 0).sum())}, other {int(((status != 200) & sent).sum())}")
-    print(f"  runner CPU {cpu:.2f} s = {1e6 * cpu / max(n, 1):.1f} CPU-us per request "
-          f"({cpu / wall:.2f} cores)")
-    print(f"  send delay p50 {np.percentile(delay, 50):.3f} ms, p99 {np.percentile(delay, 99):.3f} ms, "
+    per = 1e6 / max(n, 1)
+    print(f"  CPU per request {cpu * per:.1f} us = generator {(cpu - ctl_s) * per:.1f} + controller "
+          f"{ctl_s * per:.1f} ({cpu / wall:.2f} cores; run() plus building the records' columns)")
+    print(f"  send delay from the scheduled instant (coordinated omission accounted for): "
+          f"p50 {np.percentile(delay, 50):.3f} ms, p99 {np.percentile(delay, 99):.3f} ms, "
           f"max {delay.max():.3f} ms")
     if not args.serve:
-        print(f"  floor (same schedule, timer and pool; write, wait, nothing else): "
+        print(f"  floor (same schedule, timer and pool; write, wait for the end, nothing else): "
               f"{1e6 * f_cpu / max(f_sent, 1):.1f} CPU-us per request, send delay p50 "
               f"{np.percentile(f_delay, 50):.3f} ms, p99 {np.percentile(f_delay, 99):.3f} ms")
 

@@ -1,4 +1,5 @@
-"""A one-shot alarm on the event loop with microsecond precision, for the pacer.
+"""One-shot alarms on the event loop with microsecond precision: `Alarm` (awaited, for
+the pacer) and `Timer` (a callback, for a load generator's send schedule).
 
 asyncio's own timers wake late: the epoll selector rounds every timeout *up* to whole
 milliseconds, so a step that ends 0.3 ms from now is delivered up to 1 ms late (about
@@ -15,6 +16,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
+import math
 import os
 import sys
 import time
@@ -127,3 +129,90 @@ class Alarm:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+class Timer:
+    """`timer.arm(deadline)`: call `callback()` from the loop at time.monotonic() ==
+    deadline, precisely (the timerfd, as in Alarm), as a plain callback: no future, task or
+    coroutine step per wake-up, for a caller that wakes a thousand times a second.
+
+    Re-arming from inside the callback is the cheap path: timerfd_settime clears a fired
+    timer, so the fd needs no read (one system call per wake-up instead of two). A wake-up
+    that finds the timer re-armed for later (re-armed between the kernel's report and
+    this callback) is ignored. Without timerfd: loop.call_later (up to 1 ms late).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, callback) -> None:
+        self.loop = loop
+        self.callback = callback
+        self.fd = -1
+        self.deadline = math.inf  # armed for; inf when not armed
+        self._handle: asyncio.TimerHandle | None = None
+        self._spec = _Itimerspec()
+        self._value = self._spec.it_value  # a view into _spec: set in place
+        self._spec_ref = ctypes.byref(self._spec)
+        if _LIBC is not None:
+            fd = _LIBC.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
+            if fd >= 0:
+                try:
+                    loop.add_reader(fd, self._fired)
+                    self.fd = fd
+                except (NotImplementedError, RuntimeError, ValueError):
+                    os.close(fd)
+
+    @property
+    def precise(self) -> bool:
+        return self.fd >= 0
+
+    def arm(self, deadline: float) -> None:
+        """(Re-)arm for time.monotonic() == deadline; a deadline already past fires at the
+        loop's next turn."""
+        self.deadline = deadline
+        if self.fd < 0:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._handle = self.loop.call_later(max(0.0, deadline - time.monotonic()), self._fired)
+            return
+        self._settime(deadline)
+
+    def disarm(self) -> None:
+        self.deadline = math.inf
+        if self.fd >= 0:
+            self._settime(0.0)  # it_value 0 disarms (and clears a fired timer)
+        elif self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _settime(self, deadline: float) -> None:
+        sec = int(deadline)
+        value = self._value
+        value.tv_sec = sec
+        value.tv_nsec = int((deadline - sec) * 1e9)
+        if _LIBC.timerfd_settime(self.fd, _TFD_TIMER_ABSTIME, self._spec_ref, None) != 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+
+    def _fired(self) -> None:
+        deadline = self.deadline
+        if deadline == math.inf:
+            if self.fd >= 0:
+                self._settime(0.0)  # a stale report: clear it
+            return
+        if time.monotonic() < deadline - 1e-6:
+            if self.fd < 0:  # loop.call_later may run early by its clock's resolution
+                self._handle = self.loop.call_later(deadline - time.monotonic(), self._fired)
+            return  # (timerfd: re-armed for later since the kernel reported it; settime cleared it)
+        self.deadline = math.inf
+        self._handle = None
+        self.callback()
+        if self.deadline == math.inf and self.fd >= 0:
+            self._settime(0.0)  # not re-armed: clear the fired timer (instead of a read)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self.deadline = math.inf

@@ -22,14 +22,17 @@ from base64 import b64encode
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import msgspec
+
 __all__ = ["Result", "Endpoint", "Connection", "ConnectionError_"]
 
-TERMINATOR = b"\r\n0\r\n\r\n"
+TERMINATOR = b"\r\n0\r\n\r\n"  # the last chunk, after a chunk's data
 TAIL_BYTES = 4096
 _MODELLED = b'"inference_lab":'
-_COMPLETION = re.compile(rb'"completion_tokens":(\d+)')
-_CACHED = re.compile(rb'"cached_tokens":(\d+)')
+_COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
+_CACHED = re.compile(rb'"cached_tokens":\s*(\d+)')
 _decoder = json.JSONDecoder()
+_decode = msgspec.json.Decoder().decode
 # The clock of every timestamp: uvloop's loop.time() counts whole milliseconds.
 monotonic = time.monotonic
 
@@ -93,123 +96,215 @@ class Endpoint:
         return conn
 
 
-class Connection(asyncio.Protocol):
-    """One keep-alive connection, one request at a time: `await conn.send(raw)`."""
+# Response states: the head is still coming; a chunked body; a Content-Length body; a
+# body that ends when the server closes (neither).
+HEAD, CHUNKED, LENGTH, UNTIL_CLOSE = range(4)
 
-    __slots__ = ("loop", "transport", "waiter", "result", "head", "length", "chunked",
-                 "got", "tail", "closed")
+
+def parse_head(head: bytes) -> tuple[int, int, int, bool]:
+    """(status, state, content_length, keep_alive) of a response head (without the
+    blank line); raises ValueError for a head that is not HTTP/1.x."""
+    if head[:7] != b"HTTP/1." or head[12:13] not in (b" ", b"\r", b""):
+        raise ValueError("bad status line")
+    status = int(head[9:12])
+    lower = head.lower()
+    keep_alive = b"\r\nconnection: close" not in lower and head[7:8] != b"0"
+    if b"\r\ntransfer-encoding: chunked" in lower:
+        return status, CHUNKED, -1, keep_alive
+    i = lower.find(b"\r\ncontent-length:")
+    if i < 0:
+        return status, UNTIL_CLOSE, -1, False
+    j = lower.find(b"\r\n", i + 17)
+    try:
+        length = int(lower[i + 17:j if j >= 0 else None])
+    except ValueError:
+        raise ValueError("bad Content-Length") from None
+    return status, LENGTH, length, keep_alive
+
+
+_heads: dict[bytes, tuple[int, int, int, bool]] = {}  # parse_head's answers: a server repeats its heads
+
+
+def decode_modelled(tail: bytes) -> dict | None:
+    """The "inference_lab" object (a flat one) from the last bytes of a response."""
+    i = tail.rfind(_MODELLED)
+    if i < 0:
+        return None
+    i += len(_MODELLED)
+    j = tail.find(b"}", i)
+    try:
+        value = _decode(tail[i:j + 1])
+    except msgspec.DecodeError:
+        try:  # not flat after all
+            value, _ = _decoder.raw_decode(tail[i:].decode("utf-8", "replace"))
+        except ValueError:
+            return None
+    return value if isinstance(value, dict) else None
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection, one request at a time.
+
+    `conn.start(raw, on_done, ctx)` writes a request and calls `on_done(conn, result)` from
+    `data_received` when the response has ended (or with status -1 when it failed, from
+    `connection_lost` or a bad head): no future, task or callback hop per request, for the
+    open loop. `await conn.send(raw)` is the same as an awaitable (raises ConnectionError_).
+    `ctx` is the caller's, carried with the request.
+
+    Framing: the head up to CRLF CRLF (status, Content-Length, Transfer-Encoding: chunked,
+    Connection: close); a Content-Length body is counted; a chunked body ends at its last
+    chunk, CRLF "0" CRLF CRLF, recognised as the stream's suffix (SSE frames are JSON lines,
+    which never hold a raw CR LF: only the chunk framing does); a body with neither ends
+    when the server closes. Only the last TAIL_BYTES or so are kept (usage and the modelled
+    timings come in the stream's last frames).
+    """
+
+    __slots__ = ("loop", "transport", "on_done", "ctx", "result", "head", "state", "length",
+                 "got", "pieces", "kept", "closed", "keep_alive")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.transport = None
-        self.waiter: asyncio.Future | None = None
+        self.on_done = None  # on_done(conn, result) while a request is out
+        self.ctx = None
         self.result: Result | None = None
         self.closed = False
-        self._reset()
-
-    def _reset(self) -> None:
+        self.keep_alive = True
         self.head = b""
-        self.length = -1  # Content-Length, once the head is in; -1 before
-        self.chunked = False
+        self.state = HEAD
+        self.length = -1
         self.got = 0
-        self.tail = b""
+        self.pieces: list[bytes] = []
+        self.kept = 0
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionError_(str(exc) if exc else "connection closed"))
+        if self.result is None:
+            return
+        if self.state == UNTIL_CLOSE:
+            self._finish()
+        else:
+            self._fail(str(exc) if exc else "connection closed")
+
+    def start(self, raw: bytes, on_done, ctx=None) -> None:
+        """Write one request; `on_done(self, result)` gets its Result."""
+        if self.closed or self.result is not None:
+            raise ConnectionError_("connection closed" if self.closed else "a request is out")
+        self.state = HEAD
+        self.got = self.kept = 0
+        self.pieces = []
+        self.on_done = on_done
+        self.ctx = ctx
+        self.result = Result(0, monotonic(), 0.0, 0.0)
+        self.transport.write(raw)
 
     def send(self, raw: bytes) -> asyncio.Future:
-        """Write one request; the future gets its Result."""
-        if self.closed:
-            raise ConnectionError_("connection closed")
-        self._reset()
-        now = monotonic()
-        self.result = Result(0, now, 0.0, 0.0)
-        self.waiter = self.loop.create_future()
-        self.transport.write(raw)
-        return self.waiter
+        """Write one request; the future gets its Result (or ConnectionError_)."""
+        waiter = self.loop.create_future()
+        self.start(raw, _resolve, waiter)
+        return waiter
 
     def close(self) -> None:
+        self.closed = True
         if self.transport is not None:
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         result = self.result
-        if result is None or self.waiter is None:
-            return
-        if self.length < 0 and not self.chunked:
-            self.head += data
-            end = self.head.find(b"\r\n\r\n")
+        if result is None:
+            return  # nothing asked for: bytes after a response (a broken server)
+        state = self.state
+        if state == HEAD:
+            if self.head:
+                data = self.head + data
+            end = data.find(b"\r\n\r\n")
             if end < 0:
+                self.head = data
                 return
-            head, data = self.head[:end], self.head[end + 4:]
-            try:
-                result.status = int(head[9:12])
-            except ValueError:
-                self._fail("bad status line")
-                return
-            lower = head.lower()
-            if b"transfer-encoding: chunked" in lower:
-                self.chunked = True
-            else:
-                i = lower.find(b"content-length:")
-                if i < 0:
-                    self._fail("no Content-Length")
+            self.head = b""
+            head, data = data[:end], data[end + 4:]
+            parsed = _heads.get(head)
+            if parsed is None:
+                try:
+                    parsed = parse_head(head)
+                except ValueError as exc:
+                    self._fail(str(exc))
                     return
-                j = lower.find(b"\r\n", i)
-                self.length = int(lower[i + 15:j if j >= 0 else None])
-        if not data:
-            if self.length == 0:
+                if len(_heads) >= 256:
+                    _heads.clear()
+                _heads[head] = parsed
+            result.status, state, self.length, self.keep_alive = parsed
+            self.state = state
+            if state == LENGTH and self.length == 0:
                 self._finish()
-            return
-        if self.chunked:
+                return
+            if not data:
+                return
+        n = len(data)
+        self.got += n
+        self.pieces.append(data)
+        self.kept += n
+        if self.kept > 2 * TAIL_BYTES:
+            tail = b"".join(self.pieces)[-TAIL_BYTES:]
+            self.pieces = [tail]
+            self.kept = len(tail)
+        if state == CHUNKED:
             if not result.first and b"data: " in data:
                 result.first = monotonic()
-            tail = self.tail + data
-            self.tail = tail[-TAIL_BYTES:]
-            if tail.endswith(TERMINATOR) or tail == b"0\r\n\r\n":
+            if data.endswith(TERMINATOR):
                 self._finish()
-        else:
-            self.got += len(data)
-            self.tail = (self.tail + data)[-TAIL_BYTES:]
-            if self.got >= self.length:
-                self._finish()
+            elif n < 7 or self.got == 5:  # the terminator split over reads; or no chunks
+                end = b"".join(self.pieces[-7:])[-7:]
+                if end == TERMINATOR or (self.got == 5 and end == b"0\r\n\r\n"):
+                    self._finish()
+        elif state == LENGTH and self.got >= self.length:
+            self._finish()
 
     def _finish(self) -> None:
-        result, waiter = self.result, self.waiter
-        self.result = self.waiter = None
+        result, on_done = self.result, self.on_done
+        self.result = None
         result.done = monotonic()
-        tail = self.tail
+        pieces = self.pieces
+        tail = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        self.pieces = []
         if result.status == 200:
-            m = None
-            for m in _COMPLETION.finditer(tail):
-                pass
-            if m is not None:
-                result.completion_tokens = int(m.group(1))
-            m = None
-            for m in _CACHED.finditer(tail):
-                pass
-            if m is not None:
-                result.cached_tokens = int(m.group(1))
-            i = tail.rfind(_MODELLED)
+            i = tail.rfind(b'"completion_tokens"')
             if i >= 0:
-                try:
-                    result.modelled, _ = _decoder.raw_decode(tail[i + len(_MODELLED):].decode("utf-8", "replace"))
-                except ValueError:
-                    pass
+                m = _COMPLETION.match(tail, i)
+                if m is not None:
+                    result.completion_tokens = int(m.group(1))
+            i = tail.rfind(b'"cached_tokens"')
+            if i >= 0:
+                m = _CACHED.match(tail, i)
+                if m is not None:
+                    result.cached_tokens = int(m.group(1))
+            result.modelled = decode_modelled(tail)
         else:
             result.error = tail[:300].decode("utf-8", "replace")
-        if not waiter.done():
-            waiter.set_result(result)
+        if not self.keep_alive:
+            self.close()
+        on_done(self, result)
 
     def _fail(self, why: str) -> None:
-        waiter = self.waiter
-        self.result = self.waiter = None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionError_(why))
+        result, on_done = self.result, self.on_done
+        self.result = None
+        self.pieces = []
         self.close()
+        if result is not None:
+            result.status = -1
+            result.done = monotonic()
+            result.error = why[:300]
+            on_done(self, result)
+
+
+def _resolve(conn: Connection, result: Result) -> None:
+    waiter = conn.ctx
+    if waiter.done():
+        return
+    if result.status == -1:
+        waiter.set_exception(ConnectionError_(result.error))
+    else:
+        waiter.set_result(result)

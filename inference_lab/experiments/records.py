@@ -1,6 +1,6 @@
 """An experiment's raw results: one row per request, the controller's limit and in-flight
 at every change, the server's queue gauges every 250 ms, and the timeline's actions;
-kept as column lists while the run goes (an append per field), written as Parquet.
+kept as one tuple per row while the run goes, turned into columns and written as Parquet.
 
 Files in the run directory:
   requests.parquet    one row per request (columns in REQUEST_COLUMNS)
@@ -53,24 +53,29 @@ NAN = math.nan
 
 
 class Records:
+    """While the run goes, one tuple per request and per controller change (one append, no
+    arithmetic); the columns are built when read (`req`, `ctl`)."""
+
     def __init__(self) -> None:
-        self.req: dict[str, list] = {name: [] for name in REQUEST_COLUMNS}
-        self.ctl: dict[str, list] = {name: [] for name in CONTROLLER_COLUMNS}
+        self._rows: list[tuple] = []  # (due, user, phase, limit, inflight, prompt, max_tokens, Result | None)
+        self._trace: list[tuple] = []  # (monotonic, limit, inflight)
         self.srv: dict[str, list] = {name: [] for name in SERVER_COLUMNS}
         self.actions: list[dict] = []
         self.facts: dict = {}
+        self.t0 = 0.0  # the run's start, time.monotonic()
+        self.k = 1.0  # time scale: modelled seconds per wall second
 
-    def start(self, unix_time: float, time_scale: float) -> None:
+    def start(self, unix_time: float, time_scale: float, t0: float = 0.0) -> None:
+        """`t0`: the run's start on time.monotonic(), which every wall time passed in is on."""
+        self.t0, self.k = t0, time_scale
         self.facts.update(started_unix=unix_time, time_scale=time_scale)
 
     def finish(self, t: float) -> None:
         self.facts["ended_s"] = t
 
-    def controller(self, t: float, limit: float, inflight: int) -> None:
-        c = self.ctl
-        c["t"].append(t)
-        c["limit"].append(float(limit))
-        c["inflight"].append(inflight)
+    def controller(self, wall: float, limit: float, inflight: int) -> None:
+        """The controller's state at time.monotonic() == wall."""
+        self._trace.append((wall, limit, inflight))
 
     def server(self, t: float, gauges: dict[str, float]) -> None:
         for name in SERVER_COLUMNS:
@@ -79,45 +84,73 @@ class Records:
     def action(self, t: float, at: float, label: str, kind: str = "") -> None:
         self.actions.append({"t": t, "at": at, "label": label, "kind": kind})
 
-    def request(self, run, due_wall: float, user: int, phase: int, limit: float, inflight: int,
+    def request(self, due_wall: float, user: int, phase: int, limit: float, inflight: int,
                 prompt, max_tokens: int, result) -> None:
-        """`prompt`: the experiments.prompts.Prompt sent."""
-        k, t0 = run.k, run.t0
-        r = self.req
-        r["due_s"].append((due_wall - t0) * k)
-        r["send_s"].append((result.sent - t0) * k)
-        r["send_delay_ms"].append(max(0.0, result.sent - due_wall) * 1000.0)
-        r["user"].append(user)
-        r["phase"].append(phase)
-        r["limit"].append(float(limit))
-        r["inflight"].append(inflight)
-        r["status"].append(result.status)
-        r["prompt_tokens"].append(prompt.tokens)
-        r["cached_tokens"].append(result.cached_tokens)
-        r["adapter"].append(prompt.adapter)
-        r["max_tokens"].append(max_tokens)
-        r["completion_tokens"].append(result.completion_tokens)
-        r["ttft_s"].append((result.first - result.sent) * k if result.first else NAN)
-        r["e2e_s"].append((result.done - result.sent) * k)
-        r["done_s"].append((result.done - t0) * k)
-        m = result.modelled or {}
-        r["m_queue_s"].append(m.get("queue_time_s", NAN))
-        r["m_ttft_s"].append(m.get("ttft_s", NAN))
-        r["m_e2e_s"].append(m.get("e2e_s", NAN))
-        r["preemptions"].append(int(m.get("preemptions", 0)))
-        r["error"].append(result.error)
+        """A request that was sent (or failed to be): `prompt` is the
+        experiments.prompts.Prompt sent, `result` its client.Result."""
+        self._rows.append((due_wall, user, phase, limit, inflight, prompt, max_tokens, result))
 
-    def shed(self, run, due_wall: float, phase: int) -> None:
+    def shed(self, due_wall: float, phase: int, limit: float, inflight: int) -> None:
         """An arrival the controller refused: recorded, never sent."""
-        t = (due_wall - run.t0) * run.k
-        r = self.req
-        for name, value in (("due_s", t), ("send_s", t), ("send_delay_ms", 0.0), ("user", -1),
-                            ("phase", phase), ("limit", float(run.ctl.limit)),
-                            ("inflight", run.ctl.inflight), ("status", 0), ("prompt_tokens", 0),
-                            ("cached_tokens", -1), ("adapter", ""), ("max_tokens", 0), ("completion_tokens", 0), ("ttft_s", NAN),
-                            ("e2e_s", NAN), ("done_s", t), ("m_queue_s", NAN), ("m_ttft_s", NAN),
-                            ("m_e2e_s", NAN), ("preemptions", 0), ("error", "shed by the controller")):
-            r[name].append(value)
+        self._rows.append((due_wall, -1, phase, limit, inflight, 0, 0, None))
+
+    @property
+    def ctl(self) -> dict[str, list]:
+        t0, k = self.t0, self.k
+        return {"t": [(wall - t0) * k for wall, _, _ in self._trace],
+                "limit": [float(limit) for _, limit, _ in self._trace],
+                "inflight": [inflight for _, _, inflight in self._trace]}
+
+    @property
+    def req(self) -> dict[str, list]:
+        t0, k = self.t0, self.k
+        cols: dict[str, list] = {name: [] for name in REQUEST_COLUMNS}
+        appends = [cols[name].append for name in REQUEST_COLUMNS]
+        (due_s, send_s, send_delay_ms, user_, phase_, limit_, inflight_, status, prompt_tokens,
+         cached_tokens, adapter, max_tokens_, completion_tokens, ttft_s, e2e_s, done_s, m_queue_s,
+         m_ttft_s, m_e2e_s, preemptions, error) = appends
+        for due, user, phase, limit, inflight, prompt, max_tokens, result in self._rows:
+            t = (due - t0) * k
+            due_s(t)
+            user_(user)
+            phase_(phase)
+            limit_(float(limit))
+            inflight_(inflight)
+            max_tokens_(max_tokens)
+            if result is None:  # shed by the controller
+                prompt_tokens(0)
+                cached_tokens(-1)
+                adapter("")
+                send_s(t)
+                send_delay_ms(0.0)
+                status(0)
+                completion_tokens(0)
+                ttft_s(NAN)
+                e2e_s(NAN)
+                done_s(t)
+                m_queue_s(NAN)
+                m_ttft_s(NAN)
+                m_e2e_s(NAN)
+                preemptions(0)
+                error("shed by the controller")
+                continue
+            prompt_tokens(prompt.tokens)
+            cached_tokens(result.cached_tokens)
+            adapter(prompt.adapter)
+            send_s((result.sent - t0) * k)
+            send_delay_ms(max(0.0, result.sent - due) * 1000.0)
+            status(result.status)
+            completion_tokens(result.completion_tokens)
+            ttft_s((result.first - result.sent) * k if result.first else NAN)
+            e2e_s((result.done - result.sent) * k)
+            done_s((result.done - t0) * k)
+            m = result.modelled or {}
+            m_queue_s(m.get("queue_time_s", NAN))
+            m_ttft_s(m.get("ttft_s", NAN))
+            m_e2e_s(m.get("e2e_s", NAN))
+            preemptions(int(m.get("preemptions", 0)))
+            error(result.error)
+        return cols
 
     def write(self, out: Path) -> None:
         import pyarrow as pa

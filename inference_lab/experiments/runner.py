@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from inference_lab.engine.drivers.alarm import Alarm
+from inference_lab.engine.drivers.alarm import Timer
 from inference_lab.experiments.client import Connection, ConnectionError_, Endpoint, Result, monotonic
 from inference_lab.experiments.controllers import Controller, Outcome
 from inference_lab.experiments.prompts import Prompt, Prompts
@@ -120,6 +120,7 @@ class Runner:
         self.base = base_url.rstrip("/")
         self.endpoint = Endpoint(self.base, scenario.model, api_key)
         self.ctl = controller
+        self.rtt_e2e = scenario.rtt not in ("ttft", "per_token")  # the controller's latency sample
         self.k = time_scale
         self.metrics_url = metrics_url
         self.http = Http(control_token)
@@ -220,8 +221,8 @@ class Runner:
             await asyncio.sleep(SCRAPE_INTERVAL)
 
     # ---- the controller's slots -------------------------------------------------------------
-    def _trace(self) -> None:
-        self.records.controller(self.now(), self.ctl.limit, self.ctl.inflight)
+    def _trace(self, wall: float) -> None:
+        self.records.controller(wall, self.ctl.limit, self.ctl.inflight)
 
     def _wake_one(self) -> None:
         while self._slot_waiters:
@@ -233,9 +234,10 @@ class Runner:
     async def _acquire_blocking(self):
         """A slot for a closed-loop user: wait for a release (or a limit that grew)."""
         while True:
-            ticket = self.ctl.acquire(self.now())
+            wall = monotonic()
+            ticket = self.ctl.acquire((wall - self.t0) * self.k)
             if ticket is not None:
-                self._trace()
+                self._trace(wall)
                 return ticket
             if monotonic() >= self.end:
                 return None
@@ -248,27 +250,29 @@ class Runner:
             except asyncio.TimeoutError:
                 pass
 
-    def _release(self, ticket, result: Result | None) -> None:
-        now = self.now()
-        if result is None or result.status == STATUS_NO_RESPONSE:
+    def _release(self, ticket, result: Result) -> None:
+        """The controller's sample from one response (`result.done`: when it ended)."""
+        k, status = self.k, result.status
+        if status == 200:
+            outcome = Outcome.OK
+            if self.rtt_e2e or not result.first:
+                rtt = (result.done - result.sent) * k
+            elif self.sc.rtt == "ttft":
+                rtt = (result.first - result.sent) * k
+            elif result.completion_tokens > 1:  # per_token
+                rtt = (result.done - result.first) * k / (result.completion_tokens - 1)
+            else:
+                rtt = (result.done - result.sent) * k
+        elif status == 529:
+            outcome, rtt = Outcome.DROPPED, (result.done - result.sent) * k
+        elif status == STATUS_NO_RESPONSE:
             outcome, rtt = Outcome.IGNORED, 0.0
         else:
-            e2e = (result.done - result.sent) * self.k
-            if result.status == 200:
-                outcome = Outcome.OK
-                if self.sc.rtt == "ttft" and result.first:
-                    rtt = (result.first - result.sent) * self.k
-                elif self.sc.rtt == "per_token" and result.completion_tokens > 1 and result.first:
-                    rtt = (result.done - result.first) * self.k / (result.completion_tokens - 1)
-                else:
-                    rtt = e2e
-            elif result.status == 529:
-                outcome, rtt = Outcome.DROPPED, e2e
-            else:
-                outcome, rtt = Outcome.IGNORED, e2e
-        self.ctl.release(ticket, now, outcome, rtt)
-        self._trace()
-        self._wake_one()
+            outcome, rtt = Outcome.IGNORED, (result.done - result.sent) * k
+        self.ctl.release(ticket, (result.done - self.t0) * k, outcome, rtt)
+        self.records.controller(result.done, self.ctl.limit, self.ctl.inflight)
+        if self._slot_waiters:
+            self._wake_one()
 
     # ---- one request ------------------------------------------------------------------------
     def _request(self, user: int) -> tuple[bytes, Prompt, int]:
@@ -298,7 +302,7 @@ class Runner:
                 conn.close()
             conn = None
         self._release(ticket, result)
-        self.records.request(self, due, user, phase, limit, inflight, prompt, output, result)
+        self.records.request(due, user, phase, limit, inflight, prompt, output, result)
         return result, conn
 
     # ---- load ------------------------------------------------------------------------------
@@ -314,7 +318,7 @@ class Runner:
                 if ticket is None:
                     break
                 if ticket is SHED:  # recorded like a refusal, then the user pauses as after one
-                    self.records.shed(self, due, self.phase)
+                    self.records.shed(due, self.phase, self.ctl.limit, self.ctl.inflight)
                     await asyncio.sleep(max(self.sc.retry_after_529, SLOT_RECHECK) / self.k)
                     continue
                 if i >= self.users_target:  # parked while it waited
@@ -333,71 +337,93 @@ class Runner:
             self._users.append(self.loop.create_task(self._user(len(self._users))))
 
     async def _open_loop(self) -> None:
-        """Poisson arrivals at the current rate; each is due at its scheduled instant (its
-        send delay is measured from there: no coordinated omission). Requests go out on
-        idle keep-alive connections (a new one only when all are busy) and finish in a
-        callback: no task per request."""
-        alarm = Alarm(self.loop)  # wakes on time to the microsecond (asyncio: up to 1 ms late)
+        """Poisson arrivals at the current rate, sent from a timer callback at each one's
+        scheduled instant; its send delay counts from there (no coordinated omission: a
+        late wake-up sends every arrival already due, each with its own delay). Requests go
+        out on idle keep-alive connections (a new one only when all are busy) and end in
+        the connection's callback: no task, future or closure per request."""
+        conns = await asyncio.gather(*(self.endpoint.connect() for _ in range(OPEN_LOOP_POOL)),
+                                     return_exceptions=True)
+        self._idle.extend(c for c in conns if isinstance(c, Connection))
+        self._open_ended = self.loop.create_future()
+        self._timer = Timer(self.loop, self._tick)
         try:
-            conns = await asyncio.gather(*(self.endpoint.connect() for _ in range(OPEN_LOOP_POOL)),
-                                         return_exceptions=True)
-            self._idle.extend(c for c in conns if isinstance(c, Connection))
-            t = monotonic()
-            while True:
-                rate = self.rate
-                if rate <= 0:
-                    t = monotonic() + 0.01
-                    await asyncio.sleep(0.01)
-                    continue
-                t += self.rng.expovariate(rate) / self.k
-                if t >= self.end:
-                    return
-                await alarm.sleep_until_monotonic(t)
-                self._arrive(t)
+            self._due = monotonic()
+            self._schedule()
+            await self._open_ended
         finally:
-            alarm.close()
+            self._timer.close()
 
-    def _arrive(self, due: float) -> None:
-        ticket = self.ctl.acquire(self.now())
-        if ticket is None:
-            self.records.shed(self, due, self.phase)
+    def _schedule(self) -> None:
+        """Arm the timer for the next arrival (or to look at a zero rate again in 10 ms)."""
+        rate = self.rate
+        if rate <= 0:
+            self._due = monotonic() + 0.01
+            self._idle_rate = True
+        else:
+            self._due += self.rng.expovariate(rate) / self.k
+            self._idle_rate = False
+        if self._due >= self.end:
+            if not self._open_ended.done():
+                self._open_ended.set_result(None)
             return
-        self._trace()
+        self._timer.arm(self._due)
+
+    def _tick(self) -> None:
+        now = monotonic()
+        while True:
+            if not self._idle_rate:
+                self._arrive(self._due, now)
+            self._schedule()
+            if self._due > now or self._open_ended.done():
+                return
+            now = monotonic()
+
+    def _arrive(self, due: float, now: float) -> None:
+        ctl = self.ctl
+        ticket = ctl.acquire((now - self.t0) * self.k)
+        if ticket is None:
+            self.records.shed(due, self.phase, ctl.limit, ctl.inflight)
+            return
+        limit, inflight = ctl.limit, ctl.inflight
+        self.records.controller(now, limit, inflight)
+        raw, prompt, output = self._request(-1)
+        context = (due, ticket, self.phase, limit, inflight, prompt, output)
         idle = self._idle
         while idle:
             conn = idle.pop()
             if not conn.closed:
-                raw, prompt, output = self._request(-1)
-                context = (conn, due, ticket, self.phase, self.ctl.limit, self.ctl.inflight,
-                           prompt, output)
-                conn.send(raw).add_done_callback(
-                    lambda fut, ctx=context: self._open_done(fut, ctx))
                 self._pending += 1
+                conn.start(raw, self._open_done, context)
                 return
-        task = self.loop.create_task(self._open_request(due, ticket))  # all busy: connect
-        self._tasks.add(task)
+        self._pending += 1
+        task = self.loop.create_task(self._open_request(raw, context))
+        self._tasks.add(task)  # all busy: connect
         task.add_done_callback(self._tasks.discard)
 
-    def _open_done(self, fut: asyncio.Future, ctx: tuple) -> None:
-        conn, due, ticket, phase, limit, inflight, prompt, output = ctx
-        self._pending -= 1
-        if fut.cancelled() or fut.exception() is not None:
-            now = monotonic()
-            exc = None if fut.cancelled() else fut.exception()
-            result = Result(STATUS_NO_RESPONSE, now, 0.0, now, error=str(exc)[:300])
-            conn.close()
-        else:
-            result = fut.result()
+    def _open_done(self, conn: Connection, result: Result) -> None:
+        due, ticket, phase, limit, inflight, prompt, output = conn.ctx
+        conn.ctx = None
+        if not conn.closed:
             self._idle.append(conn)
+        self._settled(due, ticket, phase, limit, inflight, prompt, output, result)
+
+    def _settled(self, due, ticket, phase, limit, inflight, prompt, output, result: Result) -> None:
+        self._pending -= 1
         self._release(ticket, result)
-        self.records.request(self, due, -1, phase, limit, inflight, prompt, output, result)
+        self.records.request(due, -1, phase, limit, inflight, prompt, output, result)
         if self._pending == 0 and self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
 
-    async def _open_request(self, due, ticket) -> None:
-        _, conn = await self._one(None, due, -1, ticket)
-        if conn is not None and not conn.closed:
-            self._idle.append(conn)
+    async def _open_request(self, raw: bytes, context: tuple) -> None:
+        """An arrival with every pooled connection busy: a new connection, kept after."""
+        try:
+            conn = await self.endpoint.connect()
+        except OSError as exc:
+            now = monotonic()
+            self._settled(*context, Result(STATUS_NO_RESPONSE, now, 0.0, now, error=str(exc)[:300]))
+            return
+        conn.start(raw, self._open_done, context)
 
     # ---- the timeline -------------------------------------------------------------------------
     async def _apply(self, action: Action) -> None:
@@ -429,9 +455,9 @@ class Runner:
         await self.set_capacity({"max_num_seqs": self.sc.max_num_seqs,
                                  "max_waiting": self.sc.max_waiting})
         self.t0 = monotonic()
-        self.records.start(time.time(), self.k)
+        self.records.start(time.time(), self.k, self.t0)
         self.end = self.wall_at(self.sc.duration)
-        self._trace()
+        self._trace(self.t0)
         scraper = self.loop.create_task(self._scraper())
         timeline = self.loop.create_task(self._timeline())
         try:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 
 import pytest
 
 from inference_lab.engine.drivers import alarm as alarm_mod
-from inference_lab.engine.drivers.alarm import Alarm
+from inference_lab.engine.drivers.alarm import Alarm, Timer
 
 
 @pytest.mark.parametrize("precise", [True, False])
@@ -40,3 +41,62 @@ async def test_close_releases_a_sleeper_and_the_descriptor():
     alarm.close()
     await asyncio.wait_for(sleeper, 5)
     assert alarm.fd == -1
+
+
+@pytest.mark.parametrize("precise", [True, False])
+async def test_timer_calls_back_at_each_deadline_never_before(monkeypatch, precise):
+    """The load generator's schedule: re-armed from its own callback (no fd read), each
+    call at or after its deadline, once each; a deadline in the past fires at once."""
+    if not precise:
+        monkeypatch.setattr(alarm_mod, "_LIBC", None)
+    loop = asyncio.get_running_loop()
+    calls: list[tuple[float, float]] = []
+    done = loop.create_future()
+    deadlines = [time.monotonic() + 0.002 + 0.0003 * i for i in range(40)]
+    deadlines[10] = deadlines[9]  # two at once: the second is already due when re-armed
+
+    def fired() -> None:
+        n = len(calls)
+        calls.append((deadlines[n] if n < len(deadlines) else 0.0, time.monotonic()))
+        if n + 1 < len(deadlines):
+            timer.arm(deadlines[n + 1])
+        elif not done.done():
+            done.set_result(None)
+
+    timer = Timer(loop, fired)
+    assert timer.precise == (precise and sys.platform.startswith("linux"))
+    try:
+        timer.arm(deadlines[0])
+        await asyncio.wait_for(done, 10)
+        assert len(calls) == len(deadlines)
+        assert all(now >= deadline - 1e-6 for deadline, now in calls)
+        # Not re-armed: the fired timer is cleared, the loop does not spin on its fd.
+        before = len(calls)
+        await asyncio.sleep(0.05)
+        assert len(calls) == before
+        timer.arm(time.monotonic() - 1.0)  # in the past: at the loop's next turn
+        await asyncio.sleep(0.01)
+        assert len(calls) == before + 1
+    finally:
+        timer.close()
+    assert timer.fd == -1
+
+
+async def test_timer_rearmed_for_later_or_disarmed_does_not_call_back_early():
+    loop = asyncio.get_running_loop()
+    calls: list[float] = []
+    timer = Timer(loop, lambda: calls.append(time.monotonic()))
+    try:
+        timer.arm(time.monotonic() + 0.005)
+        timer.arm(time.monotonic() + 0.05)  # moved later before it fired
+        await asyncio.sleep(0.02)
+        assert calls == []
+        timer.disarm()
+        await asyncio.sleep(0.06)
+        assert calls == []
+        deadline = time.monotonic() + 0.01
+        timer.arm(deadline)
+        await asyncio.sleep(0.03)
+        assert len(calls) == 1 and calls[0] >= deadline - 1e-6
+    finally:
+        timer.close()
