@@ -53,6 +53,21 @@ def _libc():
 _LIBC = _libc()
 
 
+def _watched_timerfd(loop: asyncio.AbstractEventLoop, on_readable) -> int:
+    """A non-blocking CLOCK_MONOTONIC timerfd that the loop watches; -1 without one."""
+    if _LIBC is None:
+        return -1
+    fd = _LIBC.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
+    if fd < 0:
+        return -1
+    try:
+        loop.add_reader(fd, on_readable)
+    except (NotImplementedError, RuntimeError, ValueError):
+        os.close(fd)
+        return -1
+    return fd
+
+
 class Alarm:
     """`await alarm.sleep_until(t)`: return at loop time t (promptly, not up to 1 ms late).
     One sleeper at a time; close() when done."""
@@ -62,14 +77,7 @@ class Alarm:
         self.fd = -1
         self._waiter: asyncio.Future[None] | None = None
         self._spec = _Itimerspec()
-        if _LIBC is not None:
-            fd = _LIBC.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
-            if fd >= 0:
-                try:
-                    loop.add_reader(fd, self._fired)
-                    self.fd = fd
-                except (NotImplementedError, RuntimeError, ValueError):
-                    os.close(fd)
+        self.fd = _watched_timerfd(loop, self._fired)
         if self.fd < 0:
             log.debug("no timerfd: pacing with asyncio timers (up to 1 ms late)")
 
@@ -151,14 +159,7 @@ class Timer:
         self._spec = _Itimerspec()
         self._value = self._spec.it_value  # a view into _spec: set in place
         self._spec_ref = ctypes.byref(self._spec)
-        if _LIBC is not None:
-            fd = _LIBC.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
-            if fd >= 0:
-                try:
-                    loop.add_reader(fd, self._fired)
-                    self.fd = fd
-                except (NotImplementedError, RuntimeError, ValueError):
-                    os.close(fd)
+        self.fd = _watched_timerfd(loop, self._fired)
 
     @property
     def precise(self) -> bool:
