@@ -90,7 +90,7 @@ class Endpoint:
                 f"{self._auth}Content-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
-    async def connect(self) -> "Connection":
+    async def connect(self) -> Connection:
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(lambda: Connection(loop), self.host, self.port)
         return conn

@@ -10,9 +10,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from serve_helpers import json_request, serve
 
-from inference_lab.experiments.client import Connection, ConnectionError_, Endpoint, Result
+from inference_lab.experiments.client import (
+    Connection,
+    ConnectionError_,
+    Endpoint,
+    Result,
+)
+from inference_lab.testing.launch import serve
+from inference_lab.testing.poll import until
 
 MODEL = "gpt-oss-20b"
 MODELLED_KEYS = {"queue_time_s", "ttft_s", "e2e_s", "preemptions"}
@@ -78,20 +84,15 @@ async def test_streams_on_one_keep_alive_connection_give_what_the_records_need(s
         conn.close()
 
 
-async def waiting(base: str) -> int:
-    status, rows = json_request(base, "GET", "/control/capacity")
-    assert status == 200
-    return next(row["waiting"] for row in rows if row["model"] == MODEL)
+def waiting(served) -> int:
+    return next(row["waiting"] for row in served.capacity() if row["model"] == MODEL)
 
 
 async def test_a_real_529_before_any_byte_a_4xx_envelope_and_a_closed_request(served):
     endpoint = Endpoint(served.base, MODEL)
-    status, rows = json_request(served.base, "GET", "/control/capacity")
-    before = next({k: row[k] for k in ("max_num_seqs", "max_waiting")} for row in rows
-                  if row["model"] == MODEL)
-    status, _ = json_request(served.base, "POST", "/control/capacity",
-                             {"model": MODEL, "max_num_seqs": 1, "max_waiting": 1})
-    assert status == 200
+    before = next({k: row[k] for k in ("max_num_seqs", "max_waiting")}
+                  for row in served.capacity() if row["model"] == MODEL)
+    served.capacity({"model": MODEL, "max_num_seqs": 1, "max_waiting": 1})
     busy = await connect(endpoint, FirstFrame)
     queued, other = await endpoint.connect(), await endpoint.connect()
     try:
@@ -99,11 +100,7 @@ async def test_a_real_529_before_any_byte_a_4xx_envelope_and_a_closed_request(se
         await asyncio.wait_for(busy.streaming.wait(), 30)
         assert busy.result.status == 200 and busy.result.sent < busy.result.first
         behind = queued.send(endpoint.request(16, 5))  # the only waiting place
-        for _ in range(200):  # bounded: the queue shows it within a few ms
-            if await waiting(served.base) == 1:
-                break
-            await asyncio.sleep(0.01)
-        assert await waiting(served.base) == 1
+        await until(lambda: waiting(served) == 1, timeout=10, what="one request waiting")
 
         refused = await asyncio.wait_for(other.send(endpoint.request(16, 5)), 30)
         assert refused.status == 529 and refused.first == 0.0  # no stream was started
@@ -128,7 +125,7 @@ async def test_a_real_529_before_any_byte_a_4xx_envelope_and_a_closed_request(se
     finally:
         for conn in (busy, queued, other):
             conn.close()
-        json_request(served.base, "POST", "/control/capacity", {"model": MODEL, **before})
+        served.capacity({"model": MODEL, **before})
 
 
 # ---- a raw loopback server: what the gateway will not do on demand ------------------------
