@@ -8,6 +8,7 @@ the context manager or `stop_all` that started it, also on Ctrl-C or an exceptio
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -143,6 +144,16 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
         if path:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+
+def stream_arguments(doc: str, clients: int, seconds: float) -> argparse.ArgumentParser:
+    """The flags of a benchmark that streams to N clients for a while: --clients,
+    --seconds, --max-tokens (a parser the benchmark may add to)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=clients)
+    parser.add_argument("--seconds", type=float, default=seconds)
+    parser.add_argument("--max-tokens", type=int, default=200)
+    return parser
 
 
 def split(n: int, k: int) -> list[int]:

@@ -10,7 +10,6 @@ in this process. Prints figures, no pass/fail.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import time
@@ -110,10 +109,7 @@ async def main_async(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=256)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--max-tokens", type=int, default=200)
+    parser = C.stream_arguments(__doc__, clients=256, seconds=10.0)
     parser.add_argument("--mode", choices=("session", "submit"), default="session")
     asyncio.run(main_async(parser.parse_args()))
 

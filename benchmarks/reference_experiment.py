@@ -12,7 +12,6 @@ Starts `inference-lab serve` on free loopback ports; prints figures, no pass/fai
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -85,11 +84,7 @@ async def main_async(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=24)
-    parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--max-tokens", type=int, default=200)
-    asyncio.run(main_async(parser.parse_args()))
+    asyncio.run(main_async(C.stream_arguments(__doc__, clients=24, seconds=8.0).parse_args()))
 
 
 if __name__ == "__main__":

@@ -172,20 +172,14 @@ def test_bad_input_is_one_line_and_exit_status_2(args, message):
 OVERLOAD = """
 name = "overload"
 duration = 6
-[server]
-max_num_seqs = 2
-max_waiting = 2
+server = { max_num_seqs = 2, max_waiting = 2 }
+controller = { name = "aimd", params = { min_limit = 1 } }
+timeline = [{ at = 3, load = { arrival_rate = 20.0 } }]
 [load]
 arrival_pattern = "poisson"
 arrival_rate = 150.0
 input_len_dist = { type = "fixed", value = 16 }
 output_len_dist = { type = "fixed", value = 50 }
-[controller]
-name = "aimd"
-params = { min_limit = 1 }
-[[timeline]]
-at = 3
-load = { arrival_rate = 20.0 }
 """
 
 
