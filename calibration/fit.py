@@ -39,6 +39,7 @@ GRID = {
     "bandwidth_efficiency": [0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7,
                              0.75, 0.8, 0.85, 0.9, 1.0],
     "flops_efficiency": [0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
+    "moe_flops_efficiency": [0.0, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6],
     "flops_half_tokens": [0.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0],
     "step_overhead": [0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3, 10e-3, 15e-3, 20e-3],
     "request_overhead": [0.0, 2e-3, 5e-3, 10e-3, 20e-3, 40e-3, 100e-3, 200e-3],
@@ -151,13 +152,18 @@ def _score(rows: list[Row], calibration: Calibration) -> float:
 
 def fit(rows: list[Row], sweeps: int) -> tuple[Calibration, float]:
     multi_gpu = any(r.deployment.tp > 1 for r in rows)
+    moe = any(s.num_experts for r in rows for s in r.deployment.model.weight_streams)
+    mla = any(c.kind == "mla" for r in rows for c in r.deployment.model.layer_classes)
+    unused = ({"comm_efficiency"} if not multi_gpu else set()) | (
+        {"moe_flops_efficiency", "expert_overhead"} if not moe else set()) | (
+        {"mla_layer_overhead"} if not mla else set())  # no row could tell: left at the start
     results = []
     for best in STARTS:
         score = _score(rows, best)
         for _ in range(sweeps):
             moved = False
             for name, grid in GRID.items():
-                if name == "comm_efficiency" and not multi_gpu:
+                if name in unused:
                     continue
                 for value in grid:
                     candidate = replace(best, **{name: value})

@@ -123,7 +123,7 @@ def load_model(name: str) -> Model:
 _POSITIVE = "a positive number"
 _HARDWARE_KEYS = ("name", *(f"flops_{p}" for p in PRECISION_ORDER), "memory_bandwidth",
                   "memory_capacity", "load_bandwidth", "fabric", "memory", "calibration")
-_CALIBRATION_KEYS = ("flops_efficiency", "flops_half_tokens", "bandwidth_efficiency",
+_CALIBRATION_KEYS = ("flops_efficiency", "moe_flops_efficiency", "flops_half_tokens", "bandwidth_efficiency",
                      "comm_efficiency", "step_overhead", "request_overhead", "layer_overhead",
                      "expert_overhead", "mla_layer_overhead", "sequence_overhead", "fit")
 _LINK_KEYS = ("bandwidth", "latency", "in_network_reduction")
@@ -240,6 +240,9 @@ def _parse_calibration(t: Table) -> Calibration:
     fraction = "a number in (0, 1]"
     c = Calibration(
         flops_efficiency=t.get("flops_efficiency", float, fraction, 1.0, ok=lambda v: 0 < v <= 1),
+        moe_flops_efficiency=t.get("moe_flops_efficiency", float,
+                                   "a number in [0, 1] (0: as flops_efficiency)", 0.0,
+                                   ok=lambda v: 0 <= v <= 1),
         flops_half_tokens=t.get("flops_half_tokens", float, "a number >= 0 (tokens)", 0.0,
                                 ok=lambda v: v >= 0),
         bandwidth_efficiency=t.get("bandwidth_efficiency", float, fraction, 1.0,

@@ -100,6 +100,7 @@ class CostModel:
         cal = hw.calibration if deployment.timing == "calibrated" else None
         self.calibrated = cal is not None
         self._flops_eff = cal.flops_efficiency if cal else 1.0
+        self._moe_flops_eff = (cal.moe_flops_efficiency or cal.flops_efficiency) if cal else 1.0
         self._flops_half = cal.flops_half_tokens if cal else 0.0
         self._step_overhead = cal.step_overhead if cal else 0.0
         if cal:  # kernel floors: every layer and every MLA layer, every step (docs/timing.md)
@@ -123,12 +124,14 @@ class CostModel:
             return value * tp
 
         # Weight streams grouped by precision (docs/timing.md sums FLOPs and bytes per
-        # precision before the max): precision -> [rate, 2*active, dense bytes, MoE parts]
-        # where each MoE part is (E, k, bytes per expert).
+        # precision before the max): precision -> [rate, 2*active of dense streams, dense
+        # bytes, MoE parts, 2*active of MoE streams] where each MoE part is (E, k, bytes per
+        # expert). MoE FLOPs are kept apart: the calibrated model runs them at their own
+        # efficiency (the roofline at the same peak, so the sum is the roofline's).
         groups: dict[str, list] = {}
 
         def group_of(precision: str) -> list:
-            return groups.setdefault(precision, [rate(precision), 0.0, 0.0, []])
+            return groups.setdefault(precision, [rate(precision), 0.0, 0.0, [], 0.0])
 
         # Calibrated: the LM head (vocab x hidden, in the last dense stream) computes
         # logits for the one position of each sequence that samples, not for every
@@ -143,7 +146,10 @@ class CostModel:
         for index, stream in enumerate(model.weight_streams):
             group = group_of(stream.precision)
             bpv = BYTES_PER_VALUE[stream.precision]
-            group[1] += 2.0 * (stream.active_params - (head if index == head_stream else 0.0))
+            if stream.num_experts:
+                group[4] += 2.0 * stream.active_params
+            else:
+                group[1] += 2.0 * (stream.active_params - (head if index == head_stream else 0.0))
             if stream.num_experts:
                 e, k = stream.num_experts, stream.top_k
                 w = (stream.resident_params - stream.active_params) / (e - k)
@@ -179,7 +185,7 @@ class CostModel:
         self._flop_coefs = tuple(tuple(tuple(c) for c in row) for row in flop)
         self._read_coefs = tuple(read)
         self._state_bytes = layers.state_bytes_per_step(model)
-        self._streams = [(g[0], g[1], g[2], tuple(g[3])) for g in groups.values()]
+        self._streams = [(g[0], g[1], g[2], tuple(g[3]), g[4]) for g in groups.values()]
         self._attention_index = names.index(model.attention_precision)
 
         # Collectives: one all-reduce after each token-mixing layer and one after each FFN
@@ -241,13 +247,17 @@ class CostModel:
         worst = 0.0
         bound = "memory"
         bandwidth = self.bandwidth
-        eff = self._flops_eff * tokens / (tokens + self._flops_half) if self.calibrated else 1.0
-        for i, (rate, flops_per_token, dense_bytes, moe) in enumerate(self._streams):
+        ramp = tokens / (tokens + self._flops_half) if self.calibrated else 1.0
+        eff = self._flops_eff * ramp
+        moe_eff = self._moe_flops_eff * ramp
+        for i, (rate, flops_per_token, dense_bytes, moe, moe_flops_per_token) in enumerate(self._streams):
             flops = flops_per_token * tokens + attn_flops[i]
             nbytes = dense_bytes + self._moe_bytes(moe, tokens) if moe else dense_bytes
             if i == self._attention_index:
                 nbytes += attn_bytes
             t_compute = flops / (rate * eff)
+            if moe_flops_per_token:
+                t_compute += moe_flops_per_token * tokens / (rate * moe_eff)
             t_memory = nbytes / bandwidth
             t = t_compute if t_compute > t_memory else t_memory
             if t > worst:

@@ -19,7 +19,8 @@ PRECISION_ORDER: tuple[str, ...] = ("fp4", "fp8", "bf16", "fp16", "fp32")
 class Calibration:
     """The `calibrated` timing model's parameters for one GPU (engine.sim.cost):
     achieved FLOP rate = peak x flops_efficiency x T / (T + flops_half_tokens) for a step
-    of T tokens; achieved bandwidth = peak x bandwidth_efficiency; collectives take
+    of T tokens, with moe_flops_efficiency in place of flops_efficiency for the MoE
+    streams' FLOPs (grouped GEMMs over many small expert slices); achieved bandwidth = peak x bandwidth_efficiency; collectives take
     1 / comm_efficiency as long; every step pays step_overhead seconds (scheduling,
     sampling, launches); a request reaches the scheduler request_overhead seconds after
     it arrives (tokenisation and admission, which run beside the GPU: TTFT only).
@@ -35,6 +36,7 @@ class Calibration:
 
     flops_efficiency: float = 1.0  # fraction of peak FLOP/s at large steps
     flops_half_tokens: float = 0.0  # tokens per step at which half of that is reached
+    moe_flops_efficiency: float = 0.0  # the same for routed-expert GEMMs (0: flops_efficiency)
     bandwidth_efficiency: float = 1.0  # fraction of peak HBM bandwidth
     comm_efficiency: float = 1.0  # fraction of the fabric's collective speed
     step_overhead: float = 0.0  # seconds per step outside the kernels

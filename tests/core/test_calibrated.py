@@ -162,3 +162,18 @@ def test_mla_layers_and_sequences_add_their_floors():
     assert step(Calibration(mla_layer_overhead=100e-6)) - base == pytest.approx(61 * 100e-6, rel=1e-9)
     assert step(Calibration(sequence_overhead=30e-6)) - base == pytest.approx(3 * 30e-6, rel=1e-9)
     assert step(Calibration(layer_overhead=10e-6)) - base == pytest.approx(61 * 10e-6, rel=1e-9)
+
+
+def test_moe_flops_run_at_their_own_efficiency():
+    # 1000 tokens of the tiny MoE (no attention FLOPs counted here: none in the layers'
+    # pairs of an empty load): 2 x 2e8 x 1000 FLOPs at 2.25e15 x 0.1 -- compute-bound
+    # (all 8 experts' 1.6e9 B at 4e12 B/s take 0.4 ms, the FLOPs 1.78 ms); with
+    # moe_flops_efficiency 0 they run at flops_efficiency (0.4).
+    def step(moe_eff: float) -> float:
+        dep = moe(1, 0.0)
+        dep.hardware = replace(dep.hardware, calibration=Calibration(
+            flops_efficiency=0.4, moe_flops_efficiency=moe_eff, bandwidth_efficiency=0.5))
+        cost = CostModel(dep)
+        return cost.step_cost(1000, attention_load(cost.caps, [])).seconds
+    assert step(0.1) == pytest.approx(2 * 2e8 * 1000 / (2.25e15 * 0.1), rel=1e-9)
+    assert step(0.0) == pytest.approx(2 * 2e8 * 1000 / (2.25e15 * 0.4), rel=1e-9)
