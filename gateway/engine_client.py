@@ -63,11 +63,18 @@ CHANNEL_OPTIONS = (
     # falls behind pushes back on the engine (which then merges each stream's tokens into
     # fewer, larger updates) instead of gRPC buffering seconds of per-step batches.
     ("grpc.http2.bdp_probe", 0),
+    # ... and small means small: gRPC's default window of 64 KB holds ~60 batches of 256
+    # streams (~100 ms of steps) before the engine's write waits, so a gateway that cannot
+    # keep up reads tokens 100 ms late while the engine sees no lateness. With 1 KB the
+    # engine waits (and merges) once the gateway is a few batches behind; 24-64 streams'
+    # batches (~100-300 bytes) still never wait (BENCHMARKS.md, "Stream cadence").
+    ("grpc.http2.lookahead_bytes", 1024),
 )
 # Scrapes of /metrics (~140 KB per replica) go over a connection of their own: on the
 # Session's, a response waits behind the token batches the gateway has not read yet (its
 # flow-control window is small on purpose, and shared by every stream of the connection).
-SCRAPE_CHANNEL_OPTIONS = tuple(o for o in CHANNEL_OPTIONS if o[0] != "grpc.http2.bdp_probe")
+SCRAPE_CHANNEL_OPTIONS = tuple(o for o in CHANNEL_OPTIONS
+                               if o[0] not in ("grpc.http2.bdp_probe", "grpc.http2.lookahead_bytes"))
 REFUSED_REPORT_S = 0.01  # refusals made here reach the engine's metrics within this
 _MODEL_REFRESH_MIN_INTERVAL_S = 1.0  # an unknown model name refreshes the cache at most this often
 _ENGINE_SERVICE = pb.DESCRIPTOR.services_by_name["Engine"].full_name
