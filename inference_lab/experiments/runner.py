@@ -195,11 +195,16 @@ class Runner:
         await self._post("/control/faults", {"reset": True})
 
     async def scrape(self) -> dict[str, float]:
+        """The queue gauges from the engine's /metrics, else (none given, or it stopped
+        answering: an engine restarted after a crash has a new metrics port) from the
+        server's GET /control/capacity."""
         if self.metrics_url:
-            status, body = await self.http.request("GET", self.metrics_url)
+            try:
+                status, body = await self.http.request("GET", self.metrics_url)
+            except (OSError, asyncio.TimeoutError):
+                status, body = -1, b""
             if status == 200:
                 return parse_gauges(body.decode("utf-8", "replace"), self.sc.model)
-            return {}
         status, body = await self.http.request("GET", self.base + "/control/capacity")
         if status != 200:
             return {}

@@ -323,3 +323,22 @@ def test_multi_turn_prompts_hit_the_prefix_cache_as_the_oracle_predicts(tmp_path
     predicted, measured = phase["oracle"]["cache_hit_rate"], phase["whole"]["cached_frac"]
     assert predicted > 0.4 and abs(measured - predicted) < 0.08, (measured, predicted)
     assert "cached" in done.stdout
+
+
+def test_a_crash_on_the_timeline_restarts_the_engine_and_the_run_carries_on(tmp_path):
+    # `serve` restarts the engine (with its live capacity); the requests in between fail
+    # fast (503) and the queue gauges come from /control/capacity once the engine's old
+    # metrics port is gone.
+    out, done = served_run(tmp_path, SCENARIO.replace("duration = 8", "duration = 6")
+                           .replace("[[timeline]]\nat = 4\ncapacity = { max_num_seqs = 16 }",
+                                    '[[timeline]]\nat = 2\nfault = { kind = "crash" }'))
+    assert "t=2.0s: crash" in done.stdout
+    req = rows(out)
+    status, send = req["status"], req["send_s"]
+    failed = status != 200
+    assert failed.any() and set(status[failed]) <= {503, -1}
+    assert send[failed].min() >= 1.9 and (send[status == 200] > send[failed].max()).any()
+    server = pq.read_table(out / "server.parquet").to_pydict()
+    after = [(t, m) for t, m in zip(server["t"], server["max_num_seqs"]) if t > send[failed].max()]
+    assert after and all(m == 8.0 for _, m in after)  # scraped again, capacity restored
+    assert json.loads((out / "summary.json").read_text())["phases"][1]["fault"] == "after a crash"
