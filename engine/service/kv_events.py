@@ -14,11 +14,15 @@ endpoint, replay_endpoint, buffer_steps, hwm, topic) and its wire format, as vLL
   big-endian)` with every buffered batch from that sequence number on, each as
   `(b"", seq, payload)`, then `(b"", -1 as 8 signed bytes, b"")`.
 
-`data_parallel_rank` carries the replica index, and, as vLLM does for data-parallel ranks,
-replica k > 0 offsets the endpoints' TCP port by k (so each replica has its own). The
-topic may contain `{model}`, replaced by the served model's name (an engine may serve
-several models; vLLM serves one). Does not know the cache itself: the core records the
-events (engine.sim.prefix_cache), and the service hands each step's to `publish`.
+Each replica has a publisher of its own (`ReplicaPublishers`), as each data-parallel rank
+of vLLM has: its own sockets, sequence numbers and replay buffer, shared by the models
+served at that replica index. `data_parallel_rank` carries the replica index (plus the
+engine's `--engine-index`), and, as vLLM does for data-parallel ranks, index k > 0 offsets
+the endpoints' TCP port by k (an `_dp<k>` suffix on ipc/inproc names). A replica's
+publisher opens with the replica and closes once it is drained. The topic may contain
+`{model}`, replaced by the served model's name (an engine may serve several models; vLLM
+serves one). Does not know the cache itself: the core records the events
+(engine.sim.prefix_cache), and the service hands each step's to `publish`.
 """
 
 from __future__ import annotations
@@ -171,13 +175,17 @@ class ZmqEventPublisher:
     loop and never blocks (a PUB socket drops what a slow subscriber cannot take, beyond
     `hwm`; the replay buffer is how a subscriber recovers)."""
 
-    def __init__(self, config: KVEventsConfig, replica: int = 0) -> None:
+    def __init__(self, config: KVEventsConfig, replica: int = 0,
+                 contexts: tuple[zmq.Context, zmq.asyncio.Context] | None = None) -> None:
+        """`contexts` (a plain and an asyncio ZMQ context) are the caller's to terminate;
+        without them the publisher has its own."""
         self.config = config
         self.replica = replica
         self.endpoint = offset_endpoint(config.endpoint, replica)
         self.replay_endpoint = offset_endpoint(config.replay_endpoint, replica)
-        self._ctx = zmq.Context()  # the PUB socket is written without awaiting
-        self._actx: zmq.asyncio.Context | None = None
+        self._own_contexts = contexts is None
+        # the PUB socket is written without awaiting (a plain context)
+        self._ctx, self._actx = contexts or (zmq.Context(), None)
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(config.hwm)
         self._pub.linger = 0
@@ -188,7 +196,8 @@ class ZmqEventPublisher:
             self._pub.connect(self.endpoint)
         self._replay = None
         if self.replay_endpoint is not None:
-            self._actx = zmq.asyncio.Context()
+            if self._actx is None:
+                self._actx = zmq.asyncio.Context()
             self._replay = self._actx.socket(zmq.ROUTER)
             self._replay.linger = 0
             self._replay.bind(self.replay_endpoint)
@@ -240,5 +249,55 @@ class ZmqEventPublisher:
         self._pub.close(linger=0)
         if self._replay is not None:
             self._replay.close(linger=0)
-            self._actx.term()
-        self._ctx.term()
+        if self._own_contexts:
+            if self._actx is not None:
+                self._actx.term()
+            self._ctx.term()
+
+
+class ReplicaPublishers:
+    """A publisher per replica index (vLLM: one per data-parallel rank), shared by the
+    models served at that index: opened by the first of them, closed with the last. The
+    ZMQ contexts (and their I/O thread) are shared by all."""
+
+    def __init__(self, config: KVEventsConfig, engine_index: int = 0) -> None:
+        self.config = config
+        self.engine_index = engine_index  # added to every replica index (rank and port)
+        self._contexts = (zmq.Context(), zmq.asyncio.Context())
+        self._open: dict[int, tuple[ZmqEventPublisher, set]] = {}  # index -> (pub, users)
+
+    def acquire(self, replica: int, user: object) -> ZmqEventPublisher:
+        """Replica `replica`'s publisher (opened, and started, by its first user)."""
+        entry = self._open.get(replica)
+        if entry is None:
+            publisher = ZmqEventPublisher(self.config, self.engine_index + replica,
+                                          self._contexts)
+            publisher.start()
+            entry = self._open[replica] = (publisher, set())
+            log.info("KV cache events of replica %d on %s%s", replica, publisher.endpoint,
+                     f" (replay on {publisher.replay_endpoint})"
+                     if publisher.replay_endpoint else "")
+        entry[1].add(user)
+        return entry[0]
+
+    def release(self, replica: int, user: object) -> None:
+        """`user` is gone (a drained replica); the last one closes the publisher."""
+        entry = self._open.get(replica)
+        if entry is None:
+            return
+        entry[1].discard(user)
+        if not entry[1]:
+            del self._open[replica]
+            entry[0].close()
+
+    def publisher(self, replica: int) -> ZmqEventPublisher | None:
+        entry = self._open.get(replica)
+        return entry[0] if entry else None
+
+    def close(self) -> None:
+        for publisher, _ in self._open.values():
+            publisher.close()
+        self._open.clear()
+        plain, asynchronous = self._contexts
+        asynchronous.term()
+        plain.term()

@@ -18,7 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from inference_lab.common.state_file import read_state, write_state
 from inference_lab.engine.sim.core import CapacityError, EngineCore
-from inference_lab.engine.service.kv_events import KVEventsConfig, ZmqEventPublisher
+from inference_lab.engine.service.kv_events import KVEventsConfig, ReplicaPublishers
 from inference_lab.engine.service.lora_modules import LoraModule, read_rank
 from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.service.metrics import EngineMetrics, serve_metrics
@@ -70,7 +70,7 @@ class EngineServer:
         self.metrics_port = metrics_port
         self.engine_index = engine_index  # the `engine` label of every metric
         self.kv_events_config = kv_events  # vLLM's --kv-events-config, when given
-        self.kv_events: ZmqEventPublisher | None = None
+        self.kv_events: ReplicaPublishers | None = None  # one publisher per replica
         # LoRA: max_loras > 0 enables adapters on every model (vLLM's --enable-lora)
         self.lora_modules = list(lora_modules or [])
         self.max_loras = max_loras
@@ -92,11 +92,18 @@ class EngineServer:
         shared and never written)."""
         events = self.kv_events is not None and deployment.scheduler.enable_prefix_caching
         core = EngineCore(deployment, self.lengths, record_kv_events=events)
+        publishes = events and core.prefix_cache is not None
         runtime = ModelRuntime(core, self.metrics.for_replica(core, replica), self.update_rate,
                                self.time_scale,
-                               self.kv_events if core.prefix_cache is not None else None,
+                               self.kv_events.acquire(replica, core) if publishes else None,
                                self.coalesce_when_late, replica)
-        runtime.on_stopped = lambda: self.metrics.remove(runtime.metrics)  # a drained replica
+
+        def stopped() -> None:  # a drained replica: its series and its events go
+            self.metrics.remove(runtime.metrics)
+            if publishes and self.kv_events is not None:
+                self.kv_events.release(replica, core)
+
+        runtime.on_stopped = stopped
         pending = self._pending_capacity.pop((core.name, replica), None)
         if pending is not None:  # saved by an earlier run with more replicas
             self._apply_capacity(runtime, pending)
@@ -113,11 +120,7 @@ class EngineServer:
     async def start(self) -> None:
         events = self.kv_events_config is not None and self.kv_events_config.enabled
         if events:
-            self.kv_events = ZmqEventPublisher(self.kv_events_config, self.engine_index)
-            self.kv_events.start()
-            log.info("KV cache events on %s%s", self.kv_events.endpoint,
-                     f" (replay on {self.kv_events.replay_endpoint})"
-                     if self.kv_events.replay_endpoint else "")
+            self.kv_events = ReplicaPublishers(self.kv_events_config, self.engine_index)
         self.metrics = EngineMetrics(engine_index=self.engine_index)
         setting = self.startup_delay
         self.fleet = Fleet(self.deployments, self._make_runtime,

@@ -13,7 +13,8 @@ import msgpack
 import pytest
 import zmq
 import zmq.asyncio
-from engine_helpers import engine_stub, running_engine
+from engine_helpers import engine_stub, eventually, running_engine
+from serve_helpers import free_port_run
 
 from inference_lab.engine.service.kv_events import KVEventsConfig, KVEventsConfigError, offset_endpoint
 from inference_lab.engine.sim.config import default_deployments
@@ -35,7 +36,8 @@ def small_cache_deployments():
 class Follower:
     """What a KV-aware router keeps: the replica's cached block hashes, from events."""
 
-    def __init__(self) -> None:
+    def __init__(self, rank: int = 0) -> None:
+        self.rank = rank  # the replica whose events these must be
         self.blocks: set[int] = set()
         self.next_seq = 0
         self.layouts: set[tuple[str, int]] = set()  # (event name, item count) seen
@@ -46,7 +48,7 @@ class Follower:
         assert seq == self.next_seq, f"gap: expected batch {self.next_seq}, got {seq}"
         self.next_seq = seq + 1
         ts, events, rank = msgpack.unpackb(payload)
-        assert isinstance(ts, float) and rank == 0
+        assert isinstance(ts, float) and rank == self.rank
         for event in events:
             self.layouts.add((event[0], len(event)))
             if event[0] == "BlockStored":
@@ -63,63 +65,122 @@ class Follower:
                 self.blocks.clear()
 
 
-async def test_a_subscriber_rebuilds_the_cached_block_set_exactly():
-    pub, replay = free_port(), free_port()
-    config = KVEventsConfig.parse(json.dumps({
+async def workload(stub, seed: int, replica: int = 0) -> None:
+    """6 waves of 8 concurrent requests on one replica, most sharing a system prompt."""
+    rng = random.Random(seed)
+    system = rng.randbytes(4 * 64 * 5)  # a 5-block system prompt most requests share
+
+    async def one(i: int) -> None:
+        tail = rng.randbytes(4 * rng.randint(30, 700))
+        prompt = (system if i % 3 else b"") + tail
+        call = stub.Submit(pb.SubmitRequest(prompt_token_ids=prompt, replica=replica,
+                                            max_tokens=rng.randint(1, 30)))
+        async for _ in call:
+            pass
+
+    for wave in range(6):  # bounded
+        await asyncio.gather(*(one(8 * wave + i) for i in range(8)))
+
+
+async def received(ctx, sub, replay_port: int, topic: bytes) -> list[tuple[int, bytes]]:
+    """Every batch one replica published: what reached the SUB socket live (the first ones
+    may have gone before the subscription took hold: PUB drops for absent subscribers),
+    then its replay socket fills the gap, as vLLM's subscriber example does."""
+    live = []
+    while await sub.poll(500):
+        got_topic, seq, payload = await sub.recv_multipart()
+        assert got_topic == topic
+        live.append((int.from_bytes(seq, "big"), payload))
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{replay_port}")
+    await dealer.send_multipart((b"", (0).to_bytes(8, "big")))
+    replayed = []
+    while True:
+        assert await dealer.poll(5000), "no replay answer"
+        _, seq, payload = await dealer.recv_multipart()
+        if seq == (-1).to_bytes(8, "big", signed=True):
+            break
+        replayed.append((int.from_bytes(seq, "big"), payload))
+    dealer.close(0)
+    assert replayed and replayed[0][0] == 0
+    return sorted(replayed + live)
+
+
+def events_config(pub: int, replay: int) -> KVEventsConfig:
+    return KVEventsConfig.parse(json.dumps({
         "enable_kv_cache_events": True, "publisher": "zmq",
         "endpoint": f"tcp://127.0.0.1:{pub}", "replay_endpoint": f"tcp://127.0.0.1:{replay}",
         "topic": "kv@lab@{model}"}))
+
+
+async def test_a_subscriber_rebuilds_the_cached_block_set_exactly():
+    pub, replay = free_port(), free_port()
     ctx = zmq.asyncio.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
     follower = Follower()
-    rng = random.Random(3)
-    system = rng.randbytes(4 * 64 * 5)  # a 5-block system prompt most requests share
     try:
-        async with running_engine(deployments=small_cache_deployments(), kv_events=config) as engine:
+        async with running_engine(deployments=small_cache_deployments(),
+                                  kv_events=events_config(pub, replay)) as engine:
             sub.connect(f"tcp://127.0.0.1:{pub}")
             async with engine_stub(engine) as stub:
-                async def one(i: int) -> None:
-                    tail = rng.randbytes(4 * rng.randint(30, 700))
-                    prompt = (system if i % 3 else b"") + tail
-                    call = stub.Submit(pb.SubmitRequest(prompt_token_ids=prompt,
-                                                        max_tokens=rng.randint(1, 30)))
-                    async for _ in call:
-                        pass
-
-                for wave in range(6):  # bounded: 6 waves of 8 concurrent requests
-                    await asyncio.gather(*(one(8 * wave + i) for i in range(8)))
-            core = engine.runtimes[0].core
-            expected = set(core.prefix_cache.refs)
-            # Live batches: whatever reached us (the first ones may have been sent before
-            # the subscription took hold: PUB drops for absent subscribers).
-            live = []
-            while await sub.poll(500):
-                topic, seq, payload = await sub.recv_multipart()
-                assert topic == b"kv@lab@gpt-oss-20b"
-                live.append((int.from_bytes(seq, "big"), payload))
-            # The replay socket fills the gap, as vLLM's subscriber example does.
-            dealer = ctx.socket(zmq.DEALER)
-            dealer.connect(f"tcp://127.0.0.1:{replay}")
-            await dealer.send_multipart((b"", (0).to_bytes(8, "big")))
-            replayed = []
-            while True:
-                assert await dealer.poll(5000), "no replay answer"
-                _, seq, payload = await dealer.recv_multipart()
-                if seq == (-1).to_bytes(8, "big", signed=True):
-                    break
-                replayed.append((int.from_bytes(seq, "big"), payload))
-            dealer.close(0)
+                await workload(stub, 3)
+            expected = set(engine.runtimes[0].core.prefix_cache.refs)
+            batches = await received(ctx, sub, replay, b"kv@lab@gpt-oss-20b")
     finally:
         sub.close(0)
         ctx.term()
-    assert replayed and replayed[0][0] == 0
-    for seq, payload in sorted(replayed + live):
+    for seq, payload in batches:
         follower.apply(seq, payload)
-    assert follower.next_seq == max(s for s, _ in replayed + live) + 1
+    assert follower.next_seq == batches[-1][0] + 1
     assert ("BlockRemoved", 3) in follower.layouts  # the small cache evicted
     assert ("BlockStored", 7) in follower.layouts
     assert follower.blocks == expected and len(expected) > 0
+
+
+async def test_each_replica_publishes_its_own_events_on_its_own_port():
+    replicas = 3
+    pub, replay = free_port_run(replicas), free_port_run(replicas)
+    ctx = zmq.asyncio.Context()
+    subs = []
+    for i in range(replicas):  # one subscriber per replica, on the base port + i
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"tcp://127.0.0.1:{pub + i}")
+        subs.append(sub)
+    try:
+        async with running_engine(deployments=small_cache_deployments(), replicas=replicas,
+                                  kv_events=events_config(pub, replay)) as engine:
+            async with engine_stub(engine) as stub:  # a different workload on each
+                await asyncio.gather(*(workload(stub, 10 + i, i) for i in range(replicas)))
+            expected = {rt.replica: set(rt.core.prefix_cache.refs) for rt in engine.runtimes}
+            batches = [await received(ctx, subs[i], replay + i, b"kv@lab@gpt-oss-20b")
+                       for i in range(replicas)]
+            assert sorted(engine.kv_events._open) == list(range(replicas))
+        assert engine.kv_events is None  # every publisher closed with the engine
+    finally:
+        for sub in subs:
+            sub.close(0)
+        ctx.term()
+    for i in range(replicas):
+        follower = Follower(rank=i)  # every batch carries its replica's index
+        for seq, payload in batches[i]:
+            follower.apply(seq, payload)  # its own sequence, from 0, without a gap
+        assert follower.blocks == expected[i] and len(expected[i]) > 0
+    assert expected[0] != expected[1] != expected[2]  # the sets really are the replicas' own
+
+
+async def test_a_drained_replica_closes_its_publisher():
+    pub = free_port_run(2)
+    async with running_engine(deployments=small_cache_deployments(), replicas=2,
+                              kv_events=events_config(pub, free_port_run(2))) as engine:
+        assert engine.kv_events.publisher(1).endpoint == f"tcp://127.0.0.1:{pub + 1}"
+        async with engine_stub(engine) as stub:
+            await stub.SetReplicas(pb.SetReplicasRequest(replicas=1))
+        await eventually(lambda: engine.kv_events.publisher(1) is None)
+        with socket.socket() as s:  # its port is free again
+            s.bind(("127.0.0.1", pub + 1))
+        assert engine.kv_events.publisher(0) is not None
 
 
 def test_replicas_offset_the_port_as_vllm_offsets_data_parallel_ranks():
