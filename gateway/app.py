@@ -283,7 +283,24 @@ async def health(request: web.Request) -> web.Response:
         raise err
     if not serving:
         raise engine_unavailable("the engine is not serving (shutting down, or stalled)")
+    await _require_not_stalled(state)
     return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+
+
+async def _require_not_stalled(state: GatewayState) -> None:
+    """On a replica's port: 503 while a stall fault freezes that replica alone (a stall of
+    the whole engine turns its gRPC health NOT_SERVING instead)."""
+    if state.replica is None:
+        return
+    try:
+        stalled = (await state.client.fault_state(state.replica)).stalled_for_s
+    except GatewayError as err:
+        if err.kind is ErrorKind.REPLICA_NOT_FOUND:  # closing: no model has it any more
+            raise engine_unavailable(err.message) from None
+        raise
+    if stalled > 0:
+        raise engine_unavailable(f"replica {state.replica} is stalled (a fault: "
+                                 f"{stalled:.1f} s left)")
 
 
 async def health_ready(request: web.Request) -> web.Response:
@@ -293,6 +310,7 @@ async def health_ready(request: web.Request) -> web.Response:
     if not await state.client.serving():
         raise engine_unavailable("the engine is shutting down")
     await _require_ready(state)
+    await _require_not_stalled(state)
     return web.Response(body=b'{"status":"ready"}', content_type="application/json")
 
 

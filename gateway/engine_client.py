@@ -664,15 +664,19 @@ class EngineClient:
 
     # ---- replica-level faults ----------------------------------------------------------
 
-    async def inject_fault(self, kind: int, seconds: float = 0.0,
-                           factor: float = 0.0) -> pb.EngineFaultState:
-        """InjectFault (with the control token): crash, stall, slow down or clear."""
+    async def inject_fault(self, kind: int, seconds: float = 0.0, factor: float = 0.0,
+                           replica: int | None = None) -> pb.EngineFaultState:
+        """InjectFault (with the control token): crash, stall, slow down or clear, of the
+        whole engine or of one replica (REPLICA_NOT_FOUND when no model has it)."""
         return await self._unary(
-            "InjectFault", pb.InjectFaultRequest(kind=kind, seconds=seconds, factor=factor),
+            "InjectFault", pb.InjectFaultRequest(kind=kind, seconds=seconds, factor=factor,
+                                                 replica=replica),
             self._rpc_timeout, metadata=self._control_metadata)
 
-    async def fault_state(self) -> pb.EngineFaultState:
-        return await self._unary("GetFaultState", pb.GetFaultStateRequest(), self._rpc_timeout)
+    async def fault_state(self, replica: int | None = None) -> pb.EngineFaultState:
+        """The whole engine's faults, or one replica's in effect."""
+        return await self._unary("GetFaultState", pb.GetFaultStateRequest(replica=replica),
+                                 self._rpc_timeout)
 
     # ---- health -------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from typing import Callable, Mapping
 import grpc
 import msgspec
 from aiohttp import web
+from google.rpc import error_details_pb2, status_pb2
 
 log = logging.getLogger("inference_lab.gateway.errors")
 
@@ -168,10 +169,25 @@ _REPLICA_REASONS = {
 }
 
 
+def _error_info_reason(exc: grpc.aio.AioRpcError) -> str:
+    """google.rpc.ErrorInfo.reason of a failed call's rich status, if it has one."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            for detail in status_pb2.Status.FromString(value).details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    return info.reason
+    return ""
+
+
 def from_grpc_error(exc: grpc.aio.AioRpcError) -> GatewayError:
-    """A unary call's failure status as a GatewayError."""
+    """A unary call's failure status as a GatewayError (a replica refusal by its reason)."""
     kind = _KIND_BY_GRPC.get(exc.code(), ErrorKind.INTERNAL)
     details = exc.details() or exc.code().name
+    if kind in (ErrorKind.MODEL_NOT_FOUND, ErrorKind.ENGINE_UNAVAILABLE):
+        replica_kind = _REPLICA_REASONS.get(_error_info_reason(exc))
+        if replica_kind is not None:
+            return GatewayError(replica_kind, details)
     if kind is ErrorKind.ENGINE_UNAVAILABLE:
         return engine_unavailable(details)
     return GatewayError(kind, details)

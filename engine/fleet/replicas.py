@@ -162,6 +162,22 @@ class Fleet:
             current[index] = Replica(name, index, runtime, self.now() + delay)
             log.info("replica %d of %s added (ready in %.1f s)", index, name, delay)
 
+    async def restart(self, index: int) -> list[Replica]:
+        """Replica `index` of every model that has it (ReplicaNotFound when none does)
+        crashed: each stops now (its runtime ends what it holds) and a fresh one takes its
+        place, ready after its start-up delay. A draining one is left to finish."""
+        chosen = [r for r in self.select("", index) if not r.draining]
+        for old in chosen:
+            await old.runtime.stop()
+            runtime = self._make(self.deployments[old.model], index)
+            runtime.start()
+            delay = self._delay(self.deployments[old.model])
+            self.replicas[old.model][index] = Replica(old.model, index, runtime,
+                                                      self.now() + delay)
+            log.info("replica %d of %s restarted (ready in %.1f s)", index, old.model, delay)
+        self._changed()
+        return chosen
+
     def _drain(self, replica: Replica) -> None:
         replica.draining = True
         log.info("replica %d of %s draining (%d in flight)", replica.index, replica.model,

@@ -552,47 +552,57 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                                                                           request.replicas)))
 
     # ---- replica-level faults (engine.service.replica_faults) ----------------------------
-    def _fault_state(self) -> pb.EngineFaultState:
-        st = self.replica_faults.status()
+    def _fault_state(self, replica: int | None = None) -> pb.EngineFaultState:
+        st = self.replica_faults.status(replica)
         return pb.EngineFaultState(stalled_for_s=st.stalled_for_s, slow_factor=st.slow_factor,
-                                   slow_for_s=st.slow_for_s)
+                                   slow_for_s=st.slow_for_s, replica=replica)
+
+    async def _fault_target(self, request, context) -> int | None:
+        """The replica a fault call names (None: the whole engine); NOT_FOUND when no
+        model has it."""
+        if self.replica_faults is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is not started")
+        if not request.HasField("replica"):
+            return None
+        try:
+            self.fleet.select("", request.replica)
+        except ReplicaNotFound as exc:
+            await abort(context, exc)
+        return request.replica
 
     async def InjectFault(self, request: pb.InjectFaultRequest, context):
         try:
             self._check_control(context, "InjectFault")
         except Unauthenticated as exc:
             await abort(context, exc)
+        replica = await self._fault_target(request, context)
         faults, kind, seconds = self.replica_faults, request.kind, request.seconds
-        if faults is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is not started")
         if not math.isfinite(seconds) or not 0 <= seconds <= MAX_FAULT_SECONDS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"seconds must be in [0, {MAX_FAULT_SECONDS:g}], got {seconds!r}")
         if kind == pb.ENGINE_FAULT_CRASH:
-            faults.crash()
+            await faults.crash(replica)
         elif kind == pb.ENGINE_FAULT_STALL:
             if seconds <= 0:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     "a stall needs seconds > 0")
-            faults.stall(seconds)
+            faults.stall(seconds, replica)
         elif kind == pb.ENGINE_FAULT_SLOW:
             factor = request.factor
             if not (math.isfinite(factor) and 0 < factor <= MAX_SLOW_FACTOR):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"a slowdown needs factor in (0, {MAX_SLOW_FACTOR:g}], "
                                     f"got {factor!r}")
-            faults.slow(factor, seconds)
+            faults.slow(factor, seconds, replica)
         elif kind == pb.ENGINE_FAULT_CLEAR:
-            faults.clear()
+            faults.clear(replica)
         else:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "kind must be ENGINE_FAULT_CRASH, _STALL, _SLOW or _CLEAR")
-        return self._fault_state()
+        return self._fault_state(replica)
 
     async def GetFaultState(self, request: pb.GetFaultStateRequest, context):
-        if self.replica_faults is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is not started")
-        return self._fault_state()
+        return self._fault_state(await self._fault_target(request, context))
 
     async def GetMetrics(self, request: pb.GetMetricsRequest, context):
         """With engines (replica indices), theirs alone (a gateway's replica port, scraped

@@ -107,6 +107,9 @@ class EngineServer:
         pending = self._pending_capacity.pop((core.name, replica), None)
         if pending is not None:  # saved by an earlier run with more replicas
             self._apply_capacity(runtime, pending)
+        faults = getattr(getattr(self, "service", None), "replica_faults", None)
+        if faults is not None:  # a replica added (or restarted) while a fault is in force
+            faults.apply([runtime])
         if self.max_loras:  # a replica added live gets LoRA and the adapters loaded so far
             core.enable_lora(self.max_loras)
             if getattr(self, "service", None) is not None:
@@ -151,7 +154,8 @@ class EngineServer:
         if self.metrics_port is not None:
             self._metrics_http = serve_metrics(self.metrics, self.host, self.metrics_port)
             self.metrics_port = self._metrics_http.server_port
-        self.service.replica_faults = ReplicaFaults(self.runtimes, self._set_serving)
+        self.service.replica_faults = ReplicaFaults(lambda: self.runtimes, self._set_serving,
+                                                    self._restart_replica)
         await self._set_serving(True)
         for rt in self.runtimes:
             log.info("serving %s replica %d on %s (tp=%d, %d KV blocks of %d, max_num_seqs=%d, "
@@ -219,6 +223,16 @@ class EngineServer:
         log.info("restored live capacity of %s%s from %s: max_num_seqs=%d max_waiting=%d",
                  rt.core.name, f" replica {rt.replica}" if rt.replica else "", self.state_path,
                  rt.core.max_num_seqs, rt.core.max_waiting)
+
+    async def _restart_replica(self, index: int) -> None:
+        """A crashed replica comes back (engine.fleet.Fleet.restart) with the live capacity
+        it had, as a restarted engine restores its saved one."""
+        knobs = {r.model: (r.runtime.core.max_num_seqs, r.runtime.core.max_waiting)
+                 for r in self.fleet.select("", index)}
+        for replica in await self.fleet.restart(index):
+            fresh = self.fleet.replicas[replica.model][index].runtime
+            fresh.core.set_capacity(*knobs[replica.model])
+            fresh.check_queue()
 
     def _save_capacity(self) -> None:
         """Every replica's own knobs (under `replicas`, by index), with the lowest replica's

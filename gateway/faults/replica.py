@@ -2,8 +2,9 @@
 engine's InjectFault / GetFaultState RPCs.
 
 Knows: the request body (`fault`: crash | stall | slow | clear, `seconds`, `factor`,
-`replica`), checked with precise 400s; the answer's shape. Until the gateway fronts
-several engines, `replica` 0 (the default) is the one engine and any other is a 404.
+`replica`), checked with precise 400s; the answer's shape. `replica` i targets replica i
+of every model (what gateway port + i fronts); without it, every replica: the whole
+engine. A replica no model has is a 404 (`replica_not_found`, the engine's NOT_FOUND).
 
 Does not know: what the engine does with them (engine.service.replica_faults).
 """
@@ -17,7 +18,6 @@ from aiohttp import web
 
 from inference_lab.common.fault_names import MAX_FAULT_SECONDS, MAX_SLOW_FACTOR, REPLICA_FAULTS
 from inference_lab.gateway.edge import read_body
-from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.protocols.base import decode as decode_json
 from inference_lab.gateway.protocols.base import invalid, json_encode
 from inference_lab.v1 import engine_pb2 as pb
@@ -30,7 +30,7 @@ class ReplicaFault(msgspec.Struct, forbid_unknown_fields=True):
     fault: Literal[REPLICA_FAULTS]  # type: ignore[valid-type]
     seconds: Annotated[float, msgspec.Meta(ge=0.0, le=MAX_FAULT_SECONDS)] = 0.0
     factor: Annotated[float, msgspec.Meta(gt=0.0, le=MAX_SLOW_FACTOR)] | None = None
-    replica: Annotated[int, msgspec.Meta(ge=0)] = 0
+    replica: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)] | None = None  # None: all
 
 
 _decoder = msgspec.json.Decoder(ReplicaFault)
@@ -39,7 +39,7 @@ _decoder = msgspec.json.Decoder(ReplicaFault)
 def decode(body: bytes) -> ReplicaFault:
     fault = decode_json(_decoder, body, "replica fault",
                         'Expected {"fault": "crash" | "stall" | "slow" | "clear", '
-                        '"seconds": S, "factor": k}')
+                        '"seconds": S, "factor": k, "replica"?: i}')
     if fault.fault == "stall" and fault.seconds <= 0:
         raise invalid("A stall needs seconds > 0 - at `$.seconds`")
     if fault.fault == "slow" and fault.factor is None:
@@ -49,16 +49,10 @@ def decode(body: bytes) -> ReplicaFault:
     return fault
 
 
-def _replica(index: int) -> None:
-    if index != 0:
-        raise GatewayError(ErrorKind.ROUTE_NOT_FOUND,
-                           f"Replica {index} does not exist: this gateway fronts one engine "
-                           "(replica 0).")
-
-
 def _body(state: pb.EngineFaultState) -> web.Response:
     return web.Response(body=json_encode({
-        "replica": 0, "stalled_for_s": round(state.stalled_for_s, 3),
+        "replica": state.replica if state.HasField("replica") else None,
+        "stalled_for_s": round(state.stalled_for_s, 3),
         "slow_factor": state.slow_factor, "slow_for_s": round(state.slow_for_s, 3)}),
         content_type="application/json")
 
@@ -67,15 +61,16 @@ def add_routes(app: web.Application, client) -> None:
     """`client()` is the gateway's EngineClient."""
 
     async def get_replica(request: web.Request) -> web.Response:
-        text = request.query.get("replica", "0")
-        _replica(int(text) if text.isdigit() else -1)
-        return _body(await client().fault_state())
+        text = request.query.get("replica")
+        if text is not None and not text.isdigit():
+            raise invalid(f"replica must be a replica index (an integer >= 0), got {text!r} "
+                          "- at `?replica`")
+        return _body(await client().fault_state(None if text is None else int(text)))
 
     async def post_replica(request: web.Request) -> web.Response:
         fault = decode(await read_body(request))
-        _replica(fault.replica)
         return _body(await client().inject_fault(KINDS[fault.fault], fault.seconds,
-                                                 fault.factor or 0.0))
+                                                 fault.factor or 0.0, fault.replica))
 
     app.router.add_get("/control/faults/replica", get_replica)
     app.router.add_post("/control/faults/replica", post_replica)

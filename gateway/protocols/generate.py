@@ -86,7 +86,7 @@ async def _refresh_models(client: EngineClient) -> None:
 def finish_error(finished: pb.Finished) -> GatewayError | None:
     """The error a Finished that is not a completion stands for (else None)."""
     if finished.reason == _FINISH_ABORTED:
-        return engine_unavailable("the engine aborted the request (shutting down)")
+        return engine_unavailable("the engine aborted the request (shutting down, or its replica crashed)")
     if finished.reason == _FINISH_CANCELLED:
         return engine_unavailable("the engine cancelled the request")
     return None

@@ -339,25 +339,31 @@ class MetricsText(_message.Message):
     def __init__(self, text: _Optional[bytes] = ...) -> None: ...
 
 class InjectFaultRequest(_message.Message):
-    __slots__ = ("kind", "seconds", "factor")
+    __slots__ = ("kind", "seconds", "factor", "replica")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     FACTOR_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     kind: EngineFaultKind
     seconds: float
     factor: float
-    def __init__(self, kind: _Optional[_Union[EngineFaultKind, str]] = ..., seconds: _Optional[float] = ..., factor: _Optional[float] = ...) -> None: ...
+    replica: int
+    def __init__(self, kind: _Optional[_Union[EngineFaultKind, str]] = ..., seconds: _Optional[float] = ..., factor: _Optional[float] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class GetFaultStateRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("replica",)
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    replica: int
+    def __init__(self, replica: _Optional[int] = ...) -> None: ...
 
 class EngineFaultState(_message.Message):
-    __slots__ = ("stalled_for_s", "slow_factor", "slow_for_s")
+    __slots__ = ("stalled_for_s", "slow_factor", "slow_for_s", "replica")
     STALLED_FOR_S_FIELD_NUMBER: _ClassVar[int]
     SLOW_FACTOR_FIELD_NUMBER: _ClassVar[int]
     SLOW_FOR_S_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     stalled_for_s: float
     slow_factor: float
     slow_for_s: float
-    def __init__(self, stalled_for_s: _Optional[float] = ..., slow_factor: _Optional[float] = ..., slow_for_s: _Optional[float] = ...) -> None: ...
+    replica: int
+    def __init__(self, stalled_for_s: _Optional[float] = ..., slow_factor: _Optional[float] = ..., slow_for_s: _Optional[float] = ..., replica: _Optional[int] = ...) -> None: ...

@@ -181,21 +181,26 @@ class EngineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def InjectFault(self, request, context):
-        """Replica-level faults, for testing what a client or router does when a whole engine
-        misbehaves: CRASH exits the process at once after answering (a supervisor such as
-        `serve` restarts it); STALL freezes every model for `seconds` (the modelled clock
-        stops, nothing is stepped or delivered, gRPC health is NOT_SERVING; requests in flight
-        resume afterwards, arrivals queue meanwhile); SLOW multiplies every step time by
-        `factor` for `seconds` (0 = until cleared); CLEAR ends a stall and a slowdown now.
-        Needs the control token like SetCapacity. INVALID_ARGUMENT: no kind, seconds < 0 or
-        not finite, STALL without seconds > 0, SLOW without factor > 0. Returns the state after.
+        """Replica-level faults, for testing what a client or router does when a whole engine,
+        or one replica of it, misbehaves. Without `replica`, the whole engine: CRASH exits the
+        process at once after answering (a supervisor such as `serve` restarts it); STALL
+        freezes every model for `seconds` (the modelled clock stops, nothing is stepped or
+        delivered, gRPC health is NOT_SERVING; requests in flight resume afterwards, arrivals
+        queue meanwhile); SLOW multiplies every step time by `factor` for `seconds` (0 = until
+        cleared); CLEAR ends every stall and slowdown now. With `replica` i, replica i of every
+        model alone: CRASH restarts it (its requests in flight end as aborted; ready again after
+        its start-up delay, with its live capacity), STALL and SLOW act on it only (gRPC health
+        stays SERVING), CLEAR ends its own. Needs the control token like SetCapacity.
+        INVALID_ARGUMENT: no kind, seconds < 0 or not finite, STALL without seconds > 0, SLOW
+        without factor > 0. NOT_FOUND: no model has that replica. Returns the state after.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetFaultState(self, request, context):
-        """The replica-level fault in force, if any.
+        """The replica-level faults in force: the whole engine's, or with `replica` that
+        replica's in effect (its own combined with the whole engine's).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,12 +1,14 @@
 """Replica-level faults on the real engine (in-process, real gRPC), driven through the real
 gateway's /control/faults/replica: a stall freezes and resumes, a slowdown multiplies step
-times, validation, the control token."""
+times, validation, the control token; with three replicas over real HTTP on every
+replica's port, a fault aimed at one replica acts on it alone."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import aiohttp
 import grpc
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -127,3 +129,115 @@ async def test_inject_fault_needs_the_control_token():
             assert exc.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             state = await stub.GetFaultState(pb.GetFaultStateRequest())
             assert state.slow_factor == 1 and state.stalled_for_s == 0
+
+
+# ---- one replica of several (a `replica` field), over real HTTP on every replica's port ----
+
+
+@pytest.fixture
+async def fleet_lab():
+    """A real engine with 3 replicas and the real gateway in front (replica i on base + i)."""
+    from inference_lab.gateway.fleet import FleetGateway
+    from serve_helpers import free_port_run
+
+    async with running_engine(replicas=3) as engine:
+        base = free_port_run(3)
+        gateway = FleetGateway(f"127.0.0.1:{engine.port}", "127.0.0.1", base)
+        await gateway.start()
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+                await eventually_open(http, base + 2)
+                yield engine, http, [f"http://127.0.0.1:{base + i}" for i in range(3)]
+        finally:
+            await gateway.stop()
+
+
+async def eventually_open(http, port: int) -> None:
+    """Replica ports open once the gateway has read the replica set (at its start)."""
+    for _ in range(200):  # bounded: 10 s
+        try:
+            async with http.get(f"http://127.0.0.1:{port}/health") as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientConnectionError:
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"port {port} never opened")
+
+
+async def post(http, url: str, body: dict) -> tuple[int, dict]:
+    async with http.post(url + "/control/faults/replica", json=body) as resp:
+        return resp.status, await resp.json()
+
+
+def core_of(engine, replica: int):
+    return engine.fleet.replicas[MODEL][replica].runtime.core
+
+
+async def test_a_stall_of_one_replica_freezes_it_alone(fleet_lab):
+    engine, http, urls = fleet_lab
+    status, state = await post(http, urls[0], {"fault": "stall", "seconds": 30, "replica": 1})
+    assert status == 200 and state["replica"] == 1 and 29 < state["stalled_for_s"] <= 30
+    health = []
+    for url in urls:
+        async with http.get(url + "/health") as resp:
+            health.append(resp.status)
+    assert health == [200, 503, 200]
+    assert await engine_health(engine) == health_pb2.HealthCheckResponse.SERVING
+    async with http.get(urls[0] + "/control/faults/replica") as resp:  # the whole engine's
+        assert (await resp.json()) == {"replica": None, "stalled_for_s": 0.0,
+                                       "slow_factor": 1.0, "slow_for_s": 0.0}
+    frozen = asyncio.ensure_future(http.post(urls[1] + "/v1/chat/completions",
+                                             json={**CHAT, "max_tokens": 5}))
+    async with http.post(urls[2] + "/v1/chat/completions",
+                         json={**CHAT, "max_tokens": 5}) as resp:  # another replica serves
+        assert resp.status == 200 and (await resp.json())["usage"]["completion_tokens"] == 5
+    assert not frozen.done()
+    await post(http, urls[2], {"fault": "clear", "replica": 1})  # any port may ask
+    async with await frozen as resp:
+        assert resp.status == 200 and (await resp.json())["usage"]["completion_tokens"] == 5
+
+
+async def test_a_slowdown_of_one_replica_combines_with_the_whole_engines(fleet_lab):
+    engine, http, urls = fleet_lab
+    assert (await post(http, urls[0], {"fault": "slow", "factor": 4, "replica": 2}))[1][
+        "slow_factor"] == 4
+    await post(http, urls[0], {"fault": "slow", "factor": 2})  # every replica
+    assert [core_of(engine, i).slowdown for i in range(3)] == [2, 2, 8]
+    async with http.get(urls[0] + "/control/faults/replica?replica=2") as resp:
+        assert (await resp.json())["slow_factor"] == 8  # in effect: both
+    await post(http, urls[0], {"fault": "clear", "replica": 2})
+    assert [core_of(engine, i).slowdown for i in range(3)] == [2, 2, 2]
+    await post(http, urls[0], {"fault": "slow", "factor": 3, "replica": 0})
+    await post(http, urls[0], {"fault": "clear"})  # without a replica: everything
+    assert [core_of(engine, i).slowdown for i in range(3)] == [1, 1, 1]
+
+
+async def test_a_crash_of_one_replica_restarts_it_alone_with_its_capacity(fleet_lab):
+    engine, http, urls = fleet_lab
+    async with http.post(urls[1] + "/control/capacity", json={"max_num_seqs": 5}) as resp:
+        assert resp.status == 200
+    before = [core_of(engine, i) for i in range(3)]
+    async with http.post(urls[1] + "/v1/chat/completions",
+                         json={**CHAT, "max_tokens": 3000, "stream": True}) as stream:
+        assert (await stream.content.readline()).startswith(b"data: ")  # under way
+        status, state = await post(http, urls[0], {"fault": "crash", "replica": 1})
+        assert status == 200 and state["replica"] == 1
+        rest = await stream.read()  # the stream ends with an error frame, not [DONE] after
+    assert b'"error"' in rest and b"finish_reason\":\"length" not in rest
+    after = [core_of(engine, i) for i in range(3)]
+    assert after[0] is before[0] and after[2] is before[2] and after[1] is not before[1]
+    assert (after[1].max_num_seqs, before[0].max_num_seqs) == (5, 256)
+    for url in urls:  # the engine process lives on; replica 1 serves again
+        async with http.post(url + "/v1/chat/completions", json={**CHAT, "max_tokens": 2}) as resp:
+            assert resp.status == 200
+
+
+async def test_a_fault_for_a_replica_no_model_has_is_a_404(fleet_lab):
+    _, http, urls = fleet_lab
+    status, body = await post(http, urls[0], {"fault": "stall", "seconds": 1, "replica": 7})
+    assert status == 404 and body["error"]["code"] == "replica_not_found"
+    async with http.get(urls[0] + "/control/faults/replica?replica=7") as resp:
+        assert resp.status == 404
+    async with http.get(urls[0] + "/control/faults/replica?replica=x") as resp:
+        assert resp.status == 400 and "replica" in (await resp.json())["error"]["message"]
