@@ -8,19 +8,20 @@ import asyncio
 import dataclasses
 import json
 import random
+import socket
 
 import msgpack
 import pytest
 import zmq
 import zmq.asyncio
-from engine_helpers import engine_stub, eventually, running_engine
-from serve_helpers import free_port_run
+from engine_helpers import engine_stub, running_engine
 
+from inference_lab.testing.poll import until
 from inference_lab.engine.service.kv_events import KVEventsConfig, KVEventsConfigError, offset_endpoint
 from inference_lab.engine.sim.config import default_deployments
 from inference_lab.engine.sim.kv import bytes_per_token
 from inference_lab.v1 import engine_pb2 as pb
-from inference_lab.common.ports import free_port
+from inference_lab.common.ports import free_port, free_port_run
 
 BLOCKS = 96  # a small KV cache, so that the workload evicts
 
@@ -177,7 +178,7 @@ async def test_a_drained_replica_closes_its_publisher():
         assert engine.kv_events.publisher(1).endpoint == f"tcp://127.0.0.1:{pub + 1}"
         async with engine_stub(engine) as stub:
             await stub.SetReplicas(pb.SetReplicasRequest(replicas=1))
-        await eventually(lambda: engine.kv_events.publisher(1) is None)
+        await until(lambda: engine.kv_events.publisher(1) is None, what="replica 1's publisher closed")
         with socket.socket() as s:  # its port is free again
             s.bind(("127.0.0.1", pub + 1))
         assert engine.kv_events.publisher(0) is not None

@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from engine_helpers import collect, engine_stub, running_engine, submit_request
 from inference_lab.gateway import create_app
+from inference_lab.testing.poll import until
 from inference_lab.v1 import engine_pb2 as pb
 
 MODEL = "gpt-oss-20b"
@@ -137,8 +138,8 @@ async def test_inject_fault_needs_the_control_token():
 @pytest.fixture
 async def fleet_lab():
     """A real engine with 3 replicas and the real gateway in front (replica i on base + i)."""
+    from inference_lab.common.ports import free_port_run
     from inference_lab.gateway.fleet import FleetGateway
-    from serve_helpers import free_port_run
 
     async with running_engine(replicas=3) as engine:
         base = free_port_run(3)
@@ -154,15 +155,14 @@ async def fleet_lab():
 
 async def eventually_open(http, port: int) -> None:
     """Replica ports open once the gateway has read the replica set (at its start)."""
-    for _ in range(200):  # bounded: 10 s
+    async def open_() -> bool:
         try:
             async with http.get(f"http://127.0.0.1:{port}/health") as resp:
-                if resp.status == 200:
-                    return
+                return resp.status == 200
         except aiohttp.ClientConnectionError:
-            pass
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"port {port} never opened")
+            return False
+
+    await until(open_, timeout=10, interval=0.05, what=f"port {port} open")
 
 
 async def post(http, url: str, body: dict) -> tuple[int, dict]:
