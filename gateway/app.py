@@ -293,7 +293,7 @@ async def _require_not_stalled(state: GatewayState) -> None:
     if state.replica is None:
         return
     try:
-        stalled = (await state.client.fault_state(state.replica)).stalled_for_s
+        stalled = await state.client.stalled_for(state.replica)
     except GatewayError as err:
         if err.kind is ErrorKind.REPLICA_NOT_FOUND:  # closing: no model has it any more
             raise engine_unavailable(err.message) from None

@@ -678,6 +678,19 @@ class EngineClient:
         return await self._unary("GetFaultState", pb.GetFaultStateRequest(replica=replica),
                                  self._rpc_timeout)
 
+    async def stalled_for(self, replica: int) -> float:
+        """Seconds left of a stall fault on `replica` (0 from an engine without faults)."""
+        stub = self._current_stub()
+        try:
+            state = await stub.GetFaultState(pb.GetFaultStateRequest(replica=replica),
+                                             timeout=self._connect_timeout,
+                                             wait_for_ready=False)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                return 0.0
+            raise from_grpc_error(exc) from None
+        return state.stalled_for_s
+
     # ---- health -------------------------------------------------------------------------
 
     async def serving(self) -> bool:
