@@ -100,7 +100,7 @@ def test_a_crash_fault_exits_the_engine_and_serve_restarts_it():
     with serve() as lab:
         call(lab.base, "/control/capacity", {"max_num_seqs": 4})
         status, state = call(lab.base, "/control/faults/replica", {"fault": "crash"})
-        assert status == 200 and state["replica"] == 0
+        assert status == 200 and state["replica"] is None  # the whole engine
         wait_until(lambda: len(lab.engine_pids()) == 2 and healthy(lab.base), timeout=30)
         assert "engine exited with status 70" in lab.log()
         assert capacity(lab.base)[0] == 4
