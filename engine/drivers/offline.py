@@ -66,6 +66,14 @@ def _prefix_cache(core: EngineCore) -> dict:
     return {"enabled": True, "queries": q, "hits": h, "hit_rate": h / q if q else 0.0}
 
 
+def _timing(dep: Deployment) -> dict:
+    """The timing model, and for `calibrated` where its parameters come from."""
+    if dep.timing != "calibrated" or dep.hardware.calibration is None:
+        return {"model": dep.timing}
+    cal = dep.hardware.calibration
+    return {"model": dep.timing, "calibration": cal.provenance, "fit": cal.fit}
+
+
 def summarise(rec: RunRecorder, core: EngineCore, steps: int, cpu_seconds: float) -> dict:
     span = max(rec.last_finish - (rec.first_arrival if rec.total else 0.0), 1e-12)
     completed = len(rec.e2e)
@@ -74,6 +82,7 @@ def summarise(rec: RunRecorder, core: EngineCore, steps: int, cpu_seconds: float
         "model": core.name,
         "hardware": core.deployment.hardware.name,
         "unmodelled": list(core.deployment.unmodelled),
+        "timing": _timing(core.deployment),
         "latency_metrics": {
             "ttft_ms": ms(rec.ttft),
             "e2e_ms": ms(rec.e2e),

@@ -25,6 +25,7 @@ Does not know how a step is timed or how the KV pool is laid out (cost, kv modul
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import fields, replace
 from importlib import resources
@@ -306,6 +307,17 @@ def _apply_timing(dep: Deployment, timing: str | None) -> None:
         raise ConfigError(dep.source, "timing", f"calibrated timing needs a [calibration] table in "
                           f"the {dep.hardware.name} hardware preset (calibration/fit.py fits one); "
                           "this one has none")
+    cal = dep.hardware.calibration
+    if dep.timing == "calibrated" and cal.transferred_from:
+        _log_transferred(dep.hardware.name, cal.transferred_from)
+
+
+@functools.cache
+def _log_transferred(hardware: str, source: str) -> None:
+    """Say once per process that `hardware`'s calibration is carried over, not fitted."""
+    logger.warning("calibrated timing on %s uses a calibration transferred from the %s fit, "
+                   "not fitted on %s (no public %s data with full settings; docs/timing.md)",
+                   hardware, source, hardware, hardware)
 
 
 def load_deployment(path: str | Path, hardware: str, max_waiting: int | None = None,

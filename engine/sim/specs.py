@@ -46,6 +46,14 @@ class Calibration:
     mla_layer_overhead: float = 0.0  # seconds per MLA layer per step (its longer kernel chain)
     sequence_overhead: float = 0.0  # seconds per sequence in the step (host work)
     fit: str = ""  # where the numbers come from
+    # "" when fitted on this GPU; else the preset whose fit was carried over by rule
+    # (fractions of peak and fixed time costs unchanged: docs/timing.md)
+    transferred_from: str = ""
+
+    @property
+    def provenance(self) -> str:
+        """'fitted', or 'transferred from <hardware>'."""
+        return f"transferred from {self.transferred_from}" if self.transferred_from else "fitted"
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,12 +57,12 @@ def test_a_request_reaches_the_scheduler_after_its_overhead():
 
 def test_timing_is_chosen_per_entry_or_by_the_flag_and_needs_a_fit(tmp_path):
     path = tmp_path / "m.toml"
-    path.write_text('model = "llama-3.1-8b"\n[hardware.h100]\ntiming = "calibrated"\n[hardware.b200]\n')
+    path.write_text('model = "llama-3.1-8b"\n[hardware.h100]\ntiming = "calibrated"\n[hardware.a100]\n')
     assert load_deployment(path, "h100").timing == "calibrated"
     assert load_deployment(path, "h100", timing="roofline").timing == "roofline"
-    assert load_deployment(path, "b200").timing == "roofline"
-    with pytest.raises(ConfigError, match="calibrated timing needs a \\[calibration\\] table in the b200"):
-        load_deployment(path, "b200", timing="calibrated")
+    assert load_deployment(path, "a100").timing == "roofline"
+    with pytest.raises(ConfigError, match="calibrated timing needs a \\[calibration\\] table in the a100"):
+        load_deployment(path, "a100", timing="calibrated")
     with pytest.raises(ConfigError, match="--timing: expected 'roofline' or 'calibrated', got 'fast'"):
         load_deployment(path, "h100", timing="fast")
 
@@ -72,6 +72,39 @@ def test_the_fitted_presets_name_their_fit():
         cal = catalog.load_hardware(name).calibration
         assert cal is not None and cal.fit.startswith("calibration/fit.py on ")
         assert 0 < cal.bandwidth_efficiency <= 1 and 0 < cal.flops_efficiency <= 1
+        assert cal.provenance == "fitted"
+
+
+@pytest.mark.parametrize("name,source", [("b200", "h200"), ("b300", "h200"), ("gb200", "h200"),
+                                         ("mi355x", "mi300x")])
+def test_the_unfitted_presets_carry_their_neighbours_fit_unchanged(name, source):
+    # The transfer rule (docs/timing.md): fractions of peak and fixed time costs carry over.
+    cal, fitted = catalog.load_hardware(name).calibration, catalog.load_hardware(source).calibration
+    assert cal is not None and cal.provenance == f"transferred from {source}"
+    assert cal.fit == f"transferred from {source}: {fitted.fit}"
+    assert replace(cal, fit="", transferred_from="") == replace(fitted, fit="")
+
+
+def test_calibrated_deepseek_on_b200_is_slower_than_the_roofline_and_says_where_it_came_from(caplog):
+    from inference_lab.common.workload import LengthDist, WorkloadSpec
+    from inference_lab.engine.drivers.offline import run_offline
+
+    spec = WorkloadSpec(arrival_pattern="closed_loop", num_concurrent_users=4, num_requests=8, seed=1,
+                        input_len_dist=LengthDist("fixed", 1024), output_len_dist=LengthDist("fixed", 64))
+    config = ROOT / "configs" / "deepseek-v3.toml"
+    runs = {}
+    for timing in ("roofline", "calibrated"):
+        with caplog.at_level("WARNING", logger="inference_lab.engine.sim.config"):
+            runs[timing] = run_offline(load_deployment(config, "b200", timing=timing), spec)
+    assert runs["roofline"]["timing"] == {"model": "roofline"}
+    assert runs["calibrated"]["timing"]["calibration"] == "transferred from h200"
+    assert runs["calibrated"]["timing"]["fit"].startswith("transferred from h200: calibration/fit.py")
+    roof, cal = runs["roofline"]["latency_metrics"], runs["calibrated"]["latency_metrics"]
+    assert cal["per_token_ms"]["mean"] > 2 * roof["per_token_ms"]["mean"]
+    assert cal["ttft_ms"]["mean"] > roof["ttft_ms"]["mean"]
+    load_deployment(config, "b200", timing="calibrated")  # logged once per process, not per load
+    said = [r for r in caplog.records if "transferred from the h200 fit" in r.getMessage()]
+    assert len(said) <= 1 and all("b200" in r.getMessage() for r in said)
 
 
 def test_every_calibration_data_file_carries_its_provenance_and_a_held_out_part():

@@ -1,5 +1,6 @@
 """`--timing calibrated` through the real `sim` command: slower than the roofline on a
-fitted preset, refused with a clear message on one without a fit."""
+fitted preset, refused with a clear message on one without a fit, announced on one with a
+transferred fit."""
 
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ def test_calibrated_timing_is_slower_than_the_roofline_on_a_fitted_gpu(tmp_path)
 
 
 def test_calibrated_timing_on_a_gpu_without_a_fit_is_refused(tmp_path):
-    out = sim(tmp_path, "--hardware", "b200", "--timing", "calibrated")
+    out = sim(tmp_path, "--hardware", "a100", "--timing", "calibrated")
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "calibrated timing needs a [calibration] table in the b200 hardware preset" in out.stderr
+    assert "calibrated timing needs a [calibration] table in the a100 hardware preset" in out.stderr
+
+
+def test_calibrated_timing_on_a_gpu_with_a_transferred_fit_says_so(tmp_path):
+    out = sim(tmp_path, "--hardware", "b200", "--timing", "calibrated")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("uses a calibration transferred from the h200 fit") == 1
+    timing = json.loads((tmp_path / "o.json").read_text())["timing"]
+    assert timing["model"] == "calibrated" and timing["calibration"] == "transferred from h200"
