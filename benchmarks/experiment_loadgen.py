@@ -9,8 +9,11 @@ By default the server is a stub in a child process that answers every request at
 with a short, gateway-shaped SSE stream (role+token, final chunk with "inference_lab"
 timings, usage, [DONE]), so the runner's own cost is measured without sharing the two
 cores with the gateway and the engine. The runner runs in this process (uvloop); its CPU
-is this process's CPU time over the run (including the 250 ms scrapes and the records),
-divided by the requests sent. Prints figures, no pass/fail.
+is this process's CPU time over the run (including the 250 ms scrapes) plus building the
+records' columns, divided by the requests sent, split into the controller (time inside
+acquire/release) and the rest (the generator). Before it, the floor: the same schedule,
+timer callback and connection pool, writing pre-built bytes and waiting for each
+response's end, nothing else. Prints figures, no pass/fail.
 """
 
 from __future__ import annotations
