@@ -179,8 +179,15 @@ async def test_a_drained_replica_closes_its_publisher():
         async with engine_stub(engine) as stub:
             await stub.SetReplicas(pb.SetReplicasRequest(replicas=1))
         await until(lambda: engine.kv_events.publisher(1) is None, what="replica 1's publisher closed")
-        with socket.socket() as s:  # its port is free again
-            s.bind(("127.0.0.1", pub + 1))
+        def port_free() -> bool:  # ZMQ's I/O thread closes the socket a moment later
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", pub + 1))
+                except OSError:
+                    return False
+                return True
+
+        await until(port_free, timeout=5, what="replica 1's port free again")
         assert engine.kv_events.publisher(0) is not None
 
 
