@@ -218,14 +218,21 @@ async def test_health_is_serving_and_metrics_use_vllm_names():
             reply = await health.Check(health_pb2.HealthCheckRequest(service="inference_lab.v1.Engine"))
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
         async with engine_stub(server) as stub:
-            calls = [stub.Submit(submit_request(max_tokens=3000)) for _ in range(3)]
+            # The first runs (its first token is out, so it left the waiting queue), the
+            # second waits in the one waiting place, the third is refused.
+            first = stub.Submit(submit_request(max_tokens=3000))
+            while (await first.read()).WhichOneof("event") != "tokens":
+                pass
+            calls = [first]
             results = []
-            for call in calls:
+            for _ in range(2):
+                call = stub.Submit(submit_request(max_tokens=3000))
+                calls.append(call)
                 try:
                     results.append((await call.read()).WhichOneof("event"))
                 except grpc.aio.AioRpcError as err:
                     results.append(err.code())
-            assert results.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 1
+            assert results == ["admitted", grpc.StatusCode.RESOURCE_EXHAUSTED]
             url = f"http://127.0.0.1:{server.metrics_port}/metrics"
             text = await asyncio.to_thread(lambda: urllib.request.urlopen(url).read().decode())
             for call in calls:
