@@ -40,49 +40,56 @@ def run(scenario: str, out: Path, scale: float) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=("reference", "step", "multi-turn", "faults"))
+    ap.add_argument("--only", choices=tuple(SCENARIOS))
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--out", type=Path, help="keep the run directories here")
     args = ap.parse_args()
     base = args.out or Path(tempfile.mkdtemp(prefix="experiment-bench-"))
     print(f"time scale {args.time_scale:g}, load average {os.getloadavg()[0]:.2f}, runs in {base}")
-    if args.only in (None, "reference"):
-        s = run("reference-page", base / "reference-page", args.time_scale)
-        for phase, page in zip(s["phases"], PAGE_MS):
-            st = phase["steady"]
-            p50 = st["e2e_p50_s"] * 1000
-            print(f"reference-page {phase['action']:>22}: e2e p50 {p50:6.1f} ms (page {page:.0f}, "
-                  f"{100 * (p50 / page - 1):+.1f} %), modelled p50 {st['modelled_e2e_p50_s'] * 1000:.1f} ms, "
-                  f"goodput {st['goodput_tok_s']:,.0f} tok/s (oracle {phase['oracle']['goodput_tok_s']:,.0f})")
-    if args.only in (None, "step"):
-        s = run("capacity-step", base / "capacity-step", args.time_scale)
-        for phase in s["phases"]:
-            st, sc = phase["steady"], phase["scores"]
-            band = f"[{phase['band'][0]}, {phase['band'][1]}]"
-            settle = sc["band_settle_s"]
-            print(f"capacity-step  {phase['action']:>22}: AIMD into {band} after "
-                  f"{'never' if settle is None else f'{settle:.2f} s'}, limit p50 {st['limit_p50']:.0f}, "
-                  f"in band {100 * (phase['limit_in_band'] or 0):.0f} % of the second half, "
-                  f"529 {100 * st['frac_529']:.1f} %, goodput score {sc['goodput']:.2f}")
+    for key, (scenario, line) in SCENARIOS.items():
+        if args.only in (None, key):
+            summary = run(scenario, base / scenario, args.time_scale)
+            for i, phase in enumerate(summary["phases"]):
+                print(f"{scenario:<14} {line(i, phase)}")
 
-    if args.only in (None, "multi-turn"):
-        s = run("multi-turn", base / "multi-turn", args.time_scale)
-        for phase in s["phases"]:
-            st, o = phase["steady"], phase["oracle"]
-            print(f"multi-turn     {phase['action']:>22}: cached {100 * st['cached_frac']:.1f} % of "
-                  f"prompt tokens (oracle {100 * o['cache_hit_rate']:.1f} %), mean prompt "
-                  f"{st['prompt_tokens_mean']:.0f} tokens, e2e p50 {st['e2e_p50_s'] * 1000:.0f} ms "
-                  f"(oracle {o['e2e_p50_s'] * 1000:.0f}), goodput score {phase['scores']['goodput']:.2f}")
-    if args.only in (None, "faults"):
-        s = run("slow-replica", base / "slow-replica", args.time_scale)
-        for phase in s["phases"]:
-            st, o = phase["steady"], phase["oracle"]
-            e2e = "-" if st["e2e_p50_s"] is None else f"{st['e2e_p50_s'] * 1000:.0f}"
-            print(f"slow-replica   {phase['action']:>34}: fault [{phase['fault'] or '-'}], "
-                  f"limit p50 {st['limit_p50']:.0f}, goodput score {phase['scores']['goodput']:.2f}, "
-                  f"e2e p50 {e2e} ms (oracle {o['e2e_p50_s'] * 1000:.0f}"
-                  f"{'' if o['fault_modelled'] else ', fault-free'}), 529 {100 * st['frac_529']:.1f} %")
 
+def _reference(i: int, phase: dict) -> str:
+    st, page = phase["steady"], PAGE_MS[i]
+    p50 = st["e2e_p50_s"] * 1000
+    return (f"{phase['action']:>22}: e2e p50 {p50:6.1f} ms (page {page:.0f}, "
+            f"{100 * (p50 / page - 1):+.1f} %), modelled p50 {st['modelled_e2e_p50_s'] * 1000:.1f} ms, "
+            f"goodput {st['goodput_tok_s']:,.0f} tok/s (oracle {phase['oracle']['goodput_tok_s']:,.0f})")
+
+
+def _step(i: int, phase: dict) -> str:
+    st, sc = phase["steady"], phase["scores"]
+    settle = sc["band_settle_s"]
+    return (f"{phase['action']:>22}: AIMD into [{phase['band'][0]}, {phase['band'][1]}] after "
+            f"{'never' if settle is None else f'{settle:.2f} s'}, limit p50 {st['limit_p50']:.0f}, "
+            f"in band {100 * (phase['limit_in_band'] or 0):.0f} % of the second half, "
+            f"529 {100 * st['frac_529']:.1f} %, goodput score {sc['goodput']:.2f}")
+
+
+def _multi_turn(i: int, phase: dict) -> str:
+    st, o = phase["steady"], phase["oracle"]
+    return (f"{phase['action']:>22}: cached {100 * st['cached_frac']:.1f} % of "
+            f"prompt tokens (oracle {100 * o['cache_hit_rate']:.1f} %), mean prompt "
+            f"{st['prompt_tokens_mean']:.0f} tokens, e2e p50 {st['e2e_p50_s'] * 1000:.0f} ms "
+            f"(oracle {o['e2e_p50_s'] * 1000:.0f}), goodput score {phase['scores']['goodput']:.2f}")
+
+
+def _faults(i: int, phase: dict) -> str:
+    st, o = phase["steady"], phase["oracle"]
+    e2e = "-" if st["e2e_p50_s"] is None else f"{st['e2e_p50_s'] * 1000:.0f}"
+    return (f"{phase['action']:>34}: fault [{phase['fault'] or '-'}], "
+            f"limit p50 {st['limit_p50']:.0f}, goodput score {phase['scores']['goodput']:.2f}, "
+            f"e2e p50 {e2e} ms (oracle {o['e2e_p50_s'] * 1000:.0f}"
+            f"{'' if o['fault_modelled'] else ', fault-free'}), 529 {100 * st['frac_529']:.1f} %")
+
+
+# --only key: (the shipped scenario, its line per phase)
+SCENARIOS = {"reference": ("reference-page", _reference), "step": ("capacity-step", _step),
+             "multi-turn": ("multi-turn", _multi_turn), "faults": ("slow-replica", _faults)}
 
 if __name__ == "__main__":
     main()
