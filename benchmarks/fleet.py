@@ -127,6 +127,7 @@ def scrape(args) -> None:
     base, server = serve_fleet(args.replicas)
     with server as served:
         wait_ready(base, args.replicas)
+        get(base, "/metrics")  # the gateway's copy of every replica (WatchMetrics) starts
         now = time.monotonic()
         start, end = now + 3.0, now + 3.0 + args.seconds
         per = C.split(args.streams, args.replicas)
@@ -157,13 +158,16 @@ def scrape(args) -> None:
         threads = [threading.Thread(target=scraper, args=(
             base + i, i == 0, 0.05 * i / args.replicas if args.stagger else 0.0))
             for i in range(args.replicas)]
+        pids = {"gateway": [served.gateway_pid], "engine": [served.engine_pid]}
         try:
             time.sleep(max(0.0, start - time.monotonic() - 0.05))
             C.print_load("before")
             for t in threads:
                 t.start()
+            cpu0 = C.cpu_snapshot(pids)
             for t in threads:
                 t.join(timeout=args.seconds + 30)
+            cpu1 = C.cpu_snapshot(pids)
             C.collect_loadgens(loadgens, timeout=60)
         finally:
             stop.set()
@@ -175,6 +179,8 @@ def scrape(args) -> None:
               f"p50 {C.quantile(latencies, 0.5) * 1000:.2f} ms, "
               f"p99 {C.quantile(latencies, 0.99) * 1000:.2f} ms, "
               f"max {max(latencies) * 1000:.2f} ms; {C.machine()}")
+        print("cpu (cores): " + ", ".join(f"{k} {(cpu1[k] - cpu0[k]) / args.seconds:.2f}"
+                                          for k in ("gateway", "engine", "machine")))
 
 
 def main() -> None:

@@ -321,8 +321,10 @@ async def metrics(request: web.Request) -> web.Response:
     Without an engine, the gateway's own alone (engine_metrics_up 0)."""
     state = request.app[STATE]
     try:
-        engine = await state.client.metrics_text(
-            engines=None if state.replica is None else [state.replica])
+        if state.replica is None:
+            engine = await state.client.metrics_text()
+        else:  # from the gateway's copy (gateway.metrics_feed): no engine call
+            engine = await state.client.replica_metrics(state.replica)
     except GatewayError:
         engine = b""
     state.metrics.engine_up = 1 if engine else 0

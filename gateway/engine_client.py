@@ -46,6 +46,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from inference_lab.common.clock import CLOCK_METADATA, clock_id
 from inference_lab.common.tokenizer import ids_to_bytes
 from inference_lab.gateway.errors import ErrorKind, GatewayError, engine_unavailable, from_grpc_error
+from inference_lab.gateway.metrics_feed import MetricsFeed
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc as pb_grpc
 
@@ -197,11 +198,12 @@ class _Sequence:
     """The route of sequence `index` > 0 of a request with n > 1 (its tag is the
     request's tag + index): what the dispatcher hands it goes to the request's stream."""
 
-    __slots__ = ("stream", "index")
+    __slots__ = ("stream", "index", "replica")
 
     def __init__(self, stream: RequestStream, index: int) -> None:
         self.stream = stream
         self.index = index
+        self.replica = stream.replica
 
     def _tokens(self, total: int) -> None:
         self.stream._seq_tokens(self.index, total)
@@ -226,6 +228,9 @@ class _Session:
         # queue_key(model, replica) -> the engine's last QueueState for it, while "saturated"
         self.saturated: dict[str, pb.QueueState] = {}
         self._refused: dict[tuple[str, int], int] = {}  # refusals made here, not yet reported
+        # replica -> the engine's metrics version once its last Finished delivered here was
+        # counted (ProgressBatch.metrics_seq): a /metrics copy at least that new shows it
+        self.finished_seq: dict[int, int] = {}
         self._outbox: asyncio.Queue[pb.SessionAction | None] = asyncio.Queue()
         self._on_broken = on_broken
         self._probe = probe
@@ -316,9 +321,12 @@ class _Session:
                     stream = routes.get(tag)
                     if stream is not None:
                         stream._tokens(total)
+                seq = batch.metrics_seq  # set when the batch finishes requests
                 for event in finals:  # finished or rejected: the last event of its tag
                     stream = routes.pop(event.tag, None)
                     if stream is not None:
+                        if seq:  # before the client can hear of it (and scrape)
+                            self.finished_seq[stream.replica] = seq
                         stream._final(event)
                         if event.HasField("rejected"):  # (on a request's own tag only)
                             for tag in range(stream.tag + 1, stream.tag + stream.n):
@@ -371,7 +379,8 @@ class EngineClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.EngineStub | None = None
         self._stale = False
-        self._scrape_channel: grpc.aio.Channel | None = None  # GetMetrics only
+        self._scrape_channel: grpc.aio.Channel | None = None  # GetMetrics, WatchMetrics
+        self._feed = MetricsFeed(self._watch_metrics, connect_timeout)
         self._session: _Session | None = None
         self._connecting: asyncio.Future[None] | None = None
         self._refreshing: asyncio.Future[None] | None = None
@@ -547,6 +556,7 @@ class EngineClient:
         if self._channel is not None:
             await self._channel.close(grace=None)
             self._channel = None
+        await self._feed.close()
         if self._scrape_channel is not None:
             await self._scrape_channel.close(grace=None)
             self._scrape_channel = None
@@ -639,16 +649,35 @@ class EngineClient:
 
     # ---- metrics ------------------------------------------------------------------------
 
+    async def replica_metrics(self, replica: int) -> bytes:
+        """Replica `replica`'s exposition (GetMetrics with engines = [replica]) from the
+        copy the engine keeps pushed here (gateway.metrics_feed): no engine call per
+        scrape. It shows every request of this gateway that finished on the replica
+        before the call; otherwise it is at most ~50 ms old. Asks GetMetrics when the
+        copy cannot answer (an engine without WatchMetrics, a feed that does not come)."""
+        session = self._session
+        seq = 0 if session is None or session.broken else session.finished_seq.get(replica, 0)
+        text = await self._feed.text(replica, seq)
+        if text is None:
+            return await self.metrics_text(engines=[replica])
+        return text
+
+    def _scrape_stub(self) -> pb_grpc.EngineStub:
+        if self._scrape_channel is None:
+            self._scrape_channel = grpc.aio.insecure_channel(self.target,
+                                                             options=SCRAPE_CHANNEL_OPTIONS)
+        return pb_grpc.EngineStub(self._scrape_channel)
+
+    def _watch_metrics(self):
+        return self._scrape_stub().WatchMetrics(pb.WatchMetricsRequest(), wait_for_ready=False)
+
     async def metrics_text(self, models: list[str] | None = None,
                            engines: list[int] | None = None) -> bytes:
         """The engine's Prometheus exposition (vllm:* and inference_lab_*) of `models` on
         the engines (replicas) `engines` (None: all), as text; one unary call with a short
         deadline. Empty when no model has those replicas."""
         request = pb.GetMetricsRequest(models=models or (), engines=engines or ())
-        if self._scrape_channel is None:
-            self._scrape_channel = grpc.aio.insecure_channel(self.target,
-                                                             options=SCRAPE_CHANNEL_OPTIONS)
-        stub = pb_grpc.EngineStub(self._scrape_channel)
+        stub = self._scrape_stub()
         try:
             resp = await stub.GetMetrics(request, timeout=self._connect_timeout,
                                          wait_for_ready=False)
@@ -658,7 +687,9 @@ class EngineClient:
                 return b""
             if err.kind is ErrorKind.ENGINE_UNAVAILABLE:  # the next scrape connects afresh
                 channel, self._scrape_channel = self._scrape_channel, None
-                await channel.close(grace=None)
+                self._feed.stop()
+                if channel is not None:
+                    await channel.close(grace=None)
             raise err from None
         return resp.text
 

@@ -166,13 +166,26 @@ def bucket_sets(max_model_len: int) -> dict[str, tuple[float, ...]]:
             "n": B.VLLM_PARAMS_N, "lag": LAG_BUCKETS}
 
 
+class Versions:
+    """The engine's metrics version: one counter that every model's update points bump, so
+    a version orders every change of the engine (a replica restarted keeps counting up). A
+    copy rendered at version v shows every change counted up to v (WatchMetrics)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
 class ModelMetrics:
     """One model's numbers and its update points (called by the pacer and the service)."""
 
-    def __init__(self, core: EngineCore, engine_index: int = 0) -> None:
+    def __init__(self, core: EngineCore, engine_index: int = 0,
+                 versions: Versions | None = None) -> None:
         self.core = core
         self.labels = (core.name, str(engine_index))
-        self.version = 0  # bumped on every change: an unchanged model is served from cache
+        self.versions = versions or Versions()
+        self.version = 0  # the engine's version at its last change: unchanged = cached text
         sets = bucket_sets(core.max_model_len)
         self.hists = {name: Hist(sets[spec.buckets])
                       for name, spec in METRICS.items() if spec.kind == "histogram"}
@@ -210,7 +223,7 @@ class ModelMetrics:
             self._itl.observe(result.end - result.start, result.num_decodes)  # previous
             # token came at the end of the previous (back-to-back) step
         self._iteration.observe(prompt + result.sampled)
-        self.version += 1
+        self._changed()
 
     def on_finished(self, req: Request, tokens: int, last_token: float) -> None:
         """Any finish (length, client hang-up or cancellation, shutdown): `tokens` had been
@@ -241,22 +254,27 @@ class ModelMetrics:
         if req.index == 0:  # once per request, with its n (its siblings finish as well)
             f["n"].observe(req.n)
         f["max_tokens"].observe(req.max_tokens)
-        self.version += 1
+        self._changed()
 
     def on_rejected(self, reason: str, count: int = 1) -> None:
         self.rejections[reason] = self.rejections.get(reason, 0.0) + count
-        self.version += 1
+        self._changed()
 
     def on_cadence(self, held: int, interval: float) -> None:
         """The pacer held `held` updates back; `interval` is its update interval now."""
         c = self.counters
         c["inference_lab_coalesced_updates"] += held
         c["inference_lab_stream_update_interval_seconds"] = interval
-        self.version += 1
+        self._changed()
 
     def on_lag(self, seconds: float) -> None:
         self._lag.observe(seconds if seconds > 0 else 0.0)
-        self.version += 1
+        self._changed()
+
+    def _changed(self) -> None:
+        versions = self.versions
+        versions.n += 1
+        self.version = versions.n
 
     # ---- what a scrape reads ---------------------------------------------------------
     def samples(self, name: str) -> list[tuple[tuple[str, ...], object]]:
@@ -437,7 +455,9 @@ class EngineMetrics:
         remove); their label is the replica index plus `engine_index` (when an int)."""
         indexes = engine_index if isinstance(engine_index, list) else [engine_index] * len(cores)
         self.offset = engine_index if isinstance(engine_index, int) else 0
-        self.models = [ModelMetrics(core, i) for core, i in zip(cores, indexes, strict=True)]
+        self.versions = Versions()  # shared by every model and replica
+        self.models = [ModelMetrics(core, i, self.versions)
+                       for core, i in zip(cores, indexes, strict=True)]
         self.exposition = Exposition(self.models)
 
     def for_model(self, core: EngineCore) -> ModelMetrics:
@@ -445,7 +465,7 @@ class EngineMetrics:
 
     def for_replica(self, core: EngineCore, replica: int = 0) -> ModelMetrics:
         """A new replica's metrics (engine = offset + replica)."""
-        model = ModelMetrics(core, self.offset + replica)
+        model = ModelMetrics(core, self.offset + replica, self.versions)
         self.models.append(model)
         return model
 
@@ -459,6 +479,15 @@ class EngineMetrics:
 
     def render(self, names: list[str] | None = None, engines: list[int] | None = None) -> bytes:
         return self.exposition.render(names, engines)
+
+    def replica_keys(self) -> dict[int, tuple]:
+        """Per replica (engine label), what its exposition depends on: the version and live
+        gauges of each of its models. An unchanged key renders the same series and values."""
+        keys: dict[int, list] = {}
+        for m in list(self.models):
+            keys.setdefault(int(m.labels[1]), []).append(
+                (id(m), m.version, *(read(m.core) for read in LIVE.values())))
+        return {index: tuple(key) for index, key in keys.items()}
 
 
 def serve_metrics(metrics: EngineMetrics, host: str, port: int) -> ThreadingHTTPServer:

@@ -31,6 +31,7 @@ from inference_lab.engine.service.lora_modules import read_rank
 from inference_lab.engine.sim.lora import LoraAdapter, LoraError
 from inference_lab.engine.service.replica_faults import ReplicaFaults
 from inference_lab.engine.service.metrics import EngineMetrics, ModelMetrics
+from inference_lab.engine.service.metrics_feed import Watchers, watch, watch_interval
 from inference_lab.engine.drivers.pacer import Pacer, Stream
 from inference_lab.engine.sim.request import Request, Status
 from inference_lab.v1 import engine_pb2 as pb
@@ -255,6 +256,7 @@ class SessionSink:
         self.closing = False  # the engine is stopping: end the call once flushed
         self.ended = asyncio.Event()
         self.same_clock = False  # the client reads this machine's clock: its stamps count
+        self.finishes = False  # a Finished is queued: the batch carries the metrics version
 
     def on_tokens(self, stream: Stream, total: int) -> None:
         # Sequence i of a request with n > 1 reports under tag + i.
@@ -264,6 +266,7 @@ class SessionSink:
         if req.all_finished:
             self.open.pop(stream.tag, None)
         self.events.append(pb.Progress(tag=stream.tag + stream.index, finished=finished_pb(req)))
+        self.finishes = True
 
     def flush(self) -> None:
         self.ready.set()
@@ -284,6 +287,12 @@ class SessionSink:
         batch = pb.ProgressBatch(events=self.events, token_tags=totals.keys(),
                                  token_totals=totals.values(), queue_states=states)
         self.events, self.totals = [], {}
+        if self.finishes:  # (their metrics were counted when they finished, before this)
+            self.finishes = False
+            service = self.service
+            if service.metrics is not None:
+                batch.metrics_seq = service.metrics.versions.n
+                service.watchers.wake()  # the push showing them leaves right behind
         return batch
 
 
@@ -296,6 +305,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         # LoRA name -> (base model, path, rank); every replica of the base loads it
         self.adapters: dict[str, tuple[str, str, int]] = {}
         self.metrics = metrics
+        self.watchers = Watchers()  # WatchMetrics calls waiting for their next look
         self.sessions: set[SessionSink] = set()
         self.queue_changes = 0  # counts queue-state changes of any replica, and fleet changes
         for rt in fleet.runtimes():
@@ -622,6 +632,18 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"no model has replica {', '.join(map(str, request.engines))}")
         return pb.MetricsText(text=text)
+
+    async def WatchMetrics(self, request: pb.WatchMetricsRequest, context):
+        """Each replica's exposition as it changes (engine.service.metrics_feed)."""
+        if self.metrics is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this engine keeps no metrics")
+        interval = watch_interval(request.interval_s)
+        if interval is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"interval_s must be 0 (the default) or a number of seconds "
+                                f">= 0.005, got {request.interval_s!r}")
+        async for push in watch(self.metrics, self.watchers, interval):
+            yield push
 
     def _max_request_tokens(self, deployment) -> int:
         """The largest request the model takes: every replica of a model has the same rules,

@@ -179,16 +179,18 @@ class Progress(_message.Message):
     def __init__(self, tag: _Optional[int] = ..., admitted: _Optional[_Union[Admitted, _Mapping]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ...) -> None: ...
 
 class ProgressBatch(_message.Message):
-    __slots__ = ("events", "token_tags", "token_totals", "queue_states")
+    __slots__ = ("events", "token_tags", "token_totals", "queue_states", "metrics_seq")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TAGS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TOTALS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_STATES_FIELD_NUMBER: _ClassVar[int]
+    METRICS_SEQ_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[Progress]
     token_tags: _containers.RepeatedScalarFieldContainer[int]
     token_totals: _containers.RepeatedScalarFieldContainer[int]
     queue_states: _containers.RepeatedCompositeFieldContainer[QueueState]
-    def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., token_tags: _Optional[_Iterable[int]] = ..., token_totals: _Optional[_Iterable[int]] = ..., queue_states: _Optional[_Iterable[_Union[QueueState, _Mapping]]] = ...) -> None: ...
+    metrics_seq: int
+    def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., token_tags: _Optional[_Iterable[int]] = ..., token_totals: _Optional[_Iterable[int]] = ..., queue_states: _Optional[_Iterable[_Union[QueueState, _Mapping]]] = ..., metrics_seq: _Optional[int] = ...) -> None: ...
 
 class QueueState(_message.Message):
     __slots__ = ("model", "saturated", "waiting", "max_waiting", "replica", "message")
@@ -337,6 +339,30 @@ class MetricsText(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     text: bytes
     def __init__(self, text: _Optional[bytes] = ...) -> None: ...
+
+class WatchMetricsRequest(_message.Message):
+    __slots__ = ("interval_s",)
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    interval_s: float
+    def __init__(self, interval_s: _Optional[float] = ...) -> None: ...
+
+class MetricsPush(_message.Message):
+    __slots__ = ("seq", "replicas", "gone")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    GONE_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaMetrics]
+    gone: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaMetrics, _Mapping]]] = ..., gone: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReplicaMetrics(_message.Message):
+    __slots__ = ("engine", "text")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    engine: int
+    text: bytes
+    def __init__(self, engine: _Optional[int] = ..., text: _Optional[bytes] = ...) -> None: ...
 
 class InjectFaultRequest(_message.Message):
     __slots__ = ("kind", "seconds", "factor", "replica")

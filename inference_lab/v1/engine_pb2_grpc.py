@@ -79,6 +79,11 @@ class EngineStub:
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.GetMetricsRequest.SerializeToString,
                 response_deserializer=inference__lab_dot_v1_dot_engine__pb2.MetricsText.FromString,
                 _registered_method=True)
+        self.WatchMetrics = channel.unary_stream(
+                '/inference_lab.v1.Engine/WatchMetrics',
+                request_serializer=inference__lab_dot_v1_dot_engine__pb2.WatchMetricsRequest.SerializeToString,
+                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.MetricsPush.FromString,
+                _registered_method=True)
         self.InjectFault = channel.unary_unary(
                 '/inference_lab.v1.Engine/InjectFault',
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.InjectFaultRequest.SerializeToString,
@@ -180,6 +185,17 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchMetrics(self, request, context):
+        """The same expositions, one per replica (GetMetrics with engines = [i]), pushed as they
+        change, so that a gateway answers a replica's /metrics from its own copy, with no call
+        per scrape. The first message holds every replica; then, every interval_s (or at once
+        after a Session batch that finished a request), the replicas whose numbers changed and
+        the ones that are gone. A copy is never older than interval_s plus the delivery.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def InjectFault(self, request, context):
         """Replica-level faults, for testing what a client or router does when a whole engine,
         or one replica of it, misbehaves. Without `replica`, the whole engine: CRASH exits the
@@ -253,6 +269,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.GetMetrics,
                     request_deserializer=inference__lab_dot_v1_dot_engine__pb2.GetMetricsRequest.FromString,
                     response_serializer=inference__lab_dot_v1_dot_engine__pb2.MetricsText.SerializeToString,
+            ),
+            'WatchMetrics': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchMetrics,
+                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.WatchMetricsRequest.FromString,
+                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.MetricsPush.SerializeToString,
             ),
             'InjectFault': grpc.unary_unary_rpc_method_handler(
                     servicer.InjectFault,
@@ -508,6 +529,33 @@ class Engine:
             '/inference_lab.v1.Engine/GetMetrics',
             inference__lab_dot_v1_dot_engine__pb2.GetMetricsRequest.SerializeToString,
             inference__lab_dot_v1_dot_engine__pb2.MetricsText.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/inference_lab.v1.Engine/WatchMetrics',
+            inference__lab_dot_v1_dot_engine__pb2.WatchMetricsRequest.SerializeToString,
+            inference__lab_dot_v1_dot_engine__pb2.MetricsPush.FromString,
             options,
             channel_credentials,
             insecure,

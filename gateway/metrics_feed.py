@@ -1,0 +1,141 @@
+"""The engine's per-replica expositions kept in the gateway, so that a replica port's
+/metrics is answered from a local copy with no engine call (an endpoint picker scrapes
+every replica every 50 ms; a GetMetrics per scrape crossed two busy processes each time).
+
+Knows: the engine's WatchMetrics stream (engine.proto): a first push of every replica's
+text, then the replicas whose text changed (the engine looks every 40 ms, and at once
+after a Session batch that finished requests) and the ones gone. The copy is what the
+engine rendered, byte for byte (the same render as GetMetrics with engines = [i]).
+
+How fresh: while the feed is live, a copy is at most the engine's interval (40 ms) plus
+the delivery old; and a request's finish is never missed: the Session batch that carried
+its Finished says the engine's metrics version then (ProgressBatch.metrics_seq), and a
+scrape that comes after waits for a push at least that new (the engine sends it right
+behind the batch). A copy only ever moves forward: pushes arrive in order, and a feed
+that broke or timed out is dropped whole; the next one starts after the caller has read
+whatever it asked the engine meanwhile, so it renders later than that.
+
+Lifecycle: started by the first scrape; stopped after IDLE_S without one (the engine then
+stops looking); dropped when the stream breaks (engine restarted: its numbers start over,
+as they do for GetMetrics). Answers None when it cannot answer (no feed within the
+deadline, an engine without WatchMetrics, a replica the engine never pushed): the caller
+asks GetMetrics then.
+
+Does not know: HTTP, what a series means, the Session (the caller passes the version).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Callable
+
+import grpc
+
+log = logging.getLogger("inference_lab.gateway.metrics_feed")
+
+IDLE_S = 10.0  # no scrape for this long: the feed stops (the next scrape starts it again)
+
+
+class MetricsFeed:
+    """One WatchMetrics stream and the copy it keeps: replica -> its exposition."""
+
+    def __init__(self, open_call: Callable[[], Any], timeout: float) -> None:
+        self._open_call = open_call  # -> a WatchMetrics call (a grpc.aio stream)
+        self._timeout = timeout
+        self.supported = True  # False once the engine answered UNIMPLEMENTED
+        self.texts: dict[int, bytes] = {}  # replica -> text (b"": gone)
+        self.seq = -1  # the engine's metrics version of the last push applied (-1: none)
+        self._task: asyncio.Task | None = None
+        self._call: Any = None
+        self._changed: asyncio.Future | None = None
+        self._last_used = 0.0
+        self._idle_timer: asyncio.TimerHandle | None = None
+
+    async def text(self, replica: int, seq: int = 0) -> bytes | None:
+        """Replica `replica`'s exposition as of the engine's version `seq` or later; None
+        when the feed cannot tell (ask GetMetrics)."""
+        if not self.supported:
+            return None
+        loop = asyncio.get_running_loop()
+        self._last_used = now = loop.time()
+        if self._task is None:
+            self._start()
+        deadline = now + self._timeout
+        while self.seq < seq or self.seq < 0:
+            if self._task is None:  # it ended (broken, or not supported)
+                return None
+            if self._changed is None:
+                self._changed = loop.create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._changed), deadline - loop.time())
+            except asyncio.TimeoutError:
+                log.warning("no metrics push from the engine within %.1f s", self._timeout)
+                self.stop()  # dropped whole: a later one renders after what the caller reads
+                return None
+        return self.texts.get(replica)
+
+    def _start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._read(), name="metrics-feed")
+        self._arm_idle()
+
+    def _arm_idle(self) -> None:
+        self._idle_timer = asyncio.get_running_loop().call_later(IDLE_S, self._check_idle)
+
+    def _check_idle(self) -> None:
+        if asyncio.get_running_loop().time() - self._last_used >= IDLE_S:
+            self.stop()
+        else:
+            self._arm_idle()
+
+    async def _read(self) -> None:
+        call = self._call = self._open_call()
+        try:
+            async for push in call:
+                texts = self.texts
+                for replica in push.replicas:
+                    texts[replica.engine] = replica.text
+                for index in push.gone:
+                    texts[index] = b""
+                self.seq = push.seq
+                self._wake()
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                self.supported = False  # an older engine: GetMetrics per scrape
+            elif exc.code() is not grpc.StatusCode.CANCELLED:
+                log.info("metrics feed ended: %s", exc.code().name)
+        finally:
+            if self._call is call:
+                self._reset()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, None
+        if changed is not None and not changed.done():
+            changed.set_result(None)
+
+    def _reset(self) -> None:
+        self._task = self._call = None
+        self.texts = {}
+        self.seq = -1
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        self._wake()
+
+    def stop(self) -> None:
+        """Drop the feed and its copy (the engine's call is cancelled)."""
+        call, task = self._call, self._task
+        self._reset()
+        if call is not None:
+            call.cancel()
+        if task is not None:
+            task.cancel()
+
+    async def close(self) -> None:
+        task = self._task
+        self.stop()
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+

@@ -1,0 +1,161 @@
+"""A replica port's /metrics answered from the gateway's copy (WatchMetrics): the real engine
+(in-process, real gRPC, 3 replicas) and the real fleet gateway over real HTTP. Scrapes make
+no GetMetrics call; a request's counters show in the scrape that follows its response;
+live gauges follow within the documented bound; the engine part of a scrape is the
+engine's own render byte for byte; an engine without WatchMetrics is scraped as before."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import grpc
+import pytest
+
+from engine_helpers import engine_stub, running_engine
+from metrics_helpers import PROMTOOL, promtool_check, sample
+from inference_lab.common.ports import free_port_run
+from inference_lab.engine.service.metrics_feed import Watchers
+from inference_lab.engine.service.rpc import EngineService
+from inference_lab.gateway.fleet import FleetGateway
+from inference_lab.testing.poll import until
+from inference_lab.v1 import engine_pb2 as pb
+from inference_lab.v1 import engine_pb2_grpc
+
+MODEL = "gpt-oss-20b"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+BOUND_S = 0.05  # README: a copy is at most ~50 ms old (40 ms interval + delivery)
+
+
+@pytest.fixture
+def get_metrics_calls(monkeypatch) -> list[int]:
+    """GetMetrics calls the engine answers (patched before the engine registers it)."""
+    calls: list[int] = []
+    original = EngineService.GetMetrics
+
+    async def counted(self, request, context):
+        calls.append(1)
+        return await original(self, request, context)
+
+    monkeypatch.setattr(EngineService, "GetMetrics", counted)
+    return calls
+
+
+async def fleet(replicas: int = 3):
+    engine_cm = running_engine(replicas=replicas)
+    engine = await engine_cm.__aenter__()
+    base = free_port_run(replicas)
+    gateway = FleetGateway(f"127.0.0.1:{engine.port}", "127.0.0.1", base)
+    await gateway.start()
+    http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+
+    async def closed() -> None:
+        await http.close()
+        await gateway.stop()
+        await engine_cm.__aexit__(None, None, None)
+
+    await until(lambda: gateway.port_of(replicas - 1) is not None, timeout=10, interval=0.02,
+                what="every replica's port open")
+    return engine, http, [f"http://127.0.0.1:{base + i}" for i in range(replicas)], closed
+
+
+async def scrape(http, url: str) -> str:
+    async with http.get(url + "/metrics") as resp:
+        assert resp.status == 200
+        return await resp.text()
+
+
+@pytest.mark.parametrize("woken", [True, False], ids=["push-behind-batch", "push-on-interval"])
+async def test_scrapes_come_from_the_copy_and_show_a_finished_request_at_once(
+        woken, get_metrics_calls, monkeypatch):
+    if not woken:  # the push comes only with the next look: the scrape waits for it
+        monkeypatch.setattr(Watchers, "wake", lambda self: None)
+    engine, http, urls, closed = await fleet()
+    try:
+        first = await scrape(http, urls[1])  # starts the feed
+        done = sample(first, "vllm:request_success_total", engine="1", model_name=MODEL,
+                      finished_reason="length")
+        for tokens in (3, 9):
+            async with http.post(urls[1] + "/v1/chat/completions",
+                                 json={**CHAT, "max_tokens": tokens}) as resp:
+                assert resp.status == 200
+            text = await scrape(http, urls[1])  # right after the response: it shows
+            assert sample(text, "vllm:request_success_total", engine="1", model_name=MODEL,
+                          finished_reason="length") == done + 1
+            done += 1
+        assert sample(text, "vllm:generation_tokens_total", engine="1",
+                      model_name=MODEL) == 12
+        assert sample(text, "vllm:e2e_request_latency_seconds_count", engine="1",
+                      model_name=MODEL) == 2
+        for url in urls:
+            for _ in range(20):
+                await scrape(http, url)
+        assert get_metrics_calls == []  # 60+ scrapes, no engine call
+        # the engine's part is the engine's own render of that replica, byte for byte
+        rendered = engine.metrics.render(None, [1]).decode()
+        await until(lambda: scrape_starts_with(http, urls[1], rendered), timeout=2,
+                    interval=0.01, what="the copy equal to the engine's render")
+        if PROMTOOL is not None:
+            assert promtool_check(await scrape(http, urls[1]))[1] == []
+    finally:
+        await closed()
+
+
+async def scrape_starts_with(http, url: str, rendered: str) -> bool:
+    return (await scrape(http, url)).startswith(rendered)
+
+
+async def test_a_live_gauge_follows_within_the_bound(get_metrics_calls):
+    engine, http, urls, closed = await fleet()
+    try:
+        await scrape(http, urls[2])
+        async with http.post(urls[2] + "/v1/chat/completions",
+                             json={**CHAT, "max_tokens": 4000, "stream": True}) as stream:
+            assert (await stream.content.readline()).startswith(b"data: ")  # running now
+            started = time.monotonic()
+            running = 0.0
+            while running != 1.0 and time.monotonic() - started < 5:
+                running = sample(await scrape(http, urls[2]), "vllm:num_requests_running",
+                                 engine="2", model_name=MODEL)
+            waited = time.monotonic() - started
+        assert running == 1.0
+        assert waited < 0.5, waited  # the bound is ~50 ms; generous for a loaded machine
+        assert get_metrics_calls == []
+    finally:
+        await closed()
+
+
+async def test_watch_metrics_pushes_every_replica_then_changes_and_gone_ones():
+    async with running_engine(replicas=3) as engine, engine_stub(engine) as stub:
+        with pytest.raises(grpc.aio.AioRpcError) as bad:
+            await anext(aiter(stub.WatchMetrics(pb.WatchMetricsRequest(interval_s=0.001))))
+        assert bad.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "interval_s" in bad.value.details()
+        call = stub.WatchMetrics(pb.WatchMetricsRequest(interval_s=0.005))
+        first = await call.read()
+        assert sorted(r.engine for r in first.replicas) == [0, 1, 2] and not first.gone
+        texts = {r.engine: r.text for r in first.replicas}
+        assert texts[1] == engine.metrics.render(None, [1])
+        await stub.SetReplicas(pb.SetReplicasRequest(replicas=2))  # replica 2 drains, closes
+        gone: list[int] = []
+        while not gone:
+            push = await asyncio.wait_for(call.read(), 5)
+            assert push.seq >= first.seq
+            gone = list(push.gone)
+        assert gone == [2]
+        call.cancel()
+
+
+async def test_an_engine_without_watch_metrics_is_scraped_with_get_metrics(
+        monkeypatch, get_metrics_calls):
+    monkeypatch.setattr(EngineService, "WatchMetrics",
+                        engine_pb2_grpc.EngineServicer.WatchMetrics)
+    engine, http, urls, closed = await fleet(replicas=2)
+    try:
+        for _ in range(3):
+            text = await scrape(http, urls[1])
+            assert 'vllm:num_requests_waiting{engine="1",model_name="gpt-oss-20b"}' in text
+        assert len(get_metrics_calls) == 3
+    finally:
+        await closed()
