@@ -118,8 +118,8 @@ class RequestStream:
     the Session broke (the engine cancels on its side), or it was cancelled already.
     """
 
-    __slots__ = ("tag", "model", "key", "replica", "n", "done", "total", "totals", "_finals",
-                 "_taken", "_events", "_waiter", "_error", "_loop")
+    __slots__ = ("tag", "model", "key", "replica", "n", "done", "total", "totals", "writer",
+                 "_finals", "_taken", "_events", "_waiter", "_error", "_loop")
 
     def __init__(self, tag: int, loop: asyncio.AbstractEventLoop, model: str = "",
                  n: int = 1, replica: int = 0) -> None:
@@ -131,6 +131,10 @@ class RequestStream:
         self.done = False
         self.total = 0  # tokens announced by the engine so far (every sequence's)
         self.totals: list[int] | None = [0] * n if n > 1 else None  # per sequence, n > 1
+        # Set by a handler that can take new tokens synchronously (n == 1): called with the
+        # new total from the dispatcher instead of waking the handler's task; returns False
+        # when it could not write (the handler's task is woken as usual then).
+        self.writer: Callable[[int], bool] | None = None
         self._finals = 0  # Finished events received (one per sequence)
         self._taken = 0  # `total` as of the last next_events()
         self._events: list[pb.Progress] = []
@@ -154,6 +158,10 @@ class RequestStream:
             self._seq_tokens(0, total)
         elif total > self.total:
             self.total = total
+            writer = self.writer
+            if writer is not None and not self._events and writer(total):
+                self._taken = total  # written: nothing for the task to do
+                return
             self._wake()
 
     def _seq_tokens(self, index: int, total: int) -> None:
@@ -199,6 +207,7 @@ class _Sequence:
     request's tag + index): what the dispatcher hands it goes to the request's stream."""
 
     __slots__ = ("stream", "index", "replica")
+    writer = None  # (its request's stream is written by its handler: n > 1)
 
     def __init__(self, stream: RequestStream, index: int) -> None:
         self.stream = stream
@@ -316,6 +325,10 @@ class _Session:
                             stream._tokens(event.tokens.total_tokens)
                     elif kind is not None:
                         finals.append(event)
+                for event in finals:  # a stream's last tokens go out with its closing,
+                    stream = routes.get(event.tag)  # in one write by its handler
+                    if stream is not None and stream.writer is not None:
+                        stream.writer = None
                 # Packed token progress: tag i has generated totals[i] tokens so far.
                 for tag, total in zip(batch.token_tags, batch.token_totals):
                     stream = routes.get(tag)

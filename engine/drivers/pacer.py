@@ -1,6 +1,6 @@
 """The real-time driver: paces one EngineCore to the wall clock and delivers progress.
 
-Knows the mapping sim time = (loop time - epoch) x time_scale, the step in flight, and the streams
+Knows the mapping sim time = (wall time - epoch) x time_scale, the step in flight, and the streams
 (sinks) waiting for each request's tokens. Does not know gRPC: sinks are plain objects
 with `on_tokens(stream, total)` / `on_finished(stream, request)` / `flush()`.
 
@@ -65,7 +65,7 @@ class Stream:
         self.tag = tag
         self.index = index
         self.sent = 0  # tokens already handed to the sink
-        self.last = 0.0  # loop time of the last hand-over
+        self.last = 0.0  # wall time (time.monotonic) of the last hand-over
 
 
 class Pacer:
@@ -89,9 +89,11 @@ class Pacer:
         self._logged = False  # coalescing's first engagement has been logged
         self.time_scale = time_scale  # modelled seconds per wall second
         self.loop = asyncio.get_running_loop()
-        self.epoch = self.loop.time()  # sim time 0
+        # The wall clock: time.monotonic(), not loop.time() (uvloop's counts whole ms).
+        self.monotonic = time.monotonic  # arrival stamps are read on it too
+        self.epoch = self.monotonic()  # sim time 0
         self._frozen_at: float | None = None  # sim time the clock stopped at (a stall)
-        self._frozen_wall = 0.0  # loop time the stall began
+        self._frozen_wall = 0.0  # wall time the stall began
         self._live: dict[int, Request] = {}  # requests with a stream, not yet finished
         self.inflight: StepResult | None = None
         self.due_mark = 0  # the core's progress mark as of the last step that ended
@@ -99,13 +101,12 @@ class Pacer:
         # No arrival is booked before this sim time: the start of the step booked last
         # (decided without it) or the instant a stall ended.
         self._not_before = 0.0
-        self.monotonic = time.monotonic  # the clock arrival stamps are read on
         self._finishing: list[Request] = []  # finish in the step in flight
         self._due_finished: list[Request] = []
         self._dirty_sinks: set = set()
         self._wake = asyncio.Event()
         self._stalled = False
-        self._release = 0.0  # loop time at which the earliest held running stream may update
+        self._release = 0.0  # wall time at which the earliest held running stream may update
         self._target: float | None = None  # sim time the current sleep was planned to end
         self._on_step = on_step
         self._on_lag = on_lag
@@ -119,27 +120,27 @@ class Pacer:
     def sim_now(self) -> float:
         if self._frozen_at is not None:
             return self._frozen_at
-        return (self.loop.time() - self.epoch) * self.time_scale
+        return (self.monotonic() - self.epoch) * self.time_scale
 
     def freeze(self) -> None:
         """A stalled replica: the modelled clock stops; nothing is stepped or delivered
         until `thaw` (arrivals still queue, at the frozen instant)."""
         if self._frozen_at is None:
             self._frozen_at = self.sim_now()
-            self._frozen_wall = self.loop.time()
+            self._frozen_wall = self.monotonic()
             self.poke()
 
     def thaw(self) -> None:
         """The clock runs again from where it stopped: every step in flight ends as much
         later on the wall clock as the stall lasted."""
         if self._frozen_at is not None:
-            self.epoch += self.loop.time() - self._frozen_wall
+            self.epoch += self.monotonic() - self._frozen_wall
             self._not_before = max(self._not_before, self._frozen_at)  # none in the stall
             self._frozen_at = None
             self.poke()
 
     def wall_of(self, sim_time: float) -> float:
-        """The loop time at which the sim clock reads `sim_time`."""
+        """The wall time (time.monotonic) at which the sim clock reads `sim_time`."""
         return self.epoch + sim_time / self.time_scale
 
     def arrival_of(self, stamp: float | None) -> float:
@@ -264,7 +265,7 @@ class Pacer:
             self._deliver()
             if self.inflight is not None:
                 self._target = self._next_wake()
-                await self._alarm.sleep_until(self.wall_of(self._target))
+                await self._alarm.sleep_until_monotonic(self.wall_of(self._target))
 
     def relay_late(self, seconds: float) -> None:
         """The process relaying the tokens (a Session's reader: the gateway) took `seconds`
@@ -349,7 +350,7 @@ class Pacer:
         core = self.core
         mark = self.due_mark
         dirty = self._dirty_sinks
-        now = self.loop.time()
+        now = self.monotonic()
         interval = self._interval = self.cadence.interval(len(self._live))
         held_since = now - interval
         earliest = now  # the oldest last update among running streams

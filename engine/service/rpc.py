@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Callable
 
 import grpc
@@ -406,7 +407,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     async def Session(self, request_iterator, context: grpc.aio.ServicerContext):
         sink = SessionSink(self)
         sink.same_clock = same_clock(context.invocation_metadata())  # its stamps are believed
-        loop = asyncio.get_running_loop()
+        clock = time.monotonic  # (not loop.time(): uvloop's counts whole ms)
         sink.flush()  # the first batch announces every model's queue state
         self.sessions.add(sink)
         reader = asyncio.create_task(self._read_session(request_iterator, sink))
@@ -416,9 +417,9 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                 sink.ready.clear()
                 batch = sink.take()
                 if batch is not None:
-                    started = loop.time()
+                    started = clock()
                     await context.write(batch)
-                    waited = loop.time() - started  # > 0: the gateway reads late (flow control)
+                    waited = clock() - started  # > 0: the gateway reads late (flow control)
                     if waited > WRITE_LATE:
                         for rt in self.fleet.runtimes():
                             rt.pacer.relay_late(waited)

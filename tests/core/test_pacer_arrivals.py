@@ -31,11 +31,11 @@ class Sink:
 
 
 async def pacer_at(wall: float, time_scale: float = 1.0) -> tuple[Pacer, Clock]:
-    """A pacer whose loop clock and monotonic clock both read `wall` (one machine's
-    CLOCK_MONOTONIC), with sim time 0 at wall 100."""
+    """A pacer whose wall clock (time.monotonic, which stamps are read on too: one
+    machine's CLOCK_MONOTONIC) reads `wall`, with sim time 0 at wall 100."""
     pacer = Pacer(EngineCore(default_deployments("b200")[0]), time_scale=time_scale)
     clock = Clock(wall)
-    pacer.loop, pacer.epoch, pacer.monotonic = clock, 100.0, clock.time
+    pacer.epoch, pacer.monotonic = 100.0, clock.time
     return pacer, clock
 
 

@@ -46,7 +46,7 @@ def drive(update_rate: float, arrivals: list[tuple[float, int]], time_scale: flo
     steps = []
     pacer = Pacer(core, update_rate=update_rate, on_step=steps.append, time_scale=time_scale)
     clock = VirtualClock()
-    pacer.loop, pacer.epoch = clock, 0.0
+    pacer.monotonic, pacer.epoch = clock.time, 0.0
     sink = Sink(clock)
     pending = sorted(arrivals)
     requests, wakeups = {}, 0

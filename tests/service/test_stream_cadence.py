@@ -1,6 +1,7 @@
 """Stream cadence through the real engine and the real gateway, read by a real HTTP client:
 by default every token is its own SSE event; a forced cap groups mid-stream tokens and
-counts it; the first and the last token are never grouped. Functional, not timed: the
+counts it; the first and the last token are never grouped (and, narrowly, the gateway's
+relay that writes mid-stream tokens from the dispatcher). Functional, not timed: the
 engine's clock runs at 1/5 of the wall's (--time-scale 0.2, ~2.5 ms a step), so a
 step's end is far from the next."""
 
@@ -9,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+from types import SimpleNamespace
 
 import aiohttp
 from aiohttp.test_utils import TestServer
 from engine_helpers import running_engine
 
 from inference_lab.gateway import create_app
+from inference_lab.gateway.protocols.generate import _Relay
 
 STREAMS = 4
 TOKENS = 40
@@ -91,3 +94,55 @@ async def test_a_forced_cap_groups_mid_stream_tokens_never_the_first_or_the_last
     assert sample(metrics, "inference_lab_coalesced_updates_total") > 0
     # S / 20 s with S live streams when an update was last held: 4 to 1 of them
     assert 0.05 <= sample(metrics, "inference_lab_stream_update_interval_seconds") <= 0.2
+
+
+# ---- the gateway's relay (mid-stream tokens written by the dispatcher), narrowly --------
+class Protocol:  # the slice of aiohttp's connection protocol the relay reads
+    def __init__(self) -> None:
+        self.transport = object()
+        self.writing_paused = False
+
+
+class Response:
+    def __init__(self, fail: BaseException | None = None) -> None:
+        self.written: list[bytes] = []
+        self.fail = fail
+
+    async def write(self, data: bytes) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.written.append(data)
+
+
+class Reply:
+    def tokens(self, index: int, k: int) -> bytes:
+        return b"t" * k
+
+
+def relay_for(resp: Response) -> tuple[_Relay, Protocol]:
+    protocol = Protocol()
+    return _Relay(SimpleNamespace(protocol=protocol), resp, Reply()), protocol
+
+
+def test_the_relay_writes_each_new_total_once_without_waiting():
+    resp = Response()
+    relay, _ = relay_for(resp)
+    assert relay(3) and relay(3) and relay(5)
+    assert resp.written == [b"ttt", b"tt"] and relay.streamed == 5
+
+
+def test_the_relay_leaves_the_write_to_the_handler_when_the_socket_pushes_back_or_is_gone():
+    resp = Response()
+    relay, protocol = relay_for(resp)
+    protocol.writing_paused = True  # the client reads slowly: the pump writes and drains
+    assert not relay(2)
+    protocol.writing_paused, protocol.transport = False, None  # the client went away
+    assert not relay(2)
+    assert resp.written == [] and relay.streamed == 0  # the pump writes those tokens
+
+
+def test_a_failed_relay_write_is_kept_for_the_handler_and_never_raised_to_the_dispatcher():
+    relay, _ = relay_for(Response(fail=ConnectionResetError("gone")))
+    assert not relay(1)
+    assert isinstance(relay.error, ConnectionResetError)
+    assert not relay(2)  # nothing more is tried
