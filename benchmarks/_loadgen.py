@@ -10,8 +10,9 @@ stream are kept to decode the engine's modelled timings ("inference_lab") from t
 chunk. Nothing else is decoded.
 
 Modes (config["mode"]):
-- "closed": `clients` connections, each a closed loop of streaming requests. Every client
-  starts at `t0 + stagger * i / clients`; requests sent in [t_warm, t_end) are recorded;
+- "closed": `clients` connections, each a closed loop of streaming requests (client i on
+  `ports[i % len(ports)]` when `ports` is given, else on `port`; each record ends with its
+  port). Every client starts at `t0 + stagger * i / clients`; requests sent in [t_warm, t_end) are recorded;
   frames and writes received in [t_warm, t_end) are counted. After t_end, clients keep
   the load up until every recorded request has finished (or `t_hard`), then everything
   is closed.
@@ -174,9 +175,9 @@ class Gen:
         self.errors: dict[str, int] = {}
         self.conns: list[Conn] = []
 
-    async def connect(self) -> Conn:
+    async def connect(self, port: int | None = None) -> Conn:
         _, conn = await self.loop.create_connection(lambda: Conn(self), self.cfg["host"],
-                                                    self.cfg["port"])
+                                                    port or self.cfg["port"])
         self.conns.append(conn)
         return conn
 
@@ -199,7 +200,8 @@ class Gen:
     async def closed(self) -> dict:
         cfg = self.cfg
         n = cfg["clients"]
-        req = request_bytes(cfg["host"], cfg["port"], cfg["path"], cfg["body"])
+        ports = cfg.get("ports") or [cfg["port"]]  # client i on ports[i % len(ports)]
+        reqs = {p: request_bytes(cfg["host"], p, cfg["path"], cfg["body"]) for p in ports}
         records: list[list] = []
         state = {"pending": 0}
         finished = asyncio.Event()
@@ -211,9 +213,11 @@ class Gen:
 
         async def client(i: int) -> None:
             conn = None
+            port = ports[i % len(ports)]
+            req = reqs[port]
             start = self.t0 + cfg.get("stagger", 0.0) * i / max(n, 1)
             try:
-                conn = await self.connect()
+                conn = await self.connect(port)
             except OSError as exc:
                 self.error(f"connect: {type(exc).__name__}")
                 return
@@ -232,7 +236,7 @@ class Gen:
                 t_send = monotonic()
                 try:
                     if conn.lost:
-                        conn = await self.connect()
+                        conn = await self.connect(port)
                     t_done = await conn.send(req)
                 except (ConnectionError, OSError) as exc:
                     self.error(type(exc).__name__)
@@ -246,7 +250,7 @@ class Gen:
                     await asyncio.sleep(0.01)  # no hot loop against a failing server
                 elif recorded:
                     records.append([t_send, conn.t_first, t_done, conn.frames, conn.writes,
-                                    modelled_from(conn.prev[-4096:] + conn.last[-4096:])])
+                                    modelled_from(conn.prev[-4096:] + conn.last[-4096:]), port])
                 if recorded:
                     state["pending"] -= 1
                     check()

@@ -5,12 +5,16 @@
     python benchmarks/fleet.py scrape   [--replicas 8] [--streams 64] [--seconds 15]
 
 fidelity: `serve --replicas R`, S closed-loop streams of gpt-oss-20b (200 tokens) on every
-replica's port (one load generator per replica); per replica the end-to-end p50 seen by
-the client next to the modelled one (the engine's own e2e of the same requests), and the
-engine's pacing lag p99 over the window.
+replica's port (all from one uvloop load-generator process by default, the cheapest client
+the machine can run; --loadgens K deals the replicas over K processes); per replica the
+end-to-end p50 seen by the client next to the modelled one (the engine's own e2e of the same
+requests), where the difference shows (client TTFT against the modelled TTFT, and the
+per-request e2e - modelled), and the engine's pacing lag p99 over the window.
 idle: `engine --replicas R` with nothing to do: its CPU over the window.
-scrape: `serve --replicas R`, S streams spread over the replicas, every replica's /metrics
-scraped every 50 ms by one thread each; the latency of replica 0's scrapes. The scrapers
+scrape: `serve --replicas R`, S streams spread over the replicas (one load-generator
+process), every replica's /metrics scraped every 50 ms on a keep-alive connection each;
+the latency of replica 0's scrapes, timed in a process of its own (the other scrapers
+are threads of this one). The scrapers
 start together (every 50 ms all eight ask at once: the worst case) unless --stagger spreads
 their phases over the 50 ms (as independent scrapers, each on its own ticker, fall).
 Prints figures, no pass/fail; the machine is shared, so the load average is printed too.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import multiprocessing
 import threading
 import time
 
@@ -73,10 +78,12 @@ def fidelity(args) -> None:
         now = time.monotonic()
         t0, warm = now + 2.0, now + 2.0 + args.warmup
         end = warm + args.seconds
-        configs = [{"mode": "closed", "host": "127.0.0.1", "port": base + i,
-                    "path": "/v1/chat/completions", "body": BODY, "clients": args.streams,
-                    "t0": t0, "t_warm": warm, "t_end": end, "t_hard": end + 30, "stagger": 0.3}
-                   for i in range(args.replicas)]
+        groups = [list(range(args.replicas))[g::args.loadgens] for g in range(args.loadgens)]
+        configs = [{"mode": "closed", "host": "127.0.0.1", "port": base + group[0],
+                    "ports": [base + i for i in group], "path": "/v1/chat/completions",
+                    "body": BODY, "clients": args.streams * len(group), "t0": t0,
+                    "t_warm": warm, "t_end": end, "t_hard": end + 30, "stagger": 0.3}
+                   for group in groups if group]
         loadgens = C.start_loadgens(configs)
         try:
             time.sleep(max(0.0, warm - time.monotonic()))
@@ -98,16 +105,24 @@ def fidelity(args) -> None:
         print("cpu (cores): " + ", ".join(f"{k} {(cpu1[k] - cpu0[k]) / wall:.2f}"
                                           for k in ("gateway", "engine", "machine")))
         worst = 0.0
-        for i, result in enumerate(results):
-            records = [r for r in result["records"] if r[5]]
+        print(f"load generators: {len(results)} processes, "
+              f"{sum(r['cpu_s'] for r in results):.1f} CPU s in all")
+        every = [r for result in results for r in result["records"] if r[5]]
+        errors = sum(sum(result["errors"].values()) for result in results)
+        for i in range(args.replicas):
+            records = [r for r in every if r[6] == base + i]
             measured = [r[2] - r[0] for r in records]
             modelled = [r[5][2] for r in records]  # (queue, ttft, e2e, ...) from the engine
             p50, m50 = C.quantile(measured, 0.5), C.quantile(modelled, 0.5)
             worst = max(worst, abs(p50 / m50 - 1))
+            ttft = C.quantile([r[1] - r[0] for r in records], 0.5)
+            mttft = C.quantile([r[5][1] for r in records], 0.5)
+            extra = C.quantile([(r[2] - r[0]) - r[5][2] for r in records], 0.5)
             print(f"replica {i}: {len(records)} requests, e2e p50 {p50 * 1000:.1f} ms, "
-                  f"modelled p50 {m50 * 1000:.1f} ms ({(p50 / m50 - 1) * 100:+.2f} %), "
-                  f"errors {result['errors'] or 0}")
-        print(f"worst replica: {worst * 100:.2f} % from modelled")
+                  f"modelled p50 {m50 * 1000:.1f} ms ({(p50 / m50 - 1) * 100:+.2f} %); "
+                  f"ttft p50 {ttft * 1000:.1f} ms, modelled {mttft * 1000:.1f} ms; "
+                  f"per request e2e - modelled p50 {extra * 1000:.1f} ms")
+        print(f"worst replica: {worst * 100:.2f} % from modelled; errors {errors}")
 
 
 def idle(args) -> None:
@@ -123,6 +138,29 @@ def idle(args) -> None:
               f"(CPU time resolution {1 / C.CLK_TCK * 1000:.0f} ms); {C.machine()}")
 
 
+def scrape_loop(port: int, start: float, end: float, phase: float, record: bool,
+                out=None, path: str = "/metrics") -> tuple[list[float], list[int]]:
+    """GET /metrics every 50 ms from start + phase until end on one keep-alive connection;
+    the latencies and sizes of the scrapes (sent to `out`, a pipe, when given)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    latencies: list[float] = []
+    sizes: list[int] = []
+    next_at = start + phase
+    while time.monotonic() < end:
+        time.sleep(max(0.0, next_at - time.monotonic()))
+        next_at += 0.05
+        t = time.perf_counter()
+        conn.request("GET", path)
+        body = conn.getresponse().read()
+        if record and time.monotonic() < end:
+            latencies.append(time.perf_counter() - t)
+            sizes.append(len(body))
+    conn.close()
+    if out is not None:
+        out.send((latencies, sizes))
+    return latencies, sizes
+
+
 def scrape(args) -> None:
     base, server = serve_fleet(args.replicas)
     with server as served:
@@ -130,50 +168,43 @@ def scrape(args) -> None:
         get(base, "/metrics")  # the gateway's copy of every replica (WatchMetrics) starts
         now = time.monotonic()
         start, end = now + 3.0, now + 3.0 + args.seconds
-        per = C.split(args.streams, args.replicas)
-        configs = [{"mode": "closed", "host": "127.0.0.1", "port": base + i,
-                    "path": "/v1/chat/completions", "body": BODY, "clients": per[i],
-                    "t0": now + 0.5, "t_warm": start, "t_end": end, "t_hard": end + 30,
-                    "stagger": 0.3} for i in range(args.replicas) if per[i]]
-        loadgens = C.start_loadgens(configs)
-        latencies: list[float] = []
-        sizes: list[int] = []
-        stop = threading.Event()
-
-        def scraper(port: int, record: bool, phase: float) -> None:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            next_at = start + phase
-            while not stop.is_set():
-                time.sleep(max(0.0, next_at - time.monotonic()))
-                next_at += 0.05
-                t = time.perf_counter()
-                conn.request("GET", "/metrics")
-                body = conn.getresponse().read()
-                if record and time.monotonic() < end:
-                    latencies.append(time.perf_counter() - t)
-                    sizes.append(len(body))
-                if time.monotonic() >= end:
-                    return
-
-        threads = [threading.Thread(target=scraper, args=(
-            base + i, i == 0, 0.05 * i / args.replicas if args.stagger else 0.0))
-            for i in range(args.replicas)]
+        # every stream from one uvloop process (the cheapest client), 64 / 8 per replica
+        loadgens = C.start_loadgens([{
+            "mode": "closed", "host": "127.0.0.1", "port": base,
+            "ports": [base + i for i in range(args.replicas)], "path": "/v1/chat/completions",
+            "body": BODY, "clients": args.streams, "t0": now + 0.5, "t_warm": start,
+            "t_end": end, "t_hard": end + 30, "stagger": 0.3}])
+        # replica 0's scraper is a process of its own (as an endpoint picker is: its
+        # timings do not wait for this process's GIL); the others are threads here
+        phases = [0.05 * i / args.replicas if args.stagger else 0.0
+                  for i in range(args.replicas)]
+        context = multiprocessing.get_context("fork")
+        receive, send = context.Pipe(duplex=False)
+        measured = context.Process(target=scrape_loop,
+                                   args=(base, start, end, phases[0], True, send, args.path))
+        threads = [threading.Thread(target=scrape_loop,
+                                    args=(base + i, start, end, phases[i], False))
+                   for i in range(1, args.replicas)]
         pids = {"gateway": [served.gateway_pid], "engine": [served.engine_pid]}
         try:
             time.sleep(max(0.0, start - time.monotonic() - 0.05))
             C.print_load("before")
+            measured.start()
             for t in threads:
                 t.start()
             cpu0 = C.cpu_snapshot(pids)
+            latencies, sizes = receive.recv() if receive.poll(args.seconds + 30) else ([], [0])
             for t in threads:
-                t.join(timeout=args.seconds + 30)
+                t.join(timeout=30)
             cpu1 = C.cpu_snapshot(pids)
+            measured.join(timeout=10)
             C.collect_loadgens(loadgens, timeout=60)
         finally:
-            stop.set()
             C.stop_all(loadgens)
+            if measured.is_alive():
+                measured.kill()
         C.print_load("after")
-        print(f"/metrics of replica 0 while {args.replicas} replicas are scraped every 50 ms "
+        print(f"{args.path} of replica 0 while {args.replicas} replicas are scraped every 50 ms "
               f"({'phases spread' if args.stagger else 'all at once'}) "
               f"and {args.streams} streams run: {len(latencies)} scrapes of ~{sizes[-1]} B, "
               f"p50 {C.quantile(latencies, 0.5) * 1000:.2f} ms, "
@@ -191,6 +222,9 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=24)
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--warmup", type=float, default=3)
+    p.add_argument("--loadgens", type=int, default=1,
+                   help="client processes, replicas dealt out over them (default 1: one "
+                        "uvloop process reads every stream, the cheapest client)")
     p = sub.add_parser("idle")
     p.add_argument("--replicas", type=int, default=64)
     p.add_argument("--seconds", type=float, default=10)
@@ -199,6 +233,10 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--seconds", type=float, default=15)
     p.add_argument("--stagger", action="store_true")
+    p.add_argument("--path", default="/metrics",
+                   help="what replica 0's timed scraper asks for (e.g. /fleet/targets, a "
+                        "small answer with no engine call: the gateway's floor under the "
+                        "same load)")
     args = parser.parse_args()
     {"fidelity": fidelity, "idle": idle, "scrape": scrape}[args.what](args)
 

@@ -3,8 +3,8 @@
 every replica every 50 ms; a GetMetrics per scrape crossed two busy processes each time).
 
 Knows: the engine's WatchMetrics stream (engine.proto): a first push of every replica's
-text, then the replicas whose text changed (the engine looks every 40 ms, and at once
-after a Session batch that finished requests) and the ones gone. The copy is what the
+text, then the replicas whose text changed (the engine looks every 40 ms) and the ones
+gone, and partial pushes of the replicas a Session batch finished requests on, at once. The copy is what the
 engine rendered, byte for byte (the same render as GetMetrics with engines = [i]).
 
 How fresh: while the feed is live, a copy is at most the engine's interval (40 ms) plus
@@ -46,7 +46,8 @@ class MetricsFeed:
         self._timeout = timeout
         self.supported = True  # False once the engine answered UNIMPLEMENTED
         self.texts: dict[int, bytes] = {}  # replica -> text (b"": gone)
-        self.seq = -1  # the engine's metrics version of the last push applied (-1: none)
+        self.seq = -1  # the engine's metrics version of the last full push (-1: none)
+        self.seqs: dict[int, int] = {}  # replica -> version of its last partial push
         self._task: asyncio.Task | None = None
         self._call: Any = None
         self._changed: asyncio.Future | None = None
@@ -63,7 +64,7 @@ class MetricsFeed:
         if self._task is None:
             self._start()
         deadline = now + self._timeout
-        while self.seq < seq or self.seq < 0:
+        while self.seq < 0 or max(self.seq, self.seqs.get(replica, -1)) < seq:
             if self._task is None:  # it ended (broken, or not supported)
                 return None
             if self._changed is None:
@@ -93,12 +94,17 @@ class MetricsFeed:
         call = self._call = self._open_call()
         try:
             async for push in call:
-                texts = self.texts
-                for replica in push.replicas:
-                    texts[replica.engine] = replica.text
-                for index in push.gone:
-                    texts[index] = b""
-                self.seq = push.seq
+                texts, seq = self.texts, push.seq
+                if push.partial:
+                    for replica in push.replicas:
+                        texts[replica.engine] = replica.text
+                        self.seqs[replica.engine] = seq
+                else:
+                    for replica in push.replicas:
+                        texts[replica.engine] = replica.text
+                    for index in push.gone:
+                        texts[index] = b""
+                    self.seq = seq
                 self._wake()
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
@@ -118,6 +124,7 @@ class MetricsFeed:
         self._task = self._call = None
         self.texts = {}
         self.seq = -1
+        self.seqs = {}
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None

@@ -184,6 +184,7 @@ class ModelMetrics:
                  versions: Versions | None = None) -> None:
         self.core = core
         self.labels = (core.name, str(engine_index))
+        self.engine = engine_index  # the `engine` label as a number
         self.versions = versions or Versions()
         self.version = 0  # the engine's version at its last change: unchanged = cached text
         sets = bucket_sets(core.max_model_len)
@@ -480,12 +481,16 @@ class EngineMetrics:
     def render(self, names: list[str] | None = None, engines: list[int] | None = None) -> bytes:
         return self.exposition.render(names, engines)
 
-    def replica_keys(self) -> dict[int, tuple]:
-        """Per replica (engine label), what its exposition depends on: the version and live
-        gauges of each of its models. An unchanged key renders the same series and values."""
+    def replica_keys(self, engines: set[int] | None = None) -> dict[int, tuple]:
+        """Per replica (engine label; only `engines` when given), what its exposition
+        depends on: the version and live gauges of each of its models. An unchanged key
+        renders the same series and values."""
         keys: dict[int, list] = {}
         for m in list(self.models):
-            keys.setdefault(int(m.labels[1]), []).append(
+            index = m.engine
+            if engines is not None and index not in engines:
+                continue
+            keys.setdefault(index, []).append(
                 (id(m), m.version, *(read(m.core) for read in LIVE.values())))
         return {index: tuple(key) for index, key in keys.items()}
 

@@ -9,12 +9,14 @@ version (metrics.Versions) that orders a push against a Session batch, and async
 
 The rule: a watch looks every `interval` seconds (DEFAULT_INTERVAL_S unless asked) at each
 replica's key and sends, in one MetricsPush, the replicas whose key changed and the ones
-that are gone; the first push holds every replica. A Session batch that finished a request
-is stamped with the version as of its finishes and wakes every watch at once
-(`Watchers.wake`), so the push that shows those finishes leaves right behind the batch; a
-client that has read a batch stamped v waits for a push with seq >= v before it answers
-(read-your-finishes), and otherwise its copy is at most `interval` plus the delivery old.
-Nothing changed: nothing is sent (the watch still wakes every interval to look).
+that are gone (a full look; the first push holds every replica). A Session batch that
+finished requests is stamped with the version as of its finishes and wakes every watch at
+once for the replicas it finished them on (`Watchers.wake`): a partial look sends those
+replicas' texts right behind the batch (and only those: a finish does not re-render the
+whole fleet). A client that has read a batch stamped v waits for a copy of the replica at
+seq >= v before it answers (read-your-finishes); otherwise its copy is at most `interval`
+plus the delivery old. Nothing changed: nothing is sent (the watch still looks every
+interval).
 
 Does not know: HTTP, the gateway, what a series means.
 """
@@ -39,33 +41,27 @@ def watch_interval(asked: float) -> float | None:
 
 
 class Watchers:
-    """The watches waiting for their next look: woken early by a Session batch that
-    finished requests."""
+    """The watches waiting for their next look: woken early, for the replicas named, by a
+    Session batch that finished requests on them."""
 
     __slots__ = ("waiting",)
 
     def __init__(self) -> None:
-        self.waiting: set[asyncio.Future] = set()
+        self.waiting: set[_Wait] = set()
 
-    def wake(self) -> None:
-        waiting = self.waiting
-        if waiting:
-            for fut in waiting:
-                if not fut.done():
-                    fut.set_result(None)
-            waiting.clear()
+    def wake(self, engines: set[int]) -> None:
+        for wait in self.waiting:
+            wait.urgent |= engines
+            if not wait.fut.done():
+                wait.fut.set_result(None)
 
-    async def wait(self, seconds: float) -> None:
-        """Until `seconds` have passed or wake() is called."""
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self.waiting.add(fut)
-        timer = loop.call_later(seconds, _resolve, fut)
-        try:
-            await fut
-        finally:
-            timer.cancel()
-            self.waiting.discard(fut)
+
+class _Wait:
+    __slots__ = ("fut", "urgent")
+
+    def __init__(self, fut: asyncio.Future) -> None:
+        self.fut = fut
+        self.urgent: set[int] = set()
 
 
 def _resolve(fut: asyncio.Future) -> None:
@@ -74,20 +70,34 @@ def _resolve(fut: asyncio.Future) -> None:
 
 
 async def watch(metrics: EngineMetrics, watchers: Watchers, interval: float):
-    """The pushes of one watch, forever (the RPC ends when the client cancels)."""
+    """The pushes of one watch, forever (the RPC ends when the client cancels): a full look
+    every `interval`, and between two, a partial one at once for the replicas a Session
+    batch finished requests on."""
+    loop = asyncio.get_running_loop()
     sent: dict[int, tuple] = {}  # replica -> key of the text it has
-    first = True
+    first, urgent = True, None  # urgent: None = a full look
+    next_full = loop.time()
     while True:
-        push = pb.MetricsPush(seq=metrics.versions.n)  # before any render: a lower bound
-        keys = metrics.replica_keys()
-        for index, key in keys.items():
-            if sent.get(index) != key:
+        push = pb.MetricsPush(seq=metrics.versions.n, partial=urgent is not None)
+        keys = metrics.replica_keys(urgent)  # (the version is read first: a lower bound)
+        for index, key in keys.items():  # (a partial look sends its replicas whatever)
+            if sent.get(index) != key or urgent is not None:
                 sent[index] = key
                 push.replicas.add(engine=index, text=metrics.render(None, [index]))
-        for index in [i for i in sent if i not in keys]:
-            del sent[index]
-            push.gone.append(index)
+        if urgent is None:
+            next_full = loop.time() + interval
+            for index in [i for i in sent if i not in keys]:
+                del sent[index]
+                push.gone.append(index)
         if first or push.replicas or push.gone:
             first = False
             yield push
-        await watchers.wait(interval)
+        wait = _Wait(loop.create_future())
+        watchers.waiting.add(wait)
+        timer = loop.call_at(next_full, _resolve, wait.fut)
+        try:
+            await wait.fut
+        finally:
+            timer.cancel()
+            watchers.waiting.discard(wait)
+        urgent = wait.urgent if wait.urgent and loop.time() < next_full else None

@@ -257,17 +257,18 @@ class SessionSink:
         self.closing = False  # the engine is stopping: end the call once flushed
         self.ended = asyncio.Event()
         self.same_clock = False  # the client reads this machine's clock: its stamps count
-        self.finishes = False  # a Finished is queued: the batch carries the metrics version
+        self.finished_on: set[int] = set()  # replicas (engine labels) of the Finished queued:
+        # the batch carries the metrics version, and their copies are pushed right behind
 
     def on_tokens(self, stream: Stream, total: int) -> None:
         # Sequence i of a request with n > 1 reports under tag + i.
         self.totals[stream.tag + stream.index] = total  # while the writer is blocked, updates merge
 
     def on_finished(self, stream: Stream, req: Request) -> None:
-        if req.all_finished:
-            self.open.pop(stream.tag, None)
+        entry = self.open.pop(stream.tag, None) if req.all_finished else self.open.get(stream.tag)
+        if entry is not None:
+            self.finished_on.add(entry[0].metrics.engine)
         self.events.append(pb.Progress(tag=stream.tag + stream.index, finished=finished_pb(req)))
-        self.finishes = True
 
     def flush(self) -> None:
         self.ready.set()
@@ -288,12 +289,12 @@ class SessionSink:
         batch = pb.ProgressBatch(events=self.events, token_tags=totals.keys(),
                                  token_totals=totals.values(), queue_states=states)
         self.events, self.totals = [], {}
-        if self.finishes:  # (their metrics were counted when they finished, before this)
-            self.finishes = False
+        if self.finished_on:  # (their metrics were counted when they finished, before this)
             service = self.service
             if service.metrics is not None:
                 batch.metrics_seq = service.metrics.versions.n
-                service.watchers.wake()  # the push showing them leaves right behind
+                service.watchers.wake(self.finished_on)  # their copies leave right behind
+            self.finished_on = set()
         return batch
 
 

@@ -347,14 +347,16 @@ class WatchMetricsRequest(_message.Message):
     def __init__(self, interval_s: _Optional[float] = ...) -> None: ...
 
 class MetricsPush(_message.Message):
-    __slots__ = ("seq", "replicas", "gone")
+    __slots__ = ("seq", "replicas", "gone", "partial")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     GONE_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
     seq: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaMetrics]
     gone: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seq: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaMetrics, _Mapping]]] = ..., gone: _Optional[_Iterable[int]] = ...) -> None: ...
+    partial: bool
+    def __init__(self, seq: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaMetrics, _Mapping]]] = ..., gone: _Optional[_Iterable[int]] = ..., partial: _Optional[bool] = ...) -> None: ...
 
 class ReplicaMetrics(_message.Message):
     __slots__ = ("engine", "text")

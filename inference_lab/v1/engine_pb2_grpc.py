@@ -188,9 +188,10 @@ class EngineServicer:
     def WatchMetrics(self, request, context):
         """The same expositions, one per replica (GetMetrics with engines = [i]), pushed as they
         change, so that a gateway answers a replica's /metrics from its own copy, with no call
-        per scrape. The first message holds every replica; then, every interval_s (or at once
-        after a Session batch that finished a request), the replicas whose numbers changed and
-        the ones that are gone. A copy is never older than interval_s plus the delivery.
+        per scrape. The first message holds every replica; then, every interval_s, the
+        replicas whose numbers changed and the ones that are gone; and at once after a Session
+        batch that finished requests, those requests' replicas (partial). A copy is never older
+        than interval_s plus the delivery.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -16,6 +16,7 @@ import pytest
 from engine_helpers import engine_stub, running_engine
 from metrics_helpers import PROMTOOL, promtool_check, sample
 from inference_lab.common.ports import free_port_run
+from inference_lab.engine.service import metrics_feed
 from inference_lab.engine.service.metrics_feed import Watchers
 from inference_lab.engine.service.rpc import EngineService
 from inference_lab.gateway.fleet import FleetGateway
@@ -69,8 +70,10 @@ async def scrape(http, url: str) -> str:
 @pytest.mark.parametrize("woken", [True, False], ids=["push-behind-batch", "push-on-interval"])
 async def test_scrapes_come_from_the_copy_and_show_a_finished_request_at_once(
         woken, get_metrics_calls, monkeypatch):
-    if not woken:  # the push comes only with the next look: the scrape waits for it
-        monkeypatch.setattr(Watchers, "wake", lambda self: None)
+    if woken:  # no full look for 30 s: only the partial push behind the batch can show it
+        monkeypatch.setattr(metrics_feed, "DEFAULT_INTERVAL_S", 30.0)
+    else:  # the push comes only with the next full look: the scrape waits for it
+        monkeypatch.setattr(Watchers, "wake", lambda self, engines: None)
     engine, http, urls, closed = await fleet()
     try:
         first = await scrape(http, urls[1])  # starts the feed
@@ -80,7 +83,9 @@ async def test_scrapes_come_from_the_copy_and_show_a_finished_request_at_once(
             async with http.post(urls[1] + "/v1/chat/completions",
                                  json={**CHAT, "max_tokens": tokens}) as resp:
                 assert resp.status == 200
+            started = time.monotonic()
             text = await scrape(http, urls[1])  # right after the response: it shows
+            assert time.monotonic() - started < 0.5  # (the feed's deadline is 1 s)
             assert sample(text, "vllm:request_success_total", engine="1", model_name=MODEL,
                           finished_reason="length") == done + 1
             done += 1
