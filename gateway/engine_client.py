@@ -74,8 +74,12 @@ CHANNEL_OPTIONS = (
 # Scrapes of /metrics (~140 KB per replica) go over a connection of their own: on the
 # Session's, a response waits behind the token batches the gateway has not read yet (its
 # flow-control window is small on purpose, and shared by every stream of the connection).
+# Its window takes a whole push of every replica's series (~1.2 MB for 8) at once: a
+# message larger than the window waits for window updates, a round trip each between two
+# busy processes.
 SCRAPE_CHANNEL_OPTIONS = tuple(o for o in CHANNEL_OPTIONS
-                               if o[0] not in ("grpc.http2.bdp_probe", "grpc.http2.lookahead_bytes"))
+                               if o[0] not in ("grpc.http2.bdp_probe", "grpc.http2.lookahead_bytes")
+                               ) + (("grpc.http2.lookahead_bytes", 16 * 1024 * 1024),)
 REFUSED_REPORT_S = 0.01  # refusals made here reach the engine's metrics within this
 _MODEL_REFRESH_MIN_INTERVAL_S = 1.0  # an unknown model name refreshes the cache at most this often
 _ENGINE_SERVICE = pb.DESCRIPTOR.services_by_name["Engine"].full_name

@@ -11,9 +11,9 @@ The rule: a watch looks every `interval` seconds (DEFAULT_INTERVAL_S unless aske
 replica's key and sends, in one MetricsPush, the replicas whose key changed and the ones
 that are gone (a full look; the first push holds every replica). A Session batch that
 finished requests is stamped with the version as of its finishes and wakes every watch at
-once for the replicas it finished them on (`Watchers.wake`): a partial look sends those
-replicas' texts right behind the batch (and only those: a finish does not re-render the
-whole fleet). A client that has read a batch stamped v waits for a copy of the replica at
+once for the replicas it finished them on (`Watchers.finished_on`): their texts are
+rendered before the batch is written and sent as a partial push right behind it (only
+those: a finish does not re-render the whole fleet). A client that has read a batch stamped v waits for a copy of the replica at
 seq >= v before it answers (read-your-finishes); otherwise its copy is at most `interval`
 plus the delivery old. Nothing changed: nothing is sent (the watch still looks every
 interval).
@@ -41,27 +41,37 @@ def watch_interval(asked: float) -> float | None:
 
 
 class Watchers:
-    """The watches waiting for their next look: woken early, for the replicas named, by a
-    Session batch that finished requests on them."""
+    """Every open watch; `finished_on` hands each a partial push of the replicas a Session
+    batch finished requests on, rendered before that batch is written (so the push is not
+    behind it by a render and a loop turn)."""
 
-    __slots__ = ("waiting",)
+    __slots__ = ("metrics", "watches")
+
+    def __init__(self, metrics: EngineMetrics | None) -> None:
+        self.metrics = metrics
+        self.watches: set[_Watch] = set()
+
+    def finished_on(self, engines: set[int]) -> None:
+        if not self.watches or self.metrics is None:
+            return
+        metrics = self.metrics
+        push = pb.MetricsPush(seq=metrics.versions.n, partial=True)  # read before rendering
+        keys = metrics.replica_keys(engines)
+        for index in keys:
+            push.replicas.add(engine=index, text=metrics.render(None, [index]))
+        for w in self.watches:
+            w.ready.append((push, keys))
+            fut = w.fut
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+
+class _Watch:
+    __slots__ = ("fut", "ready")
 
     def __init__(self) -> None:
-        self.waiting: set[_Wait] = set()
-
-    def wake(self, engines: set[int]) -> None:
-        for wait in self.waiting:
-            wait.urgent |= engines
-            if not wait.fut.done():
-                wait.fut.set_result(None)
-
-
-class _Wait:
-    __slots__ = ("fut", "urgent")
-
-    def __init__(self, fut: asyncio.Future) -> None:
-        self.fut = fut
-        self.urgent: set[int] = set()
+        self.fut: asyncio.Future | None = None  # set while it waits for its next look
+        self.ready: list[tuple[pb.MetricsPush, dict]] = []  # partial pushes to send
 
 
 def _resolve(fut: asyncio.Future) -> None:
@@ -71,33 +81,40 @@ def _resolve(fut: asyncio.Future) -> None:
 
 async def watch(metrics: EngineMetrics, watchers: Watchers, interval: float):
     """The pushes of one watch, forever (the RPC ends when the client cancels): a full look
-    every `interval`, and between two, a partial one at once for the replicas a Session
-    batch finished requests on."""
+    every `interval`, and between two, the partial pushes handed to it (Watchers)."""
     loop = asyncio.get_running_loop()
-    sent: dict[int, tuple] = {}  # replica -> key of the text it has
-    first, urgent = True, None  # urgent: None = a full look
-    next_full = loop.time()
-    while True:
-        push = pb.MetricsPush(seq=metrics.versions.n, partial=urgent is not None)
-        keys = metrics.replica_keys(urgent)  # (the version is read first: a lower bound)
-        for index, key in keys.items():  # (a partial look sends its replicas whatever)
-            if sent.get(index) != key or urgent is not None:
-                sent[index] = key
-                push.replicas.add(engine=index, text=metrics.render(None, [index]))
-        if urgent is None:
-            next_full = loop.time() + interval
+    me = _Watch()
+    watchers.watches.add(me)
+    try:
+        sent: dict[int, tuple] = {}  # replica -> key of the text it has
+        first = True
+        while True:
+            push = pb.MetricsPush(seq=metrics.versions.n)  # read before rendering
+            keys = metrics.replica_keys()
+            for index, key in keys.items():
+                if sent.get(index) != key:
+                    sent[index] = key
+                    push.replicas.add(engine=index, text=metrics.render(None, [index]))
             for index in [i for i in sent if i not in keys]:
                 del sent[index]
                 push.gone.append(index)
-        if first or push.replicas or push.gone:
-            first = False
-            yield push
-        wait = _Wait(loop.create_future())
-        watchers.waiting.add(wait)
-        timer = loop.call_at(next_full, _resolve, wait.fut)
-        try:
-            await wait.fut
-        finally:
-            timer.cancel()
-            watchers.waiting.discard(wait)
-        urgent = wait.urgent if wait.urgent and loop.time() < next_full else None
+            if first or push.replicas or push.gone:
+                first = False
+                yield push
+            next_full = loop.time() + interval
+            while True:
+                while me.ready:
+                    partial, partial_keys = me.ready.pop(0)
+                    sent.update(partial_keys)
+                    yield partial
+                if loop.time() >= next_full:
+                    break
+                me.fut = loop.create_future()
+                timer = loop.call_at(next_full, _resolve, me.fut)
+                try:
+                    await me.fut
+                finally:
+                    timer.cancel()
+                    me.fut = None
+    finally:
+        watchers.watches.discard(me)

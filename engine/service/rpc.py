@@ -293,7 +293,7 @@ class SessionSink:
             service = self.service
             if service.metrics is not None:
                 batch.metrics_seq = service.metrics.versions.n
-                service.watchers.wake(self.finished_on)  # their copies leave right behind
+                service.watchers.finished_on(self.finished_on)  # copies right behind
             self.finished_on = set()
         return batch
 
@@ -307,7 +307,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         # LoRA name -> (base model, path, rank); every replica of the base loads it
         self.adapters: dict[str, tuple[str, str, int]] = {}
         self.metrics = metrics
-        self.watchers = Watchers()  # WatchMetrics calls waiting for their next look
+        self.watchers = Watchers(metrics)  # the open WatchMetrics calls
         self.sessions: set[SessionSink] = set()
         self.queue_changes = 0  # counts queue-state changes of any replica, and fleet changes
         for rt in fleet.runtimes():

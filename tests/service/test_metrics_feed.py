@@ -73,7 +73,7 @@ async def test_scrapes_come_from_the_copy_and_show_a_finished_request_at_once(
     if woken:  # no full look for 30 s: only the partial push behind the batch can show it
         monkeypatch.setattr(metrics_feed, "DEFAULT_INTERVAL_S", 30.0)
     else:  # the push comes only with the next full look: the scrape waits for it
-        monkeypatch.setattr(Watchers, "wake", lambda self, engines: None)
+        monkeypatch.setattr(Watchers, "finished_on", lambda self, engines: None)
     engine, http, urls, closed = await fleet()
     try:
         first = await scrape(http, urls[1])  # starts the feed
