@@ -67,7 +67,13 @@ def _step(i: int, phase: dict) -> str:
     return (f"{phase['action']:>22}: AIMD into [{phase['band'][0]}, {phase['band'][1]}] after "
             f"{'never' if settle is None else f'{settle:.2f} s'}, limit p50 {st['limit_p50']:.0f}, "
             f"in band {100 * (phase['limit_in_band'] or 0):.0f} % of the second half, "
-            f"529 {100 * st['frac_529']:.1f} %, goodput score {sc['goodput']:.2f}")
+            f"529 {100 * st['frac_529']:.1f} %, goodput score {sc['goodput']:.2f}; "
+            f"529 round trip p50/p99 {_ms(st['refusal_rtt_p50_s'])}/{_ms(st['refusal_rtt_p99_s'])} ms, "
+            f"delivery lag p99 {_ms(st['delivery_lag_p99_s'])} ms")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
 
 def _multi_turn(i: int, phase: dict) -> str:

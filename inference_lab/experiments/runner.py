@@ -22,6 +22,7 @@ results are summarised (summary, report).
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import math
@@ -215,6 +216,7 @@ class Runner:
 
     async def _scraper(self) -> None:
         while True:
+            gc.freeze()  # the last interval's survivors (records) out of the full passes
             started = self.now()
             try:
                 gauges = await self.scrape()
@@ -459,6 +461,13 @@ class Runner:
         await self.load_adapters()
         await self.set_capacity({"max_num_seqs": self.sc.max_num_seqs,
                                  "max_waiting": self.sc.max_waiting})
+        # Start-up objects (modules, the scenario) and then, at every scrape, the records kept
+        # so far go to the collector's permanent generation: a full pass scans only the last
+        # 250 ms's objects instead of everything (a 20-45 ms pause at ~7 s into a run; a
+        # burst of completions after a stall of the generator throws AIMD's limit out of
+        # its band). Unfrozen when the run ends.
+        gc.collect()
+        gc.freeze()
         self.t0 = monotonic()
         self.records.start(time.time(), self.k, self.t0)
         self.end = self.wall_at(self.sc.duration)
@@ -496,6 +505,7 @@ class Runner:
             timeline.cancel()
             scraper.cancel()
             await asyncio.gather(timeline, scraper, return_exceptions=True)
+            gc.unfreeze()
             for conn in self._idle:
                 conn.close()
             if self.sc.has_faults:

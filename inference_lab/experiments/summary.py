@@ -7,6 +7,12 @@ time to react; the whole phase is reported too):
 - goodput_tok_s: completion tokens of 200s that ended in the window, per second;
 - frac_529: 529s / requests sent; shed_frac: refused by the controller itself;
 - e2e / ttft p50 and p99 of 200s sent in the window (client-measured, modelled seconds);
+- refusal_rtt_p50_s / _p99_s: a 529's round trip (sent to refused), the delay before a
+  loss-based controller hears that its limit went past the server's queue; and
+  delivery_lag_p99_s: how much later than the engine's own e2e the client saw a stream
+  end (gateway, loopback and client time). While either is long against the gap
+  between completions, AIMD's +1 per success runs ahead of its refusals and then takes
+  a x0.9 for each refusal of the overshoot (BENCHMARKS.md, "AIMD in the capacity step");
 - cached_frac: the prompt tokens the server's prefix cache served (usage cached_tokens /
   prompt tokens, of 200s), beside the oracle's cache_hit_rate;
 - scores: goodput / oracle goodput, e2e p50 / oracle e2e p50, and settle_s: seconds after
@@ -95,6 +101,8 @@ def _stats(req: dict, ctl: dict, a: float, b: float) -> dict:
     width = max(b - a, 1e-9)
     usage = ok_sent & (req["cached_tokens"] >= 0)
     prompted = int(req["prompt_tokens"][usage].sum())
+    refused = sent & (status == 529)
+    refused_rtt = done[refused] - send[refused]
     return {
         "from_s": a, "to_s": b,
         "requests": n_sent,
@@ -112,6 +120,9 @@ def _stats(req: dict, ctl: dict, a: float, b: float) -> dict:
         "ttft_p99_s": _pct(req["ttft_s"][ok_sent], 99),
         "modelled_e2e_p50_s": _pct(req["m_e2e_s"][ok_sent], 50),
         "send_delay_p99_ms": _pct(req["send_delay_ms"][sent & (status != 0)], 99),
+        "refusal_rtt_p50_s": _pct(refused_rtt, 50),
+        "refusal_rtt_p99_s": _pct(refused_rtt, 99),
+        "delivery_lag_p99_s": _pct(req["e2e_s"][ok_sent] - req["m_e2e_s"][ok_sent], 99),
         "cached_frac": (float(req["cached_tokens"][usage].sum()) / prompted) if prompted else None,
         "prompt_tokens_mean": float(req["prompt_tokens"][ok_sent].mean()) if ok_sent.any() else None,
     }

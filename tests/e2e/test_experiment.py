@@ -197,6 +197,12 @@ def test_an_open_loop_overload_gets_529s_and_aimd_sheds_arrivals(tmp_path):
     # limits int(limit x 0.9) and +1 per success keep it a few above).
     assert first["steady"]["limit_p50"] <= 10
     assert second["steady"]["frac_529"] < first["steady"]["frac_529"]
+    # The controller's feedback delay: a 529 comes back before any stream could end (it is
+    # refused before any byte), and the streams' ends reached the client after the engine's.
+    st = first["steady"]
+    assert 0 < st["refusal_rtt_p50_s"] <= st["refusal_rtt_p99_s"]
+    assert st["refusal_rtt_p50_s"] < st["e2e_p50_s"]
+    assert st["delivery_lag_p99_s"] > 0
 
 
 def test_url_drives_a_running_server_and_reads_its_queue_from_control_capacity(tmp_path):
