@@ -465,7 +465,9 @@ class Runner:
         # so far go to the collector's permanent generation: a full pass scans only the last
         # 250 ms's objects instead of everything (a 20-45 ms pause at ~7 s into a run; a
         # burst of completions after a stall of the generator throws AIMD's limit out of
-        # its band). Unfrozen when the run ends.
+        # its band). Unfrozen when the run ends, unless the process had frozen objects of
+        # its own before (the collector has one permanent generation: they stay with it).
+        thaw = gc.get_freeze_count() == 0
         gc.collect()
         gc.freeze()
         self.t0 = monotonic()
@@ -505,7 +507,8 @@ class Runner:
             timeline.cancel()
             scraper.cancel()
             await asyncio.gather(timeline, scraper, return_exceptions=True)
-            gc.unfreeze()
+            if thaw:
+                gc.unfreeze()
             for conn in self._idle:
                 conn.close()
             if self.sc.has_faults:

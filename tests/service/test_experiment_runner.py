@@ -1,6 +1,7 @@
 """The experiment runner in-process against a real `inference-lab serve`: a short closed
 loop records every request, and while it runs the objects it keeps are out of the
-collector's full passes (frozen at the start and at every scrape, unfrozen at the end),
+collector's full passes (frozen at the start and at every scrape, unfrozen at the end
+unless the process had frozen objects before),
 so a full pass never has to scan a long run's records."""
 
 from __future__ import annotations
@@ -59,4 +60,6 @@ async def test_records_stay_out_of_full_collections_while_the_run_goes(tmp_path)
     # the scrapes in between froze what the run kept meanwhile.
     assert first > before and rows_first > 0
     assert second > first and rows_second > rows_first
-    assert gc.get_freeze_count() == before  # unfrozen when the run ended
+    # Unfrozen when the run ended; a process that had frozen objects of its own before
+    # (the suite's in-process gateways do) keeps them, and the run's, frozen.
+    assert gc.get_freeze_count() == 0 if before == 0 else gc.get_freeze_count() >= before
