@@ -81,6 +81,15 @@ SCRAPE_CHANNEL_OPTIONS = tuple(o for o in CHANNEL_OPTIONS
                                if o[0] not in ("grpc.http2.bdp_probe", "grpc.http2.lookahead_bytes")
                                ) + (("grpc.http2.lookahead_bytes", 16 * 1024 * 1024),)
 REFUSED_REPORT_S = 0.01  # refusals made here reach the engine's metrics within this
+# How late this gateway reads the engine's batches: its time.monotonic() as the
+# dispatcher takes a batch minus the engine's ProgressBatch.sent_monotonic_s, the least
+# over each LAG_WINDOW_S (a gateway that is behind reads every batch late; one busy
+# moment, such as writing one large batch, delays only a few). Reported to the engine
+# (SessionActions.relay_lag_s) while above LAG_REPORT, and once more when back under:
+# the engine's cadence groups mid-stream tokens while it stays above 2 ms.
+LAG_REPORT = 0.0005
+LAG_WINDOW_S = 0.01
+_LAG_REPORT = pb.SessionAction()  # an outbox marker: a lateness report is due
 _MODEL_REFRESH_MIN_INTERVAL_S = 1.0  # an unknown model name refreshes the cache at most this often
 _ENGINE_SERVICE = pb.DESCRIPTOR.services_by_name["Engine"].full_name
 
@@ -136,8 +145,8 @@ class RequestStream:
         self.total = 0  # tokens announced by the engine so far (every sequence's)
         self.totals: list[int] | None = [0] * n if n > 1 else None  # per sequence, n > 1
         # Set by a handler that can take new tokens synchronously (n == 1): called with the
-        # new total from the dispatcher instead of waking the handler's task; returns False
-        # when it could not write (the handler's task is woken as usual then).
+        # new total (`_relay`, after the batch's woken tasks) instead of waking the
+        # handler's task; returns False when it could not write (the task is woken then).
         self.writer: Callable[[int], bool] | None = None
         self._finals = 0  # Finished events received (one per sequence)
         self._taken = 0  # `total` as of the last next_events()
@@ -162,10 +171,14 @@ class RequestStream:
             self._seq_tokens(0, total)
         elif total > self.total:
             self.total = total
-            writer = self.writer
-            if writer is not None and not self._events and writer(total):
-                self._taken = total  # written: nothing for the task to do
-                return
+            self._wake()
+
+    def _relay(self) -> None:
+        """Hand `total` to the writer (the dispatcher's relay), else wake the task."""
+        writer = self.writer
+        if writer is not None and not self._events and writer(self.total):
+            self._taken = self.total  # written: nothing for the task to do
+        else:
             self._wake()
 
     def _seq_tokens(self, index: int, total: int) -> None:
@@ -231,6 +244,11 @@ class _Sequence:
         self.stream._fail(exc)
 
 
+def _relay_all(streams: list[RequestStream]) -> None:
+    for stream in streams:
+        stream._relay()
+
+
 class _Session:
     """One live Session call: its routes (tag -> stream), outbox and dispatcher task."""
 
@@ -245,6 +263,10 @@ class _Session:
         # counted (ProgressBatch.metrics_seq): a /metrics copy at least that new shows it
         self.finished_seq: dict[int, int] = {}
         self._outbox: asyncio.Queue[pb.SessionAction | None] = asyncio.Queue()
+        self.read_lag = 0.0  # how late batches were read here, the least over a window (s)
+        self._lag_least = float("inf")  # over the current window
+        self._lag_next = 0.0  # time.monotonic() at which the current window ends
+        self._lag_report: float | None = None  # due in the next message
         self._on_broken = on_broken
         self._probe = probe
         clock = clock_id()  # an engine on this machine books arrivals at our stamps
@@ -284,35 +306,60 @@ class _Session:
                 action.refused.replica = replica
             self.send(action)
 
+    def _read_late(self, sent: float) -> None:
+        """A batch the engine wrote at `sent` (its time.monotonic(), our clock) is read
+        now: the window's least lag; at the window's end, a report when due."""
+        now = time.monotonic()
+        lag = now - sent
+        if lag < self._lag_least:
+            self._lag_least = lag
+        if now >= self._lag_next:
+            told, lag = self.read_lag, self._lag_least
+            self.read_lag, self._lag_least = lag, float("inf")
+            self._lag_next = now + LAG_WINDOW_S
+            if lag > LAG_REPORT or told > LAG_REPORT:
+                self._lag_report = lag
+                self._outbox.put_nowait(_LAG_REPORT)
+
     async def _actions(self):  # the request iterator grpc.aio consumes
         """Every action queued by the time gRPC is ready for the next message goes in it:
-        a burst of requests costs one message, not one each."""
+        a burst of requests costs one message, not one each; a due lateness report rides
+        along (or goes alone)."""
         outbox, probe = self._outbox, self._probe
         while True:
             action = await outbox.get()
             if action is None:
                 return
-            actions = [action]
+            actions = [] if action is _LAG_REPORT else [action]
             end = False
             while not outbox.empty():
                 action = outbox.get_nowait()
                 if action is None:
                     end = True
                     break
-                actions.append(action)
+                if action is not _LAG_REPORT:
+                    actions.append(action)
+            message = pb.SessionActions(actions=actions)
+            if self._lag_report is not None:
+                message.relay_lag_s, self._lag_report = self._lag_report, None
+            elif not actions:
+                continue  # (its report went with an earlier message)
             if probe is not None:
                 probe.on_message(actions)
-            yield pb.SessionActions(actions=actions)
+            yield message
             if end:
                 return
 
     async def _dispatch(self) -> None:
         reason = "the engine closed the session"
         probe = self._probe
+        loop = asyncio.get_running_loop()
         try:
             async for batch in self.call:
                 if probe is not None:
                     probe.on_batch(batch)
+                if batch.HasField("sent_monotonic_s"):  # (an engine on our clock)
+                    self._read_late(batch.sent_monotonic_s)
                 for state in batch.queue_states:  # before any event: a client that
                     self.set_queue_state(state)  # hears of a finish sees the queue after it
                 routes = self.routes
@@ -333,11 +380,20 @@ class _Session:
                     stream = routes.get(event.tag)  # in one write by its handler
                     if stream is not None and stream.writer is not None:
                         stream.writer = None
-                # Packed token progress: tag i has generated totals[i] tokens so far.
+                # Packed token progress: tag i has generated totals[i] tokens so far. A
+                # stream with a writer is written after the tasks this batch wakes (first
+                # tokens lead the batch: their handlers write before the relay's writes).
+                relayed = []
                 for tag, total in zip(batch.token_tags, batch.token_totals):
                     stream = routes.get(tag)
                     if stream is not None:
-                        stream._tokens(total)
+                        if stream.writer is not None and total > stream.total:
+                            stream.total = total
+                            relayed.append(stream)
+                        else:
+                            stream._tokens(total)
+                if relayed:
+                    loop.call_soon(_relay_all, relayed)
                 seq = batch.metrics_seq  # set when the batch finishes requests
                 for event in finals:  # finished or rejected: the last event of its tag
                     stream = routes.pop(event.tag, None)

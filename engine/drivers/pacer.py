@@ -267,10 +267,10 @@ class Pacer:
                 self._target = self._next_wake()
                 await self._alarm.sleep_until_monotonic(self.wall_of(self._target))
 
-    def relay_late(self, seconds: float) -> None:
-        """The process relaying the tokens (a Session's reader: the gateway) took `seconds`
-        to accept a batch: lateness as much as the pacer's own."""
-        self._cadence_lag(seconds)
+    def relay_lateness(self, seconds: float) -> None:
+        """The process relaying the tokens (a Session's reader: the gateway) is `seconds`
+        late now: lateness as much as the pacer's own (Cadence.on_relay)."""
+        self.cadence.on_relay(seconds)
 
     def _observe_lag(self, lag: float) -> None:
         if self._on_lag:
@@ -282,11 +282,12 @@ class Pacer:
         if cadence.on_lag(lag):
             if cadence.engaged and not self._logged:
                 self._logged = True
-                log.warning("%s: late by %.1f ms on average (pacer wake-ups, Session writes "
-                            "waiting for the gateway): mid-stream tokens now grouped (at least "
-                            "%.0f ms between a stream's updates) until it catches up; logged "
-                            "once, see inference_lab_stream_update_interval_seconds",
-                            self.core.name, cadence.mean_lag * 1e3, cadence.current * 1e3)
+                log.warning("%s: late by %.1f ms (pacer wake-ups %.1f ms on average, the "
+                            "gateway relaying tokens %.1f ms): mid-stream tokens now grouped (at "
+                            "least %.0f ms between a stream's updates) until it catches up; "
+                            "logged once, see inference_lab_stream_update_interval_seconds",
+                            self.core.name, cadence.lateness * 1e3, cadence.mean_lag * 1e3,
+                            cadence.relay * 1e3, cadence.current * 1e3)
             if self._on_cadence:
                 self._on_cadence(0, cadence.current)
 

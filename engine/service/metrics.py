@@ -129,6 +129,10 @@ METRICS: dict[str, Spec] = {
     "inference_lab_stream_update_interval_seconds": Spec(
         "gauge", "Least wall time between a running stream's token updates now (0 = every "
         "step; set by lateness, or by --max-update-rate)."),
+    "inference_lab_relay_lag_seconds": Spec(
+        "gauge", "How late the gateway relays this engine's token batches now (wall s): "
+        "its own report (SessionActions.relay_lag_s) or the mean time a Session write waits "
+        "for it, the larger; over 2 ms the cadence groups mid-stream tokens."),
 }
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labelled like vLLM's: config keys + engine
 
@@ -267,6 +271,11 @@ class ModelMetrics:
         c["inference_lab_coalesced_updates"] += held
         c["inference_lab_stream_update_interval_seconds"] = interval
         self._changed()
+
+    def on_relay(self, seconds: float) -> None:
+        """The gateway's lateness as the cadence now sees it."""
+        self.counters["inference_lab_relay_lag_seconds"] = seconds
+        self.version += 1
 
     def on_lag(self, seconds: float) -> None:
         self._lag.observe(seconds if seconds > 0 else 0.0)

@@ -44,8 +44,9 @@ DOMAIN = "inference-lab"
 MAX_FAULT_SECONDS = 86_400.0
 MAX_SLOW_FACTOR = 1000.0
 # A Session write that waits longer than this (wall s) means its reader (the gateway) is
-# late: reported to the pacers as lateness (engine.drivers.cadence).
+# late (flow control); shorter waits count as none in the mean write wait.
 WRITE_LATE = 0.0005
+WAIT_WEIGHT = 1 / 8  # the mean write wait's weight of each new write
 _U64 = 2**64 - 1
 FINISH_REASON_PB = {
     Status.FINISHED_LENGTH: pb.FINISH_REASON_LENGTH,
@@ -259,6 +260,13 @@ class SessionSink:
         self.same_clock = False  # the client reads this machine's clock: its stamps count
         self.finished_on: set[int] = set()  # replicas (engine labels) of the Finished queued:
         # the batch carries the metrics version, and their copies are pushed right behind
+        # How late its reader (the gateway) is: as it reports (SessionActions.relay_lag_s),
+        # and the mean time a write waited for it (gRPC flow control).
+        self.reported_lag = 0.0
+        self.write_wait = 0.0
+
+    def relay_lag(self) -> float:
+        return max(self.reported_lag, self.write_wait)
 
     def on_tokens(self, stream: Stream, total: int) -> None:
         # Sequence i of a request with n > 1 reports under tag + i.
@@ -287,7 +295,8 @@ class SessionSink:
             return None
         totals = self.totals
         batch = pb.ProgressBatch(events=self.events, token_tags=totals.keys(),
-                                 token_totals=totals.values(), queue_states=states)
+                                 token_totals=totals.values(), queue_states=states,
+                                 sent_monotonic_s=time.monotonic() if self.same_clock else None)
         self.events, self.totals = [], {}
         if self.finished_on:  # (their metrics were counted when they finished, before this)
             service = self.service
@@ -313,6 +322,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         for rt in fleet.runtimes():
             rt.on_queue_change = self._queue_changed
         self.accepting = True
+        self.relay_lag = 0.0  # the latest Session reader's lateness told to the pacers
         self.on_capacity_change: Callable[[], None] | None = None  # after every SetCapacity
         self.replica_faults: ReplicaFaults | None = None  # set by the server once started
         # SetCapacity and SetReplicas require metadata `authorization: Bearer <token>` when set.
@@ -339,6 +349,15 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         if name is None:
             raise UnknownModel(self._unknown_model(model))
         return self.fleet.lookup(name, replica).runtime  # ReplicaNotFound, ReplicaUnavailable
+
+    def _relay_changed(self) -> None:
+        """A Session reader's lateness moved: the pacers' cadence acts on the worst."""
+        lag = max((sink.relay_lag() for sink in self.sessions), default=0.0)
+        if lag != self.relay_lag:
+            self.relay_lag = lag
+            for rt in self.fleet.runtimes():
+                rt.pacer.relay_lateness(lag)
+                rt.metrics.on_relay(lag)
 
     def _queue_changed(self) -> None:
         self.queue_changes += 1
@@ -421,9 +440,11 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                     started = clock()
                     await context.write(batch)
                     waited = clock() - started  # > 0: the gateway reads late (flow control)
-                    if waited > WRITE_LATE:
-                        for rt in self.fleet.runtimes():
-                            rt.pacer.relay_late(waited)
+                    wait = sink.write_wait
+                    if waited > WRITE_LATE or wait:
+                        wait += ((waited if waited > WRITE_LATE else 0.0) - wait) * WAIT_WEIGHT
+                        sink.write_wait = wait if wait > 1e-5 else 0.0
+                        self._relay_changed()
                 if sink.closing:
                     return  # the engine is stopping: end the call with OK
                 if reader.done() and (reader.exception() is not None or
@@ -432,6 +453,8 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                     return
         finally:
             self.sessions.discard(sink)
+            if sink.relay_lag():
+                self._relay_changed()  # its lateness leaves with it
             sink.ended.set()
             reader.cancel()
             for rt, req in list(sink.open.values()):
@@ -441,6 +464,10 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     async def _read_session(self, request_iterator, sink: SessionSink) -> None:
         try:
             async for message in request_iterator:
+                if message.HasField("relay_lag_s"):
+                    lag = message.relay_lag_s
+                    sink.reported_lag = min(lag, 1.0) if lag > 0 else 0.0  # (NaN: 0)
+                    self._relay_changed()
                 for action in message.actions:
                     kind = action.WhichOneof("action")
                     if kind == "open":

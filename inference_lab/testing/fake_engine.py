@@ -9,7 +9,9 @@ they decide there (engine.sim: the output length when max_tokens is absent, the 
 ranges, the refusal text), so the fake cannot drift from them; unknown models and
 requests longer than max_model_len are refused like the engine does. `announce(state)`
 pushes a QueueState to every open Session, as the engine does when a queue fills or
-empties. Every Open, Cancel and Refused report is recorded, with events a test can await
+empties. With `stamp_age` set, every ProgressBatch carries sent_monotonic_s that many
+seconds before it is written (as if the gateway read it that late). Every Open, Cancel,
+Refused report and lateness report (SessionActions.relay_lag_s) is recorded, with events a test can await
 (never sleep to synchronise). It can be stopped and restarted on the same port.
 
 Does not know: timing, batching or scheduling; it is not the engine.
@@ -18,6 +20,7 @@ Does not know: timing, batching or scheduling; it is not the engine.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -69,6 +72,8 @@ class FakeEngine(pb_grpc.EngineServicer):
         self.opened = _Recorder()  # pb.Open
         self.cancelled = _Recorder()  # tags
         self.refused = _Recorder()  # pb.Refused reports
+        self.relay_lags = _Recorder()  # SessionActions.relay_lag_s, as reported
+        self.stamp_age: float | None = None  # batches stamped this long before their write
         self.sessions = _Recorder()  # one entry per Session started
         self._outs: set[asyncio.Queue] = set()
         self.server: grpc.aio.Server | None = None
@@ -100,6 +105,8 @@ class FakeEngine(pb_grpc.EngineServicer):
 
         async def read() -> None:
             async for message in request_iterator:
+                if message.HasField("relay_lag_s"):
+                    await self.relay_lags.add(message.relay_lag_s)
                 for action in message.actions:
                     if action.HasField("open"):
                         await self.opened.add(action.open)
@@ -117,6 +124,8 @@ class FakeEngine(pb_grpc.EngineServicer):
         reader = asyncio.get_running_loop().create_task(read())
         try:
             while (batch := await out.get()) is not None:
+                if self.stamp_age is not None:
+                    batch.sent_monotonic_s = time.monotonic() - self.stamp_age
                 await context.write(batch)
         finally:
             self._outs.discard(out)

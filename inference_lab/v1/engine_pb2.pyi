@@ -125,10 +125,12 @@ class Rejected(_message.Message):
     def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SessionActions(_message.Message):
-    __slots__ = ("actions",)
+    __slots__ = ("actions", "relay_lag_s")
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    RELAY_LAG_S_FIELD_NUMBER: _ClassVar[int]
     actions: _containers.RepeatedCompositeFieldContainer[SessionAction]
-    def __init__(self, actions: _Optional[_Iterable[_Union[SessionAction, _Mapping]]] = ...) -> None: ...
+    relay_lag_s: float
+    def __init__(self, actions: _Optional[_Iterable[_Union[SessionAction, _Mapping]]] = ..., relay_lag_s: _Optional[float] = ...) -> None: ...
 
 class SessionAction(_message.Message):
     __slots__ = ("open", "cancel", "refused")
@@ -179,18 +181,20 @@ class Progress(_message.Message):
     def __init__(self, tag: _Optional[int] = ..., admitted: _Optional[_Union[Admitted, _Mapping]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ...) -> None: ...
 
 class ProgressBatch(_message.Message):
-    __slots__ = ("events", "token_tags", "token_totals", "queue_states", "metrics_seq")
+    __slots__ = ("events", "token_tags", "token_totals", "queue_states", "metrics_seq", "sent_monotonic_s")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TAGS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TOTALS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_STATES_FIELD_NUMBER: _ClassVar[int]
     METRICS_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SENT_MONOTONIC_S_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[Progress]
     token_tags: _containers.RepeatedScalarFieldContainer[int]
     token_totals: _containers.RepeatedScalarFieldContainer[int]
     queue_states: _containers.RepeatedCompositeFieldContainer[QueueState]
     metrics_seq: int
-    def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., token_tags: _Optional[_Iterable[int]] = ..., token_totals: _Optional[_Iterable[int]] = ..., queue_states: _Optional[_Iterable[_Union[QueueState, _Mapping]]] = ..., metrics_seq: _Optional[int] = ...) -> None: ...
+    sent_monotonic_s: float
+    def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., token_tags: _Optional[_Iterable[int]] = ..., token_totals: _Optional[_Iterable[int]] = ..., queue_states: _Optional[_Iterable[_Union[QueueState, _Mapping]]] = ..., metrics_seq: _Optional[int] = ..., sent_monotonic_s: _Optional[float] = ...) -> None: ...
 
 class QueueState(_message.Message):
     __slots__ = ("model", "saturated", "waiting", "max_waiting", "replica", "message")

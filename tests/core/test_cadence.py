@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inference_lab.engine.drivers.cadence import (ADJUST_EVERY, MAX_INTERVAL, MIN_INTERVAL,
-                                                   RELAX_EVERY, Cadence)
+                                                   RELAX_EVERY, RELAY_PERSIST, Cadence)
 
 
 def feed(cadence: Cadence, lag: float, wakeups: int) -> list[float]:
@@ -64,3 +64,35 @@ def test_a_forced_rate_is_streams_over_rate_at_least_a_millisecond_whatever_the_
 def test_a_negative_rate_is_refused():
     with pytest.raises(ValueError, match="rate must be >= 0"):
         Cadence(rate=-1.0)
+
+
+def test_a_relay_that_stays_late_engages_it_while_the_pacer_is_on_time_until_told_otherwise():
+    cadence = Cadence()
+    cadence.on_relay(0.005)  # the gateway reads the batches 5 ms late, and stays so
+    # late once RELAY_PERSIST (64) wake-ups in a row found it so, then every ADJUST_EVERY
+    assert feed(cadence, 0.0001, 3 * ADJUST_EVERY) == [MIN_INTERVAL, 2 * MIN_INTERVAL]
+    assert cadence.engaged == 1 and cadence.lateness == 0.005
+    cadence.on_relay(0.0002)  # caught up: halves back like on-time wake-ups
+    assert feed(cadence, 0.0001, 3 * RELAX_EVERY) == [MIN_INTERVAL, 0.0]
+
+
+def test_a_burst_of_relay_lateness_does_not_engage_it():
+    cadence = Cadence()
+    cadence.on_relay(0.020)  # 20 ms late for 60 wake-ups (~90 ms of 1.5 ms steps) ...
+    feed(cadence, 0.0001, RELAY_PERSIST - 4)
+    cadence.on_relay(0.0004)  # ... then on time
+    assert feed(cadence, 0.0001, 4 * ADJUST_EVERY) == [] and cadence.engaged == 0
+
+
+def test_a_relay_level_under_the_threshold_or_not_a_number_changes_nothing():
+    cadence = Cadence()
+    cadence.on_relay(0.0019)  # late, but under LATE (2 ms)
+    assert feed(cadence, 0.0001, 4 * ADJUST_EVERY) == []
+    cadence.on_relay(float("nan"))
+    assert cadence.relay == 0.0
+
+
+def test_never_coalescing_ignores_a_late_relay_too():
+    cadence = Cadence(when_late=False)
+    cadence.on_relay(0.050)
+    assert feed(cadence, 0.0, 1000) == [] and cadence.interval(256) == 0.0
