@@ -164,3 +164,43 @@ async def test_an_engine_without_watch_metrics_is_scraped_with_get_metrics(
         assert len(get_metrics_calls) == 3
     finally:
         await closed()
+
+
+async def test_a_crashed_replica_starts_its_counters_over_as_get_metrics_does(get_metrics_calls):
+    engine, http, urls, closed = await fleet()
+    try:
+        async with http.post(urls[1] + "/v1/chat/completions",
+                             json={**CHAT, "max_tokens": 7}) as resp:
+            assert resp.status == 200
+        text = await scrape(http, urls[1])
+        assert sample(text, "vllm:generation_tokens_total", engine="1", model_name=MODEL) == 7
+        async with http.post(urls[0] + "/control/faults/replica",
+                             json={"fault": "crash", "replica": 1}) as resp:
+            assert resp.status == 200
+        # the replica's new metrics (as the engine's own port and GetMetrics show them)
+        await until(lambda: scrape_starts_with(http, urls[1],
+                                               engine.metrics.render(None, [1]).decode()),
+                    timeout=2, interval=0.01, what="the restarted replica's series")
+        text = await scrape(http, urls[1])
+        assert sample(text, "vllm:generation_tokens_total", engine="1", model_name=MODEL) == 0
+        assert sample(await scrape(http, urls[2]), "vllm:generation_tokens_total", engine="2",
+                      model_name=MODEL) == 0  # (the others untouched, from the same copy)
+        assert get_metrics_calls == []
+    finally:
+        await closed()
+
+
+async def test_the_feed_stops_when_nobody_scrapes(monkeypatch, get_metrics_calls):
+    from inference_lab.gateway import metrics_feed as gateway_feed
+
+    monkeypatch.setattr(gateway_feed, "IDLE_S", 0.2)
+    engine, http, urls, closed = await fleet(replicas=2)
+    try:
+        await scrape(http, urls[1])
+        assert len(engine.service.watchers.watches) == 1  # one watch for every replica
+        await until(lambda: not engine.service.watchers.watches, timeout=5, interval=0.05,
+                    what="the engine's watch to end")
+        assert 'engine="1"' in await scrape(http, urls[1])  # the next scrape starts it again
+        assert len(engine.service.watchers.watches) == 1 and get_metrics_calls == []
+    finally:
+        await closed()
