@@ -42,7 +42,8 @@ from inference_lab.experiments.scenario import END, REPLICA_KINDS, Action, Scena
 log = logging.getLogger(__name__)
 
 SCRAPE_INTERVAL = 0.25  # wall seconds between scrapes of the queue gauges
-SLOT_RECHECK = 0.01  # modelled seconds: a waiting user re-checks a limit that grew on its own
+SLOT_RECHECK = 0.1  # modelled seconds: a waiting user re-checks a limit that grew with no release
+SHED_PAUSE = 0.01  # modelled seconds: at least this long before a user shed on the client tries again
 DRAIN_TIMEOUT = 60.0  # wall seconds the requests still open at the end may take
 OPEN_LOOP_POOL = 64  # keep-alive connections opened before an open loop starts
 STATUS_SHED = 0  # refused by the client's own controller, never sent
@@ -231,12 +232,16 @@ class Runner:
     def _trace(self, wall: float) -> None:
         self.records.controller(wall, self.ctl.limit, self.ctl.inflight)
 
-    def _wake_one(self) -> None:
-        while self._slot_waiters:
+    def _wake(self) -> None:
+        """Wake as many waiting users as the controller has free slots (at least one; a
+        user that finds none waits again). A limit that grows without a release (Envoy's
+        time windows) is seen at the waiters' SLOT_RECHECK instead."""
+        free, woke = self.ctl.limit - self.ctl.inflight, 0
+        while self._slot_waiters and (woke < free or not woke):
             fut = self._slot_waiters.pop(0)
             if not fut.done():
                 fut.set_result(None)
-                return
+                woke += 1
 
     async def _acquire_blocking(self):
         """A slot for a closed-loop user: wait for a release (or a limit that grew)."""
@@ -279,7 +284,7 @@ class Runner:
         self.ctl.release(ticket, (result.done - self.t0) * k, outcome, rtt)
         self.records.controller(result.done, self.ctl.limit, self.ctl.inflight)
         if self._slot_waiters:
-            self._wake_one()
+            self._wake()
 
     # ---- one request ------------------------------------------------------------------------
     def _request(self, user: int) -> tuple[bytes, Prompt, int]:
@@ -326,11 +331,11 @@ class Runner:
                     break
                 if ticket is SHED:  # recorded like a refusal, then the user pauses as after one
                     self.records.shed(due, self.phase, self.ctl.limit, self.ctl.inflight)
-                    await asyncio.sleep(max(self.sc.retry_after_529, SLOT_RECHECK) / self.k)
+                    await asyncio.sleep(max(self.sc.retry_after_529, SHED_PAUSE) / self.k)
                     continue
                 if i >= self.users_target:  # parked while it waited
                     self.ctl.release(ticket, self.now(), Outcome.IGNORED, 0.0)
-                    self._wake_one()
+                    self._wake()
                     continue
                 result, conn = await self._one(conn, due, i, ticket)
                 if result.status != 200 and self.sc.retry_after_529 > 0:
@@ -441,7 +446,7 @@ class Runner:
         if "num_concurrent_users" in action.load:
             self.users_target = action.load["num_concurrent_users"]
             self._ensure_users()
-            self._wake_one()
+            self._wake()
         if "arrival_rate" in action.load:
             self.rate = action.load["arrival_rate"]
         self.phase += 1
@@ -468,7 +473,6 @@ class Runner:
         # its band). Unfrozen when the run ends, unless the process had frozen objects of
         # its own before (the collector has one permanent generation: they stay with it).
         thaw = gc.get_freeze_count() == 0
-        gc.collect()
         gc.freeze()
         self.t0 = monotonic()
         self.records.start(time.time(), self.k, self.t0)
