@@ -171,9 +171,10 @@ def bucket_sets(max_model_len: int) -> dict[str, tuple[float, ...]]:
 
 
 class Versions:
-    """The engine's metrics version: one counter that every model's update points bump, so
-    a version orders every change of the engine (a replica restarted keeps counting up). A
-    copy rendered at version v shows every change counted up to v (WatchMetrics)."""
+    """The engine's metrics version: one counter that every model's update points bump (and
+    EngineMetrics.touch, for live gauges moved elsewhere), so a version orders every change
+    of the engine (a replica restarted keeps counting up). A copy rendered at version v shows
+    every change counted up to v (WatchMetrics)."""
 
     __slots__ = ("n",)
 
@@ -489,6 +490,12 @@ class EngineMetrics:
 
     def render(self, names: list[str] | None = None, engines: list[int] | None = None) -> bytes:
         return self.exposition.render(names, engines)
+
+    def touch(self) -> None:
+        """A live gauge moved outside the update points (an admission, a capacity or
+        replica change): the engine-wide version counts it, so a watch that sees the version
+        unchanged knows nothing moved (engine.service.metrics_feed)."""
+        self.versions.n += 1
 
     def replica_keys(self, engines: set[int] | None = None) -> dict[int, tuple]:
         """Per replica (engine label; only `engines` when given), what its exposition

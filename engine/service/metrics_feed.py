@@ -15,8 +15,10 @@ once for the replicas it finished them on (`Watchers.finished_on`): their texts 
 rendered before the batch is written and sent as a partial push right behind it (only
 those: a finish does not re-render the whole fleet). A client that has read a batch stamped v waits for a copy of the replica at
 seq >= v before it answers (read-your-finishes); otherwise its copy is at most `interval`
-plus the delivery old. Nothing changed: nothing is sent (the watch still looks every
-interval).
+plus the delivery old. Nothing changed: nothing is sent, and a look whose engine-wide
+version has not moved since the last (admissions and capacity or replica changes count too:
+EngineMetrics.touch) reads no key at all (one key read a second all the same, as a safety
+net), so a scraped idle fleet costs next to nothing.
 
 Does not know: HTTP, the gateway, what a series means.
 """
@@ -31,6 +33,7 @@ from inference_lab.v1 import engine_pb2 as pb
 
 DEFAULT_INTERVAL_S = 0.04  # with the delivery, a copy is under 50 ms old
 MIN_INTERVAL_S = 0.005
+SAFETY_LOOK_S = 1.0  # a look at every key at least this often, even at an unchanged version
 
 
 def watch_interval(asked: float) -> float | None:
@@ -88,14 +91,20 @@ async def watch(metrics: EngineMetrics, watchers: Watchers, interval: float):
     try:
         sent: dict[int, tuple] = {}  # replica -> key of the text it has
         first = True
+        looked, safety = -1, 0.0  # the version at the last full look; when to look anyway
         while True:
-            push = pb.MetricsPush(seq=metrics.versions.n)  # read before rendering
-            keys = metrics.replica_keys()
-            for index, key in keys.items():
+            seq = metrics.versions.n  # read before rendering
+            if seq == looked and loop.time() < safety:  # nothing moved: no keys, no render
+                keys = None
+            else:
+                looked, safety = seq, loop.time() + SAFETY_LOOK_S
+                keys = metrics.replica_keys()
+            push = pb.MetricsPush(seq=seq)
+            for index, key in (keys or {}).items():
                 if sent.get(index) != key:
                     sent[index] = key
                     push.replicas.add(engine=index, text=metrics.render(None, [index]))
-            for index in [i for i in sent if i not in keys]:
+            for index in [i for i in sent if keys is not None and i not in keys]:
                 del sent[index]
                 push.gone.append(index)
             if first or push.replicas or push.gone:

@@ -333,6 +333,8 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         for rt in self.fleet.runtimes():
             rt.on_queue_change = self._queue_changed
         self._queue_changed()
+        if self.metrics is not None:
+            self.metrics.touch()  # replicas' series came or went
 
     def _model(self, model: str) -> str | None:
         """The base model `model` names: itself, or the base of the LoRA adapter so named."""
@@ -390,6 +392,8 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             rt.metrics.on_rejected(REFUSALS[type(exc)][1])
             raise
         rt.check_queue()
+        if self.metrics is not None:
+            self.metrics.touch()  # its waiting gauge moved (no update point saw it)
         return rt, req
 
     async def close_sessions(self, timeout: float = 1.0) -> None:
@@ -571,6 +575,8 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                      rt.core.name, rt.replica, rt.core.max_num_seqs, rt.core.max_waiting)
         if self.on_capacity_change is not None:
             self.on_capacity_change()
+        if self.metrics is not None:
+            self.metrics.touch()  # the capacity gauges moved
         return pb.SetCapacityResponse(models=self._capacity(replicas),
                                       queue_states=[rt.queue_state_pb() for rt in runtimes])
 

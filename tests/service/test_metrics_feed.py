@@ -205,3 +205,33 @@ async def test_the_feed_stops_when_nobody_scrapes(monkeypatch, get_metrics_calls
         assert len(engine.service.watchers.watches) == 1 and get_metrics_calls == []
     finally:
         await closed()
+
+
+async def test_an_arrival_at_a_stalled_replica_shows_in_its_waiting_gauge(get_metrics_calls):
+    """No step runs (the replica is stalled): only the admission moved the gauge."""
+    engine, http, urls, closed = await fleet()
+    try:
+        await scrape(http, urls[2])
+        async with http.post(urls[0] + "/control/faults/replica",
+                             json={"fault": "stall", "seconds": 30, "replica": 2}) as resp:
+            assert resp.status == 200
+        await asyncio.sleep(0.1)  # (the feed's looks go on meanwhile, with nothing moving)
+        stuck = asyncio.ensure_future(http.post(urls[2] + "/v1/chat/completions",
+                                                json={**CHAT, "max_tokens": 2}))
+        started = time.monotonic()
+        await until(lambda: waiting_on(http, urls[2]), timeout=2, interval=0.005,
+                    what="replica 2's waiting gauge at 1")
+        assert time.monotonic() - started < 0.5
+        async with http.post(urls[0] + "/control/faults/replica",
+                             json={"fault": "clear"}) as resp:
+            assert resp.status == 200
+        async with await stuck as resp:
+            assert resp.status == 200
+        assert get_metrics_calls == []
+    finally:
+        await closed()
+
+
+async def waiting_on(http, url: str) -> bool:
+    return sample(await scrape(http, url), "vllm:num_requests_waiting", engine="2",
+                  model_name=MODEL) == 1.0
