@@ -381,15 +381,19 @@ class _Session:
                     if stream is not None and stream.writer is not None:
                         stream.writer = None
                 # Packed token progress: tag i has generated totals[i] tokens so far. A
-                # stream with a writer is written after the tasks this batch wakes (first
-                # tokens lead the batch: their handlers write before the relay's writes).
+                # stream with a writer is written here if these are its first tokens (they
+                # lead the batch: TTFT), else after the tasks this batch wakes.
                 relayed = []
                 for tag, total in zip(batch.token_tags, batch.token_totals):
                     stream = routes.get(tag)
                     if stream is not None:
                         if stream.writer is not None and total > stream.total:
+                            first = not stream.total
                             stream.total = total
-                            relayed.append(stream)
+                            if first:
+                                stream._relay()
+                            else:
+                                relayed.append(stream)
                         else:
                             stream._tokens(total)
                 if relayed:

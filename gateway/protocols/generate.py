@@ -150,20 +150,23 @@ async def _stream(request: web.Request, stream: RequestStream, reply: Reply,
 
 
 class _Relay:
-    """A streaming response's mid-stream writer, called by the engine client's dispatcher
-    with a request's new token total (RequestStream.writer): k new tokens are one
-    `reply.tokens(0, k)`, written at once, without waking the handler's task (a task
-    switch per write is about a third of the gateway's CPU per token at hundreds of
-    streams). Only while the client's socket takes bytes without waiting: when its
-    transport pushes back (or is gone) it returns False and the handler's pump writes,
-    and waits, as usual. An error is kept for the pump to raise."""
+    """A streaming response's writer, called by the engine client's dispatcher with a
+    request's new token total (RequestStream.writer): k new tokens are one
+    `reply.tokens(0, k)` (after the opening, with the first of them), written at once,
+    without waking the handler's task (a task switch per write is about a third of the
+    gateway's CPU per token at hundreds of streams, and a first token written by the
+    dispatcher goes out a loop iteration sooner). Only while the client's socket takes
+    bytes without waiting: when its transport pushes back (or is gone) it returns False
+    and the handler's pump writes, and waits, as usual. An error is kept for the pump to
+    raise."""
 
-    __slots__ = ("resp", "reply", "protocol", "streamed", "error")
+    __slots__ = ("resp", "reply", "protocol", "head", "streamed", "error")
 
     def __init__(self, request: web.Request, resp: web.StreamResponse, reply: Reply) -> None:
         self.resp = resp
         self.reply = reply
         self.protocol = request.protocol
+        self.head = reply.opening()  # until written, with the first tokens
         self.streamed = 0  # tokens written so far (by the relay or the pump)
         self.error: BaseException | None = None
 
@@ -175,14 +178,16 @@ class _Relay:
         if new <= 0:
             return True
         self.streamed = total
-        write = self.resp.write(self.reply.tokens(0, new))
+        write = self.resp.write(self.head + self.reply.tokens(0, new))
         try:
             write.send(None)  # not paused: aiohttp writes to the transport, no await
         except StopIteration:
+            self.head = b""
             return True
         except Exception as exc:  # never into the dispatcher: the pump raises it
             self.error = exc
             return False
+        self.head = b""
         write.close()  # it waited for a drain after all: the bytes are out; the pump drains
         return False
 
@@ -190,10 +195,9 @@ class _Relay:
 async def _pump(request: web.Request, stream: RequestStream, reply: Reply,
                 resp: web.StreamResponse, events: list[pb.Progress], n_prompt: int) -> None:
     """Turns wake-ups into writes: k new tokens are one `reply.tokens(0, k)`, one write;
-    the opening goes out with the first of them (the first bytes mark TTFT). After that
-    the dispatcher writes mid-stream tokens itself (`_Relay`) whenever it can; the last
-    tokens go out with the closing, in one write."""
-    head = reply.opening()
+    the opening goes out with the first of them (the first bytes mark TTFT). The
+    dispatcher writes them itself (`_Relay`) whenever it can; the last tokens go out with
+    the closing, in one write."""
     relay = _Relay(request, resp, reply)
     try:
         while True:
@@ -210,20 +214,20 @@ async def _pump(request: web.Request, stream: RequestStream, reply: Reply,
                 err = finish_error(finished)
                 if err is not None:
                     if out:
-                        await resp.write(head + out)
+                        await resp.write(relay.head + out)
                     raise err
                 missing = finished.completion_tokens - relay.streamed
                 if missing > 0:  # never short of the engine's count
                     out += reply.tokens(0, missing)
                     relay.streamed += missing
                 outcome = _outcome([finished], 1, n_prompt, [relay.streamed])
-                await resp.write(head + out + reply.closing(outcome))
+                await resp.write(relay.head + out + reply.closing(outcome))
                 return
             if out:
+                head, relay.head = relay.head, b""
                 await resp.write(head + out)
-                head = b""
-            if not head and stream.writer is None:
-                stream.writer = relay  # the opening is out: the dispatcher may write
+            if stream.writer is None:
+                stream.writer = relay  # the dispatcher writes what it can
             events = await stream.next_events()
     finally:
         stream.writer = None

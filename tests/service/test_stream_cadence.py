@@ -115,6 +115,9 @@ class Response:
 
 
 class Reply:
+    def opening(self) -> bytes:
+        return b"<open>"
+
     def tokens(self, index: int, k: int) -> bytes:
         return b"t" * k
 
@@ -124,11 +127,11 @@ def relay_for(resp: Response) -> tuple[_Relay, Protocol]:
     return _Relay(SimpleNamespace(protocol=protocol), resp, Reply()), protocol
 
 
-def test_the_relay_writes_each_new_total_once_without_waiting():
+def test_the_relay_writes_each_new_total_once_without_waiting_the_opening_with_the_first():
     resp = Response()
     relay, _ = relay_for(resp)
     assert relay(3) and relay(3) and relay(5)
-    assert resp.written == [b"ttt", b"tt"] and relay.streamed == 5
+    assert resp.written == [b"<open>ttt", b"tt"] and relay.streamed == 5
 
 
 def test_the_relay_leaves_the_write_to_the_handler_when_the_socket_pushes_back_or_is_gone():
@@ -139,6 +142,7 @@ def test_the_relay_leaves_the_write_to_the_handler_when_the_socket_pushes_back_o
     protocol.writing_paused, protocol.transport = False, None  # the client went away
     assert not relay(2)
     assert resp.written == [] and relay.streamed == 0  # the pump writes those tokens
+    assert relay.head == b"<open>"  # (and the opening with them)
 
 
 def test_a_failed_relay_write_is_kept_for_the_handler_and_never_raised_to_the_dispatcher():
