@@ -85,7 +85,7 @@ async def test_scrapes_come_from_the_copy_and_show_a_finished_request_at_once(
                 assert resp.status == 200
             started = time.monotonic()
             text = await scrape(http, urls[1])  # right after the response: it shows
-            assert time.monotonic() - started < 0.5  # (the feed's deadline is 1 s)
+            assert time.monotonic() - started < 0.9  # not the fallback (the feed's deadline: 1 s)
             assert sample(text, "vllm:request_success_total", engine="1", model_name=MODEL,
                           finished_reason="length") == done + 1
             done += 1
@@ -126,7 +126,7 @@ async def test_a_live_gauge_follows_within_the_bound(get_metrics_calls):
                                  engine="2", model_name=MODEL)
             waited = time.monotonic() - started
         assert running == 1.0
-        assert waited < 0.5, waited  # the bound is ~50 ms; generous for a loaded machine
+        assert waited < 0.9, waited  # the bound is ~50 ms; generous for a loaded machine
         assert get_metrics_calls == []
     finally:
         await closed()
@@ -207,8 +207,11 @@ async def test_the_feed_stops_when_nobody_scrapes(monkeypatch, get_metrics_calls
         await closed()
 
 
-async def test_an_arrival_at_a_stalled_replica_shows_in_its_waiting_gauge(get_metrics_calls):
-    """No step runs (the replica is stalled): only the admission moved the gauge."""
+async def test_an_arrival_at_a_stalled_replica_shows_in_its_waiting_gauge(
+        get_metrics_calls, monkeypatch):
+    """No step runs (the replica is stalled): only the admission moved the gauge (and the
+    once-a-second look at every key is pushed out of the way)."""
+    monkeypatch.setattr(metrics_feed, "SAFETY_LOOK_S", 30.0)
     engine, http, urls, closed = await fleet()
     try:
         await scrape(http, urls[2])
@@ -221,7 +224,7 @@ async def test_an_arrival_at_a_stalled_replica_shows_in_its_waiting_gauge(get_me
         started = time.monotonic()
         await until(lambda: waiting_on(http, urls[2]), timeout=2, interval=0.005,
                     what="replica 2's waiting gauge at 1")
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 0.9
         async with http.post(urls[0] + "/control/faults/replica",
                              json={"fault": "clear"}) as resp:
             assert resp.status == 200
