@@ -711,8 +711,15 @@ class EngineClient:
         )
         session = self._session
         if session is not None and not session.broken:
-            for state in resp.queue_states:  # the new bound counts from now, not the next push
-                session.set_queue_state(state)
+            # A raised bound counts from now, not the next push. A reply's "full" is never
+            # taken: it is the queue at the change, before the engine's next step, and the
+            # Session may already have announced a later state (that step moving the
+            # waiting requests into the new places); a stale "full" applied after it would
+            # refuse every request here for good, the engine having nothing new to announce.
+            # "Full" comes on the Session, in order; until then the engine refuses itself.
+            for state in resp.queue_states:
+                if not state.saturated:
+                    session.set_queue_state(state)
         return list(resp.models)
 
     # ---- replicas -----------------------------------------------------------------------

@@ -69,6 +69,7 @@ class FakeEngine(pb_grpc.EngineServicer):
         self.lengths = OutputLength(*(() if default_max_tokens is None else (default_max_tokens,)))
         self.mode = "complete"
         self.saturation = (64, 64)  # (waiting, max_waiting) under mode "reject"
+        self.capacity_reply_states: list[pb.QueueState] | None = None  # SetCapacity's, when set
         self.opened = _Recorder()  # pb.Open
         self.cancelled = _Recorder()  # tags
         self.refused = _Recorder()  # pb.Refused reports
@@ -213,8 +214,9 @@ class FakeEngine(pb_grpc.EngineServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         for name, capacity in changed.items():
             self.models[name].capacity = capacity
-        return pb.SetCapacityResponse(models=self._capacity(names), queue_states=[
-            pb.QueueState(model=n) for n in names])  # nothing ever waits here
+        return pb.SetCapacityResponse(models=self._capacity(names), queue_states=(
+            self.capacity_reply_states if self.capacity_reply_states is not None
+            else [pb.QueueState(model=n) for n in names]))  # nothing ever waits here
 
 
 def saturated_state(model: str, waiting: int, max_waiting: int) -> pb.QueueState:

@@ -69,6 +69,20 @@ async def test_a_capacity_change_through_the_gateway_applies_at_once(client, fak
     assert len(fake.opened.items) == 2
 
 
+async def test_a_capacity_reply_saying_full_is_not_taken_over_the_session(client, fake):
+    # The engine's reply gives the queue at the change, before its next step; the Session
+    # may already have announced the state after that step. Taking a stale "full" from the
+    # reply refused every request here for good (the capacity step's 8 -> 32: 16 waiting
+    # at the change, none a step later, nothing more to announce).
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    fake.capacity_reply_states = [FULL]
+    resp = await client.post("/control/capacity", json={"max_num_seqs": 8})
+    assert resp.status == 200
+    assert saturated(client) == {}
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    assert len(fake.opened.items) == 2  # it reached the engine, the authority on admission
+
+
 async def test_a_cancel_sends_the_next_request_to_the_engine(client, fake):
     fake.mode = "hold"
     held = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
