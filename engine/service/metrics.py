@@ -276,7 +276,7 @@ class ModelMetrics:
     def on_relay(self, seconds: float) -> None:
         """The gateway's lateness as the cadence now sees it."""
         self.counters["inference_lab_relay_lag_seconds"] = seconds
-        self.version += 1
+        self._changed()
 
     def on_lag(self, seconds: float) -> None:
         self._lag.observe(seconds if seconds > 0 else 0.0)

@@ -104,3 +104,21 @@ def test_counts_from_a_million_on_are_written_as_prometheus_client_writes_them()
     text = metrics.render()
     assert text == generate_latest(_Collect(metrics.models))
     assert b'vllm:inter_token_latency_seconds_count{engine="0",model_name="gpt-oss-20b"} 1.000001e+06' in text
+
+
+def test_every_update_point_moves_the_engine_wide_version_so_no_change_is_served_from_cache():
+    engine = core()
+    metrics = EngineMetrics([engine])
+    model = metrics.for_model(engine)
+    metrics.render()  # cached at the version now
+    model.on_relay(0.003)  # the gateway's lateness gauge
+    seen = metrics.versions.n
+    relayed = metrics.render()
+    assert b"inference_lab_relay_lag_seconds" in relayed and b" 0.003\n" in relayed
+    assert model.version == seen  # one counter orders every change (WatchMetrics relies on it)
+    model.on_rejected("QUEUE_SATURATED")  # the next change must not reuse the relay's version
+    assert metrics.versions.n == seen + 1 and model.version == seen + 1
+    after = metrics.render()
+    assert after != relayed  # not the relay's cached text
+    assert b'reason="QUEUE_SATURATED"} 1.0\n' in after
+    assert after == generate_latest(_Collect(metrics.models))
