@@ -3,6 +3,7 @@
     python benchmarks/fleet.py fidelity [--replicas 8] [--streams 24] [--seconds 20]
     python benchmarks/fleet.py idle     [--replicas 64] [--seconds 10]
     python benchmarks/fleet.py scrape   [--replicas 8] [--streams 64] [--seconds 15]
+                                        [--stagger] [--path P] [--bare aiohttp|asyncio]...
 
 fidelity: `serve --replicas R`, S closed-loop streams of gpt-oss-20b (200 tokens) on every
 replica's port (all from one uvloop load-generator process by default, the cheapest client
@@ -17,6 +18,10 @@ the latency of replica 0's scrapes, timed in a process of its own (the other scr
 are threads of this one). The scrapers
 start together (every 50 ms all eight ask at once: the worst case) unless --stagger spreads
 their phases over the 50 ms (as independent scrapers, each on its own ticker, fall).
+--bare KIND also times, in the same window, a bare server in a process of its own (plain
+aiohttp, or a raw asyncio protocol) answering the bytes of replica 0's /metrics fetched
+before the window, scraped every 50 ms at replica 0's phase by a process of its own: the
+floor of this machine under that load, independent of the gateway.
 Prints figures, no pass/fail; the machine is shared, so the load average is printed too.
 """
 
@@ -26,12 +31,16 @@ import argparse
 import contextlib
 import http.client
 import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 
 import _common as C
 from inference_lab.common.ports import free_port_run
-from inference_lab.testing.launch import engine_process
+from inference_lab.testing.launch import engine_process, stop_process
 from inference_lab.testing.poll import wait_until
 
 LAG = "inference_lab_pacing_lag_seconds"
@@ -161,11 +170,40 @@ def scrape_loop(port: int, start: float, end: float, phase: float, record: bool,
     return latencies, sizes
 
 
+def start_bare(kind: str, body: bytes):
+    """A bare server (benchmarks/_bare_metrics.py) answering `body` to every GET, in a
+    process of its own on a free port; (process, port, body file)."""
+    fd, path = tempfile.mkstemp(suffix=".metrics")
+    with os.fdopen(fd, "wb") as f:
+        f.write(body)
+    port = C.free_port()
+    proc = subprocess.Popen([sys.executable, str(C.HERE / "_bare_metrics.py"), kind, str(port),
+                             path], stdin=subprocess.DEVNULL, cwd=C.ROOT)
+    wait_until(lambda: proc.poll() is not None or ready_any(port), 30,
+               what=f"bare {kind} server")
+    if proc.poll() is not None:
+        raise RuntimeError(f"bare {kind} server exited with {proc.returncode}")
+    return proc, port, path
+
+
+def ready_any(port: int) -> bool:
+    with contextlib.suppress(OSError):
+        get(port, "/metrics")
+        return True
+    return False
+
+
 def scrape(args) -> None:
     base, server = serve_fleet(args.replicas)
-    with server as served:
+    bares = []
+    with server as served, contextlib.ExitStack() as cleanup:
         wait_ready(base, args.replicas)
-        get(base, "/metrics")  # the gateway's copy of every replica (WatchMetrics) starts
+        copy = get(base, "/metrics")  # the gateway's copy of every replica (WatchMetrics) starts
+        for kind in args.bare or []:
+            proc, port, path = start_bare(kind, copy)
+            cleanup.callback(os.unlink, path)
+            cleanup.callback(stop_process, proc)
+            bares.append((kind, proc, port))
         now = time.monotonic()
         start, end = now + 3.0, now + 3.0 + args.seconds
         # every stream from one uvloop process (the cheapest client), 64 / 8 per replica
@@ -175,43 +213,63 @@ def scrape(args) -> None:
             "body": BODY, "clients": args.streams, "t0": now + 0.5, "t_warm": start,
             "t_end": end, "t_hard": end + 30, "stagger": 0.3}])
         # replica 0's scraper is a process of its own (as an endpoint picker is: its
-        # timings do not wait for this process's GIL); the others are threads here
+        # timings do not wait for this process's GIL); the others are threads here. A bare
+        # server (--bare) is scraped the same way, by a process of its own at replica 0's
+        # phase: the machine's floor for the same bytes under the same load.
         phases = [0.05 * i / args.replicas if args.stagger else 0.0
                   for i in range(args.replicas)]
         context = multiprocessing.get_context("fork")
-        receive, send = context.Pipe(duplex=False)
-        measured = context.Process(target=scrape_loop,
-                                   args=(base, start, end, phases[0], True, send, args.path))
+        timed = [(f"{args.path} of replica 0", base, args.path)]
+        timed += [(f"bare {kind} server (same bytes, own process)", port, "/metrics")
+                  for kind, _, port in bares]
+        measured = []
+        for label, port, path in timed:
+            receive, send = context.Pipe(duplex=False)
+            measured.append((label, receive, context.Process(
+                target=scrape_loop, args=(port, start, end, phases[0], True, send, path))))
         threads = [threading.Thread(target=scrape_loop,
                                     args=(base + i, start, end, phases[i], False))
                    for i in range(1, args.replicas)]
-        pids = {"gateway": [served.gateway_pid], "engine": [served.engine_pid]}
+        pids = {"gateway": [served.gateway_pid], "engine": [served.engine_pid],
+                "bare": [proc.pid for _, proc, _ in bares]}
+        results = []
         try:
             time.sleep(max(0.0, start - time.monotonic() - 0.05))
             C.print_load("before")
-            measured.start()
+            for _, _, process in measured:
+                process.start()
             for t in threads:
                 t.start()
             cpu0 = C.cpu_snapshot(pids)
-            latencies, sizes = receive.recv() if receive.poll(args.seconds + 30) else ([], [0])
+            for label, receive, _ in measured:
+                results.append((label, receive.recv() if receive.poll(args.seconds + 30)
+                                else ([], [0])))
             for t in threads:
                 t.join(timeout=30)
             cpu1 = C.cpu_snapshot(pids)
-            measured.join(timeout=10)
+            for _, _, process in measured:
+                process.join(timeout=10)
             C.collect_loadgens(loadgens, timeout=60)
         finally:
             C.stop_all(loadgens)
-            if measured.is_alive():
-                measured.kill()
+            for _, _, process in measured:
+                if process.is_alive():
+                    process.kill()
         C.print_load("after")
-        print(f"{args.path} of replica 0 while {args.replicas} replicas are scraped every 50 ms "
-              f"({'phases spread' if args.stagger else 'all at once'}) "
-              f"and {args.streams} streams run: {len(latencies)} scrapes of ~{sizes[-1]} B, "
-              f"p50 {C.quantile(latencies, 0.5) * 1000:.2f} ms, "
-              f"p99 {C.quantile(latencies, 0.99) * 1000:.2f} ms, "
-              f"max {max(latencies) * 1000:.2f} ms; {C.machine()}")
+        print(f"{args.replicas} replicas scraped every 50 ms "
+              f"({'phases spread' if args.stagger else 'all at once'}) while "
+              f"{args.streams} streams run; {C.machine()}")
+        for label, (latencies, sizes) in results:
+            if not latencies:
+                print(f"{label}: no scrapes")
+                continue
+            print(f"{label}: {len(latencies)} scrapes of ~{sizes[-1]} B, "
+                  f"p50 {C.quantile(latencies, 0.5) * 1000:.2f} ms, "
+                  f"p99 {C.quantile(latencies, 0.99) * 1000:.2f} ms, "
+                  f"max {max(latencies) * 1000:.2f} ms")
         print("cpu (cores): " + ", ".join(f"{k} {(cpu1[k] - cpu0[k]) / args.seconds:.2f}"
-                                          for k in ("gateway", "engine", "machine")))
+                                          for k in ("gateway", "engine", "bare", "machine")
+                                          if k != "bare" or bares))
 
 
 def main() -> None:
@@ -237,6 +295,11 @@ def main() -> None:
                    help="what replica 0's timed scraper asks for (e.g. /fleet/targets, a "
                         "small answer with no engine call: the gateway's floor under the "
                         "same load)")
+    p.add_argument("--bare", action="append", choices=("aiohttp", "asyncio"),
+                   help="also time a bare server (plain aiohttp, or a raw asyncio protocol) "
+                        "in a process of its own answering replica 0's /metrics bytes, "
+                        "scraped by a process of its own at replica 0's phase, in the same "
+                        "window (the machine's floor; repeat for both)")
     args = parser.parse_args()
     {"fidelity": fidelity, "idle": idle, "scrape": scrape}[args.what](args)
 
