@@ -39,6 +39,7 @@ import threading
 import time
 
 import _common as C
+
 from inference_lab.common.ports import free_port_run
 from inference_lab.testing.launch import engine_process, stop_process
 from inference_lab.testing.poll import wait_until
@@ -147,27 +148,42 @@ def idle(args) -> None:
               f"(CPU time resolution {1 / C.CLK_TCK * 1000:.0f} ms); {C.machine()}")
 
 
+def run_delay(pid: int) -> float:
+    """Seconds the thread `pid` has waited on a run queue (runnable, no core free) so far:
+    /proc/PID/schedstat's second field."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[1]) / 1e9
+
+
 def scrape_loop(port: int, start: float, end: float, phase: float, record: bool,
-                out=None, path: str = "/metrics") -> tuple[list[float], list[int]]:
+                out=None, path: str = "/metrics", server_pid: int | None = None):
     """GET /metrics every 50 ms from start + phase until end on one keep-alive connection;
-    the latencies and sizes of the scrapes (sent to `out`, a pipe, when given)."""
+    the latencies and sizes of the scrapes, and (given the server's pid) how long the
+    scraper and the server's main thread waited for a core during each scrape (sent to
+    `out`, a pipe, when given)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     latencies: list[float] = []
     sizes: list[int] = []
+    waits: list[float] = []
+    pids = [os.getpid()] + ([server_pid] if server_pid else [])
     next_at = start + phase
     while time.monotonic() < end:
         time.sleep(max(0.0, next_at - time.monotonic()))
         next_at += 0.05
+        if record and server_pid:
+            waited = sum(run_delay(pid) for pid in pids)
         t = time.perf_counter()
         conn.request("GET", path)
         body = conn.getresponse().read()
         if record and time.monotonic() < end:
             latencies.append(time.perf_counter() - t)
             sizes.append(len(body))
+            if server_pid:
+                waits.append(sum(run_delay(pid) for pid in pids) - waited)
     conn.close()
     if out is not None:
-        out.send((latencies, sizes))
-    return latencies, sizes
+        out.send((latencies, sizes, waits))
+    return latencies, sizes, waits
 
 
 def start_bare(kind: str, body: bytes):
@@ -219,14 +235,14 @@ def scrape(args) -> None:
         phases = [0.05 * i / args.replicas if args.stagger else 0.0
                   for i in range(args.replicas)]
         context = multiprocessing.get_context("fork")
-        timed = [(f"{args.path} of replica 0", base, args.path)]
-        timed += [(f"bare {kind} server (same bytes, own process)", port, "/metrics")
-                  for kind, _, port in bares]
+        timed = [(f"{args.path} of replica 0", base, args.path, served.gateway_pid)]
+        timed += [(f"bare {kind} server (same bytes, own process)", port, "/metrics", proc.pid)
+                  for kind, proc, port in bares]
         measured = []
-        for label, port, path in timed:
+        for label, port, path, pid in timed:
             receive, send = context.Pipe(duplex=False)
             measured.append((label, receive, context.Process(
-                target=scrape_loop, args=(port, start, end, phases[0], True, send, path))))
+                target=scrape_loop, args=(port, start, end, phases[0], True, send, path, pid))))
         threads = [threading.Thread(target=scrape_loop,
                                     args=(base + i, start, end, phases[i], False))
                    for i in range(1, args.replicas)]
@@ -243,7 +259,7 @@ def scrape(args) -> None:
             cpu0 = C.cpu_snapshot(pids)
             for label, receive, _ in measured:
                 results.append((label, receive.recv() if receive.poll(args.seconds + 30)
-                                else ([], [0])))
+                                else ([], [0], [])))
             for t in threads:
                 t.join(timeout=30)
             cpu1 = C.cpu_snapshot(pids)
@@ -259,7 +275,7 @@ def scrape(args) -> None:
         print(f"{args.replicas} replicas scraped every 50 ms "
               f"({'phases spread' if args.stagger else 'all at once'}) while "
               f"{args.streams} streams run; {C.machine()}")
-        for label, (latencies, sizes) in results:
+        for label, (latencies, sizes, waits) in results:
             if not latencies:
                 print(f"{label}: no scrapes")
                 continue
@@ -267,6 +283,15 @@ def scrape(args) -> None:
                   f"p50 {C.quantile(latencies, 0.5) * 1000:.2f} ms, "
                   f"p99 {C.quantile(latencies, 0.99) * 1000:.2f} ms, "
                   f"max {max(latencies) * 1000:.2f} ms")
+            rest = [lat - w for lat, w in zip(latencies, waits)]
+            slow = [w / lat for lat, w in zip(latencies, waits) if lat > 0.005]
+            print(f"  of which waiting for a core (scraper + server main thread, "
+                  f"/proc/PID/schedstat): p50 {C.quantile(waits, 0.5) * 1000:.2f} ms, "
+                  f"p99 {C.quantile(waits, 0.99) * 1000:.2f} ms; latency minus that wait "
+                  f"p50 {C.quantile(rest, 0.5) * 1000:.2f} ms, "
+                  f"p99 {C.quantile(rest, 0.99) * 1000:.2f} ms; scrapes over 5 ms: "
+                  f"{len(slow)}, waiting {C.quantile(slow, 0.5) * 100 if slow else 0:.0f} % "
+                  f"of their time (median)")
         print("cpu (cores): " + ", ".join(f"{k} {(cpu1[k] - cpu0[k]) / args.seconds:.2f}"
                                           for k in ("gateway", "engine", "bare", "machine")
                                           if k != "bare" or bares))
