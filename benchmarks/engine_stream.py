@@ -1,8 +1,9 @@
 """The engine alone over gRPC: messages per second, engine CPU and pacing lag while N
 requests stream concurrently (closed loop, 200-token replies), through the multiplexed
-Session (the gateway's path) or one Submit stream per request.
+Session (the gateway's path), the same Session over the engine's same-host lane (a plain
+socket: the gateway's path on one host), or one Submit stream per request.
 
-    python benchmarks/engine_stream.py [--clients 256] [--seconds 10] [--mode session|submit]
+    python benchmarks/engine_stream.py [--clients 256] [--seconds 10] [--mode session|lane|submit]
 
 Starts `inference-lab engine` as a child process on free loopback ports; the client runs
 in this process. Prints figures, no pass/fail.
@@ -11,12 +12,14 @@ in this process. Prints figures, no pass/fail.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 import urllib.request
 
 import _common as C
 from inference_lab.testing.launch import engine_process
+from inference_lab.testing.lane_client import RawLane
 import grpc
 
 from inference_lab.v1 import engine_pb2 as pb
@@ -36,9 +39,10 @@ def lag_quantile(before: str, after: str, q: float) -> float:
 
 
 async def run_session(stub, clients: int, seconds: float, max_tokens: int,
-                      make_request=None) -> tuple[int, int, int]:
-    """`make_request()` builds each SubmitRequest (default: a 16-token prompt)."""
-    call = stub.Session()
+                      make_request=None, lane: bool = False) -> tuple[int, int, int]:
+    """`make_request()` builds each SubmitRequest (default: a 16-token prompt); `lane`:
+    over the engine's Session lane instead of the gRPC stream."""
+    call = await RawLane.open(stub) if lane else stub.Session()
     tags = iter(range(1, 10**9))
     messages = tokens = finished = 0
     deadline = time.monotonic() + seconds
@@ -87,7 +91,8 @@ async def main_async(args) -> None:
         port, metrics_port = engine.port, engine.metrics_port
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = engine_pb2_grpc.EngineStub(channel)
-            run = run_session if args.mode == "session" else run_submit
+            run = {"session": run_session, "submit": run_submit,
+                   "lane": functools.partial(run_session, lane=True)}[args.mode]
             await run(stub, args.clients, 1.5, args.max_tokens)  # warm-up
             lag0, cpu0, self0, wall0 = (metrics_text(metrics_port), C.proc_cpu(engine.pid),
                                         time.process_time(), time.perf_counter())
@@ -99,7 +104,7 @@ async def main_async(args) -> None:
         generated = finished * args.max_tokens
         print(f"mode {args.mode}, {args.clients} concurrent requests of {args.max_tokens} tokens, "
               f"{wall:.1f} s (load average {os.getloadavg()[0]:.2f})")
-        print(f"gRPC messages/s received: {messages / wall:,.0f}  "
+        print(f"Session messages/s received: {messages / wall:,.0f}  "
               f"(token updates/s {token_msgs / wall:,.0f}; requests finished {finished:,})")
         print(f"tokens/s generated (finished requests): {generated / wall:,.0f}")
         print(f"engine CPU: {engine_cpu / wall:.2f} cores, {1000 * engine_cpu / max(generated, 1):.3f} CPU s "
@@ -110,7 +115,7 @@ async def main_async(args) -> None:
 
 def main() -> None:
     parser = C.stream_arguments(__doc__, clients=256, seconds=10.0)
-    parser.add_argument("--mode", choices=("session", "submit"), default="session")
+    parser.add_argument("--mode", choices=("session", "lane", "submit"), default="session")
     asyncio.run(main_async(parser.parse_args()))
 
 

@@ -73,7 +73,7 @@ def wait_saturated(served: C.Served, timeout: float = 15.0) -> dict:
 def run(args: argparse.Namespace) -> dict:
     loadgens = []
     holders: list[Holder] = []
-    with C.serve() as served:
+    with C.serve(*args.serve_args.split()) as served:
         try:
             served.capacity({"max_num_seqs": 1, "max_waiting": 1})
             with urllib.request.urlopen(served.base + "/v1/models", timeout=5) as r:
@@ -196,6 +196,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="py-spy record engine and gateway during the window into DIR")
     parser.add_argument("--no-floor", action="store_true",
                         help="do not measure the bare aiohttp 529 server first")
+    parser.add_argument("--serve-args", default="",
+                        help="extra flags for `serve`, e.g. \"--session-lane off\"")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args(argv)
     floor = None

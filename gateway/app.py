@@ -65,6 +65,7 @@ class GatewayState:
     api_key: str | None
     disconnect_poll_s: float
     control_token: str | None = None
+    session_lane: str | None = None  # EngineClient's: "auto", "off" (None: its default)
     enable_directives: bool = False  # honour x-inference-lab-fault headers
     static_faults: dict[str, FaultSpec] = field(default_factory=dict)  # model -> [fault] mode
     tokenizer: Tokenizer = field(default_factory=lambda: load_tokenizer(None))
@@ -383,7 +384,8 @@ async def set_capacity(request: web.Request) -> web.Response:
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     state.engine = state.shared_engine or EngineClient(state.engine_target,
-                                                       control_token=state.control_token)
+                                                       control_token=state.control_token,
+                                                       session_lane=state.session_lane)
     watchdog = asyncio.get_running_loop().create_task(_disconnect_watchdog(state))
     yield
     watchdog.cancel()
@@ -428,6 +430,7 @@ def create_app(
     tokenizer: Tokenizer | None = None,
     replica: int | None = None,
     engine: EngineClient | None = None,
+    session_lane: str | None = None,
 ) -> web.Application:
     """The gateway application for the engine at `engine_target` ("host:port").
 
@@ -444,6 +447,8 @@ def create_app(
     `replica` makes it the app of one replica's port (gateway.fleet): requests run on that
     replica, /health/ready and /v1/models answer 200 only while it is ready, /metrics adds
     its engine series; `engine` is then the fleet's one shared EngineClient.
+    `session_lane` ("auto" or "off") is the EngineClient's: whether its Session may take the
+    engine's same-host lane.
     """
     state = GatewayState(
         engine_target=engine_target,
@@ -451,6 +456,7 @@ def create_app(
         api_key=api_key,
         disconnect_poll_s=disconnect_poll_s,
         control_token=control_token,
+        session_lane=session_lane,
         enable_directives=enable_directives,
         static_faults=dict(static_faults or {}),
         tokenizer=tokenizer or load_tokenizer(None),

@@ -1,5 +1,10 @@
 """The gateway's one connection to the engine: a grpc.aio channel and ONE Session stream.
 
+The Session runs over the engine's same-host lane (gateway.session_lane: a plain socket,
+the same messages, no grpc.aio per message) when the engine offers one on this host, else
+over gRPC; `_Session` is the logic both share, `_GrpcSession` and `_LaneSession` the two
+transports (docs/architecture.md, "The Session lane").
+
 Knows: the engine's gRPC API (engine.proto). Every HTTP request travels over a single
 multiplexed bidirectional `Session`: `open()` sends `Open(tag, request)` with a
 gateway-unique tag and returns a `RequestStream`; one dispatcher task reads the engine's
@@ -36,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 from collections.abc import Sequence
 from typing import Any, Awaitable, Callable
@@ -47,6 +53,7 @@ from inference_lab.common.clock import CLOCK_METADATA, clock_id
 from inference_lab.common.tokenizer import ids_to_bytes
 from inference_lab.gateway.errors import ErrorKind, GatewayError, engine_unavailable, from_grpc_error
 from inference_lab.gateway.metrics_feed import MetricsFeed
+from inference_lab.gateway.session_lane import LaneLink, LaneUnavailable, connect_lane
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc as pb_grpc
 
@@ -90,6 +97,8 @@ REFUSED_REPORT_S = 0.01  # refusals made here reach the engine's metrics within 
 LAG_REPORT = 0.0005
 LAG_WINDOW_S = 0.01
 _LAG_REPORT = pb.SessionAction()  # an outbox marker: a lateness report is due
+SESSION_LANE_ENV = "INFERENCE_LAB_SESSION_LANE"  # the gateway's --session-lane default
+SESSION_LANE_MODES = ("auto", "off")
 _MODEL_REFRESH_MIN_INTERVAL_S = 1.0  # an unknown model name refreshes the cache at most this often
 _ENGINE_SERVICE = pb.DESCRIPTOR.services_by_name["Engine"].full_name
 
@@ -250,9 +259,13 @@ def _relay_all(streams: list[RequestStream]) -> None:
 
 
 class _Session:
-    """One live Session call: its routes (tag -> stream), outbox and dispatcher task."""
+    """One live Session (over gRPC or the lane): its routes (tag -> stream), outbox and the
+    dispatch of the engine's batches. A transport subclass delivers each ProgressBatch to
+    `_on_batch`, sends what `_message` builds, and sets `task` (which ends with it)."""
 
-    def __init__(self, stub: pb_grpc.EngineStub, on_broken: Callable[["_Session"], None],
+    transport = ""  # "grpc" or "lane", for logs and tests
+
+    def __init__(self, on_broken: Callable[["_Session"], None],
                  probe: Probe | None = None) -> None:
         self.routes: dict[int, RequestStream] = {}
         self.broken = False
@@ -262,22 +275,27 @@ class _Session:
         # replica -> the engine's metrics version once its last Finished delivered here was
         # counted (ProgressBatch.metrics_seq): a /metrics copy at least that new shows it
         self.finished_seq: dict[int, int] = {}
-        self._outbox: asyncio.Queue[pb.SessionAction | None] = asyncio.Queue()
         self.read_lag = 0.0  # how late batches were read here, the least over a window (s)
         self._lag_least = float("inf")  # over the current window
         self._lag_next = 0.0  # time.monotonic() at which the current window ends
         self._lag_report: float | None = None  # due in the next message
         self._on_broken = on_broken
         self._probe = probe
-        clock = clock_id()  # an engine on this machine books arrivals at our stamps
-        self.call = stub.Session(self._actions(), wait_for_ready=False,
-                                 metadata=((CLOCK_METADATA, clock),) if clock else None)
-        self.task = asyncio.get_running_loop().create_task(self._dispatch(), name="engine-session")
+        self._loop = asyncio.get_running_loop()
+        self.task: asyncio.Task[None] | None = None
 
     def send(self, action: pb.SessionAction) -> None:
-        self._outbox.put_nowait(action)
+        self._post(action)
         if self._probe is not None:
             self._probe.on_send(action)
+
+    def _post(self, item: pb.SessionAction | None) -> None:
+        """Queue an action (or _LAG_REPORT, or None: the end) for the transport."""
+        raise NotImplementedError
+
+    def _stop(self) -> None:
+        """End the transport (the Session is closed)."""
+        raise NotImplementedError
 
     def set_queue_state(self, state: pb.QueueState) -> None:
         key = queue_key(state.model, state.replica)
@@ -291,7 +309,7 @@ class _Session:
         and replica."""
         refused = self._refused
         if not refused:
-            asyncio.get_running_loop().call_later(REFUSED_REPORT_S, self._report_refused)
+            self._loop.call_later(REFUSED_REPORT_S, self._report_refused)
         refused[key] = refused.get(key, 0) + 1
 
     def _report_refused(self) -> None:
@@ -319,13 +337,120 @@ class _Session:
             self._lag_next = now + LAG_WINDOW_S
             if lag > LAG_REPORT or told > LAG_REPORT:
                 self._lag_report = lag
-                self._outbox.put_nowait(_LAG_REPORT)
+                self._post(_LAG_REPORT)
+
+    def _message(self, actions: list[pb.SessionAction]) -> pb.SessionActions | None:
+        """The message carrying these queued actions and a due lateness report (None when
+        there is neither: the report went with an earlier message)."""
+        message = pb.SessionActions(actions=actions)
+        if self._lag_report is not None:
+            message.relay_lag_s, self._lag_report = self._lag_report, None
+        elif not actions:
+            return None
+        if self._probe is not None:
+            self._probe.on_message(actions)
+        return message
+
+    def _on_batch(self, batch: pb.ProgressBatch) -> None:
+        """One ProgressBatch to its requests' streams (synchronously, as it is read)."""
+        probe = self._probe
+        if probe is not None:
+            probe.on_batch(batch)
+        if batch.HasField("sent_monotonic_s"):  # (an engine on our clock)
+            self._read_late(batch.sent_monotonic_s)
+        for state in batch.queue_states:  # before any event: a client that
+            self.set_queue_state(state)  # hears of a finish sees the queue after it
+        routes = self.routes
+        finals = []
+        for event in batch.events:
+            kind = event.WhichOneof("event")
+            if kind == "admitted":
+                stream = routes.get(event.tag)
+                if stream is not None:  # else cancelled or unknown: ignore
+                    stream._push(event)
+            elif kind == "tokens":
+                stream = routes.get(event.tag)
+                if stream is not None:
+                    stream._tokens(event.tokens.total_tokens)
+            elif kind is not None:
+                finals.append(event)
+        for event in finals:  # a stream's last tokens go out with its closing,
+            stream = routes.get(event.tag)  # in one write by its handler
+            if stream is not None and stream.writer is not None:
+                stream.writer = None
+        # Packed token progress: tag i has generated totals[i] tokens so far. A
+        # stream with a writer is written here if these are its first tokens (they
+        # lead the batch: TTFT), else after the tasks this batch wakes.
+        relayed = []
+        for tag, total in zip(batch.token_tags, batch.token_totals):
+            stream = routes.get(tag)
+            if stream is not None:
+                if stream.writer is not None and total > stream.total:
+                    first = not stream.total
+                    stream.total = total
+                    if first:
+                        stream._relay()
+                    else:
+                        relayed.append(stream)
+                else:
+                    stream._tokens(total)
+        if relayed:
+            self._loop.call_soon(_relay_all, relayed)
+        seq = batch.metrics_seq  # set when the batch finishes requests
+        for event in finals:  # finished or rejected: the last event of its tag
+            stream = routes.pop(event.tag, None)
+            if stream is not None:
+                if seq:  # before the client can hear of it (and scrape)
+                    self.finished_seq[stream.replica] = seq
+                stream._final(event)
+                if event.HasField("rejected"):  # (on a request's own tag only)
+                    for tag in range(stream.tag + 1, stream.tag + stream.n):
+                        routes.pop(tag, None)  # its other sequences' tags
+
+    def close(self, reason: str, shutdown: bool = False) -> None:
+        """Fail every request in flight and stop; idempotent."""
+        if self.broken:
+            return
+        self.broken = True
+        self.saturated.clear()
+        routes, self.routes = self.routes, {}
+        err = engine_unavailable(reason)
+        for stream in routes.values():
+            stream._fail(err)
+        self._stop()
+        level = logging.INFO if shutdown else logging.WARNING
+        log.log(level, "engine session closed (%d requests in flight failed): %s",
+                len(routes), reason)
+        self._on_broken(self)
+
+
+class _GrpcSession(_Session):
+    """The Session as the gRPC stream `Session`: the outbox feeds its request iterator,
+    a dispatcher task reads its batches."""
+
+    transport = "grpc"
+
+    def __init__(self, stub: pb_grpc.EngineStub, on_broken: Callable[["_Session"], None],
+                 probe: Probe | None = None) -> None:
+        super().__init__(on_broken, probe)
+        self._outbox: asyncio.Queue[pb.SessionAction | None] = asyncio.Queue()
+        clock = clock_id()  # an engine on this machine books arrivals at our stamps
+        self.call = stub.Session(self._actions(), wait_for_ready=False,
+                                 metadata=((CLOCK_METADATA, clock),) if clock else None)
+        self.task = self._loop.create_task(self._dispatch(), name="engine-session")
+
+    def _post(self, item: pb.SessionAction | None) -> None:
+        self._outbox.put_nowait(item)
+
+    def _stop(self) -> None:
+        self._outbox.put_nowait(None)
+        self.call.cancel()
 
     async def _actions(self):  # the request iterator grpc.aio consumes
         """Every action queued by the time gRPC is ready for the next message goes in it:
         a burst of requests costs one message, not one each; a due lateness report rides
         along (or goes alone)."""
-        outbox, probe = self._outbox, self._probe
+        outbox = self._outbox
         while True:
             action = await outbox.get()
             if action is None:
@@ -339,75 +464,17 @@ class _Session:
                     break
                 if action is not _LAG_REPORT:
                     actions.append(action)
-            message = pb.SessionActions(actions=actions)
-            if self._lag_report is not None:
-                message.relay_lag_s, self._lag_report = self._lag_report, None
-            elif not actions:
-                continue  # (its report went with an earlier message)
-            if probe is not None:
-                probe.on_message(actions)
-            yield message
+            message = self._message(actions)
+            if message is not None:
+                yield message
             if end:
                 return
 
     async def _dispatch(self) -> None:
         reason = "the engine closed the session"
-        probe = self._probe
-        loop = asyncio.get_running_loop()
         try:
             async for batch in self.call:
-                if probe is not None:
-                    probe.on_batch(batch)
-                if batch.HasField("sent_monotonic_s"):  # (an engine on our clock)
-                    self._read_late(batch.sent_monotonic_s)
-                for state in batch.queue_states:  # before any event: a client that
-                    self.set_queue_state(state)  # hears of a finish sees the queue after it
-                routes = self.routes
-                finals = []
-                for event in batch.events:
-                    kind = event.WhichOneof("event")
-                    if kind == "admitted":
-                        stream = routes.get(event.tag)
-                        if stream is not None:  # else cancelled or unknown: ignore
-                            stream._push(event)
-                    elif kind == "tokens":
-                        stream = routes.get(event.tag)
-                        if stream is not None:
-                            stream._tokens(event.tokens.total_tokens)
-                    elif kind is not None:
-                        finals.append(event)
-                for event in finals:  # a stream's last tokens go out with its closing,
-                    stream = routes.get(event.tag)  # in one write by its handler
-                    if stream is not None and stream.writer is not None:
-                        stream.writer = None
-                # Packed token progress: tag i has generated totals[i] tokens so far. A
-                # stream with a writer is written here if these are its first tokens (they
-                # lead the batch: TTFT), else after the tasks this batch wakes.
-                relayed = []
-                for tag, total in zip(batch.token_tags, batch.token_totals):
-                    stream = routes.get(tag)
-                    if stream is not None:
-                        if stream.writer is not None and total > stream.total:
-                            first = not stream.total
-                            stream.total = total
-                            if first:
-                                stream._relay()
-                            else:
-                                relayed.append(stream)
-                        else:
-                            stream._tokens(total)
-                if relayed:
-                    loop.call_soon(_relay_all, relayed)
-                seq = batch.metrics_seq  # set when the batch finishes requests
-                for event in finals:  # finished or rejected: the last event of its tag
-                    stream = routes.pop(event.tag, None)
-                    if stream is not None:
-                        if seq:  # before the client can hear of it (and scrape)
-                            self.finished_seq[stream.replica] = seq
-                        stream._final(event)
-                        if event.HasField("rejected"):  # (on a request's own tag only)
-                            for tag in range(stream.tag + 1, stream.tag + stream.n):
-                                routes.pop(tag, None)  # its other sequences' tags
+                self._on_batch(batch)
         except grpc.aio.AioRpcError as exc:
             reason = f"session lost ({exc.code().name}: {exc.details()})"
         except asyncio.CancelledError:
@@ -419,22 +486,60 @@ class _Session:
         finally:
             self.close(reason)
 
-    def close(self, reason: str, shutdown: bool = False) -> None:
-        """Fail every request in flight and stop; idempotent."""
+
+class _LaneSession(_Session):
+    """The Session over the engine's same-host lane (gateway.session_lane): each batch is
+    dispatched from the socket's data_received, with no task or queue in between; the
+    actions queued in one turn of the loop leave as one frame. `task` only waits for the
+    end (cancelling it closes the Session, as the gRPC dispatcher's)."""
+
+    transport = "lane"
+
+    def __init__(self, link: LaneLink, on_broken: Callable[["_Session"], None],
+                 probe: Probe | None = None) -> None:
+        super().__init__(on_broken, probe)
+        self._link = link
+        self._pending: list[pb.SessionAction] = []
+        self._flush_due = False
+        self._ended: asyncio.Future[None] = self._loop.create_future()
+        self.task = self._loop.create_task(self._wait(), name="engine-session-lane")
+        link.start(self._on_frame, self.close)
+
+    def _post(self, item: pb.SessionAction | None) -> None:
+        if item is not _LAG_REPORT and item is not None:
+            self._pending.append(item)
+        if not self._flush_due and not self.broken:
+            self._flush_due = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        actions, self._pending = self._pending, []
         if self.broken:
             return
-        self.broken = True
-        self.saturated.clear()
-        routes, self.routes = self.routes, {}
-        err = engine_unavailable(reason)
-        for stream in routes.values():
-            stream._fail(err)
-        self._outbox.put_nowait(None)
-        self.call.cancel()
-        level = logging.INFO if shutdown else logging.WARNING
-        log.log(level, "engine session closed (%d requests in flight failed): %s",
-                len(routes), reason)
-        self._on_broken(self)
+        message = self._message(actions)
+        if message is not None:
+            self._link.write(message.SerializeToString())
+
+    def _on_frame(self, payload: bytes) -> None:
+        if self.broken:
+            return
+        try:
+            self._on_batch(pb.ProgressBatch.FromString(payload))
+        except Exception as exc:  # a bug or a bad frame must not leave requests hanging
+            log.exception("engine session dispatcher failed")
+            self.close(f"session dispatcher failed: {exc!r}")
+
+    def _stop(self) -> None:
+        self._link.close()
+        if not self._ended.done():
+            self._ended.set_result(None)
+
+    async def _wait(self) -> None:
+        try:
+            await self._ended
+        finally:
+            self.close("the gateway is shutting down")  # (cancelled; else already closed)
 
 
 class EngineClient:
@@ -443,8 +548,16 @@ class EngineClient:
     def __init__(
         self, target: str, *, connect_timeout: float = 1.0, rpc_timeout: float = 5.0,
         control_token: str | None = None, probe: Probe | None = None,
+        session_lane: str | None = None,
     ) -> None:
         self.target = target
+        # "auto": the Session over the engine's same-host lane when it offers one, else
+        # gRPC; "off": gRPC always. None: $INFERENCE_LAB_SESSION_LANE, else "auto".
+        self.session_lane = session_lane or os.environ.get(SESSION_LANE_ENV) or "auto"
+        if self.session_lane not in SESSION_LANE_MODES:
+            raise ValueError(f"session_lane must be one of {', '.join(SESSION_LANE_MODES)}, "
+                             f"got {self.session_lane!r}")
+        self._lane_refusal: str | None = None  # why the last Session went over gRPC
         self._probe = probe  # an observer of the Session pipe (diagnostics), usually None
         # Sent with SetCapacity, which an engine started with a control token requires.
         self._control_metadata = (
@@ -603,8 +716,45 @@ class EngineClient:
         await self._fetch_models()  # the engine answers: it is reachable (and models fresh)
         if self._closed:
             raise engine_unavailable("the gateway is shutting down")
-        self._session = _Session(self._current_stub(), self._on_session_broken, self._probe)
-        log.info("engine session open to %s (%d models)", self.target, len(self._models))
+        link = await self._open_lane() if self.session_lane == "auto" else None
+        if self._closed:
+            if link is not None:
+                link.close()
+            raise engine_unavailable("the gateway is shutting down")
+        if link is not None:
+            self._session = _LaneSession(link, self._on_session_broken, self._probe)
+        else:
+            self._session = _GrpcSession(self._current_stub(), self._on_session_broken,
+                                         self._probe)
+        log.info("engine session open to %s (%d models) over %s", self.target,
+                 len(self._models), "the session lane" if link is not None else "gRPC")
+
+    async def _open_lane(self) -> LaneLink | None:
+        """The engine's Session lane when it has one on this host and it answers; else
+        None, with the reason logged once (until it changes)."""
+        mine = clock_id()
+        try:
+            info = await self._current_stub().SessionLane(
+                pb.SessionLaneRequest(), timeout=self._connect_timeout, wait_for_ready=False)
+        except grpc.aio.AioRpcError as exc:
+            reason = (f"the engine has no session lane ({exc.code().name})"
+                      if exc.code() is grpc.StatusCode.UNIMPLEMENTED
+                      else f"SessionLane failed ({exc.code().name})")
+            return self._no_lane(reason)
+        if not mine or info.clock_id != mine:
+            return self._no_lane("the engine runs on another host (its clock differs)")
+        try:
+            link = await connect_lane(info, mine)
+        except LaneUnavailable as exc:
+            return self._no_lane(str(exc))
+        self._lane_refusal = None
+        return link
+
+    def _no_lane(self, reason: str) -> None:
+        if reason != self._lane_refusal:
+            self._lane_refusal = reason
+            log.info("engine session over gRPC: %s", reason)
+        return None
 
     def _on_session_broken(self, session: _Session) -> None:
         if session is self._session:

@@ -72,7 +72,8 @@ class FleetGateway:
         """Open the base port (replica 0); returns its bound port. The other replicas'
         ports open as soon as the engine says they exist."""
         self.client = EngineClient(self.engine_target,
-                                   control_token=self.app_kwargs.get("control_token"))
+                                   control_token=self.app_kwargs.get("control_token"),
+                                   session_lane=self.app_kwargs.get("session_lane"))
         await self._open(0)
         self._spawn(self._discover())
         return self.listeners[0][1]

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -264,6 +264,15 @@ class SessionSink:
         # and the mean time a write waited for it (gRPC flow control).
         self.reported_lag = 0.0
         self.write_wait = 0.0
+        self.input_ended = False  # the client sent its last message (or its input broke)
+        self.failure: Exception | None = None  # why its input broke (a malformed message)
+
+    def end_input(self, failure: Exception | None = None) -> None:
+        """The client's messages ended (cleanly, or with `failure`): the writer decides."""
+        self.input_ended = True
+        if failure is not None and self.failure is None:
+            self.failure = failure
+        self.ready.set()
 
     def relay_lag(self) -> float:
         return max(self.reported_lag, self.write_wait)
@@ -325,6 +334,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         self.relay_lag = 0.0  # the latest Session reader's lateness told to the pacers
         self.on_capacity_change: Callable[[], None] | None = None  # after every SetCapacity
         self.replica_faults: ReplicaFaults | None = None  # set by the server once started
+        self.lane = None  # engine.service.lane.SessionLane once listening (None: off)
         # SetCapacity and SetReplicas require metadata `authorization: Bearer <token>` when set.
         self._control_token = control_token.encode() if control_token else None
 
@@ -428,13 +438,27 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             rt.pacer.cancel(req)  # a no-op once finished; frees the request on disconnect
 
     # ---- Session: many requests over one stream -----------------------------------------
+    # Two transports share every line below: the gRPC stream (Session) and the same-host
+    # lane (engine.service.lane), which calls `serve_session` and `session_actions` itself.
     async def Session(self, request_iterator, context: grpc.aio.ServicerContext):
         sink = SessionSink(self)
         sink.same_clock = same_clock(context.invocation_metadata())  # its stamps are believed
+        reader = asyncio.create_task(self._read_session(request_iterator, sink))
+        try:
+            await self.serve_session(sink, context.write)
+        finally:
+            reader.cancel()
+
+    async def serve_session(self, sink: SessionSink,
+                            write: Callable[[pb.ProgressBatch], Awaitable[None]]) -> None:
+        """The writer of one Session: each batch due goes out through `write` (which
+        returns once the transport took it: its wait is how late the reader is). Returns
+        when the engine closes the Session or its input ended with nothing left to send;
+        raises the input's failure (a malformed action). Every request still open is
+        cancelled on the way out."""
         clock = time.monotonic  # (not loop.time(): uvloop's counts whole ms)
         sink.flush()  # the first batch announces every model's queue state
         self.sessions.add(sink)
-        reader = asyncio.create_task(self._read_session(request_iterator, sink))
         try:
             while True:
                 await sink.ready.wait()
@@ -442,7 +466,7 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                 batch = sink.take()
                 if batch is not None:
                     started = clock()
-                    await context.write(batch)
+                    await write(batch)
                     waited = clock() - started  # > 0: the gateway reads late (flow control)
                     wait = sink.write_wait
                     if waited > WRITE_LATE or wait:
@@ -451,38 +475,55 @@ class EngineService(engine_pb2_grpc.EngineServicer):
                         self._relay_changed()
                 if sink.closing:
                     return  # the engine is stopping: end the call with OK
-                if reader.done() and (reader.exception() is not None or
-                                      not sink.open and not sink.events and not sink.totals):
-                    reader.result()  # a reader failure (a malformed action) ends the call now
+                if sink.input_ended and (sink.failure is not None or
+                                         not sink.open and not sink.events and not sink.totals):
+                    if sink.failure is not None:
+                        raise sink.failure  # a malformed action ends the call now
                     return
         finally:
             self.sessions.discard(sink)
             if sink.relay_lag():
                 self._relay_changed()  # its lateness leaves with it
             sink.ended.set()
-            reader.cancel()
             for rt, req in list(sink.open.values()):
                 rt.pacer.cancel(req)
             sink.open.clear()
 
+    async def SessionLane(self, request: pb.SessionLaneRequest, context):
+        """Where the same-host Session lane listens (engine.service.lane)."""
+        if self.lane is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                "the session lane is off (engine --session-lane off)")
+        return self.lane.info()
+
     async def _read_session(self, request_iterator, sink: SessionSink) -> None:
+        failure = None
         try:
             async for message in request_iterator:
-                if message.HasField("relay_lag_s"):
-                    lag = message.relay_lag_s
-                    sink.reported_lag = min(lag, 1.0) if lag > 0 else 0.0  # (NaN: 0)
-                    self._relay_changed()
-                for action in message.actions:
-                    kind = action.WhichOneof("action")
-                    if kind == "open":
-                        self._session_open(action.open, sink)
-                    elif kind == "cancel":
-                        self._session_cancel(action.cancel.tag, sink)
-                    elif kind == "refused":
-                        self._session_refused(action.refused)
-                sink.flush()
+                self.session_actions(message, sink)
+        except Exception as exc:  # (a malformed action: the writer ends the call with it)
+            failure = exc
         finally:
-            sink.flush()  # let the writer notice the end of input
+            sink.end_input(failure)  # let the writer notice the end of input
+
+    def session_actions(self, message: pb.SessionActions, sink: SessionSink) -> None:
+        """One message of a Session's client, applied in order (synchronously: admission
+        has no await between check and reservation)."""
+        try:
+            if message.HasField("relay_lag_s"):
+                lag = message.relay_lag_s
+                sink.reported_lag = min(lag, 1.0) if lag > 0 else 0.0  # (NaN: 0)
+                self._relay_changed()
+            for action in message.actions:
+                kind = action.WhichOneof("action")
+                if kind == "open":
+                    self._session_open(action.open, sink)
+                elif kind == "cancel":
+                    self._session_cancel(action.cancel.tag, sink)
+                elif kind == "refused":
+                    self._session_refused(action.refused)
+        finally:
+            sink.flush()
 
     def _session_open(self, action: pb.Open, sink: SessionSink) -> None:
         tag, request = action.tag, action.request

@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection
 from inference_lab.common.state_file import read_state, write_state
 from inference_lab.engine.sim.core import CapacityError, EngineCore
 from inference_lab.engine.service.kv_events import KVEventsConfig, ReplicaPublishers
+from inference_lab.engine.service.lane import SessionLane
 from inference_lab.engine.service.lora_modules import LoraModule, read_rank
 from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.service.metrics import EngineMetrics, serve_metrics
@@ -52,8 +53,10 @@ class EngineServer:
                  kv_events: KVEventsConfig | None = None,
                  lora_modules: list[LoraModule] | None = None, max_loras: int = 0,
                  replicas: int = 1, startup_delay: float | str = 0.0,
-                 lengths: OutputLength | None = None) -> None:
+                 lengths: OutputLength | None = None, session_lane: str = "auto") -> None:
         self.deployments = deployments
+        self.session_lane = session_lane  # "auto": a same-host Session lane; "off": gRPC only
+        self.lane: SessionLane | None = None
         self.replicas = replicas  # of every model at start
         self.startup_delay = startup_delay  # seconds or "auto" (engine.fleet.startup)
         self.lengths = lengths  # output lengths when max_tokens is absent (engine.sim.lengths)
@@ -151,6 +154,10 @@ class EngineServer:
         self.port = bound
         await server.start()
         self.server = server
+        if self.session_lane != "off":
+            self.lane = SessionLane(self.service)
+            await self.lane.start()
+            self.service.lane = self.lane
         if self.metrics_port is not None:
             self._metrics_http = serve_metrics(self.metrics, self.host, self.metrics_port)
             self.metrics_port = self._metrics_http.server_port
@@ -275,6 +282,10 @@ class EngineServer:
             await asyncio.sleep(0.05)
         await self.fleet.stop()  # pacers abort what is left; its streams get a Finished
         await self.service.close_sessions()
+        if self.lane is not None:
+            self.service.lane = None
+            await self.lane.stop()
+            self.lane = None
         await self.server.stop(grace=0.5)
         self.server = None
         if self._metrics_http is not None:

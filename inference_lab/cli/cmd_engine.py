@@ -177,6 +177,15 @@ def add_pacing_arguments(p: argparse.ArgumentParser) -> None:
                         "bounds K: see README, 'Faster than real time' (default 1)")
 
 
+def add_session_lane_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--session-lane", choices=("auto", "off"), default="auto",
+                   help="auto (default): also serve the gateway's Session over a plain socket "
+                        "on 127.0.0.1 (an ephemeral port, handed out by the SessionLane RPC "
+                        "with a per-process token), which a gateway on this host uses instead "
+                        "of the gRPC stream (less CPU and latency per batch); off: the Session "
+                        "over gRPC only")
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """How the engine runs (replicas, pacing, output lengths, the shutdown grace): the
     same flags on `engine` and `serve` (which passes them to its engine child)."""
@@ -210,6 +219,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "port and outside the exporters' 9100-9999; 0 = any free). A gateway "
                         "serves the same series on its API port's /metrics")
     add_run_arguments(p)
+    add_session_lane_argument(p)
     p.add_argument("--state-dir", type=Path, metavar="DIR",
                    help="keep live capacity (SetCapacity) in DIR/capacity.json, written "
                         "atomically after every change, restored and logged at start, so it "
@@ -254,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
                           max_loras=(args.max_loras or 1) if (args.enable_lora or args.lora_modules
                                                               or args.max_loras) else 0,
                           replicas=args.replicas, startup_delay=args.startup_delay,
-                          lengths=lengths)
+                          lengths=lengths, session_lane=args.session_lane)
     if token:
         log.info("SetCapacity requires the control token")
     from inference_lab.common.state_file import StateFileError

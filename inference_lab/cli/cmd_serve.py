@@ -67,6 +67,8 @@ class EngineProcess:
                      "--time-scale", repr(args.time_scale)]
         if not args.coalesce_when_late:
             self.argv.append("--no-coalesce-when-late")
+        if args.session_lane == "off":  # (the gateway's flag: no lane on either side)
+            self.argv += ["--session-lane", "off"]
         if args.config is not None:
             self.argv += ["--config", str(args.config)]
         # Live capacity survives the engine's restarts: it saves it there and restores it.

@@ -124,6 +124,32 @@ class Rejected(_message.Message):
     metadata: _containers.ScalarMap[str, str]
     def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
+class SessionLaneRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SessionLaneInfo(_message.Message):
+    __slots__ = ("host", "port", "token", "clock_id", "max_frame_bytes")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    port: int
+    token: bytes
+    clock_id: str
+    max_frame_bytes: int
+    def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ..., token: _Optional[bytes] = ..., clock_id: _Optional[str] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...
+
+class LaneHello(_message.Message):
+    __slots__ = ("token", "clock_id")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_ID_FIELD_NUMBER: _ClassVar[int]
+    token: bytes
+    clock_id: str
+    def __init__(self, token: _Optional[bytes] = ..., clock_id: _Optional[str] = ...) -> None: ...
+
 class SessionActions(_message.Message):
     __slots__ = ("actions", "relay_lag_s")
     ACTIONS_FIELD_NUMBER: _ClassVar[int]

@@ -44,6 +44,11 @@ class EngineStub:
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.SessionActions.SerializeToString,
                 response_deserializer=inference__lab_dot_v1_dot_engine__pb2.ProgressBatch.FromString,
                 _registered_method=True)
+        self.SessionLane = channel.unary_unary(
+                '/inference_lab.v1.Engine/SessionLane',
+                request_serializer=inference__lab_dot_v1_dot_engine__pb2.SessionLaneRequest.SerializeToString,
+                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.SessionLaneInfo.FromString,
+                _registered_method=True)
         self.GetCapacity = channel.unary_unary(
                 '/inference_lab.v1.Engine/GetCapacity',
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.GetCapacityRequest.SerializeToString,
@@ -116,6 +121,19 @@ class EngineServicer:
         actions tagged with its own ids, as many per message as it has ready; the engine
         answers with batches of Progress, at most one batch per engine wake-up (plus the
         answers to each message of actions). A refusal is a Progress carrying Rejected.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SessionLane(self, request, context):
+        """Where this engine's Session lane listens: the same Session (SessionActions in,
+        ProgressBatch out, same semantics) over a plain socket on 127.0.0.1, for a client on
+        the engine's own host (same clock_id), which skips gRPC's per-message cost. Frames are
+        a 4-byte big-endian length and that many bytes of one serialized message; the client's
+        first frame is a LaneHello carrying `token`, the engine's first frame a LaneHello with
+        its clock_id (a wrong token: the connection is closed). UNIMPLEMENTED: the engine runs
+        with --session-lane off (use Session).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -236,6 +254,11 @@ def add_EngineServicer_to_server(servicer, server):
                     request_deserializer=inference__lab_dot_v1_dot_engine__pb2.SessionActions.FromString,
                     response_serializer=inference__lab_dot_v1_dot_engine__pb2.ProgressBatch.SerializeToString,
             ),
+            'SessionLane': grpc.unary_unary_rpc_method_handler(
+                    servicer.SessionLane,
+                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.SessionLaneRequest.FromString,
+                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.SessionLaneInfo.SerializeToString,
+            ),
             'GetCapacity': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCapacity,
                     request_deserializer=inference__lab_dot_v1_dot_engine__pb2.GetCapacityRequest.FromString,
@@ -341,6 +364,33 @@ class Engine:
             '/inference_lab.v1.Engine/Session',
             inference__lab_dot_v1_dot_engine__pb2.SessionActions.SerializeToString,
             inference__lab_dot_v1_dot_engine__pb2.ProgressBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SessionLane(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference_lab.v1.Engine/SessionLane',
+            inference__lab_dot_v1_dot_engine__pb2.SessionLaneRequest.SerializeToString,
+            inference__lab_dot_v1_dot_engine__pb2.SessionLaneInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from engine_helpers import engine_stub, running_engine, submit_request
+from inference_lab.testing.lane_client import RawLane
 from inference_lab.common.clock import CLOCK_METADATA, clock_id
 from inference_lab.gateway.engine_client import LAG_REPORT, EngineClient
 from inference_lab.testing.fake_engine import FAKE_MODEL, FakeEngine
@@ -61,9 +62,23 @@ async def test_batches_carry_the_engines_send_time_only_on_a_session_on_its_cloc
         assert before <= sent[0] and sent == sorted(sent) and sent[-1] <= after
 
 
-async def test_a_reported_relay_lag_groups_mid_stream_tokens_until_it_is_reported_back_on_time():
+@pytest.mark.parametrize("clock, stamped", [(None, True), ("another-host", False)])
+async def test_lane_batches_carry_the_send_time_only_for_a_client_on_the_engines_clock(
+        clock, stamped):
+    async with running_engine() as server, engine_stub(server) as stub:
+        call = await RawLane.open(stub, clock)
+        await call.write(pb.SessionActions(actions=opens([1], max_tokens=5)))
+        batches = await read_until_finished(call, 1)
+        await call.done_writing()
+    assert len(batches) >= 3 and all(b.HasField("sent_monotonic_s") == stamped for b in batches)
+
+
+@pytest.mark.parametrize("transport", ["grpc", "lane"])
+async def test_a_reported_relay_lag_groups_mid_stream_tokens_until_it_is_reported_back_on_time(
+        transport):
     async with running_engine(time_scale=0.2) as server, engine_stub(server) as stub:
-        call = stub.Session(metadata=SAME_CLOCK)
+        call = (stub.Session(metadata=SAME_CLOCK) if transport == "grpc"
+                else await RawLane.open(stub))
         # The gateway says it reads 5 ms late; four streams of 200 tokens (~0.5 s of wall).
         await call.write(pb.SessionActions(relay_lag_s=0.005, actions=opens(range(1, 5), 200)))
         batches = await read_until_finished(call, 4)
@@ -83,7 +98,10 @@ async def test_a_reported_relay_lag_groups_mid_stream_tokens_until_it_is_reporte
         # engine has heard it.
         await call.write(pb.SessionActions(relay_lag_s=0.0002, actions=opens([9], 2)))
         await read_until_finished(call, 1)
-        assert await asyncio.to_thread(metric, port, "inference_lab_relay_lag_seconds") == 0.0002
+        # the report replaced the 5 ms (the engine's own measure of a gRPC write's wait
+        # for the reader may add a little under load: the lag told is the larger)
+        assert 0.0002 <= await asyncio.to_thread(
+            metric, port, "inference_lab_relay_lag_seconds") < 0.002
         await call.done_writing()
 
 

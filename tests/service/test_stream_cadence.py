@@ -13,6 +13,7 @@ import urllib.request
 from types import SimpleNamespace
 
 import aiohttp
+import pytest
 from aiohttp.test_utils import TestServer
 from engine_helpers import running_engine
 
@@ -53,9 +54,11 @@ async def read_stream(session: aiohttp.ClientSession, url: str) -> list[int]:
     return per_read
 
 
-async def run_streams(**engine_options) -> tuple[list[list[int]], str]:
+async def run_streams(session_lane: str | None = None,
+                      **engine_options) -> tuple[list[list[int]], str]:
     async with running_engine(time_scale=0.2, **engine_options) as engine:
-        async with TestServer(create_app(f"127.0.0.1:{engine.port}")) as server:
+        app = create_app(f"127.0.0.1:{engine.port}", session_lane=session_lane)
+        async with TestServer(app) as server:
             url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
             async with aiohttp.ClientSession() as session:
                 streams = await asyncio.gather(*(read_stream(session, url)
@@ -71,8 +74,9 @@ def sample(text: str, name: str) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
-async def test_by_default_every_token_is_its_own_write_and_nothing_is_coalesced():
-    streams, metrics = await run_streams()
+@pytest.mark.parametrize("session_lane", ["auto", "off"])  # the Session's two transports
+async def test_by_default_every_token_is_its_own_write_and_nothing_is_coalesced(session_lane):
+    streams, metrics = await run_streams(session_lane)
     for per_read in streams:
         assert per_read[0] == 1 and per_read[-1] == 1
         # every token its own write; a client busy with its other streams may read two

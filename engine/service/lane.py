@@ -1,0 +1,167 @@
+"""The engine's Session lane: the same Session as the gRPC stream, over a plain socket.
+
+A gateway on this host (the same `clock_id`) asks `SessionLane` for the lane's address and
+token, connects, and runs its Session here instead of over gRPC: one frame per
+SessionActions in, one per ProgressBatch out (inference_lab.lane.frames). grpc.aio spends
+~70 % of a pacer wake-up's CPU writing one batch (and the gateway as much reading it); a
+frame written to a socket costs a few microseconds (BENCHMARKS.md, "Session lane").
+
+Every line of Session logic is EngineService's own (`serve_session`, `session_actions`):
+this module only turns frames into messages and back. It listens on 127.0.0.1 only (a
+Kubernetes pod's containers share it); the per-process token, handed out by the gRPC API,
+keeps the lane exactly as reachable as the Session itself.
+
+A connection's first frame must be a LaneHello with the token (compared in constant time),
+else it is closed. A frame that does not parse, or one above the size limit, closes that
+connection (logged once per engine): its requests are cancelled as for a lost Session, and
+the engine serves everyone else on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+
+from google.protobuf.message import DecodeError
+
+from inference_lab.common.clock import clock_id
+from inference_lab.engine.service.rpc import EngineService, SessionSink
+from inference_lab.lane.frames import MAX_FRAME, FrameProtocol
+from inference_lab.v1 import engine_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+LANE_HOST = "127.0.0.1"
+TOKEN_BYTES = 32
+HELLO_TIMEOUT_S = 5.0  # a connection that sends no hello by then is closed
+MODES = ("auto", "off")  # --session-lane: auto = listen; off = gRPC Session only
+
+
+class MalformedFrame(ValueError):
+    """A lane frame that is not the message it must be."""
+
+
+class _Once:
+    """Logs a kind of client error once per engine (a misbehaving client must not flood
+    the log), then at DEBUG."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def warn(self, kind: str, message: str, *args) -> None:
+        level = logging.DEBUG if kind in self.seen else logging.WARNING
+        self.seen.add(kind)
+        log.log(level, message, *args)
+
+
+class LaneConnection(FrameProtocol):
+    """One lane client: a hello, then its Session (EngineService.serve_session) with this
+    connection's frames as the transport."""
+
+    def __init__(self, lane: "SessionLane") -> None:
+        super().__init__()
+        self.lane = lane
+        self.sink: SessionSink | None = None
+        self.writer: asyncio.Task[None] | None = None
+        self.on_frame = self._hello
+        self._hello_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.lane.connections.add(self)
+        self._hello_timer = asyncio.get_running_loop().call_later(
+            HELLO_TIMEOUT_S, self.fail, MalformedFrame("no hello"))
+
+    def _hello(self, payload: bytes) -> None:
+        self._hello_timer.cancel()
+        lane = self.lane
+        try:
+            hello = pb.LaneHello.FromString(payload)
+        except DecodeError:
+            self.fail(MalformedFrame("a first frame that is not a LaneHello"))
+            return
+        if not hmac.compare_digest(hello.token, lane.token):
+            lane.once.warn("token", "session lane: a connection with a wrong token closed")
+            self.close()
+            return
+        self.write(pb.LaneHello(clock_id=lane.clock).SerializeToString())
+        sink = self.sink = SessionSink(lane.service)
+        sink.same_clock = bool(lane.clock) and hello.clock_id == lane.clock
+        self.on_frame = self._actions
+        self.writer = asyncio.get_running_loop().create_task(self._serve(sink),
+                                                             name="session-lane")
+
+    def _actions(self, payload: bytes) -> None:
+        try:
+            message = pb.SessionActions.FromString(payload)
+        except DecodeError as exc:
+            self.fail(MalformedFrame(f"a frame that is not a SessionActions: {exc}"))
+            return
+        try:
+            self.lane.service.session_actions(message, self.sink)
+        except Exception as exc:  # a malformed action: that Session ends, as over gRPC
+            self.fail(exc)
+
+    async def _write(self, batch: pb.ProgressBatch) -> None:
+        self.write(batch.SerializeToString())
+        if self.pushing_back():  # the gateway reads late: wait as a gRPC write would
+            await self.drain()
+
+    async def _serve(self, sink: SessionSink) -> None:
+        try:
+            await self.lane.service.serve_session(sink, self._write)
+        except ConnectionError:
+            pass  # the client went: its requests were cancelled on the way out
+        except Exception as exc:
+            self.lane.once.warn("session", "session lane: a Session ended with %r", exc)
+        finally:
+            self.close()  # (after a closing: the batches written go first, then EOF)
+
+    def lost(self, exc: Exception | None) -> None:
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        self.lane.connections.discard(self)
+        if exc is not None and not isinstance(exc, ConnectionError):
+            self.lane.once.warn("frame", "session lane: connection closed: %s", exc)
+        if self.sink is not None:
+            self.sink.end_input(exc)  # a malformed frame fails the Session, like gRPC's
+            writer = self.writer
+            if writer is not None and not writer.done() and not self.sink.closing:
+                writer.cancel()  # the client is gone: cancel its requests now
+
+
+class SessionLane:
+    """The lane's listener: address, token, and the connections it serves."""
+
+    def __init__(self, service: EngineService) -> None:
+        self.service = service
+        self.token = secrets.token_bytes(TOKEN_BYTES)
+        self.clock = clock_id() or ""
+        self.once = _Once()
+        self.connections: set[LaneConnection] = set()
+        self.server: asyncio.AbstractServer | None = None
+        self.host = LANE_HOST
+        self.port = 0
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: LaneConnection(self), LANE_HOST, 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        log.info("session lane on %s:%d (same-host gateways skip gRPC for the Session)",
+                 self.host, self.port)
+
+    def info(self) -> pb.SessionLaneInfo:
+        return pb.SessionLaneInfo(host=self.host, port=self.port, token=self.token,
+                                  clock_id=self.clock, max_frame_bytes=MAX_FRAME)
+
+    async def stop(self) -> None:
+        """No new connections; the open ones close (the engine closed their Sessions
+        first: close_sessions)."""
+        if self.server is not None:
+            self.server.close()
+            for connection in list(self.connections):
+                connection.close()
+            await self.server.wait_closed()
+            self.server = None

@@ -1,0 +1,98 @@
+"""The gateway's end of the engine's Session lane: connect, say hello, then frames.
+
+When the engine runs on this host (its `SessionLane` answer names our own clock_id), the
+gateway carries its Session over the lane's plain socket instead of the gRPC stream: the
+same SessionActions and ProgressBatch messages, one frame each
+(inference_lab.lane.frames), parsed in `data_received` and handed to the Session's
+dispatch synchronously: no grpc.aio poller thread, no task per batch.
+
+`connect_lane` opens the connection, sends the hello (the engine's token and our clock)
+and waits for the engine's hello, all within a short timeout; any failure (refused: the
+engine is in another network namespace; a wrong token: closed; silence) raises
+LaneUnavailable and the gateway keeps the gRPC Session.
+
+Knows: the lane's framing and hello. Does not know Session semantics (engine_client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from google.protobuf.message import DecodeError
+
+from inference_lab.lane.frames import FrameProtocol
+from inference_lab.v1 import engine_pb2 as pb
+
+CONNECT_TIMEOUT_S = 0.5  # connect + hello + the engine's answer, or the gRPC Session
+
+
+class LaneUnavailable(Exception):
+    """The lane cannot be used; the reason is the message."""
+
+
+class LaneLink(FrameProtocol):
+    """The lane connection: first the engine's hello, then every frame to `start`'s
+    `deliver`;
+    `on_lost(reason)` once when it ends after the hello (not when this side closed it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer: asyncio.Future[pb.LaneHello] = asyncio.get_running_loop().create_future()
+        self.on_frame = self._hello
+        self._held: list[bytes] = []  # frames after the hello, until `start`
+        self.on_lost: Callable[[str], None] | None = None
+        self.closed_here = False
+
+    def _hello(self, payload: bytes) -> None:
+        try:
+            hello = pb.LaneHello.FromString(payload)
+        except DecodeError:
+            self.fail(LaneUnavailable("the lane's first frame is not a LaneHello"))
+            return
+        self.on_frame = self._held.append
+        if not self.answer.done():
+            self.answer.set_result(hello)
+
+    def start(self, deliver: Callable[[bytes], None], on_lost: Callable[[str], None]) -> None:
+        """Frames from now on go to `deliver` (some may already have come with the hello:
+        they are held until now)."""
+        self.on_lost = on_lost
+        held, self._held = self._held, []
+        self.on_frame = deliver
+        for payload in held:
+            deliver(payload)
+
+    def lost(self, exc: Exception | None) -> None:
+        if not self.answer.done():
+            self.answer.set_exception(LaneUnavailable(
+                f"the engine closed the lane ({exc or 'wrong token?'})"))
+            return
+        if self.on_lost is not None and not self.closed_here:
+            self.on_lost("the engine closed the session" if exc is None
+                         else f"session lost ({exc})")
+
+    def close(self) -> None:
+        self.closed_here = True
+        super().close()
+
+
+async def connect_lane(info: pb.SessionLaneInfo, clock: str) -> LaneLink:
+    """A lane connection that passed the hello, or LaneUnavailable."""
+    loop = asyncio.get_running_loop()
+    link: LaneLink | None = None
+    try:
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            _, link = await loop.create_connection(LaneLink, info.host, info.port)
+            link.max_frame = info.max_frame_bytes or link.max_frame
+            link.write(pb.LaneHello(token=info.token, clock_id=clock).SerializeToString())
+            await link.answer
+    except (OSError, TimeoutError) as exc:
+        if link is not None:
+            link.close()
+        raise LaneUnavailable(f"cannot connect to {info.host}:{info.port} "
+                              f"({exc or type(exc).__name__})") from None
+    except LaneUnavailable:
+        link.close()
+        raise
+    return link

@@ -1,0 +1,152 @@
+"""Length-prefixed frames on an asyncio transport (the Session lane's wire).
+
+A frame is `HEADER` (a 4-byte big-endian length) followed by that many bytes. A length
+above the receiver's `max_frame` is a protocol error: the connection is closed rather than
+a buffer grown without bound. `FrameProtocol` hands every complete frame to `on_frame`
+synchronously from `data_received` (several frames of one read in a row), and lets a
+writer wait only when the transport pushes back (`drain`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import Callable
+
+HEADER = struct.Struct("!I")
+# 64 MiB: the gateway's gRPC receive limit for the same messages (a ProgressBatch of
+# thousands of streams is tens of KB; an Open with a long prompt's token IDs a few MB).
+MAX_FRAME = 64 * 1024 * 1024
+# Small socket buffers, like the gRPC Session's 1 KB flow-control window: a reader that
+# falls behind makes the writer wait after a few batches (so the engine merges each
+# stream's tokens into fewer updates) instead of the kernel queueing ~100 ms of them.
+SOCKET_BUFFER = 16 * 1024
+WRITE_HIGH_WATER = 1024  # bytes queued in the transport before `drain` waits
+
+
+class FrameError(Exception):
+    """The peer broke the framing (a length above the limit)."""
+
+
+def frame(payload: bytes) -> bytes:
+    """One frame: the length prefix and the payload."""
+    return HEADER.pack(len(payload)) + payload
+
+
+def small_buffers(transport: asyncio.Transport) -> None:
+    """Shrink the socket's kernel buffers to SOCKET_BUFFER and the transport's own to
+    WRITE_HIGH_WATER (see SOCKET_BUFFER for why); no-op without a socket."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+
+
+class FrameProtocol(asyncio.Protocol):
+    """Parses frames as bytes arrive and calls `on_frame(payload)` for each, in order, in
+    the same callback; a subclass sets `on_frame` and overrides `lost` (the connection
+    ended: None when cleanly, else the error). An oversize length calls `lost` with a
+    FrameError and closes the transport."""
+
+    max_frame = MAX_FRAME
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.on_frame: Callable[[bytes], None] = self._ignore
+        self._buffer = bytearray()
+        self._paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._ended = False
+
+    @staticmethod
+    def _ignore(payload: bytes) -> None:
+        pass
+
+    # ---- asyncio.Protocol ---------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        small_buffers(self.transport)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        size = HEADER.size
+        start = 0
+        end = len(buffer)
+        while end - start >= size and not self._ended:
+            (length,) = HEADER.unpack_from(buffer, start)
+            if length > self.max_frame:
+                self.fail(FrameError(f"frame of {length} bytes (limit {self.max_frame})"))
+                return
+            stop = start + size + length
+            if stop > end:
+                break
+            payload = bytes(buffer[start + size:stop])
+            start = stop
+            self.on_frame(payload)
+        if start:
+            del buffer[:start]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        ended, self._ended = self._ended, True
+        self._wake_writer()
+        if not ended:
+            self.lost(exc)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_writer()
+
+    # ---- for subclasses -----------------------------------------------------------------
+    def lost(self, exc: Exception | None) -> None:
+        """The connection ended (or was closed for a protocol error): override."""
+
+    def write(self, payload: bytes) -> None:
+        """Send one frame (buffered by the transport if the socket is full)."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(frame(payload))
+
+    def pushing_back(self) -> bool:
+        return self._paused
+
+    async def drain(self) -> None:
+        """Returns once the transport takes more (at once unless it pushed back);
+        ConnectionError when the connection is gone."""
+        if self._ended:
+            raise ConnectionResetError("the lane connection is closed")
+        if not self._paused:
+            return
+        waiter = self._drained
+        if waiter is None or waiter.done():
+            waiter = self._drained = asyncio.get_running_loop().create_future()
+        await waiter
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def fail(self, exc: Exception) -> None:
+        """A protocol error: stop parsing, report it once, close the connection."""
+        self._buffer.clear()
+        ended, self._ended = self._ended, True
+        self._wake_writer()
+        if not ended:
+            self.lost(exc)
+        self.close()
+
+    def _wake_writer(self) -> None:
+        waiter = self._drained
+        if waiter is not None and not waiter.done():
+            if not self._ended:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(ConnectionResetError("the lane connection is closed"))
+        self._drained = None
