@@ -224,3 +224,29 @@ def test_the_gateways_own_series_are_prometheus_clients_text_with_the_numbers_fi
     assert b"inference_lab_gateway_engine_metrics_up 1.0" in own
     assert b"inference_lab_gateway_engine_metrics_up 0.0" in first
     assert b"process_" in metrics.exposition() or b"python_info" in metrics.exposition()
+
+
+def test_the_process_series_are_one_render_shared_by_every_port_until_it_is_too_old():
+    import gc
+    import re
+
+    from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from inference_lab.gateway.metrics import PROCESS, GatewayMetrics, ProcessText
+
+    assert GatewayMetrics({}).process is GatewayMetrics({}).process is PROCESS
+    registry = CollectorRegistry(auto_describe=False)
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(collector)
+    text = ProcessText(max_age=3600.0)
+    first = text.text()
+    names = re.compile(rb"^# TYPE (\S+)", re.M)
+    assert names.findall(first) == names.findall(generate_latest(registry))
+    assert b"process_open_fds" in first and b"python_gc_collections_total" in first
+    gc.collect()  # the generation-2 count moves
+    assert text.text() is first  # younger than max_age: the same render
+    text.max_age = 0.0
+    again = text.text()
+    gen2 = re.compile(rb'^python_gc_collections_total\{generation="2"\} (\S+)$', re.M)
+    assert float(gen2.search(again).group(1)) > float(gen2.search(first).group(1))
