@@ -3,7 +3,7 @@
     python benchmarks/fleet.py fidelity [--replicas 8] [--streams 24] [--seconds 20]
     python benchmarks/fleet.py idle     [--replicas 64] [--seconds 10]
     python benchmarks/fleet.py scrape   [--replicas 8] [--streams 64] [--seconds 15]
-                                        [--stagger] [--path P] [--bare aiohttp|asyncio]...
+                                        [--stagger] [--path P] [--bare aiohttp|asyncio]... [--profile DIR]
 
 fidelity: `serve --replicas R`, S closed-loop streams of gpt-oss-20b (200 tokens) on every
 replica's port (all from one uvloop load-generator process by default, the cheapest client
@@ -257,6 +257,7 @@ def scrape(args) -> None:
             for t in threads:
                 t.start()
             cpu0 = C.cpu_snapshot(pids)
+            spies = C.start_profiles(args.profile, pids, args.seconds - 0.5, "scrape")
             for label, receive, _ in measured:
                 results.append((label, receive.recv() if receive.poll(args.seconds + 30)
                                 else ([], [0], [])))
@@ -266,6 +267,8 @@ def scrape(args) -> None:
             for _, _, process in measured:
                 process.join(timeout=10)
             C.collect_loadgens(loadgens, timeout=60)
+            for _, _, spy in spies:
+                spy.wait(timeout=30)
         finally:
             C.stop_all(loadgens)
             for _, _, process in measured:
@@ -295,6 +298,8 @@ def scrape(args) -> None:
         print("cpu (cores): " + ", ".join(f"{k} {(cpu1[k] - cpu0[k]) / args.seconds:.2f}"
                                           for k in ("gateway", "engine", "bare", "machine")
                                           if k != "bare" or bares))
+        for name, path, _ in spies:
+            print(f"py-spy {name} ({path}):\n{C.summarize_profile(path, 25)}")
 
 
 def main() -> None:
@@ -325,6 +330,8 @@ def main() -> None:
                         "in a process of its own answering replica 0's /metrics bytes, "
                         "scraped by a process of its own at replica 0's phase, in the same "
                         "window (the machine's floor; repeat for both)")
+    p.add_argument("--profile", metavar="DIR",
+                   help="also py-spy the engine and the gateway during the window")
     args = parser.parse_args()
     {"fidelity": fidelity, "idle": idle, "scrape": scrape}[args.what](args)
 
