@@ -250,3 +250,30 @@ def test_the_process_series_are_one_render_shared_by_every_port_until_it_is_too_
     again = text.text()
     gen2 = re.compile(rb'^python_gc_collections_total\{generation="2"\} (\S+)$', re.M)
     assert float(gen2.search(again).group(1)) > float(gen2.search(first).group(1))
+
+
+async def test_a_batchs_relay_writes_a_chunk_per_loop_iteration_so_other_work_goes_between():
+    import asyncio
+
+    from inference_lab.gateway import engine_client
+
+    order: list = []
+
+    class Stream:  # the dispatcher's side of a RequestStream: _relay writes its tokens
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def _relay(self) -> None:
+            order.append(self.i)
+
+    chunk = engine_client.RELAY_CHUNK
+    streams = [Stream(i) for i in range(2 * chunk + 5)]
+    loop = asyncio.get_running_loop()
+    loop.call_soon(engine_client._relay_all, streams)
+    loop.call_soon(order.append, "other")  # e.g. a scrape's handler, ready meanwhile
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert order[:chunk + 1] == [*range(chunk), "other"]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert order == [*range(chunk), "other", *range(chunk, 2 * chunk + 5)]
