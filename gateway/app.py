@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, AsyncIterator, Callable
 
@@ -46,7 +45,7 @@ from inference_lab.gateway.faults import control as fault_control
 from inference_lab.gateway.faults import replica as fault_replica
 from inference_lab.gateway.faults import stream as fault_stream
 from inference_lab.gateway.protocols import ROUTES, Dialect
-from inference_lab.gateway.protocols.base import Generation, invalid, json_encode
+from inference_lab.gateway.protocols.base import Generation, invalid, json_encode, random_id
 from inference_lab.gateway.protocols.generate import generate
 from inference_lab.gateway.protocols.openai import Completion
 from inference_lab.gateway.protocols import vllm as vllm_api
@@ -119,12 +118,16 @@ def _envelope_for(request: web.BaseRequest):
     return dialect.error_body if dialect is not None else openai_envelope
 
 
+def _error_response(err: GatewayError, request: web.BaseRequest) -> web.Response:
+    """`err` in the envelope of the request's route (looked up only when there is one)."""
+    return error_response(err, request, _envelope_for(request))
+
+
 @web.middleware
 async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
     state = request.app[STATE]
     started = time.perf_counter()
     status = 500
-    render = _envelope_for(request)
     try:
         if state.api_key is not None and _under(request, "/v1/"):
             if not _api_key_ok(request, state.api_key):
@@ -136,12 +139,12 @@ async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
         try:
             resp = await handler(request)
         except GatewayError as err:
-            resp = error_response(err, request, render)
+            resp = _error_response(err, request)
         except web.HTTPException as exc:
             if exc.status < 400:  # redirects pass through
                 status = exc.status
                 raise
-            resp = error_response(from_http_exception(exc), request, render)
+            resp = _error_response(from_http_exception(exc), request)
         except ClientGone:
             log.debug("%s %s: client went away; engine request cancelled",
                       request.method, request.path)
@@ -151,12 +154,12 @@ async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
             raise
         except Exception:
             log.exception("unhandled error in %s %s", request.method, request.path)
-            resp = error_response(GatewayError(ErrorKind.INTERNAL, "Internal server error."),
-                                  request, render)
+            resp = _error_response(GatewayError(ErrorKind.INTERNAL, "Internal server error."),
+                                   request)
         status = resp.status
         return resp
     except GatewayError as err:  # refused before the handler (auth)
-        resp = error_response(err, request, render)
+        resp = _error_response(err, request)
         status = resp.status
         return resp
     finally:
@@ -398,7 +401,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
 async def _echo_request_id(request: web.BaseRequest, response: web.StreamResponse) -> None:
     """Every response carries `x-request-id`: the client's own when it sent one."""
     if "x-request-id" not in response.headers:
-        response.headers["x-request-id"] = request.headers.get("x-request-id") or uuid.uuid4().hex
+        response.headers["x-request-id"] = request.headers.get("x-request-id") or random_id()
 
 
 async def _disconnect_watchdog(state: GatewayState) -> None:

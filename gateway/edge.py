@@ -65,6 +65,8 @@ async def read_body(request: web.BaseRequest, timeout: float | None = None) -> b
     a second call returns them at once."""
     timeout = BODY_TIMEOUT_S if timeout is None else timeout
     try:
+        if request.content.is_eof():  # the whole body is in: no wait, so no deadline to arm
+            return await request.read()
         async with asyncio.timeout(timeout):
             return await request.read()
     except TimeoutError:

@@ -204,29 +204,32 @@ def anthropic_envelope(err: GatewayError) -> bytes:
                          "error": {"type": err.spec.anthropic_type, "message": err.message}})
 
 
-def log_error(err: GatewayError, where: str) -> None:
-    spec = err.spec
+def _log_level(status: int) -> int:
     # A 529 is the product working as intended, possibly thousands of times a second:
     # counted in /metrics, logged at DEBUG only.
-    if spec.status == 529:
-        level = logging.DEBUG
-    else:
-        level = logging.WARNING if spec.status >= 500 else logging.INFO
-    log.log(level, "%s -> %d %s: %s", where, spec.status, spec.code, err.message)
+    if status == 529:
+        return logging.DEBUG
+    return logging.WARNING if status >= 500 else logging.INFO
+
+
+def log_error(err: GatewayError, where: str) -> None:
+    spec = err.spec
+    log.log(_log_level(spec.status), "%s -> %d %s: %s", where, spec.status, spec.code,
+            err.message)
 
 
 def error_response(err: GatewayError, request: web.BaseRequest | None = None,
                    render: Callable[[GatewayError], bytes] = envelope) -> web.Response:
     """The bare JSON error response (never an event stream), logged as one line; `render`
     is the route's envelope (OpenAI's unless the route's API dialect says otherwise)."""
-    log_error(err, f"{request.method} {request.path}" if request is not None else "-")
-    headers = {"WWW-Authenticate": "Bearer"} if err.spec.status == 401 else {}
+    status = err.spec.status
+    if log.isEnabledFor(_log_level(status)):  # (a 529 usually is not: no line to format)
+        log_error(err, f"{request.method} {request.path}" if request is not None else "-")
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
     if err.headers:
         headers.update(err.headers)
-    return web.Response(
-        status=err.spec.status, body=render(err), content_type="application/json",
-        headers=headers or None,
-    )
+    return web.Response(status=status, body=render(err), content_type="application/json",
+                        headers=headers or None)
 
 
 def sse_error_frame(err: GatewayError) -> bytes:

@@ -16,7 +16,6 @@ Does not know: aiohttp, gRPC, or the engine's events (`gateway.protocols.generat
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
@@ -26,7 +25,7 @@ from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import GatewayError, anthropic_envelope
 from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
-    content_text, conversation_ids, json_encode,
+    content_text, conversation_ids, json_encode, random_id,
 )
 
 
@@ -65,7 +64,7 @@ class AnthropicMessage(Reply):
     __slots__ = ("id", "model", "prompt_tokens", "max_tokens", "_token")
 
     def __init__(self, model: str, prompt_tokens: int, max_tokens: int) -> None:
-        self.id = "msg_" + uuid.uuid4().hex
+        self.id = "msg_" + random_id()
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens

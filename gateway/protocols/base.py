@@ -14,6 +14,7 @@ those into calls of a Reply), nor any one API's shapes (one module per dialect).
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from collections.abc import Sequence
@@ -28,6 +29,17 @@ json_encode = msgspec.json.Encoder().encode
 
 PLACEHOLDER_TOKEN = " token"  # the text of every simulated token
 _U31 = 2**31 - 1
+
+
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48)) & ((1 << 128) - 1)  # version, variant bits
+_UUID4_SET = (4 << 76) | (0x8000 << 48)  # version 4, RFC 4122 variant
+
+
+def random_id() -> str:
+    """A random UUID4 as 32 hex digits, what `uuid.uuid4().hex` returns, at a third of its
+    cost (no UUID object): a response id and an `x-request-id` for every request, refusals
+    included."""
+    return "%032x" % (int.from_bytes(os.urandom(16), "big") & _UUID4_CLEAR | _UUID4_SET)
 
 
 def invalid(message: str) -> GatewayError:

@@ -14,7 +14,6 @@ Does not know: aiohttp, gRPC, or the engine's events (`gateway.protocols.generat
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Annotated
 
@@ -24,7 +23,8 @@ from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import GatewayError, sse_error_frame
 from inference_lab.gateway.protocols.base import (
     _U31, DONE_FRAME, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, data_frame,
-    checked_ids, content_text, conversation_ids, decode, invalid, json_encode, text_ids,
+    checked_ids, content_text, conversation_ids, decode, invalid, json_encode, random_id,
+    text_ids,
 )
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=_U31)]
@@ -151,7 +151,7 @@ class Completion(Reply):
                  echo: str | None = None, continuous_usage: bool = False,
                  prompt_tokens: int = 0) -> None:
         self.chat = chat
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.id = ("chatcmpl-" if chat else "cmpl-") + random_id()
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage

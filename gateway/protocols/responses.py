@@ -22,7 +22,6 @@ Does not know: aiohttp, gRPC, or the engine's events (`gateway.protocols.generat
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Annotated
 
@@ -32,7 +31,7 @@ from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import GatewayError
 from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
-    conversation_ids, invalid, json_encode,
+    conversation_ids, invalid, json_encode, random_id,
 )
 
 
@@ -92,8 +91,8 @@ class Response(Reply):
                  "_seq", "_delta_head")
 
     def __init__(self, model: str, instructions: str | None, max_output_tokens: int | None):
-        self.id = "resp_" + uuid.uuid4().hex
-        self.item_id = "msg_" + uuid.uuid4().hex
+        self.id = "resp_" + random_id()
+        self.item_id = "msg_" + random_id()
         self.created_at = int(time.time())
         self.model = model
         self.instructions = instructions

@@ -4,7 +4,7 @@ cancel). A narrow test against the fake engine: which Opens reach the engine is 
 
 from __future__ import annotations
 
-
+import uuid
 
 from inference_lab.gateway.app import STATE
 from inference_lab.testing.fake_engine import FAKE_MODEL, saturated_state
@@ -106,3 +106,34 @@ async def test_a_lost_session_forgets_the_queue_state(client, fake):
     assert resp.status == 503  # not a 529 from a state nobody vouches for any more
     await fake.start(fake.port)
     assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+
+
+async def test_refusals_are_the_documented_bytes_echo_each_request_id_and_count_exactly(client, fake):
+    # The refusal path is tuned for cost (gateway.app, gateway.errors): what a client and
+    # the counters see must not move. 529, the OpenAI envelope byte for byte, a request id
+    # per request (the client's own when sent, else a fresh UUID4), and exactly one count
+    # per refusal in the gateway's series and in the engine's Refused reports.
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    await announce(client, fake, FULL)
+    state = client.server.app[STATE]
+    before = state.metrics.requests.get(("/v1/chat/completions", 529), 0)
+    body = (b'{"error":{"message":"Server is at capacity: 7 requests waiting (max_waiting = 7). '
+            b'Retry with reduced concurrency.","type":"overloaded_error","code":"queue_saturated"}}')
+    generated = set()
+    for i in range(6):
+        headers = {"x-request-id": f"client-{i}"} if i % 2 else {}
+        resp = await client.post("/v1/chat/completions", json=CHAT, headers=headers)
+        assert resp.status == 529
+        assert resp.headers["Content-Type"] == "application/json"
+        assert await resp.read() == body
+        rid = resp.headers["x-request-id"]
+        if i % 2:
+            assert rid == f"client-{i}"
+        else:
+            assert uuid.UUID(hex=rid).version == 4 and len(rid) == 32
+            generated.add(rid)
+    assert len(generated) == 3
+    assert state.metrics.requests[("/v1/chat/completions", 529)] - before == 6
+    await until(lambda: sum(r.count for r in fake.refused.items) >= 6)
+    assert sum(r.count for r in fake.refused.items) == 6
+    assert len(fake.opened.items) == 1  # none reached the engine

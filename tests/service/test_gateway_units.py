@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import grpc
 import pytest
@@ -16,7 +17,7 @@ from inference_lab.gateway.errors import (
     sse_error_frame,
 )
 from inference_lab.common.tokenizer import ByteTokenizer
-from inference_lab.gateway.protocols.base import Outcome
+from inference_lab.gateway.protocols.base import Outcome, random_id
 from inference_lab.gateway.protocols.openai import (
     ChatMessage,
     Completion,
@@ -277,3 +278,12 @@ async def test_a_batchs_relay_writes_a_chunk_per_loop_iteration_so_other_work_go
     for _ in range(5):
         await asyncio.sleep(0)
     assert order == [*range(chunk), "other", *range(chunk, 2 * chunk + 5)]
+
+
+def test_random_ids_are_uuid4_hex_like_uuid4_hex():
+    ids = {random_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    for rid in ids:
+        parsed = uuid.UUID(hex=rid)
+        assert len(rid) == 32 and parsed.hex == rid
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
