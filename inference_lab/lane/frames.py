@@ -48,7 +48,8 @@ def small_buffers(transport: asyncio.Transport) -> None:
 
 class FrameProtocol(asyncio.Protocol):
     """Parses frames as bytes arrive and calls `on_frame(payload)` for each, in order, in
-    the same callback; a subclass sets `on_frame` and overrides `lost` (the connection
+    the same callback (`payload` is a memoryview: parse it before the callback returns,
+    or keep it, never write to it); a subclass sets `on_frame` and overrides `lost` (the connection
     ended: None when cleanly, else the error). An oversize length calls `lost` with a
     FrameError and closes the transport."""
 
@@ -57,7 +58,8 @@ class FrameProtocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.on_frame: Callable[[bytes], None] = self._ignore
-        self._buffer = bytearray()
+        self._buffer = bytearray()  # the start of a frame split across reads
+        self._need = 0  # bytes the buffer must hold before it is parsed again
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
         self._ended = False
@@ -72,24 +74,33 @@ class FrameProtocol(asyncio.Protocol):
         small_buffers(self.transport)
 
     def data_received(self, data: bytes) -> None:
+        # Frames are handed over as memoryview slices of the bytes read (no copy); only a
+        # frame split across reads is gathered, and only once it is complete.
         buffer = self._buffer
-        buffer += data
+        if buffer:
+            buffer += data
+            if len(buffer) < self._need:
+                return
+            data = bytes(buffer)
+            buffer.clear()
+        view = memoryview(data)
         size = HEADER.size
-        start = 0
-        end = len(buffer)
+        start, end = 0, len(data)
+        need = size
         while end - start >= size and not self._ended:
-            (length,) = HEADER.unpack_from(buffer, start)
+            (length,) = HEADER.unpack_from(data, start)
             if length > self.max_frame:
                 self.fail(FrameError(f"frame of {length} bytes (limit {self.max_frame})"))
                 return
             stop = start + size + length
             if stop > end:
+                need = size + length
                 break
-            payload = bytes(buffer[start + size:stop])
+            self.on_frame(view[start + size:stop])
             start = stop
-            self.on_frame(payload)
-        if start:
-            del buffer[:start]
+        if start < end and not self._ended:
+            buffer += view[start:]
+            self._need = need
 
     def connection_lost(self, exc: Exception | None) -> None:
         ended, self._ended = self._ended, True
