@@ -538,6 +538,11 @@ class _LaneSession(_Session):
         except Exception as exc:  # a bug or a bad frame must not leave requests hanging
             log.exception("engine session dispatcher failed")
             self.close(f"session dispatcher failed: {exc!r}")
+            return
+        link = self._link
+        if link.ack_due():  # acknowledged once this batch's writes are done (they run
+            self._loop.call_soon(link.acknowledge_read)  # first): the engine's window
+            # then paces it by what the gateway can write, as gRPC's did
 
     def _stop(self) -> None:
         self._link.close()

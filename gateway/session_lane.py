@@ -43,6 +43,8 @@ class LaneLink(FrameProtocol):
         self._held: list[bytes] = []  # frames after the hello, until `start`
         self.on_lost: Callable[[str], None] | None = None
         self.closed_here = False
+        self.ack_every = 0  # acknowledge each this many bytes read (half the window; 0: never)
+        self._told = 0  # bytes read as last acknowledged
 
     def _hello(self, payload: bytes) -> None:
         try:
@@ -62,6 +64,18 @@ class LaneLink(FrameProtocol):
         self.on_frame = deliver
         for payload in held:
             deliver(payload)
+
+    def ack_due(self) -> bool:
+        """Half a window read since the last acknowledgement (the engine's flow control,
+        engine.service.lane)."""
+        every = self.ack_every
+        return bool(every) and self.received - self._told >= every
+
+    def acknowledge_read(self) -> None:
+        """Tell the engine every byte read so far."""
+        if self.received > self._told:
+            self._told = self.received
+            self.write(pb.SessionActions(lane_read_bytes=self.received).SerializeToString())
 
     def lost(self, exc: Exception | None) -> None:
         if not self.answer.done():
@@ -85,6 +99,7 @@ async def connect_lane(info: pb.SessionLaneInfo, clock: str) -> LaneLink:
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             _, link = await loop.create_connection(LaneLink, info.host, info.port)
             link.max_frame = info.max_frame_bytes or link.max_frame
+            link.ack_every = info.window_bytes // 2
             link.write(pb.LaneHello(token=info.token, clock_id=clock).SerializeToString())
             await link.answer
     except (OSError, TimeoutError) as exc:

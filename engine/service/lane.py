@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError
 
 from inference_lab.common.clock import clock_id
 from inference_lab.engine.service.rpc import EngineService, SessionSink
-from inference_lab.lane.frames import MAX_FRAME, FrameProtocol
+from inference_lab.lane.frames import MAX_FRAME, WINDOW, FrameProtocol
 from inference_lab.v1 import engine_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,8 @@ class _Once:
 class LaneConnection(FrameProtocol):
     """One lane client: a hello, then its Session (EngineService.serve_session) with this
     connection's frames as the transport."""
+
+    window = WINDOW  # a gateway that reads late makes the writer wait (and tokens merge)
 
     def __init__(self, lane: "SessionLane") -> None:
         super().__init__()
@@ -99,6 +101,10 @@ class LaneConnection(FrameProtocol):
         except DecodeError as exc:
             self.fail(MalformedFrame(f"a frame that is not a SessionActions: {exc}"))
             return
+        if message.HasField("lane_read_bytes"):
+            self.acknowledge(message.lane_read_bytes)
+            if not message.actions and not message.HasField("relay_lag_s"):
+                return  # an acknowledgement alone
         try:
             self.lane.service.session_actions(message, self.sink)
         except Exception as exc:  # a malformed action: that Session ends, as over gRPC
@@ -106,8 +112,8 @@ class LaneConnection(FrameProtocol):
 
     async def _write(self, batch: pb.ProgressBatch) -> None:
         self.write(batch.SerializeToString())
-        if self.pushing_back():  # the gateway reads late: wait as a gRPC write would
-            await self.drain()
+        if self.pushing_back():  # the gateway reads late (a window behind): wait, as a
+            await self.drain()  # gRPC write waits for its window
 
     async def _serve(self, sink: SessionSink) -> None:
         try:
@@ -154,7 +160,8 @@ class SessionLane:
 
     def info(self) -> pb.SessionLaneInfo:
         return pb.SessionLaneInfo(host=self.host, port=self.port, token=self.token,
-                                  clock_id=self.clock, max_frame_bytes=MAX_FRAME)
+                                  clock_id=self.clock, max_frame_bytes=MAX_FRAME,
+                                  window_bytes=WINDOW)
 
     async def stop(self) -> None:
         """No new connections; the open ones close (the engine closed their Sessions

@@ -18,11 +18,18 @@ HEADER = struct.Struct("!I")
 # 64 MiB: the gateway's gRPC receive limit for the same messages (a ProgressBatch of
 # thousands of streams is tens of KB; an Open with a long prompt's token IDs a few MB).
 MAX_FRAME = 64 * 1024 * 1024
-# Small socket buffers, like the gRPC Session's 1 KB flow-control window: a reader that
-# falls behind makes the writer wait after a few batches (so the engine merges each
-# stream's tokens into fewer updates) instead of the kernel queueing ~100 ms of them.
-SOCKET_BUFFER = 16 * 1024
-WRITE_HIGH_WATER = 1024  # bytes queued in the transport before `drain` waits
+# The lane's flow control, like the gRPC Session's 1 KB HTTP/2 window: the writer keeps at
+# most WINDOW bytes of frames unacknowledged by the reader, who acknowledges every
+# WINDOW / 2 bytes once it has handled them (`acknowledge`). A reader that falls behind
+# then makes the writer wait (so the engine merges each stream's tokens into fewer
+# updates, and times the wait as the reader's lateness) instead of the kernel's socket
+# buffers queueing tens of ms of batches. 512 bytes: every 256-stream batch (~800 bytes)
+# waits for the gateway to have written the one before, while 24 streams' (~150 bytes)
+# rarely wait; at 256 streams 1 / 2 KB windows measured 5-10 ms TTFT overhead against
+# 3 ms (BENCHMARKS.md, "Session lane"). A small TCP window instead (SO_RCVBUF 2 KB)
+# measured 19 ms: TCP's window updates lag the reads.
+WINDOW = 512
+WRITE_HIGH_WATER = 64 * 1024  # bytes queued in the transport before it pushes back
 
 
 class FrameError(Exception):
@@ -34,15 +41,11 @@ def frame(payload: bytes) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def small_buffers(transport: asyncio.Transport) -> None:
-    """Shrink the socket's kernel buffers to SOCKET_BUFFER and the transport's own to
-    WRITE_HIGH_WATER (see SOCKET_BUFFER for why); no-op without a socket."""
+def _tune(transport: asyncio.BaseTransport) -> None:
+    """TCP_NODELAY (a frame goes at once) and the transport's own buffer limit."""
     sock = transport.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
-        if sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
 
 
@@ -54,6 +57,7 @@ class FrameProtocol(asyncio.Protocol):
     FrameError and closes the transport."""
 
     max_frame = MAX_FRAME
+    window: int | None = None  # the writer's flow-control window (None: none, the reader's)
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -63,6 +67,9 @@ class FrameProtocol(asyncio.Protocol):
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
         self._ended = False
+        self.sent = 0  # bytes of frames written (length prefixes included)
+        self.acked = 0  # of them, acknowledged by the reader
+        self.received = 0  # bytes of frames read (length prefixes included)
 
     @staticmethod
     def _ignore(payload: bytes) -> None:
@@ -71,7 +78,7 @@ class FrameProtocol(asyncio.Protocol):
     # ---- asyncio.Protocol ---------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        small_buffers(self.transport)
+        _tune(transport)
 
     def data_received(self, data: bytes) -> None:
         # Frames are handed over as memoryview slices of the bytes read (no copy); only a
@@ -96,6 +103,7 @@ class FrameProtocol(asyncio.Protocol):
             if stop > end:
                 need = size + length
                 break
+            self.received += stop - start
             self.on_frame(view[start + size:stop])
             start = stop
         if start < end and not self._ended:
@@ -124,21 +132,32 @@ class FrameProtocol(asyncio.Protocol):
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(frame(payload))
+            self.sent += HEADER.size + len(payload)
+
+    def acknowledge(self, read: int) -> None:
+        """The reader says it has read `read` bytes of our frames: the window moves."""
+        if read > self.acked:
+            self.acked = min(read, self.sent)
+            if not self.pushing_back():
+                self._wake_writer()
 
     def pushing_back(self) -> bool:
-        return self._paused
+        """The transport is full, or the reader is a window behind."""
+        window = self.window
+        return self._paused or (window is not None and self.sent - self.acked >= window)
 
     async def drain(self) -> None:
-        """Returns once the transport takes more (at once unless it pushed back);
+        """Returns once more may be written (at once unless `pushing_back`);
         ConnectionError when the connection is gone."""
-        if self._ended:
-            raise ConnectionResetError("the lane connection is closed")
-        if not self._paused:
-            return
-        waiter = self._drained
-        if waiter is None or waiter.done():
-            waiter = self._drained = asyncio.get_running_loop().create_future()
-        await waiter
+        while True:
+            if self._ended:
+                raise ConnectionResetError("the lane connection is closed")
+            if not self.pushing_back():
+                return
+            waiter = self._drained
+            if waiter is None or waiter.done():
+                waiter = self._drained = asyncio.get_running_loop().create_future()
+            await waiter
 
     def close(self) -> None:
         if self.transport is not None:

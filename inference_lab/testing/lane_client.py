@@ -15,12 +15,17 @@ class RawLane:
     """One lane connection: `hello()`, then `write(SessionActions)` / `read()` like a gRPC
     Session call (`read()` is None at EOF)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 window: int = 0) -> None:
         self.reader, self.writer = reader, writer
+        self.window = window  # the engine's flow-control window (0: unknown)
+        self.acks = True  # acknowledge reads as the gateway does (False: never)
+        self.received = 0  # bytes of frames read, length prefixes included
+        self._told = 0
 
     @classmethod
     async def connect(cls, info: pb.SessionLaneInfo) -> "RawLane":
-        return cls(*await asyncio.open_connection(info.host, info.port))
+        return cls(*await asyncio.open_connection(info.host, info.port), info.window_bytes)
 
     @classmethod
     async def open(cls, stub, clock: str | None = None) -> "RawLane":
@@ -47,10 +52,19 @@ class RawLane:
     async def read_raw(self, timeout: float = 5.0) -> bytes | None:
         try:
             header = await asyncio.wait_for(self.reader.readexactly(HEADER.size), timeout)
-            return await asyncio.wait_for(self.reader.readexactly(HEADER.unpack(header)[0]),
-                                          timeout)
+            payload = await asyncio.wait_for(
+                self.reader.readexactly(HEADER.unpack(header)[0]), timeout)
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
+        self.received += HEADER.size + len(payload)
+        if self.acks and self.window and self.received - self._told >= self.window // 2:
+            self.acknowledge()
+        return payload
+
+    def acknowledge(self) -> None:
+        """Tell the engine every byte read so far (its flow control)."""
+        self._told = self.received
+        self.send_raw(pb.SessionActions(lane_read_bytes=self.received).SerializeToString())
 
     async def read(self) -> pb.ProgressBatch | None:
         payload = await self.read_raw()

@@ -129,18 +129,20 @@ class SessionLaneRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SessionLaneInfo(_message.Message):
-    __slots__ = ("host", "port", "token", "clock_id", "max_frame_bytes")
+    __slots__ = ("host", "port", "token", "clock_id", "max_frame_bytes", "window_bytes")
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     CLOCK_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_BYTES_FIELD_NUMBER: _ClassVar[int]
     host: str
     port: int
     token: bytes
     clock_id: str
     max_frame_bytes: int
-    def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ..., token: _Optional[bytes] = ..., clock_id: _Optional[str] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...
+    window_bytes: int
+    def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ..., token: _Optional[bytes] = ..., clock_id: _Optional[str] = ..., max_frame_bytes: _Optional[int] = ..., window_bytes: _Optional[int] = ...) -> None: ...
 
 class LaneHello(_message.Message):
     __slots__ = ("token", "clock_id")
@@ -151,12 +153,14 @@ class LaneHello(_message.Message):
     def __init__(self, token: _Optional[bytes] = ..., clock_id: _Optional[str] = ...) -> None: ...
 
 class SessionActions(_message.Message):
-    __slots__ = ("actions", "relay_lag_s")
+    __slots__ = ("actions", "relay_lag_s", "lane_read_bytes")
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     RELAY_LAG_S_FIELD_NUMBER: _ClassVar[int]
+    LANE_READ_BYTES_FIELD_NUMBER: _ClassVar[int]
     actions: _containers.RepeatedCompositeFieldContainer[SessionAction]
     relay_lag_s: float
-    def __init__(self, actions: _Optional[_Iterable[_Union[SessionAction, _Mapping]]] = ..., relay_lag_s: _Optional[float] = ...) -> None: ...
+    lane_read_bytes: int
+    def __init__(self, actions: _Optional[_Iterable[_Union[SessionAction, _Mapping]]] = ..., relay_lag_s: _Optional[float] = ..., lane_read_bytes: _Optional[int] = ...) -> None: ...
 
 class SessionAction(_message.Message):
     __slots__ = ("open", "cancel", "refused")

@@ -253,3 +253,41 @@ async def test_a_full_queue_refuses_and_every_refusal_is_counted_over_either_tra
             client.cancel(waiting)
         finally:
             await client.close()
+
+
+async def test_a_reader_a_window_behind_makes_the_engine_wait_and_merge_tokens():
+    """The lane's flow control: no acknowledgement, no more than a window (plus the batch
+    that crossed it) is written; meanwhile each stream's tokens merge into one update."""
+    async with running_engine(time_scale=0.2) as engine, engine_stub(engine) as stub:
+        lane = await RawLane.open(stub)
+        lane.acks = False
+        await lane.write(pb.SessionActions(actions=[
+            pb.SessionAction(open=pb.Open(tag=tag, request=pb.SubmitRequest(
+                prompt_tokens=16, max_tokens=300))) for tag in (1, 2, 3, 4)]))
+        read, largest = 0, 0
+        totals: dict[int, list[int]] = {}
+
+        def note(batch: pb.ProgressBatch) -> int:
+            for tag, total in zip(batch.token_tags, batch.token_totals):
+                totals.setdefault(tag, []).append(total)
+            return sum(e.HasField("finished") for e in batch.events)
+
+        while True:  # until the engine waits (nothing for 0.3 s)
+            try:
+                payload = await lane.read_raw(timeout=0.3)
+            except TimeoutError:
+                break
+            read = lane.received
+            largest = max(largest, len(payload) + 4)
+            note(pb.ProgressBatch.FromString(payload))
+            assert read < lane.window + largest
+        assert read >= lane.window  # it wrote up to the window, then waited
+        lane.acks = True
+        lane.acknowledge()  # everything read: the engine writes again, tokens merged
+        finished = 0
+        while finished < 4:
+            finished += note(await lane.read())
+        assert sorted(totals) == [1, 2, 3, 4]
+        assert all(t[-1] == 300 for t in totals.values())
+        assert any(b - a > 5 for t in totals.values() for a, b in zip(t, t[1:]))  # merged
+        lane.close()
