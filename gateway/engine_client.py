@@ -93,7 +93,7 @@ REFUSED_REPORT_S = 0.01  # refusals made here reach the engine's metrics within 
 # over each LAG_WINDOW_S (a gateway that is behind reads every batch late; one busy
 # moment, such as writing one large batch, delays only a few). Reported to the engine
 # (SessionActions.relay_lag_s) while above LAG_REPORT, and once more when back under:
-# the engine's cadence groups mid-stream tokens while it stays above 2 ms.
+# the engine's cadence groups mid-stream tokens once that lasts (engine.drivers.cadence).
 LAG_REPORT = 0.0005
 LAG_WINDOW_S = 0.01
 _LAG_REPORT = pb.SessionAction()  # an outbox marker: a lateness report is due

@@ -279,7 +279,7 @@ class Pacer:
 
     def _cadence_lag(self, lag: float) -> None:
         cadence = self.cadence
-        if cadence.on_lag(lag):
+        if cadence.on_lag(lag, self.monotonic()):
             if cadence.engaged and not self._logged:
                 self._logged = True
                 log.warning("%s: late by %.1f ms (pacer wake-ups %.1f ms on average, the "

@@ -132,7 +132,8 @@ METRICS: dict[str, Spec] = {
     "inference_lab_relay_lag_seconds": Spec(
         "gauge", "How late the gateway relays this engine's token batches now (wall s): "
         "its own report (SessionActions.relay_lag_s) or the mean time a Session write waits "
-        "for it, the larger; over 2 ms the cadence groups mid-stream tokens."),
+        "for it, the larger; over 0.5 ms for a lasting share of the time, the cadence groups "
+        "mid-stream tokens."),
 }
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labelled like vLLM's: config keys + engine
 

@@ -1,17 +1,43 @@
 """The stream cadence policy: every step unless late; coalescing engages on sustained
-lateness, doubles, relaxes back to every step; a forced cap ignores lateness."""
+lateness, doubles, relaxes back to every step; a forced cap ignores lateness. The relay's
+lateness is judged on wall time (a virtual clock here: a wake-up every STEP)."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 
 from inference_lab.engine.drivers.cadence import (ADJUST_EVERY, MAX_INTERVAL, MIN_INTERVAL,
-                                                   RELAX_EVERY, RELAY_PERSIST, Cadence)
+                                                   RELAX_EVERY, RELAY_FRESH, SHARE_TAU, Cadence)
+
+STEP = 0.0015  # wall s between two wake-ups (a decode step of gpt-oss-20b on B200)
+_clock: dict[int, float] = {}  # id(cadence) -> its virtual wall clock
 
 
-def feed(cadence: Cadence, lag: float, wakeups: int) -> list[float]:
-    """The interval after each change."""
-    return [cadence.current for _ in range(wakeups) if cadence.on_lag(lag)]
+def feed(cadence: Cadence, lag: float, wakeups: int, step: float = STEP) -> list[float]:
+    """`wakeups` wake-ups `step` apart; the interval after each change."""
+    changes = []
+    now = _clock.get(id(cadence), 100.0)
+    for _ in range(wakeups):
+        now += step
+        if cadence.on_lag(lag, now):
+            changes.append(cadence.current)
+    _clock[id(cadence)] = now
+    return changes
+
+
+def until_changed(cadence: Cadence, limit: int = 10_000) -> int:
+    """Wake-ups (STEP apart, on time) until the interval changes."""
+    for n in range(1, limit + 1):
+        if feed(cadence, 0.0001, 1):
+            return n
+    raise AssertionError("no change")
+
+
+def seconds(wall: float, step: float = STEP) -> int:
+    """Wake-ups in `wall` seconds."""
+    return round(wall / step)
 
 
 def test_on_time_wakeups_deliver_every_step():
@@ -23,7 +49,7 @@ def test_on_time_wakeups_deliver_every_step():
 def test_a_single_late_wakeup_does_not_engage_it():
     cadence = Cadence()
     feed(cadence, 0.0, 100)
-    cadence.on_lag(0.040)  # one 40 ms hiccup: the mean moves by 40/32 = 1.25 ms < 2 ms
+    feed(cadence, 0.040, 1)  # one 40 ms hiccup: the mean moves by 40/32 = 1.25 ms < 2 ms
     assert feed(cadence, 0.0, 100) == [] and cadence.current == 0.0
 
 
@@ -66,28 +92,79 @@ def test_a_negative_rate_is_refused():
         Cadence(rate=-1.0)
 
 
-def test_a_relay_that_stays_late_engages_it_while_the_pacer_is_on_time_until_told_otherwise():
+def test_a_relay_late_for_a_lasting_share_of_wall_time_engages_it_then_it_steers_by_its_level():
     cadence = Cadence()
     cadence.on_relay(0.005)  # the gateway reads the batches 5 ms late, and stays so
-    # late once RELAY_PERSIST (64) wake-ups in a row found it so, then every ADJUST_EVERY
-    assert feed(cadence, 0.0001, 3 * ADJUST_EVERY) == [MIN_INTERVAL, 2 * MIN_INTERVAL]
+    # the late share reaches 1/4 after SHARE_TAU x ln(4/3) ~ 0.29 s: on at the next
+    # ADJUST_EVERY wake-up (every 48 ms here), not before
+    assert feed(cadence, 0.0001, seconds(0.25)) == [] and cadence.engaged == 0
+    assert until_changed(cadence) * STEP == pytest.approx(0.29 - 0.25, abs=0.05)
+    assert cadence.current == MIN_INTERVAL
     assert cadence.engaged == 1 and cadence.lateness == 0.005
-    cadence.on_relay(0.0002)  # caught up: halves back like on-time wake-ups
-    assert feed(cadence, 0.0001, 3 * RELAX_EVERY) == [MIN_INTERVAL, 0.0]
+    # on: late all the time since the last change, so it doubles every ADJUST_EVERY
+    assert feed(cadence, 0.0001, 2 * ADJUST_EVERY) == [2 * MIN_INTERVAL, 4 * MIN_INTERVAL]
+    cadence.on_relay(0.0002)  # caught up: halves back after each RELAX_EVERY on time
+    assert feed(cadence, 0.0001, 3 * RELAX_EVERY) == [2 * MIN_INTERVAL, MIN_INTERVAL, 0.0]
+    assert cadence.late_share < 0.1  # (the share decays with the time on time)
 
 
-def test_a_burst_of_relay_lateness_does_not_engage_it():
+def test_a_relay_late_in_short_stretches_engages_it_by_their_sum():
+    # A saturated gateway: late for 6 ms, on time for 9 ms, over and over (40 % of the
+    # time), never late for 64 wake-ups in a row. It switches on within ~1 s.
     cadence = Cadence()
-    cadence.on_relay(0.020)  # 20 ms late for 60 wake-ups (~90 ms of 1.5 ms steps) ...
-    feed(cadence, 0.0001, RELAY_PERSIST - 4)
+    changes = []
+    for _ in range(seconds(2.0) // 10):
+        cadence.on_relay(0.001)
+        changes += feed(cadence, 0.0001, 4)
+        cadence.on_relay(0.0003)
+        changes += feed(cadence, 0.0001, 6)
+    assert changes[0] == MIN_INTERVAL and cadence.engaged == 1
+    assert 0.3 < cadence.late_share < 0.5  # (its duty cycle, 0.4, seen over ~SHARE_TAU)
+    assert changes[-1] >= 4 * MIN_INTERVAL  # late 40 % of the time: it kept doubling
+
+
+def test_a_start_up_burst_of_relay_lateness_shorter_than_the_window_does_not_engage_it():
+    cadence = Cadence()
+    cadence.on_relay(0.020)  # 20 ms late for 0.2 s (clients connecting at once) ...
+    feed(cadence, 0.0001, seconds(0.2))
+    assert cadence.late_share > 0.15  # (seen, but not a lasting share)
     cadence.on_relay(0.0004)  # ... then on time
-    assert feed(cadence, 0.0001, 4 * ADJUST_EVERY) == [] and cadence.engaged == 0
+    assert feed(cadence, 0.0001, seconds(2.0)) == [] and cadence.engaged == 0
+    # the same burst at a slower step rate (fewer wake-ups, same wall time): the same
+    slow = Cadence()
+    slow.on_relay(0.020)
+    feed(slow, 0.0001, seconds(0.2, 0.010), step=0.010)
+    slow.on_relay(0.0004)
+    assert feed(slow, 0.0001, seconds(2.0, 0.010), step=0.010) == [] and slow.engaged == 0
+
+
+def test_once_on_a_late_moment_does_not_double_it_nor_does_it_relax_while_late_now_and_then():
+    cadence = Cadence()
+    cadence.on_relay(0.005)
+    until_changed(cadence)
+    feed(cadence, 0.0001, 2 * ADJUST_EVERY)
+    assert cadence.current == 4 * MIN_INTERVAL
+    changes = []
+    for _ in range(3 * RELAX_EVERY // 100):  # late 1 wake-up in 100 (1 %): neither way
+        cadence.on_relay(0.005)
+        changes += feed(cadence, 0.0001, 1)
+        cadence.on_relay(0.0002)
+        changes += feed(cadence, 0.0001, 99)
+    assert changes == [] and cadence.current == 4 * MIN_INTERVAL
+
+
+def test_a_stale_level_counts_for_at_most_relay_fresh_of_a_long_sleep():
+    cadence = Cadence()
+    cadence.on_relay(0.005)  # the last report before the load stopped said late
+    feed(cadence, 0.0001, 11, step=SHARE_TAU)  # then 10 gaps of a second: 0.2 s of evidence
+    assert cadence.late_share == pytest.approx(-math.expm1(-10 * RELAY_FRESH / SHARE_TAU))
+    assert cadence.engaged == 0
 
 
 def test_a_relay_level_under_the_threshold_or_not_a_number_changes_nothing():
     cadence = Cadence()
-    cadence.on_relay(0.0019)  # late, but under LATE (2 ms)
-    assert feed(cadence, 0.0001, 4 * ADJUST_EVERY) == []
+    cadence.on_relay(0.0004)  # reported, but under RELAY_LATE (0.5 ms)
+    assert feed(cadence, 0.0001, seconds(2.0)) == [] and cadence.late_share == 0.0
     cadence.on_relay(float("nan"))
     assert cadence.relay == 0.0
 

@@ -1,8 +1,8 @@
 """How late the gateway relays the engine's token batches, over real gRPC: the engine
 stamps each ProgressBatch with its send time for a Session on its own clock; a gateway
 reading them late says so (SessionActions.relay_lag_s) and says when it is on time again;
-the engine's cadence groups mid-stream tokens while the reported lateness stays above
-2 ms, and shows it in inference_lab_relay_lag_seconds. Functional: the engine's clock
+the engine's cadence groups mid-stream tokens once the reported lateness (over 0.5 ms) has
+lasted, and shows it in inference_lab_relay_lag_seconds. Functional: the engine's clock
 runs at 1/5 of the wall's (a step every ~2.5 ms), lateness is reported, not provoked."""
 
 from __future__ import annotations
@@ -79,8 +79,9 @@ async def test_a_reported_relay_lag_groups_mid_stream_tokens_until_it_is_reporte
     async with running_engine(time_scale=0.2) as server, engine_stub(server) as stub:
         call = (stub.Session(metadata=SAME_CLOCK) if transport == "grpc"
                 else await RawLane.open(stub))
-        # The gateway says it reads 5 ms late; four streams of 200 tokens (~0.5 s of wall).
-        await call.write(pb.SessionActions(relay_lag_s=0.005, actions=opens(range(1, 5), 200)))
+        # The gateway says it reads 5 ms late; four streams of 400 tokens (~1 s of wall: a
+        # lateness counts once it has lasted ~0.3 s, engine.drivers.cadence).
+        await call.write(pb.SessionActions(relay_lag_s=0.005, actions=opens(range(1, 5), 400)))
         batches = await read_until_finished(call, 4)
         port = server.metrics_port
         relay, held, interval = await asyncio.to_thread(lambda: [metric(port, name) for name in (
@@ -92,7 +93,7 @@ async def test_a_reported_relay_lag_groups_mid_stream_tokens_until_it_is_reporte
             for tag, total in zip(batch.token_tags, batch.token_totals):
                 steps.setdefault(tag, []).append(total)
         for totals in steps.values():
-            assert totals[0] == 1 and totals[-1] == 200
+            assert totals[0] == 1 and totals[-1] == 400
             assert max(b - a for a, b in zip(totals, totals[1:])) > 1  # grouped mid-stream
         # Back on time: said in a message ahead of an Open, so once that is admitted the
         # engine has heard it.
