@@ -256,15 +256,19 @@ class _Sequence:
 RELAY_CHUNK = 16  # streams written per loop callback (a scrape can go in between)
 
 
-def _relay_all(streams: list[RequestStream], start: int = 0) -> None:
+def _relay_all(streams: list[RequestStream], start: int = 0,
+               then: Callable[[], None] | None = None) -> None:
     """Writes streams[start:start + RELAY_CHUNK], and leaves the rest to the loop's next
     iteration: a batch of 64 streams was one callback of ~1 ms during which nothing else
-    this gateway answers (a /metrics scrape, a refusal) could run."""
+    this gateway answers (a /metrics scrape, a refusal) could run. `then` runs once the
+    last stream is written."""
     end = start + RELAY_CHUNK
     for stream in streams[start:end]:
         stream._relay()
     if end < len(streams):
-        asyncio.get_running_loop().call_soon(_relay_all, streams, end)
+        asyncio.get_running_loop().call_soon(_relay_all, streams, end, then)
+    elif then is not None:
+        then()
 
 
 class _Session:
@@ -292,6 +296,11 @@ class _Session:
         self._probe = probe
         self._loop = asyncio.get_running_loop()
         self.task: asyncio.Task[None] | None = None
+        self._relaying = False  # a batch's mid-stream tokens are being written
+
+    def _relayed(self) -> None:
+        """A batch's mid-stream tokens are all written (a transport's hook)."""
+        self._relaying = False
 
     def send(self, action: pb.SessionAction) -> None:
         self._post(action)
@@ -404,7 +413,8 @@ class _Session:
                 else:
                     stream._tokens(total)
         if relayed:
-            self._loop.call_soon(_relay_all, relayed)
+            self._relaying = True
+            self._loop.call_soon(_relay_all, relayed, 0, self._relayed)
         seq = batch.metrics_seq  # set when the batch finishes requests
         for event in finals:  # finished or rejected: the last event of its tag
             stream = routes.pop(event.tag, None)
@@ -539,10 +549,16 @@ class _LaneSession(_Session):
             log.exception("engine session dispatcher failed")
             self.close(f"session dispatcher failed: {exc!r}")
             return
-        link = self._link
-        if link.ack_due():  # acknowledged once this batch's writes are done (they run
-            self._loop.call_soon(link.acknowledge_read)  # first): the engine's window
-            # then paces it by what the gateway can write, as gRPC's did
+        # Acknowledged once this batch's writes are done (the relay's last chunk, else
+        # the callbacks it woke, which run first): the engine's window then paces it by
+        # what the gateway can write, as gRPC's did.
+        if not self._relaying and self._link.ack_due():
+            self._loop.call_soon(self._link.acknowledge_read)
+
+    def _relayed(self) -> None:
+        super()._relayed()
+        if self._link.ack_due():
+            self._link.acknowledge_read()
 
     def _stop(self) -> None:
         self._link.close()
