@@ -296,11 +296,14 @@ class _Session:
         self._probe = probe
         self._loop = asyncio.get_running_loop()
         self.task: asyncio.Task[None] | None = None
-        self._relaying = False  # a batch's mid-stream tokens are being written
+        # batches whose mid-stream tokens are still being written (a relay takes several
+        # loop iterations at more than RELAY_CHUNK streams, and the next batch can come
+        # in meanwhile)
+        self._relaying = 0
 
     def _relayed(self) -> None:
         """A batch's mid-stream tokens are all written (a transport's hook)."""
-        self._relaying = False
+        self._relaying -= 1
 
     def send(self, action: pb.SessionAction) -> None:
         self._post(action)
@@ -413,7 +416,7 @@ class _Session:
                 else:
                     stream._tokens(total)
         if relayed:
-            self._relaying = True
+            self._relaying += 1
             self._loop.call_soon(_relay_all, relayed, 0, self._relayed)
         seq = batch.metrics_seq  # set when the batch finishes requests
         for event in finals:  # finished or rejected: the last event of its tag
@@ -557,7 +560,7 @@ class _LaneSession(_Session):
 
     def _relayed(self) -> None:
         super()._relayed()
-        if self._link.ack_due():
+        if not self._relaying and self._link.ack_due():
             self._link.acknowledge_read()
 
     def _stop(self) -> None:

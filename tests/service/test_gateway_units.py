@@ -287,3 +287,55 @@ def test_random_ids_are_uuid4_hex_like_uuid4_hex():
         parsed = uuid.UUID(hex=rid)
         assert len(rid) == 32 and parsed.hex == rid
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+async def test_the_lane_acknowledges_only_once_every_overlapping_relay_is_written():
+    """Two batches whose relays overlap (each over RELAY_CHUNK streams): the engine's
+    window moves only after the last write of both, not when the first relay ends."""
+    import asyncio
+
+    from inference_lab.gateway import engine_client
+    from inference_lab.v1 import engine_pb2 as pb
+
+    written: list[int] = []
+    acks: list[int] = []  # relays written at each acknowledgement
+
+    class Link:  # the lane connection's side the Session uses
+        def start(self, deliver, on_lost) -> None:
+            self.deliver = deliver
+
+        def ack_due(self) -> bool:
+            return True
+
+        def acknowledge_read(self) -> None:
+            acks.append(len(written))
+
+        def close(self) -> None:
+            pass
+
+    class Stream:  # a RequestStream with a writer, past its first token
+        writer = object()
+        total = 1
+        replica = 0
+
+        def __init__(self, tag: int) -> None:
+            self.tag = tag
+
+        def _relay(self) -> None:
+            written.append(self.tag)
+
+    link = Link()
+    session = engine_client._LaneSession(link, lambda s: None)
+    n = engine_client.RELAY_CHUNK + 4
+    for tag in range(2 * n):
+        session.routes[tag] = Stream(tag)
+    for first in (0, n):  # two batches read before the loop runs the first relay
+        tags = list(range(first, first + n))
+        batch = pb.ProgressBatch(token_tags=tags, token_totals=[2] * n)
+        link.deliver(batch.SerializeToString())
+    for _ in range(6):
+        await asyncio.sleep(0)
+    assert sorted(written) == list(range(2 * n))
+    assert acks == [2 * n]
+    session.routes.clear()
+    session.close("test over", shutdown=True)
