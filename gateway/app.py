@@ -329,6 +329,7 @@ async def metrics(request: web.Request) -> web.Response:
             engine = await state.client.metrics_text()
         else:  # from the gateway's copy (gateway.metrics_feed): no engine call
             engine = await state.client.replica_metrics(state.replica)
+            state.metrics.copy_waits = state.client.copy_waits(state.replica)
     except GatewayError:
         engine = b""
     state.metrics.engine_up = 1 if engine else 0

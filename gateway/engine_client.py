@@ -288,6 +288,9 @@ class _Session:
         # replica -> the engine's metrics version once its last Finished delivered here was
         # counted (ProgressBatch.metrics_seq): a /metrics copy at least that new shows it
         self.finished_seq: dict[int, int] = {}
+        # A batch's own copies of those replicas' series (ProgressBatch.metrics, over the
+        # lane) go here: MetricsFeed.take
+        self.on_metrics: Callable[[pb.MetricsPush], None] | None = None
         self.read_lag = 0.0  # how late batches were read here, the least over a window (s)
         self._lag_least = float("inf")  # over the current window
         self._lag_next = 0.0  # time.monotonic() at which the current window ends
@@ -419,6 +422,8 @@ class _Session:
             self._relaying += 1
             self._loop.call_soon(_relay_all, relayed, 0, self._relayed)
         seq = batch.metrics_seq  # set when the batch finishes requests
+        if seq and self.on_metrics is not None and batch.HasField("metrics"):
+            self.on_metrics(batch.metrics)  # (lane) the copies, before anyone hears of it
         for event in finals:  # finished or rejected: the last event of its tag
             stream = routes.pop(event.tag, None)
             if stream is not None:
@@ -756,6 +761,7 @@ class EngineClient:
             raise engine_unavailable("the gateway is shutting down")
         if link is not None:
             self._session = _LaneSession(link, self._on_session_broken, self._probe)
+            self._session.on_metrics = self._feed.take
         else:
             self._session = _GrpcSession(self._current_stub(), self._on_session_broken,
                                          self._probe)
@@ -928,6 +934,11 @@ class EngineClient:
         if text is None:
             return await self.metrics_text(engines=[replica])
         return text
+
+    def copy_waits(self, replica: int) -> int:
+        """Scrapes of `replica` whose copy had to wait for a newer push (a request this
+        gateway saw finish was not in it yet)."""
+        return self._feed.waits.get(replica, 0)
 
     def _scrape_stub(self) -> pb_grpc.EngineStub:
         if self._scrape_channel is None:

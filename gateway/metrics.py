@@ -2,8 +2,9 @@
 
 Knows: HTTP requests by route and status (a counter), their durations by route (a
 histogram), the generation requests open in the engine, whether the last scrape got the
-engine's series, and the process's own `process_*` / `python_*` (prometheus-client's
-collectors, as vLLM's API server exports them). The counts are plain numbers; their text
+engine's series, how many scrapes waited for the engine's copy (read-your-finishes), and
+the process's own `process_*` / `python_*` (prometheus-client's collectors, as vLLM's API
+server exports them). The counts are plain numbers; their text
 is rendered by prometheus-client once per set of label values (a new route or status
 renders it again), and a scrape only fills in the numbers (common.exposition). The
 process's series are one text for every port of the process, rendered again when it is
@@ -28,6 +29,7 @@ REQUESTS = "inference_lab_gateway_http_requests"
 DURATION = "inference_lab_gateway_http_request_duration_seconds"
 INFLIGHT = "inference_lab_gateway_inflight_requests"
 ENGINE_UP = "inference_lab_gateway_engine_metrics_up"
+COPY_WAITS = "inference_lab_gateway_metrics_copy_waits"
 PROCESS_MAX_AGE_S = 0.04  # as old as the engine's copy may be (its look interval)
 
 
@@ -62,6 +64,7 @@ class GatewayMetrics:
         self.requests: dict[tuple[str, int], int] = {}  # (route, status) -> count
         self.durations: dict[str, Hist] = {}  # route -> seconds
         self.engine_up = 0
+        self.copy_waits = 0  # scrapes whose engine copy had to wait (set by the app)
         self.process = PROCESS  # one per process, shared by its ports
         self._shape: tuple = ()
         self._headers: list[str] = []
@@ -91,7 +94,10 @@ class GatewayMetrics:
                                      "behalf of HTTP clients.", value=len(self.inflight))
         up = GaugeMetricFamily(ENGINE_UP, "1 when the last /metrics scrape got the engine's "
                                "series, 0 when it could not.", value=self.engine_up)
-        return [requests, duration, inflight, up]
+        waits = CounterMetricFamily(COPY_WAITS, "Scrapes of this replica whose copy of the "
+                                    "engine's series had to wait for the push of a request "
+                                    "this gateway saw finish.", value=self.copy_waits)
+        return [requests, duration, inflight, up, waits]
 
     def exposition(self) -> bytes:
         """The gateway's own series then the process's, as text."""
@@ -101,7 +107,7 @@ class GatewayMetrics:
         requests_lines, durations, rest_lines = self._fills
         parts = [self._headers[0], requests_lines.fill(list(self.requests.values())),
                  self._headers[1], *(lines.render() for lines in durations)]
-        rest = (len(self.inflight), self.engine_up)
+        rest = (len(self.inflight), self.engine_up, self.copy_waits)
         for header, lines, value in zip(self._headers[2:], rest_lines, rest):
             parts.append(header)
             parts.append(lines.fill((value,)))
@@ -110,9 +116,9 @@ class GatewayMetrics:
     def _compile(self, shape: tuple) -> None:
         families = split_families(render(self.families()).decode())
         self._headers = [header for header, _ in families]
-        (_, requests), (_, durations), (_, inflight), (_, up) = families
+        (_, requests), (_, durations), (_, inflight), (_, up), (_, waits) = families
         per_route = len(LATENCY_BUCKETS) + 3  # buckets, +Inf, _count, _sum
         hists = [HistLines(hist, durations[i * per_route:(i + 1) * per_route])
                  for i, hist in enumerate(self.durations.values())]
-        self._fills = [Lines(requests), hists, [Lines(inflight), Lines(up)]]
+        self._fills = [Lines(requests), hists, [Lines(inflight), Lines(up), Lines(waits)]]
         self._shape = shape

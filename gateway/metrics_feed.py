@@ -4,14 +4,17 @@ every replica every 50 ms; a GetMetrics per scrape crossed two busy processes ea
 
 Knows: the engine's WatchMetrics stream (engine.proto): a first push of every replica's
 text, then the replicas whose text changed (the engine looks every 40 ms) and the ones
-gone, and partial pushes of the replicas a Session batch finished requests on, at once. The copy is what the
+gone, and partial pushes of the replicas a Session batch finished requests on, at once
+(over the Session lane, those come in the batch itself: `take`). The copy is what the
 engine rendered, byte for byte (the same render as GetMetrics with engines = [i]).
 
 How fresh: while the feed is live, a copy is at most the engine's interval (40 ms) plus
 the delivery old; and a request's finish is never missed: the Session batch that carried
 its Finished says the engine's metrics version then (ProgressBatch.metrics_seq), and a
 scrape that comes after waits for a push at least that new (the engine sends it right
-behind the batch). A copy only ever moves forward: pushes arrive in order, and a feed
+behind the batch, or in it on the lane; `waits` counts the scrapes that had to wait). A
+copy only ever moves forward: pushes arrive in order on the stream, a text older than the
+one held (a lane batch's can overtake the stream) is not applied, and a feed
 that broke or timed out is dropped whole; the next one starts after the caller has read
 whatever it asked the engine meanwhile, so it renders later than that.
 
@@ -47,7 +50,8 @@ class MetricsFeed:
         self.supported = True  # False once the engine answered UNIMPLEMENTED
         self.texts: dict[int, bytes] = {}  # replica -> text (b"": gone)
         self.seq = -1  # the engine's metrics version of the last full push (-1: none)
-        self.seqs: dict[int, int] = {}  # replica -> version of its last partial push
+        self.seqs: dict[int, int] = {}  # replica -> version of the text held
+        self.waits: dict[int, int] = {}  # replica -> scrapes that waited for a newer copy
         self._task: asyncio.Task | None = None
         self._call: Any = None
         self._changed: asyncio.Future | None = None
@@ -64,6 +68,8 @@ class MetricsFeed:
         if self._task is None:
             self._start()
         deadline = now + self._timeout
+        if self.seq >= 0 and max(self.seq, self.seqs.get(replica, -1)) < seq:
+            self.waits[replica] = self.waits.get(replica, 0) + 1  # behind a finish seen
         while self.seq < 0 or max(self.seq, self.seqs.get(replica, -1)) < seq:
             if self._task is None:  # it ended (broken, or not supported)
                 return None
@@ -94,18 +100,7 @@ class MetricsFeed:
         call = self._call = self._open_call()
         try:
             async for push in call:
-                texts, seq = self.texts, push.seq
-                if push.partial:
-                    for replica in push.replicas:
-                        texts[replica.engine] = replica.text
-                        self.seqs[replica.engine] = seq
-                else:
-                    for replica in push.replicas:
-                        texts[replica.engine] = replica.text
-                    for index in push.gone:
-                        texts[index] = b""
-                    self.seq = seq
-                self._wake()
+                self._apply(push)
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
                 self.supported = False  # an older engine: GetMetrics per scrape
@@ -114,6 +109,29 @@ class MetricsFeed:
         finally:
             if self._call is call:
                 self._reset()
+
+    def take(self, push) -> None:
+        """A partial push that came another way (in a Session lane batch, which can
+        overtake this stream): kept while the feed is live."""
+        if self._task is not None:
+            self._apply(push)
+
+    def _apply(self, push) -> None:
+        """A push's texts, each unless the copy held of its replica is newer (a partial
+        push from the lane and this stream's pushes may cross)."""
+        texts, seqs, seq = self.texts, self.seqs, push.seq
+        for replica in push.replicas:
+            index = replica.engine
+            if seqs.get(index, -1) <= seq:
+                texts[index] = replica.text
+                seqs[index] = seq
+        if not push.partial:
+            for index in push.gone:
+                if seqs.get(index, -1) <= seq:
+                    texts[index] = b""
+                    seqs[index] = seq
+            self.seq = seq
+        self._wake()
 
     def _wake(self) -> None:
         changed, self._changed = self._changed, None

@@ -90,6 +90,7 @@ class LaneConnection(FrameProtocol):
             return
         self.write(pb.LaneHello(clock_id=lane.clock).SerializeToString())
         sink = self.sink = SessionSink(lane.service)
+        sink.lane = True  # a batch finishing requests carries their replicas' metrics
         sink.same_clock = bool(lane.clock) and hello.clock_id == lane.clock
         self.on_frame = self._actions
         self.writer = asyncio.get_running_loop().create_task(self._serve(sink),
@@ -112,6 +113,8 @@ class LaneConnection(FrameProtocol):
 
     async def _write(self, batch: pb.ProgressBatch) -> None:
         self.write(batch.SerializeToString())
+        if batch.HasField("metrics"):  # ~150 KB a replica: not the tokens' window
+            self.credit(batch.metrics.ByteSize())
         if self.pushing_back():  # the gateway reads late (a window behind): wait, as a
             await self.drain()  # gRPC write waits for its window
 

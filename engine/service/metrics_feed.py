@@ -13,7 +13,9 @@ that are gone (a full look; the first push holds every replica). A Session batch
 finished requests is stamped with the version as of its finishes and wakes every watch at
 once for the replicas it finished them on (`Watchers.finished_on`): their texts are
 rendered before the batch is written and sent as a partial push right behind it (only
-those: a finish does not re-render the whole fleet). A client that has read a batch stamped v waits for a copy of the replica at
+those: a finish does not re-render the whole fleet); a Session on the lane carries that
+push in the batch itself (ProgressBatch.metrics), since its batches overtake this stream,
+and the watches get it only while some Session is on gRPC. A client that has read a batch stamped v waits for a copy of the replica at
 seq >= v before it answers (read-your-finishes); otherwise its copy is at most `interval`
 plus the delivery old. Nothing changed: nothing is sent, and a look whose engine-wide
 version has not moved since the last (admissions and capacity or replica changes count too:
@@ -44,9 +46,10 @@ def watch_interval(asked: float) -> float | None:
 
 
 class Watchers:
-    """Every open watch; `finished_on` hands each a partial push of the replicas a Session
-    batch finished requests on, rendered before that batch is written (so the push is not
-    behind it by a render and a loop turn)."""
+    """Every open watch; `finished_on` renders the partial push of the replicas a Session
+    batch finished requests on, before that batch is written, and hands it to each watch
+    (so the push is not behind the batch by a render and a loop turn) or puts it in the
+    batch itself (a Session on the lane, whose batches overtake the gRPC stream)."""
 
     __slots__ = ("metrics", "watches")
 
@@ -54,19 +57,24 @@ class Watchers:
         self.metrics = metrics
         self.watches: set[_Watch] = set()
 
-    def finished_on(self, engines: set[int]) -> None:
+    def finished_on(self, engines: set[int], push: pb.MetricsPush, share: bool = True) -> bool:
+        """Renders into `push` (seq = the version now) the replicas `engines` when anyone
+        watches (else False: nothing rendered), and hands a copy to every watch if `share`
+        (a gRPC Session's client reads it there; a lane Session's in its batch)."""
         if not self.watches or self.metrics is None:
-            return
+            return False
         metrics = self.metrics
-        push = pb.MetricsPush(seq=metrics.versions.n, partial=True)  # read before rendering
+        push.seq, push.partial = metrics.versions.n, True  # read before rendering
         keys = metrics.replica_keys(engines)
         for index in keys:
             push.replicas.add(engine=index, text=metrics.render(None, [index]))
-        for w in self.watches:
-            w.ready.append((push, keys))
-            fut = w.fut
-            if fut is not None and not fut.done():
-                fut.set_result(None)
+        if share:
+            for w in self.watches:
+                w.ready.append((push, keys))
+                fut = w.fut
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+        return True
 
 
 class _Watch:

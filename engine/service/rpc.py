@@ -260,6 +260,7 @@ class SessionSink:
         self.same_clock = False  # the client reads this machine's clock: its stamps count
         self.finished_on: set[int] = set()  # replicas (engine labels) of the Finished queued:
         # the batch carries the metrics version, and their copies are pushed right behind
+        self.lane = False  # over the Session lane: the batch carries those copies itself
         # How late its reader (the gateway) is: as it reports (SessionActions.relay_lag_s),
         # and the mean time a write waited for it (gRPC flow control).
         self.reported_lag = 0.0
@@ -311,7 +312,14 @@ class SessionSink:
             service = self.service
             if service.metrics is not None:
                 batch.metrics_seq = service.metrics.versions.n
-                service.watchers.finished_on(self.finished_on)  # copies right behind
+                # The copies: on the lane in this batch (its batches overtake the watch's
+                # gRPC stream), else right behind it on every watch.
+                if self.lane:
+                    service.watchers.finished_on(
+                        self.finished_on, batch.metrics,
+                        share=any(not sink.lane for sink in service.sessions))
+                else:
+                    service.watchers.finished_on(self.finished_on, pb.MetricsPush())
             self.finished_on = set()
         return batch
 

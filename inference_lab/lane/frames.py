@@ -141,6 +141,11 @@ class FrameProtocol(asyncio.Protocol):
             if not self.pushing_back():
                 self._wake_writer()
 
+    def credit(self, size: int) -> None:
+        """`size` bytes just written do not count against the window (bulk the reader
+        need not acknowledge before more is written, e.g. a metrics copy in a batch)."""
+        self.acked = min(self.acked + size, self.sent)
+
     def pushing_back(self) -> bool:
         """The transport is full, or the reader is a window behind."""
         window = self.window

@@ -211,20 +211,22 @@ class Progress(_message.Message):
     def __init__(self, tag: _Optional[int] = ..., admitted: _Optional[_Union[Admitted, _Mapping]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., finished: _Optional[_Union[Finished, _Mapping]] = ..., rejected: _Optional[_Union[Rejected, _Mapping]] = ...) -> None: ...
 
 class ProgressBatch(_message.Message):
-    __slots__ = ("events", "token_tags", "token_totals", "queue_states", "metrics_seq", "sent_monotonic_s")
+    __slots__ = ("events", "token_tags", "token_totals", "queue_states", "metrics_seq", "metrics", "sent_monotonic_s")
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TAGS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_TOTALS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_STATES_FIELD_NUMBER: _ClassVar[int]
     METRICS_SEQ_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     SENT_MONOTONIC_S_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[Progress]
     token_tags: _containers.RepeatedScalarFieldContainer[int]
     token_totals: _containers.RepeatedScalarFieldContainer[int]
     queue_states: _containers.RepeatedCompositeFieldContainer[QueueState]
     metrics_seq: int
+    metrics: MetricsPush
     sent_monotonic_s: float
-    def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., token_tags: _Optional[_Iterable[int]] = ..., token_totals: _Optional[_Iterable[int]] = ..., queue_states: _Optional[_Iterable[_Union[QueueState, _Mapping]]] = ..., metrics_seq: _Optional[int] = ..., sent_monotonic_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., token_tags: _Optional[_Iterable[int]] = ..., token_totals: _Optional[_Iterable[int]] = ..., queue_states: _Optional[_Iterable[_Union[QueueState, _Mapping]]] = ..., metrics_seq: _Optional[int] = ..., metrics: _Optional[_Union[MetricsPush, _Mapping]] = ..., sent_monotonic_s: _Optional[float] = ...) -> None: ...
 
 class QueueState(_message.Message):
     __slots__ = ("model", "saturated", "waiting", "max_waiting", "replica", "message")

@@ -79,3 +79,19 @@ def test_a_write_is_one_frame():
     proto = Recorder()
     proto.write(b"abc")
     assert proto.transport.written == [HEADER.pack(3) + b"abc"]
+
+
+def test_credited_bytes_do_not_count_against_the_window():
+    proto = Recorder()
+    proto.window = 512
+    proto.write(b"x" * 100)
+    proto.write(b"m" * 100_000)  # a batch carrying a metrics copy
+    assert proto.pushing_back()
+    proto.credit(100_000 - 50)  # its bulk: not what the window paces
+    assert not proto.pushing_back() and proto.sent - proto.acked == 104 + 104 - 50
+    proto.acknowledge(104)  # an acknowledgement behind the credit changes nothing
+    assert proto.sent - proto.acked == 158
+    proto.acknowledge(proto.sent)
+    assert proto.acked == proto.sent
+    proto.credit(10)  # never beyond what was written
+    assert proto.acked == proto.sent

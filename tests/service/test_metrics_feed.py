@@ -16,7 +16,7 @@ import pytest
 from engine_helpers import engine_stub, running_engine
 from metrics_helpers import PROMTOOL, promtool_check, sample
 from inference_lab.common.ports import free_port_run
-from inference_lab.engine.service import metrics_feed
+from inference_lab.engine.service import metrics_feed, rpc
 from inference_lab.engine.service.metrics_feed import Watchers
 from inference_lab.engine.service.rpc import EngineService
 from inference_lab.gateway.fleet import FleetGateway
@@ -43,11 +43,12 @@ def get_metrics_calls(monkeypatch) -> list[int]:
     return calls
 
 
-async def fleet(replicas: int = 3):
+async def fleet(replicas: int = 3, session_lane: str | None = None):
     engine_cm = running_engine(replicas=replicas)
     engine = await engine_cm.__aenter__()
     base = free_port_run(replicas)
-    gateway = FleetGateway(f"127.0.0.1:{engine.port}", "127.0.0.1", base)
+    gateway = FleetGateway(f"127.0.0.1:{engine.port}", "127.0.0.1", base,
+                           session_lane=session_lane)
     await gateway.start()
     http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
 
@@ -73,7 +74,7 @@ async def test_scrapes_come_from_the_copy_and_show_a_finished_request_at_once(
     if woken:  # no full look for 30 s: only the partial push behind the batch can show it
         monkeypatch.setattr(metrics_feed, "DEFAULT_INTERVAL_S", 30.0)
     else:  # the push comes only with the next full look: the scrape waits for it
-        monkeypatch.setattr(Watchers, "finished_on", lambda self, engines: None)
+        monkeypatch.setattr(Watchers, "finished_on", lambda self, *args, **kwargs: False)
     engine, http, urls, closed = await fleet()
     try:
         first = await scrape(http, urls[1])  # starts the feed
@@ -238,3 +239,98 @@ async def test_an_arrival_at_a_stalled_replica_shows_in_its_waiting_gauge(
 async def waiting_on(http, url: str) -> bool:
     return sample(await scrape(http, url), "vllm:num_requests_waiting", engine="2",
                   model_name=MODEL) == 1.0
+
+
+@pytest.fixture
+def slow_watch(monkeypatch) -> None:
+    """WatchMetrics' partial pushes 0.3 s late, and no full look for 30 s: a copy that is
+    not behind a finish then can only have come another way."""
+    monkeypatch.setattr(metrics_feed, "DEFAULT_INTERVAL_S", 30.0)
+    original = rpc.watch
+
+    async def slow(metrics, watchers, interval):
+        async for push in original(metrics, watchers, interval):
+            if push.partial:
+                await asyncio.sleep(0.3)
+            yield push
+
+    monkeypatch.setattr(rpc, "watch", slow)
+
+
+@pytest.mark.parametrize("lane", ["auto", "off"])
+async def test_over_the_lane_a_scrape_after_a_response_never_waits_for_the_copy(
+        lane, slow_watch, get_metrics_calls):
+    """Over the Session lane the batch that finishes a request carries its replica's copy
+    (ProgressBatch.metrics): the scrape right after the response has it without waiting for
+    WatchMetrics. Over gRPC the copy still comes on the watch, and the scrape waits for it
+    (counted: inference_lab_gateway_metrics_copy_waits_total)."""
+    engine, http, urls, closed = await fleet(session_lane=lane)
+    try:
+        first = await scrape(http, urls[1])  # starts the feed
+        done = sample(first, "vllm:request_success_total", engine="1", model_name=MODEL,
+                      finished_reason="length")
+        slowest = 0.0
+        for tokens in (2, 5, 3):
+            async with http.post(urls[1] + "/v1/chat/completions",
+                                 json={**CHAT, "max_tokens": tokens}) as resp:
+                assert resp.status == 200
+            started = time.monotonic()
+            text = await scrape(http, urls[1])
+            slowest = max(slowest, time.monotonic() - started)
+            done += 1
+            assert sample(text, "vllm:request_success_total", engine="1", model_name=MODEL,
+                          finished_reason="length") == done
+        assert sample(text, "vllm:generation_tokens_total", engine="1", model_name=MODEL) == 10
+        waits = sample(text, "inference_lab_gateway_metrics_copy_waits_total")
+        if lane == "auto":
+            assert waits == 0.0 and slowest < 0.25, slowest
+        else:
+            assert waits == 3.0 and slowest >= 0.2, slowest  # each waited for the slow push
+        assert sample(await scrape(http, urls[2]),
+                      "inference_lab_gateway_metrics_copy_waits_total") == 0.0  # per port
+        assert get_metrics_calls == []
+    finally:
+        await closed()
+
+
+class _Stream:
+    """A WatchMetrics call fed by hand (a narrow unit test of the gateway's copy)."""
+
+    def __init__(self) -> None:
+        self.pushes: asyncio.Queue = asyncio.Queue()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        return await self.pushes.get()
+
+    def cancel(self) -> None:
+        pass
+
+
+def _push(seq: int, partial: bool = False, **texts: bytes) -> pb.MetricsPush:
+    return pb.MetricsPush(seq=seq, partial=partial, replicas=[
+        pb.ReplicaMetrics(engine=int(k[1:]), text=v) for k, v in texts.items()])
+
+
+async def test_the_copy_keeps_a_lane_batchs_text_over_an_older_push_that_crossed_it():
+    from inference_lab.gateway.metrics_feed import MetricsFeed
+
+    stream = _Stream()
+    feed = MetricsFeed(lambda: stream, timeout=1.0)
+    feed.take(_push(3, True, r0=b"dropped"))  # no feed yet: nothing kept
+    reading = asyncio.ensure_future(feed.text(0))
+    stream.pushes.put_nowait(_push(5, r0=b"a5", r1=b"b5"))
+    assert await reading == b"a5" and feed.seqs == {0: 5, 1: 5}
+    feed.take(_push(9, True, r0=b"a9"))  # a lane batch's copy, ahead of the stream
+    assert await feed.text(0, 9) == b"a9"
+    stream.pushes.put_nowait(_push(7, r0=b"a7", r1=b"b7"))  # rendered before it, read after
+    await until(lambda: feed.seq == 7, timeout=2, interval=0.001, what="the push of seq 7")
+    assert await feed.text(0, 9) == b"a9" and await feed.text(1, 7) == b"b7"
+    stream.pushes.put_nowait(pb.MetricsPush(seq=10, gone=[1]))
+    stream.pushes.put_nowait(_push(11, r0=b"a11"))
+    await until(lambda: feed.seq == 11, timeout=2, interval=0.001, what="the push of seq 11")
+    assert await feed.text(0, 9) == b"a11" and await feed.text(1) == b""
+    assert feed.waits == {}  # each copy was there when asked
+    await feed.close()
