@@ -21,7 +21,9 @@ their phases over the 50 ms (as independent scrapers, each on its own ticker, fa
 --bare KIND also times, in the same window, a bare server in a process of its own (plain
 aiohttp, or a raw asyncio protocol) answering the bytes of replica 0's /metrics fetched
 before the window, scraped every 50 ms at replica 0's phase by a process of its own: the
-floor of this machine under that load, independent of the gateway.
+floor of this machine under that load, independent of the gateway. After the window it
+prints how many scrapes waited for the engine's copy (the gateway's
+inference_lab_gateway_metrics_copy_waits_total against its /metrics requests).
 Prints figures, no pass/fail; the machine is shared, so the load average is printed too.
 """
 
@@ -209,6 +211,20 @@ def ready_any(port: int) -> bool:
     return False
 
 
+def copy_waits(port: int) -> tuple[float, float] | None:
+    """(scrapes of this port's /metrics that waited for the engine's copy, scrapes answered
+    200) as the gateway counts them; None when it does not count waits."""
+    text = get(port, "/metrics").decode()
+    waits = served = None
+    for line in text.splitlines():
+        if line.startswith("inference_lab_gateway_metrics_copy_waits_total "):
+            waits = float(line.split()[-1])
+        elif line.startswith('inference_lab_gateway_http_requests_total{route="/metrics",'
+                             'status="200"}'):
+            served = float(line.split()[-1])
+    return None if waits is None or not served else (waits, served)
+
+
 def scrape(args) -> None:
     base, server = serve_fleet(args.replicas)
     bares = []
@@ -274,6 +290,7 @@ def scrape(args) -> None:
             for _, _, process in measured:
                 if process.is_alive():
                     process.kill()
+        counted = [copy_waits(base + i) for i in range(args.replicas)]
         C.print_load("after")
         print(f"{args.replicas} replicas scraped every 50 ms "
               f"({'phases spread' if args.stagger else 'all at once'}) while "
@@ -295,6 +312,14 @@ def scrape(args) -> None:
                   f"p99 {C.quantile(rest, 0.99) * 1000:.2f} ms; scrapes over 5 ms: "
                   f"{len(slow)}, waiting {C.quantile(slow, 0.5) * 100 if slow else 0:.0f} % "
                   f"of their time (median)")
+        if all(counted):
+            waits, served = (sum(c[i] for c in counted) for i in (0, 1))
+            print(f"scrapes that waited for the engine's copy (a request finished here was "
+                  f"not in it yet): replica 0 {counted[0][0]:.0f} of {counted[0][1]:.0f} "
+                  f"({100 * counted[0][0] / counted[0][1]:.1f} %), every port {waits:.0f} of "
+                  f"{served:.0f} ({100 * waits / served:.1f} %)")
+        else:
+            print("scrapes that waited for the engine's copy: not counted by this gateway")
         print("cpu (cores): " + ", ".join(f"{k} {(cpu1[k] - cpu0[k]) / args.seconds:.2f}"
                                           for k in ("gateway", "engine", "bare", "machine")
                                           if k != "bare" or bares))
