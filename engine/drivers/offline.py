@@ -122,8 +122,9 @@ def _adapters(core: EngineCore, spec: WorkloadSpec) -> list[tuple[object, float]
 
 def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None = None,
                 on_progress: Callable[[int, int], None] | None = None,
-                slowdown: float = 1.0) -> dict:
+                slowdown: float = 1.0, tokenizer=None) -> dict:
     """Simulate `spec` on a fresh EngineCore and return the summary dict.
+    tokenizer: what turns a dataset's prompts into token IDs (default the built-in one).
     on_progress(completed_or_refused, total) is called every few hundred requests.
     slowdown: every step time x this (a throttled replica, as the `slow` fault)."""
     core = EngineCore(deployment)
@@ -136,7 +137,7 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
     limit = math.inf if total is None else total
     deadline = math.inf if spec.duration_secs is None else spec.duration_secs
     closed = spec.arrival_pattern == "closed_loop"
-    dataset = Dataset(spec.dataset_path).prompts() if spec.dataset_path else None
+    dataset = Dataset(spec.dataset_path, tokenizer).prompts() if spec.dataset_path else None
     arrivals = None if closed else open_loop_arrivals(spec, rng, dataset)
     next_arrival = next(arrivals, None) if arrivals else None
     adapters = _adapters(core, spec)

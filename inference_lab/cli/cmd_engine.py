@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from inference_lab.cli.auth_flags import add_control_token_argument, control_token
-from inference_lab.cli.flag_types import positive_int, time_scale, update_rate
+from inference_lab.cli.flag_types import port, positive_int, seconds, time_scale, update_rate
 from inference_lab.cli.catalog_flags import add_catalog_argument, add_timing_argument, build_catalog
 
 log = logging.getLogger("inference_lab.engine")
@@ -192,7 +192,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     add_fleet_arguments(p)
     add_pacing_arguments(p)
     add_length_arguments(p)
-    p.add_argument("--grace", type=float, default=10.0,
+    p.add_argument("--grace", type=seconds, default=10.0,
                    help="seconds in-flight requests get to finish on SIGTERM or shutdown "
                         "(default 10)")
 
@@ -211,10 +211,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 = any free)")
+    p.add_argument("--port", type=port, default=50051, help="gRPC port (default 50051; 0 = any free)")
     from inference_lab.engine.service.server import DEFAULT_METRICS_PORT
 
-    p.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
+    p.add_argument("--metrics-port", type=port, default=DEFAULT_METRICS_PORT,
                    help=f"Prometheus /metrics port (default {DEFAULT_METRICS_PORT}, beside the gRPC "
                         "port and outside the exporters' 9100-9999; 0 = any free). A gateway "
                         "serves the same series on its API port's /metrics")

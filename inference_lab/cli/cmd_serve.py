@@ -22,6 +22,7 @@ from inference_lab.cli.cmd_engine import (
     add_model_arguments, add_run_arguments, load_deployments, lora_argv, output_lengths,
 )
 from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs
+from inference_lab.cli.flag_types import port
 from inference_lab.common.ports import free_port
 
 log = logging.getLogger("inference_lab.serve")
@@ -45,9 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(p)
     add_gateway_arguments(p, engine_flag=False)
-    p.add_argument("--engine-port", type=int, default=0,
+    p.add_argument("--engine-port", type=port, default=0,
                    help="engine gRPC port on 127.0.0.1 (default: any free port)")
-    p.add_argument("--metrics-port", type=int, default=0,
+    p.add_argument("--metrics-port", type=port, default=0,
                    help="the engine's own Prometheus /metrics port (default 0 = any free, "
                         "printed at start); the API port's /metrics serves the same vllm:* "
                         "series with the gateway's own")

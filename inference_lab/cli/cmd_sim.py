@@ -27,26 +27,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "sim", help="simulate a workload offline and report latency and throughput",
         description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True, type=Path,
+    p.add_argument("-c", "--config", required=True, type=Path,
                    help="deployment config file, or a directory of them (then --model picks one)")
-    p.add_argument("--hardware", default="b200",
-                   help="hardware entry of the config: a preset name (default b200)")
-    p.add_argument("--workload", required=True, type=Path,
+    p.add_argument("--hardware", default=None,
+                   help="hardware entry of the config: a preset name (default: the file's only "
+                        "[hardware.*] entry, else b200)")
+    p.add_argument("-w", "--workload", required=True, type=Path,
                    help="workload TOML ([workload] table: arrival_pattern, num_requests, ...)")
     p.add_argument("--model", help="served model name when --config holds several")
     p.add_argument("-o", "--output", type=Path, help="write the summary as JSON to this file")
     p.add_argument("--seed", type=int, help="override the workload's seed")
     p.add_argument("--max-num-seqs", type=int, help="override the scheduler's max_num_seqs")
     p.add_argument("--max-waiting", type=int, help="override max_waiting (0 = unbounded)")
-    p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    p.add_argument("-q", "--no-progress", "--quiet", dest="no_progress", action="store_true",
+                   help="do not show a progress bar")
+    p.add_argument("-t", "--tokenizer", metavar="PATH", default=None,
+                   help="a Hugging Face tokenizer.json for a workload's dataset_path prompts "
+                        "(default: the built-in tokenizer, 4 UTF-8 bytes per token)")
     add_catalog_argument(p)
     add_timing_argument(p)
     p.set_defaults(func=run)
 
 
+def _hardware(args: argparse.Namespace) -> str:
+    """--hardware, or as inference-lab: the config file's only [hardware.*] entry; b200
+    for a directory or a file with several entries."""
+    if args.hardware is not None:
+        return args.hardware
+    if args.config.is_file():
+        from inference_lab.common.toml import read_toml
+
+        entries = read_toml(args.config).get("hardware")
+        if isinstance(entries, dict) and len(entries) == 1:
+            return next(iter(entries))
+    return "b200"
+
+
 def pick_deployment(args: argparse.Namespace):
     from inference_lab.engine.sim.config import load_config_dir
 
+    args.hardware = _hardware(args)
     deployments = load_config_dir(args.config, args.hardware, args.max_waiting, build_catalog(args),
                                   args.timing)
     if args.model:
@@ -102,17 +122,26 @@ def run(args: argparse.Namespace) -> int:
         deployment.scheduler = dataclasses.replace(deployment.scheduler,
                                                    max_num_seqs=args.max_num_seqs)
     spec = load_workload(args.workload)
+    tokenizer = None
+    if args.tokenizer is not None:
+        from inference_lab.common.tokenizer import TokenizerError, load_tokenizer
 
-    show = not args.no_progress and sys.stderr.isatty() and spec.num_requests >= 2000
+        try:
+            tokenizer = load_tokenizer(args.tokenizer)
+        except TokenizerError as exc:
+            raise UsageError(f"--tokenizer: {exc}") from None
+
+    show = (not args.no_progress and sys.stderr.isatty()
+            and spec.num_requests is not None and spec.num_requests >= 2000)
     if show:
         from rich.progress import Progress
 
         with Progress(transient=True) as progress:
             task = progress.add_task("simulating", total=spec.num_requests)
-            summary = run_offline(deployment, spec, seed=args.seed,
+            summary = run_offline(deployment, spec, seed=args.seed, tokenizer=tokenizer,
                                   on_progress=lambda done, total: progress.update(task, completed=done))
     else:
-        summary = run_offline(deployment, spec, seed=args.seed)
+        summary = run_offline(deployment, spec, seed=args.seed, tokenizer=tokenizer)
     print_table(summary)
     if args.output:
         args.output.write_text(json.dumps(summary, indent=2) + "\n")
