@@ -48,6 +48,7 @@ from inference_lab.gateway.protocols import ROUTES, Dialect
 from inference_lab.gateway.protocols.base import Generation, invalid, json_encode, random_id
 from inference_lab.gateway.protocols.generate import generate
 from inference_lab.gateway.protocols.openai import Completion
+from inference_lab.gateway.protocols import count_tokens
 from inference_lab.gateway.protocols import vllm as vllm_api
 from inference_lab.gateway.faults.injection import FaultState
 from inference_lab.v1 import engine_pb2 as pb
@@ -483,6 +484,8 @@ def create_app(
     app.router.add_get("/v1/models", list_models)
     vllm_api.add_routes(app, lambda: state.client, lambda: state.tokenizer,
                         lambda request: _read_body(request, state.max_body_bytes))
+    count_tokens.add_routes(app, lambda: state.client, lambda: state.tokenizer,
+                            lambda request: _read_body(request, state.max_body_bytes))
     lora_routes.add_routes(app, lambda: state.client,
                            lambda request: _read_body(request, state.max_body_bytes))
     app.router.add_get("/health", health)

@@ -44,6 +44,7 @@ class ErrorKind(enum.StrEnum):
     ROUTE_NOT_FOUND = "route_not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     INTERNAL = "internal"
+    PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,10 @@ ERRORS: dict[ErrorKind, ErrorSpec] = {
     ),
     ErrorKind.INTERNAL: ErrorSpec(
         500, "server_error", "internal_error", grpc.StatusCode.INTERNAL, "api_error"
+    ),
+    # A Responses request's previous_response_id that this gateway does not hold.
+    ErrorKind.PREVIOUS_RESPONSE_NOT_FOUND: ErrorSpec(
+        404, "invalid_request_error", "previous_response_not_found", None, "not_found_error"
     ),
 }
 

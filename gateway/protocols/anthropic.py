@@ -17,7 +17,7 @@ Does not know: aiohttp, gRPC, or the engine's events (`gateway.protocols.generat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -25,13 +25,23 @@ from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import GatewayError, anthropic_envelope
 from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
-    content_text, conversation_ids, json_encode, random_id,
+    content_text, conversation_ids, json_encode, random_id, raw_text, with_tools,
 )
 
 
 class ContentBlock(msgspec.Struct):
     type: str
-    text: str | None = None  # text blocks; other kinds (images, tool results) count as 0
+    text: str | None = None  # text blocks; images and documents from a URL count as 0
+    thinking: str | None = None  # a thinking block the client sends back
+    name: str | None = None  # tool_use: the tool's name ...
+    input: Any = None  # ... and its input, as the model wrote them
+    # tool_result: what the tool returned (an object, as server tools' errors, counts 0)
+    content: str | list[ContentBlock] | dict | None = None
+
+    def words(self) -> str:
+        content = self.content
+        return ((self.text or "") + (self.thinking or "") + (self.name or "")
+                + raw_text(self.input) + ("" if isinstance(content, dict) else content_text(content)))
 
 
 class Message(msgspec.Struct):
@@ -45,6 +55,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=_U31)]
     system: str | list[ContentBlock] | None = None
     stream: bool = False
+    tools: Any = None  # counted in the prompt, as chat templates render them
 
 
 _decoder = msgspec.json.Decoder(MessagesRequest)
@@ -55,7 +66,7 @@ def messages_prompt(tokenizer: Tokenizer, req: MessagesRequest) -> Sequence[int]
     render a conversation: requests sharing a system prompt share a token prefix."""
     messages = [("system", content_text(req.system))] if req.system is not None else []
     messages += [(m.role, content_text(m.content)) for m in req.messages]
-    return conversation_ids(tokenizer, messages)
+    return conversation_ids(tokenizer, with_tools(messages, req.tools))
 
 
 class AnthropicMessage(Reply):

@@ -19,6 +19,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from collections.abc import Sequence
 
+from typing import Any
+
 import msgspec
 
 from inference_lab.common.tokenizer import Tokenizer
@@ -74,12 +76,26 @@ def text_ids(tokenizer: Tokenizer, text: str) -> Sequence[int]:
 
 def content_text(content) -> str:
     """A message's text: a string, or the text of its parts (OpenAI content parts and
-    Anthropic content blocks alike: whatever has a `text`); None is empty."""
+    Anthropic content blocks alike: each part's `words()`, its text and whatever else of
+    it a model would read: a tool call's name and arguments, a tool result, a thinking
+    block); None is empty."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    return "".join(part.text for part in content if part.text)
+    return "".join(part.words() for part in content)
+
+
+def raw_text(value: Any) -> str:
+    """A JSON value the model reads (tool definitions, a tool call's input), as compact
+    JSON whatever spacing the client sent, so that its count does not depend on the client."""
+    return json_encode(value).decode() if value is not None else ""
+
+
+def with_tools(messages: list[tuple[str, str]], tools: Any) -> list[tuple[str, str]]:
+    """The request's tool definitions, as chat templates render them: their JSON, before
+    the conversation (so every turn of an agent shares that prefix)."""
+    return [("tools", raw_text(tools)), *messages] if tools is not None else messages
 
 
 def conversation_ids(tokenizer: Tokenizer, messages: list[tuple[str, str]]) -> Sequence[int]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
@@ -24,7 +24,7 @@ from inference_lab.gateway.errors import GatewayError, sse_error_frame
 from inference_lab.gateway.protocols.base import (
     _U31, DONE_FRAME, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, data_frame,
     checked_ids, content_text, conversation_ids, decode, invalid, json_encode, random_id,
-    text_ids,
+    text_ids, with_tools,
 )
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=_U31)]
@@ -41,18 +41,38 @@ class ContentPart(msgspec.Struct):
     type: str
     text: str | None = None
 
+    def words(self) -> str:
+        return self.text or ""  # images and audio count as 0 tokens
+
+
+class FunctionCall(msgspec.Struct):
+    name: str = ""
+    arguments: str = ""
+
+
+class ToolCall(msgspec.Struct):
+    function: FunctionCall | None = None
+
 
 class ChatMessage(msgspec.Struct):
     role: str
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls: the model wrote them
+    function_call: FunctionCall | None = None  # the deprecated single call
+
+    def text(self) -> str:
+        calls = [c.function for c in self.tool_calls or () if c.function is not None]
+        if self.function_call is not None:
+            calls.append(self.function_call)
+        return content_text(self.content) + "".join(f.name + f.arguments for f in calls)
 
 
 class _GenerationRequest(msgspec.Struct, kw_only=True):
     model: str
-    stream: bool = False
+    stream: bool | None = False  # null (as OpenAI's API takes it) = false
     stream_options: StreamOptions | None = None
     max_tokens: PositiveInt | None = None
-    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] = 1
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] | None = 1  # null = 1
     priority: Priority = 0  # vLLM extension: lower runs first under policy "priority"
 
     @property
@@ -69,12 +89,13 @@ class _GenerationRequest(msgspec.Struct, kw_only=True):
 class ChatCompletionRequest(_GenerationRequest, kw_only=True):
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
+    tools: Any = None  # counted in the prompt, as chat templates render them
 
 
 class CompletionRequest(_GenerationRequest, kw_only=True):
     prompt: str | list[str | int | list[int]]
     max_completion_tokens: PositiveInt | None = None  # accepted for symmetry
-    echo: bool = False
+    echo: bool | None = False
 
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -89,10 +110,12 @@ def decode_request(body: bytes, chat: bool) -> ChatCompletionRequest | Completio
 # ---- the prompt as token IDs ----------------------------------------------------------------
 
 
-def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage]) -> Sequence[int]:
+def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage],
+                tools: Any = None) -> Sequence[int]:
     """The conversation's token IDs (built-in tokenizer: 3 + ceil(content bytes / 4) per
-    message, plus 3 for the reply's priming)."""
-    return conversation_ids(tokenizer, [(m.role, content_text(m.content)) for m in messages])
+    message, plus 3 for the reply's priming); an assistant's tool calls count as their
+    name and arguments, the tool definitions as their JSON in a first message."""
+    return conversation_ids(tokenizer, with_tools([(m.role, m.text()) for m in messages], tools))
 
 
 def _single_prompt(prompt: str | list[str | int | list[int]]) -> str | list[int]:
@@ -145,12 +168,13 @@ class Completion(Reply):
     first token(s); each choice's per-token chunk is pre-encoded once."""
 
     __slots__ = ("chat", "id", "created", "model", "include_usage", "n", "echo", "head",
-                 "token", "_tokens", "continuous", "prompt_tokens", "emitted")
+                 "token", "_tokens", "continuous", "prompt_tokens", "emitted", "cap")
 
     def __init__(self, chat: bool, model: str, include_usage: bool = False, n: int = 1,
                  echo: str | None = None, continuous_usage: bool = False,
-                 prompt_tokens: int = 0) -> None:
+                 prompt_tokens: int = 0, cap: int | None = None) -> None:
         self.chat = chat
+        self.cap = cap  # the client's explicit max_tokens: reaching it is "length"
         self.id = ("chatcmpl-" if chat else "cmpl-") + random_id()
         self.created = int(time.time())
         self.model = model
@@ -228,27 +252,35 @@ class Completion(Reply):
             return b"".join(out)
         return (self.token if index == 0 else self._tokens[index]) * k
 
-    def closing(self, outcome: Outcome, finish_reason: str = "length") -> bytes:
+    def _finish_reason(self, count: int) -> str:
+        """"length" when the choice reached the client's max_tokens; "stop" when its length
+        was the engine's choice (the default or a workload draw), as a model's end of turn."""
+        return "length" if self.cap is not None and count >= self.cap else "stop"
+
+    def closing(self, outcome: Outcome) -> bytes:
         """Each choice's final chunk (the last carries the engine's modelled timings,
         when given, under "inference_lab"), the usage frame if asked for, and [DONE]."""
         out = b""
         self.emitted = outcome.completion_tokens  # the final chunks carry the final usage
+        counts = outcome.counts
         for i in range(self.n):
             last = i == self.n - 1 and outcome.modelled
             extra = {"inference_lab": outcome.modelled} if last else {}
+            reason = self._finish_reason(counts[i] if i < len(counts) else 0)
             out += data_frame(self._chunk(
-                [self._choice(i, None if self.chat else "", finish_reason)], **extra))
+                [self._choice(i, None if self.chat else "", reason)], **extra))
         if self.include_usage:
             usage_chunk = self._chunk([])
             usage_chunk["usage"] = _usage(outcome)
             out += data_frame(usage_chunk)
         return out + DONE_FRAME
 
-    def body(self, outcome: Outcome, finish_reason: str = "length") -> bytes:
+    def body(self, outcome: Outcome) -> bytes:
         """The non-streaming JSON response (modelled timings under "inference_lab")."""
         choices = []
         for i, count in enumerate(outcome.counts):
             text = PLACEHOLDER_TOKEN * count
+            finish_reason = self._finish_reason(count)
             if self.chat:
                 choices.append({"index": i, "message": {"role": "assistant", "content": text},
                                 "logprobs": None, "finish_reason": finish_reason})
@@ -275,12 +307,14 @@ class ChatCompletions(Dialect):
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode_request(body, chat=True)
-        prompt = chat_prompt(tokenizer, req.messages)
-        reply = Completion(True, req.model, req.include_usage, req.n,
-                           continuous_usage=req.continuous_usage, prompt_tokens=len(prompt))
-        return Generation(req.model, prompt,
-                          req.max_completion_tokens or req.max_tokens, req.stream, reply,
-                          n=req.n, priority=req.priority)
+        prompt = chat_prompt(tokenizer, req.messages, req.tools)
+        cap = req.max_completion_tokens or req.max_tokens
+        n = req.n or 1
+        reply = Completion(True, req.model, req.include_usage, n,
+                           continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
+                           cap=cap)
+        return Generation(req.model, prompt, cap, bool(req.stream), reply,
+                          n=n, priority=req.priority)
 
 
 class Completions(Dialect):
@@ -290,11 +324,13 @@ class Completions(Dialect):
         req = decode_request(body, chat=False)
         echo = prompt_text(req.prompt) if req.echo else None
         prompt = completion_prompt(tokenizer, req.prompt)
-        reply = Completion(False, req.model, req.include_usage, req.n, echo=echo,
-                           continuous_usage=req.continuous_usage, prompt_tokens=len(prompt))
-        return Generation(req.model, prompt,
-                          req.max_completion_tokens or req.max_tokens, req.stream, reply,
-                          n=req.n, priority=req.priority)
+        cap = req.max_completion_tokens or req.max_tokens
+        n = req.n or 1
+        reply = Completion(False, req.model, req.include_usage, n, echo=echo,
+                           continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
+                           cap=cap)
+        return Generation(req.model, prompt, cap, bool(req.stream), reply,
+                          n=n, priority=req.priority)
 
 
 CHAT = ChatCompletions()

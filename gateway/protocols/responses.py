@@ -1,9 +1,11 @@
 """The OpenAI Responses API (`POST /v1/responses`), text only.
 
-Knows: the request body (`model`, `input` as a string or a list of message items whose
-content is a string or text parts, `instructions`, `max_output_tokens`, `stream`; other
-fields such as `temperature`, `store` or `metadata` are accepted and ignored), its prompt
-length under the lab's tokenizer, the `response` object, and the typed stream:
+Knows: the request body (`model`, `input` as a string or a list of items: messages whose
+content is a string or text parts, and an agent loop's function_call, function_call_output
+and reasoning items; `instructions`, `max_output_tokens`, `stream`, `tools` (counted),
+`previous_response_id` and `store`; other fields such as `temperature` or `metadata` are
+accepted and ignored), its prompt length under the lab's tokenizer, the conversations of
+finished responses (`STORE`, in memory, for `previous_response_id`), the `response` object, and the typed stream:
 `response.created`, `response.in_progress`, `response.output_item.added`,
 `response.content_part.added`, one `response.output_text.delta` per token, then
 `response.output_text.done`, `response.content_part.done`, `response.output_item.done` and
@@ -22,28 +24,37 @@ Does not know: aiohttp, gRPC, or the engine's events (`gateway.protocols.generat
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 
 from inference_lab.common.tokenizer import Tokenizer
-from inference_lab.gateway.errors import GatewayError
+from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
-    conversation_ids, invalid, json_encode, random_id,
+    conversation_ids, invalid, json_encode, random_id, with_tools,
 )
 
 
 class InputPart(msgspec.Struct):
     type: str
-    text: str | None = None  # input_text / output_text; other kinds count as 0
+    text: str | None = None  # input_text / output_text / summary_text; others count as 0
 
 
 class InputItem(msgspec.Struct):
-    role: str
-    content: str | list[InputPart]
+    """An input item: a message (role, content), or what an agent loop sends back: a
+    function_call (name, arguments), its function_call_output (output), a reasoning item
+    (summary); other kinds (item_reference, ...) are accepted and count as 0 tokens."""
+
     type: str = "message"
+    role: str | None = None
+    content: str | list[InputPart] | None = None
+    name: str | None = None
+    arguments: str | None = None
+    output: str | list[InputPart] | None = None
+    summary: list[InputPart] | None = None
 
 
 class ResponsesRequest(msgspec.Struct, kw_only=True):
@@ -51,30 +62,94 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     input: str | list[InputItem]
     instructions: str | None = None
     max_output_tokens: Annotated[int, msgspec.Meta(ge=1, le=_U31)] | None = None
-    stream: bool = False
+    stream: bool | None = False  # null = false
+    previous_response_id: str | None = None  # continue that response's conversation
+    store: bool | None = True  # keep this one for a later previous_response_id
+    tools: Any = None  # counted in the prompt, as chat templates render them
 
 
 _decoder = msgspec.json.Decoder(ResponsesRequest)
 
 
-def input_prompt(tokenizer: Tokenizer, req: ResponsesRequest) -> Sequence[int]:
-    """The instructions (as a first system message) and the input (a string is one user
-    message), as chat completions render a conversation."""
-    messages = [("system", req.instructions)] if req.instructions is not None else []
+class ResponseStore:
+    """The conversations of finished responses (input and output, without instructions,
+    which OpenAI does not carry over), for `previous_response_id`; the oldest go first once
+    more than `max_chars` of text or `max_items` responses are held. In memory: a restart
+    forgets them, as it forgets everything else of a request."""
+
+    def __init__(self, max_chars: int = 64 << 20, max_items: int = 100_000) -> None:
+        self.max_chars, self.max_items = max_chars, max_items
+        self._items: OrderedDict[str, tuple[list[tuple[str, str]], int]] = OrderedDict()
+        self._chars = 0
+
+    def put(self, rid: str, conversation: list[tuple[str, str]]) -> None:
+        size = sum(len(text) for _, text in conversation)
+        self._items[rid] = (conversation, size)
+        self._chars += size
+        while self._items and (self._chars > self.max_chars or len(self._items) > self.max_items):
+            _, (_, old) = self._items.popitem(last=False)
+            self._chars -= old
+
+    def get(self, rid: str) -> list[tuple[str, str]] | None:
+        found = self._items.get(rid)
+        return None if found is None else found[0]
+
+
+STORE = ResponseStore()
+
+
+def input_conversation(req: ResponsesRequest) -> list[tuple[str, str]]:
+    """The previous response's conversation (if `previous_response_id`; 404 when this
+    gateway holds none of that id) and this request's input (a string is one user message)."""
+    conversation: list[tuple[str, str]] = []
+    if req.previous_response_id is not None:
+        previous = STORE.get(req.previous_response_id)
+        if previous is None:
+            raise GatewayError(ErrorKind.PREVIOUS_RESPONSE_NOT_FOUND,
+                               f"Previous response with id '{req.previous_response_id}' not "
+                               "found. - at `$.previous_response_id`")
+        conversation += previous
     if isinstance(req.input, str):
-        messages.append(("user", req.input))
+        conversation.append(("user", req.input))
     else:
         if not req.input:
             raise invalid("`input` must not be empty - at `$.input`")
         for i, item in enumerate(req.input):
-            if item.type != "message":
-                raise invalid(f"Only message input items are supported (text only), got "
-                              f"{item.type!r} - at `$.input[{i}].type`")
-            content = item.content
-            text = content if isinstance(content, str) else "".join(
-                part.text for part in content if part.text)
-            messages.append((item.role or "user", text))
-    return conversation_ids(tokenizer, messages)
+            conversation.append(_item_message(item, i))
+    return conversation
+
+
+def input_prompt(tokenizer: Tokenizer, req: ResponsesRequest,
+                 conversation: list[tuple[str, str]] | None = None) -> Sequence[int]:
+    """The tool definitions, the instructions (as a first system message) and the
+    conversation, as chat completions render one."""
+    messages = [("system", req.instructions)] if req.instructions is not None else []
+    messages += input_conversation(req) if conversation is None else conversation
+    return conversation_ids(tokenizer, with_tools(messages, req.tools))
+
+
+def _parts_text(parts: str | list[InputPart] | None) -> str:
+    if parts is None or isinstance(parts, str):
+        return parts or ""
+    return "".join(part.text for part in parts if part.text)
+
+
+def _item_message(item: InputItem, i: int) -> tuple[str, str]:
+    """(role, text) of one input item, as the model would read it."""
+    kind = item.type
+    if kind == "message":
+        for key in ("role", "content"):
+            if getattr(item, key) is None:
+                raise invalid(f"Invalid request body: Object missing required field `{key}` "
+                              f"- at `$.input[{i}]`")
+        return item.role, _parts_text(item.content)
+    if kind == "function_call":
+        return "assistant", (item.name or "") + (item.arguments or "")
+    if kind == "function_call_output":
+        return "tool", _parts_text(item.output)
+    if kind == "reasoning":
+        return "assistant", _parts_text(item.summary) + _parts_text(item.content)
+    return item.role or kind, _parts_text(item.content)
 
 
 def _usage(outcome: Outcome) -> dict:
@@ -88,9 +163,15 @@ class Response(Reply):
     """One request's `response` object, or its typed event stream."""
 
     __slots__ = ("id", "item_id", "created_at", "model", "instructions", "max_output_tokens",
-                 "_seq", "_delta_head")
+                 "_seq", "_delta_head", "previous_response_id", "conversation")
 
-    def __init__(self, model: str, instructions: str | None, max_output_tokens: int | None):
+    def __init__(self, model: str, instructions: str | None, max_output_tokens: int | None,
+                 previous_response_id: str | None = None,
+                 conversation: list[tuple[str, str]] | None = None):
+        self.previous_response_id = previous_response_id
+        # stored with the output once finished, for a later previous_response_id (None:
+        # the request said store: false)
+        self.conversation = conversation
         self.id = "resp_" + random_id()
         self.item_id = "msg_" + random_id()
         self.created_at = int(time.time())
@@ -126,12 +207,15 @@ class Response(Reply):
                 "model": self.model, "output": output, "parallel_tool_calls": True,
                 "temperature": 1.0, "top_p": 1.0, "tool_choice": "auto", "tools": [],
                 "text": {"format": {"type": "text"}}, "truncation": "disabled",
-                "metadata": {}, "usage": usage}
+                "metadata": {}, "usage": usage,
+                "previous_response_id": self.previous_response_id}
 
     def _finished(self, outcome: Outcome) -> tuple[str, str, dict]:
         count = outcome.completion_tokens
         status = self._status(count)
         text = PLACEHOLDER_TOKEN * count
+        if self.conversation is not None:
+            STORE.put(self.id, [*self.conversation, ("assistant", text)])
         return status, text, self._item(text, status)
 
     # ---- the stream --------------------------------------------------------------------
@@ -188,9 +272,12 @@ class Responses(Dialect):
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode(_decoder, body)
-        reply = Response(req.model, req.instructions, req.max_output_tokens)
-        return Generation(req.model, input_prompt(tokenizer, req), req.max_output_tokens, req.stream,
-                          reply)
+        conversation = input_conversation(req)
+        reply = Response(req.model, req.instructions, req.max_output_tokens,
+                         req.previous_response_id,
+                         conversation if req.store is not False else None)
+        return Generation(req.model, input_prompt(tokenizer, req, conversation),
+                          req.max_output_tokens, bool(req.stream), reply)
 
 
 RESPONSES = Responses()

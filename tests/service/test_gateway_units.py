@@ -171,7 +171,7 @@ def test_decode_refuses_n_out_of_range_and_bad_json():
 
 
 def test_stream_templates_repeat_per_token_and_end_with_usage_then_done():
-    c = Completion(chat=True, model="m", include_usage=True)
+    c = Completion(chat=True, model="m", include_usage=True, cap=3)
     frames = (c.opening() + c.tokens(0, 3) + c.closing(Outcome(5, [3]))).split(b"\n\n")
     assert frames[-1] == b""
     payloads = [f.removeprefix(b"data: ") for f in frames[:-1]]
@@ -194,12 +194,13 @@ def test_non_stream_body_has_exactly_the_token_count():
 
 
 def test_n_choices_stream_by_index_and_usage_counts_them_all():
-    c = Completion(chat=False, model="m", include_usage=True, n=2, echo="Hi")
+    c = Completion(chat=False, model="m", include_usage=True, n=2, echo="Hi", cap=2)
     data = c.opening() + c.tokens(1, 2) + c.tokens(0, 1) + c.closing(Outcome(3, [1, 2]))
     chunks = [json.loads(p.removeprefix(b"data: ")) for p in data.split(b"\n\n")[:-2]]
     texts = [(ch["choices"][0]["index"], ch["choices"][0]["text"]) for ch in chunks[:-1]]
     assert texts[:5] == [(0, "Hi"), (1, "Hi"), (1, " token"), (1, " token"), (0, " token")]
-    assert [ch["choices"][0]["finish_reason"] for ch in chunks[5:7]] == ["length", "length"]
+    # choice 1 reached the cap of 2, choice 0 ended at 1 (the engine's choice)
+    assert [ch["choices"][0]["finish_reason"] for ch in chunks[5:7]] == ["stop", "length"]
     usage = chunks[-1]["usage"]
     assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (3, 3, 6)
     body = json.loads(c.body(Outcome(3, [2, 2])))

@@ -1,0 +1,124 @@
+"""What real clients send that the first sweep of the APIs did not cover, against the real
+`serve` through the official SDKs: an agent loop's tool calls, tool results and tool
+definitions counted in the prompt (every dialect); the Responses API's function_call /
+function_call_output / reasoning input items and `previous_response_id`; Anthropic's
+`count_tokens`; OpenAI's nullable fields sent as null; and finish_reason "stop" when the
+length was the engine's choice."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import anthropic
+import openai
+import pytest
+
+from hardening_helpers import json_request
+from inference_lab.testing.launch import serve
+
+MODEL = "gpt-oss-20b"
+TOOLS_OAI = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
+                                                "parameters": {"type": "object"}}}]
+TOOLS_CLAUDE = [{"name": "get_weather", "description": "weather", "input_schema": {"type": "object"}}]
+
+
+def tokens(*texts: str) -> int:
+    """The built-in tokenizer's count of a conversation of these message texts: 3 header
+    tokens a message, ceil(bytes / 4) for its text, 3 for the reply's priming."""
+    return sum(3 + math.ceil(len(t.encode()) / 4) for t in texts) + 3
+
+
+def compact(obj) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+@pytest.fixture(scope="module")
+def served():
+    with serve() as s:
+        yield s
+
+
+@pytest.fixture
+def oai(served):
+    return openai.OpenAI(base_url=served.base + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+@pytest.fixture
+def claude(served):
+    return anthropic.Anthropic(base_url=served.base, api_key="unused", max_retries=0, timeout=30)
+
+
+def test_chat_counts_tool_calls_and_tool_definitions_and_takes_null_fields(served, oai):
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+    messages = [{"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21 C"}]
+    plain = oai.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    assert plain.usage.prompt_tokens == tokens("weather?", 'get_weather{"city":"Paris"}', "sunny, 21 C")
+    # the raw body as an SDK-less client sends it, nullable fields null and tools given
+    status, body = json_request(served.base, "POST", "/v1/chat/completions", {
+        "model": MODEL, "messages": messages, "tools": TOOLS_OAI, "max_tokens": 2,
+        "stream": None, "n": None, "stream_options": None})
+    assert status == 200, body
+    assert body["usage"]["prompt_tokens"] == tokens(compact(TOOLS_OAI), "weather?",
+                                                    'get_weather{"city":"Paris"}', "sunny, 21 C")
+    assert len(body["choices"]) == 1 and body["choices"][0]["finish_reason"] == "length"
+
+
+def test_finish_reason_is_stop_when_the_engine_chose_the_length(oai):
+    natural = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert natural.choices[0].finish_reason == "stop" and natural.usage.completion_tokens == 256
+    capped = oai.completions.create(model=MODEL, prompt="hi", max_tokens=3)
+    assert capped.choices[0].finish_reason == "length"
+    stream = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                         n=2, stream=True)
+    finishes = {c.choices[0].index: c.choices[0].finish_reason for c in stream
+                if c.choices and c.choices[0].finish_reason}
+    assert finishes == {0: "stop", 1: "stop"}  # the default 256 tokens: no cap reached
+
+
+def test_responses_take_an_agent_loops_items_and_chain_by_previous_response_id(oai):
+    items = [{"role": "user", "content": "weather?"},
+             {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "look up"}]},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
+             {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]
+    first = oai.responses.create(model=MODEL, input=items, max_output_tokens=4, instructions="be brief",
+                                 tools=[{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}])
+    tools = compact([{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}])
+    turn1 = ["weather?", "look up", 'get_weather{"city":"Paris"}', "sunny"]
+    assert first.usage.input_tokens == tokens(tools, "be brief", *turn1)
+    second = oai.responses.create(model=MODEL, input="and tomorrow?", previous_response_id=first.id,
+                                  max_output_tokens=2)
+    assert second.previous_response_id == first.id
+    # instructions are not carried over (as OpenAI); the first reply is
+    assert second.usage.input_tokens == tokens(*turn1, " token" * 4, "and tomorrow?")
+    with pytest.raises(openai.NotFoundError) as info:
+        oai.responses.create(model=MODEL, input="x", previous_response_id="resp_nope", max_output_tokens=2)
+    assert info.value.body["code"] == "previous_response_not_found" and "resp_nope" in info.value.body["message"]
+    unstored = oai.responses.create(model=MODEL, input="x", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.create(model=MODEL, input="y", previous_response_id=unstored.id, max_output_tokens=2)
+
+
+def test_anthropic_counts_tool_use_tool_results_thinking_and_tools_and_count_tokens_agrees(claude):
+    messages = [{"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "look it up", "signature": "sig"},
+                    {"type": "tool_use", "id": "tu1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "tu1", "content": [{"type": "text", "text": "sunny"}]}]}]
+    msg = claude.messages.create(model=MODEL, max_tokens=3, system="be brief", tools=TOOLS_CLAUDE,
+                                 messages=messages)
+    expected = tokens(compact(TOOLS_CLAUDE), "be brief", "weather?",
+                      'look it upget_weather{"city":"Paris"}', "sunny")
+    assert msg.usage.input_tokens == expected
+    counted = claude.messages.count_tokens(model=MODEL, system="be brief", tools=TOOLS_CLAUDE,
+                                           messages=messages)
+    assert counted.input_tokens == expected
+    with pytest.raises(anthropic.NotFoundError) as info:
+        claude.messages.count_tokens(model="nope", messages=[{"role": "user", "content": "x"}])
+    assert info.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError) as info:
+        claude.messages.count_tokens(model=MODEL, messages=[])
+    assert "$.messages" in info.value.body["error"]["message"]
