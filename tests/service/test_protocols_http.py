@@ -46,7 +46,7 @@ async def test_messages_errors_use_anthropics_envelope(client):
     assert resp.status == 415 and (await resp.json())["error"]["type"] == "invalid_request_error"
     resp = await client.get("/v1/messages")
     assert resp.status == 405 and (await resp.json())["type"] == "error"
-    resp = await client.post("/v1/messages/count_tokens", json=MESSAGE)  # not served here
+    resp = await client.post("/v1/messages/batches", json=MESSAGE)  # not served here
     assert resp.status == 404 and (await resp.json())["error"]["type"] == "not_found_error"
 
 
@@ -56,9 +56,9 @@ async def test_responses_errors_use_the_openai_envelope(client):
     assert resp.status == 400 and body["error"]["code"] == "invalid_request"
     assert "$.input" in body["error"]["message"]
     resp = await client.post("/v1/responses", json={
-        **RESPONSE, "input": [{"type": "function_call_output", "role": "tool", "content": "x"}]})
+        **RESPONSE, "input": [{"type": "message", "content": "x"}]})  # a message needs a role
     body = await resp.json()
-    assert resp.status == 400 and "$.input[0].type" in body["error"]["message"]
+    assert resp.status == 400 and "`role` - at `$.input[0]`" in body["error"]["message"]
 
 
 @pytest.mark.parametrize("headers, status", [
