@@ -28,6 +28,8 @@ from inference_lab.gateway.protocols.base import (
 )
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=_U31)]
+TopLogprobs = Annotated[int, msgspec.Meta(ge=0, le=20)]  # vLLM's default --max-logprobs
+UNLIKELY = -9999.0  # the log-probability vLLM reports for -inf: every other token's
 Priority = Annotated[int, msgspec.Meta(ge=-(2**31), le=_U31)]
 MAX_N = 128  # OpenAI's own bound on `n`
 
@@ -90,12 +92,26 @@ class ChatCompletionRequest(_GenerationRequest, kw_only=True):
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
     tools: Any = None  # counted in the prompt, as chat templates render them
+    logprobs: bool | None = False
+    top_logprobs: TopLogprobs | None = None
+
+    @property
+    def top(self) -> int | None:
+        """How many alternatives per token (None: no logprobs)."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise invalid("top_logprobs needs logprobs: true - at `$.top_logprobs`")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_GenerationRequest, kw_only=True):
     prompt: str | list[str | int | list[int]]
     max_completion_tokens: PositiveInt | None = None  # accepted for symmetry
     echo: bool | None = False
+    logprobs: TopLogprobs | None = None  # completions: the alternatives per token
+
+    @property
+    def top(self) -> int | None:
+        return self.logprobs
 
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -168,12 +184,19 @@ class Completion(Reply):
     first token(s); each choice's per-token chunk is pre-encoded once."""
 
     __slots__ = ("chat", "id", "created", "model", "include_usage", "n", "echo", "head",
-                 "token", "_tokens", "continuous", "prompt_tokens", "emitted", "cap")
+                 "token", "_tokens", "continuous", "prompt_tokens", "emitted", "cap", "top",
+                 "_offsets")
 
     def __init__(self, chat: bool, model: str, include_usage: bool = False, n: int = 1,
                  echo: str | None = None, continuous_usage: bool = False,
-                 prompt_tokens: int = 0, cap: int | None = None) -> None:
+                 prompt_tokens: int = 0, cap: int | None = None, top: int | None = None) -> None:
         self.chat = chat
+        # logprobs asked for: how many alternatives per token (every generated token is the
+        # placeholder, at log-probability 0; the alternatives at vLLM's -inf, -9999.0)
+        self.top = top
+        # completions with logprobs, streamed: each chunk's text_offset differs, so chunks
+        # are made one by one (each choice's characters so far)
+        self._offsets = [len(echo or "")] * n if top is not None and not chat else None
         self.cap = cap  # the client's explicit max_tokens: reaching it is "length"
         self.id = ("chatcmpl-" if chat else "cmpl-") + random_id()
         self.created = int(time.time())
@@ -210,15 +233,35 @@ class Completion(Reply):
         chunk.update(extra)
         return chunk
 
+    def _logprobs(self, count: int, offset: int = 0) -> dict | None:
+        """`count` placeholder tokens' logprobs in the API's shape (None when not asked):
+        chat {content: [{token, logprob, bytes, top_logprobs}], refusal}; completions
+        {tokens, token_logprobs, top_logprobs, text_offset} from character `offset`."""
+        if self.top is None or count == 0:
+            return None
+        alternatives = [PLACEHOLDER_TOKEN] + [f"{PLACEHOLDER_TOKEN}{j}" for j in range(1, self.top)]
+        if self.chat:
+            top = [{"token": t, "logprob": 0.0 if j == 0 else UNLIKELY, "bytes": list(t.encode())}
+                   for j, t in enumerate(alternatives[:self.top])]
+            entry = {"token": PLACEHOLDER_TOKEN, "logprob": 0.0,
+                     "bytes": list(PLACEHOLDER_TOKEN.encode()), "top_logprobs": top}
+            return {"content": [entry] * count, "refusal": None}
+        top = {t: 0.0 if j == 0 else UNLIKELY for j, t in enumerate(alternatives)}
+        step = len(PLACEHOLDER_TOKEN)
+        return {"tokens": [PLACEHOLDER_TOKEN] * count, "token_logprobs": [0.0] * count,
+                "top_logprobs": [top] * count,
+                "text_offset": [offset + step * i for i in range(count)]}
+
     def _choice(self, index: int, text: str | None, finish_reason: str | None,
-                role: bool = False) -> dict:
+                role: bool = False, offset: int = 0) -> dict:
+        logprobs = self._logprobs(1, offset) if text == PLACEHOLDER_TOKEN else None
         if self.chat:
             delta: dict = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
-            return {"index": index, "delta": delta, "logprobs": None,
+            return {"index": index, "delta": delta, "logprobs": logprobs,
                     "finish_reason": finish_reason}
-        return {"index": index, "text": text or "", "logprobs": None,
+        return {"index": index, "text": text or "", "logprobs": logprobs,
                 "finish_reason": finish_reason}
 
     def start_stream(self) -> None:
@@ -244,11 +287,16 @@ class Completion(Reply):
     def tokens(self, index: int, k: int) -> bytes:
         if self.head is None:
             self.start_stream()
-        if self.continuous:
+        if self.continuous or self._offsets is not None:
             out = []
+            offsets = self._offsets
             for _ in range(k):
                 self.emitted += 1
-                out.append(data_frame(self._chunk([self._choice(index, PLACEHOLDER_TOKEN, None)])))
+                offset = offsets[index] if offsets is not None else 0
+                out.append(data_frame(self._chunk([self._choice(index, PLACEHOLDER_TOKEN, None,
+                                                                offset=offset)])))
+                if offsets is not None:
+                    offsets[index] += len(PLACEHOLDER_TOKEN)
             return b"".join(out)
         return (self.token if index == 0 else self._tokens[index]) * k
 
@@ -283,9 +331,10 @@ class Completion(Reply):
             finish_reason = self._finish_reason(count)
             if self.chat:
                 choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                                "logprobs": None, "finish_reason": finish_reason})
+                                "logprobs": self._logprobs(count), "finish_reason": finish_reason})
             else:
-                choices.append({"index": i, "text": (self.echo or "") + text, "logprobs": None,
+                choices.append({"index": i, "text": (self.echo or "") + text,
+                                "logprobs": self._logprobs(count, len(self.echo or "")),
                                 "finish_reason": finish_reason})
         modelled = outcome.modelled
         return json_encode({
@@ -312,7 +361,7 @@ class ChatCompletions(Dialect):
         n = req.n or 1
         reply = Completion(True, req.model, req.include_usage, n,
                            continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
-                           cap=cap)
+                           cap=cap, top=req.top)
         return Generation(req.model, prompt, cap, bool(req.stream), reply,
                           n=n, priority=req.priority)
 
@@ -328,7 +377,7 @@ class Completions(Dialect):
         n = req.n or 1
         reply = Completion(False, req.model, req.include_usage, n, echo=echo,
                            continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
-                           cap=cap)
+                           cap=cap, top=req.top)
         return Generation(req.model, prompt, cap, bool(req.stream), reply,
                           n=n, priority=req.priority)
 

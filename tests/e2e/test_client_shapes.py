@@ -122,3 +122,29 @@ def test_anthropic_counts_tool_use_tool_results_thinking_and_tools_and_count_tok
     with pytest.raises(anthropic.BadRequestError) as info:
         claude.messages.count_tokens(model=MODEL, messages=[])
     assert "$.messages" in info.value.body["error"]["message"]
+
+
+def test_logprobs_when_asked_in_each_apis_shape(oai):
+    chat = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=3, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert [(c.token, c.logprob, len(c.top_logprobs)) for c in content] == [(" token", 0.0, 2)] * 3
+    assert content[0].top_logprobs[0].token == " token" and content[0].top_logprobs[1].logprob == -9999.0
+    plain = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert plain.choices[0].logprobs is None
+    stream = oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                         max_tokens=3, logprobs=True, stream=True)
+    per_chunk = [len(c.choices[0].logprobs.content) for c in stream
+                 if c.choices and c.choices[0].delta.content]
+    assert per_chunk == [1, 1, 1]
+    text = oai.completions.create(model=MODEL, prompt="hi", max_tokens=3, logprobs=2, echo=True)
+    lp = text.choices[0].logprobs
+    assert lp.tokens == [" token"] * 3 and lp.token_logprobs == [0.0] * 3
+    assert lp.text_offset == [2, 8, 14] and len(lp.top_logprobs[0]) == 2  # after the echoed "hi"
+    streamed = oai.completions.create(model=MODEL, prompt="hi", max_tokens=3, logprobs=1, stream=True)
+    offsets = [c.choices[0].logprobs.text_offset[0] for c in streamed if c.choices and c.choices[0].text]
+    assert offsets == [0, 6, 12]
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                    max_tokens=2, top_logprobs=2)
+    assert "$.top_logprobs" in info.value.body["message"]
