@@ -105,12 +105,14 @@ class KVEventsConfig:
 
 def offset_endpoint(endpoint: str | None, index: int) -> str | None:
     """Replica `index`'s endpoint: the TCP port plus index, or an `_dp<index>` suffix on
-    ipc/inproc names (as vLLM offsets data-parallel ranks); index 0 keeps it."""
+    ipc/inproc names (as vLLM offsets data-parallel ranks); index 0 keeps it, and so does
+    every replica of a tcp endpoint on any free port (`:0` or `:*`: port + index would be
+    a fixed low port, a privileged one)."""
     if not endpoint or index == 0:
         return endpoint
     if endpoint.startswith("tcp://"):
         base, _, port = endpoint.rpartition(":")
-        return f"{base}:{int(port) + index}"
+        return f"{base}:{int(port) + index}" if port.isdigit() and int(port) else endpoint
     return f"{endpoint}_dp{index}"
 
 

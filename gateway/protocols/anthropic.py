@@ -25,7 +25,7 @@ from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import GatewayError, anthropic_envelope
 from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
-    content_text, conversation_ids, json_encode, random_id, raw_text, with_tools,
+    content_text, conversation_ids, json_encode, random_id, raw_text, with_tools, Fraction,
 )
 
 
@@ -56,6 +56,11 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     system: str | list[ContentBlock] | None = None
     stream: bool = False
     tools: Any = None  # counted in the prompt, as chat templates render them
+    # sampling: checked for type and range as Anthropic documents them, otherwise unused
+    temperature: Fraction | None = None
+    top_p: Fraction | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    stop_sequences: list[str] | None = None
 
 
 _decoder = msgspec.json.Decoder(MessagesRequest)

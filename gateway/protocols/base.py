@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from collections.abc import Sequence
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -42,6 +42,13 @@ def random_id() -> str:
     cost (no UUID object): a response id and an `x-request-id` for every request, refusals
     included."""
     return "%032x" % (int.from_bytes(os.urandom(16), "big") & _UUID4_CLEAR | _UUID4_SET)
+
+
+# Sampling parameters: checked for type and range as vLLM checks them (a 400 naming the
+# field), then not used, since every generated token is the same placeholder.
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2, le=2)]
 
 
 def invalid(message: str) -> GatewayError:

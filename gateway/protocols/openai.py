@@ -24,7 +24,7 @@ from inference_lab.gateway.errors import GatewayError, sse_error_frame
 from inference_lab.gateway.protocols.base import (
     _U31, DONE_FRAME, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, data_frame,
     checked_ids, content_text, conversation_ids, decode, invalid, json_encode, random_id,
-    text_ids, with_tools,
+    text_ids, with_tools, Fraction, NonNegative, Penalty,
 )
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=_U31)]
@@ -76,6 +76,18 @@ class _GenerationRequest(msgspec.Struct, kw_only=True):
     max_tokens: PositiveInt | None = None
     n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] | None = 1  # null = 1
     priority: Priority = 0  # vLLM extension: lower runs first under policy "priority"
+    # sampling: checked as vLLM checks them (a 400 naming the field), otherwise unused
+    temperature: NonNegative | None = None
+    top_p: Fraction | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None  # vLLM: -1 (or 0) = off
+    min_p: Fraction | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    logit_bias: dict[str, Annotated[float, msgspec.Meta(ge=-100, le=100)]] | None = None
+    user: str | None = None
 
     @property
     def include_usage(self) -> bool:

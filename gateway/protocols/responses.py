@@ -34,7 +34,7 @@ from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
-    conversation_ids, invalid, json_encode, random_id, with_tools,
+    conversation_ids, invalid, json_encode, random_id, with_tools, Fraction, NonNegative,
 )
 
 
@@ -65,6 +65,10 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     stream: bool | None = False  # null = false
     previous_response_id: str | None = None  # continue that response's conversation
     store: bool | None = True  # keep this one for a later previous_response_id
+    # sampling: checked for type and range, otherwise unused
+    temperature: NonNegative | None = None
+    top_p: Fraction | None = None
+    user: str | None = None
     tools: Any = None  # counted in the prompt, as chat templates render them
 
 

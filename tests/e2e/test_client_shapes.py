@@ -148,3 +148,41 @@ def test_logprobs_when_asked_in_each_apis_shape(oai):
         oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                     max_tokens=2, top_logprobs=2)
     assert "$.top_logprobs" in info.value.body["message"]
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+CLAUDE = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+RESP = {"model": MODEL, "input": "hi", "max_output_tokens": 2}
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/v1/chat/completions", {**CHAT, "temperature": "hot"}, "$.temperature"),
+    ("/v1/chat/completions", {**CHAT, "temperature": -0.5}, "$.temperature"),
+    ("/v1/chat/completions", {**CHAT, "top_p": 1.5}, "$.top_p"),
+    ("/v1/chat/completions", {**CHAT, "presence_penalty": 3}, "$.presence_penalty"),
+    ("/v1/chat/completions", {**CHAT, "stop": 5}, "$.stop"),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"50256": 500}}, "$.logit_bias"),
+    ("/v1/chat/completions", {**CHAT, "seed": "x"}, "$.seed"),
+    ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2, "top_k": -5}, "$.top_k"),
+    ("/v1/messages", {**CLAUDE, "temperature": 1.5}, "$.temperature"),
+    ("/v1/messages", {**CLAUDE, "stop_sequences": "\n"}, "$.stop_sequences"),
+    ("/v1/responses", {**RESP, "temperature": -1}, "$.temperature"),
+    ("/v1/responses", {**RESP, "top_p": 2}, "$.top_p"),
+])
+def test_sampling_parameters_are_checked_by_type_and_range(served, path, body, field):
+    status, reply = json_request(served.base, "POST", path, body)
+    assert status == 400, reply
+    error = reply["error"]
+    assert field in error["message"]
+    assert (reply["type"], error["type"]) == ("error", "invalid_request_error") if path == "/v1/messages" \
+        else error["code"] == "invalid_request"
+
+
+def test_valid_sampling_parameters_pass(served):
+    ok = {**CHAT, "temperature": 0, "top_p": 1, "top_k": -1, "min_p": 0.1, "seed": 7, "user": "u",
+          "stop": ["\n", "END"], "logit_bias": {"50256": -100}, "frequency_penalty": -2,
+          "repetition_penalty": 1.1}
+    assert json_request(served.base, "POST", "/v1/chat/completions", ok)[0] == 200
+    assert json_request(served.base, "POST", "/v1/messages",
+                        {**CLAUDE, "temperature": 1, "top_k": 5, "stop_sequences": ["x"]})[0] == 200
+    assert json_request(served.base, "POST", "/v1/responses", {**RESP, "temperature": 2, "top_p": 0.5})[0] == 200

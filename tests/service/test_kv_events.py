@@ -195,6 +195,9 @@ def test_replicas_offset_the_port_as_vllm_offsets_data_parallel_ranks():
     assert offset_endpoint("tcp://127.0.0.1:5557", 0) == "tcp://127.0.0.1:5557"
     assert offset_endpoint("tcp://127.0.0.1:5557", 2) == "tcp://127.0.0.1:5559"
     assert offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
+    # any free port stays any free port for every replica (0 + 1 would bind port 1)
+    assert offset_endpoint("tcp://127.0.0.1:0", 1) == "tcp://127.0.0.1:0"
+    assert offset_endpoint("tcp://127.0.0.1:*", 3) == "tcp://127.0.0.1:*"
 
 
 @pytest.mark.parametrize("text, message", [
