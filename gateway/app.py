@@ -37,6 +37,7 @@ from inference_lab.gateway.errors import (
     engine_unavailable,
     error_response,
     from_http_exception,
+    saturated_response,
 )
 from inference_lab.gateway.edge import arrival_stamp, read_body
 from inference_lab.gateway.faults import HEADER as FAULT_HEADER
@@ -123,7 +124,6 @@ def _error_response(err: GatewayError, request: web.BaseRequest) -> web.Response
     """`err` in the envelope of the request's route (looked up only when there is one)."""
     return error_response(err, request, _envelope_for(request))
 
-
 @web.middleware
 async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
     state = request.app[STATE]
@@ -176,7 +176,7 @@ def _may_be_json(request: web.BaseRequest) -> bool:
     """application/json or application/*+json, or no Content-Type, or an unlabelled one
     (parameters ignored). Text, multipart, XML and garbage are refused."""
     header = request.headers.get("Content-Type")
-    if header is None:
+    if header is None or header == "application/json":
         return True
     maintype, _, subtype = header.partition(";")[0].strip().lower().partition("/")
     return maintype == "application" and "/" not in subtype and (
@@ -188,36 +188,56 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         raise GatewayError(ErrorKind.UNSUPPORTED_MEDIA_TYPE,
                            f"Unsupported Content-Type {request.headers['Content-Type']!r}: "
                            "send a JSON body with Content-Type: application/json.")
-    too_large = GatewayError(
-        ErrorKind.BODY_TOO_LARGE, f"Request body too large: the limit is {limit} bytes."
-    )
     if request.content_length is not None and request.content_length > limit:
-        raise too_large
+        raise _too_large(limit)
     try:
         return await read_body(request)
     except web.HTTPRequestEntityTooLarge:
-        raise too_large from None
+        raise _too_large(limit) from None
+
+
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError(ErrorKind.BODY_TOO_LARGE,
+                        f"Request body too large: the limit is {limit} bytes.")
 
 
 # ---- generation ----------------------------------------------------------------------
 
 
 def _generation_handler(dialect: Dialect):
-    async def handler(request: web.Request) -> web.StreamResponse:
+    render = dialect.error_body
+
+    async def serve(request: web.Request, quick_refusal: bool = False) -> web.StreamResponse:
         state = request.app[STATE]
         body = await _read_body(request, state.max_body_bytes)
         arrived = arrival_stamp(request)  # the request is read: the engine books it here
-        gen = dialect.parse(body, state.tokenizer)
+        gen = dialect.parse(body, state.tokenizer)  # a bad body gets its 400 before a 529
         fault = _fault_for(request, state, gen)
         pump = None
+        client = state.client
         if fault is not None:
             if fault.after_tokens is None:  # scripted: the engine is not asked
-                await state.client.resolve_model(gen.model)
+                await client.resolve_model(gen.model)
                 return await fault_stream.serve_scripted(request, gen.reply, fault,
                                                          gen.prompt_tokens)
             pump = fault_stream.pump_until_fault(fault)  # fires inside the real stream
-        return await generate(request, gen, state.client, state.inflight, pump,
+        elif quick_refusal:
+            # The check `generate` would make in EngineClient.open, answered without raising
+            # the 529 through the handler and the edge (the same response, byte for byte).
+            # It refuses only a model in the client's cache: `generate`'s resolve_model
+            # (a 404 first for an unknown one) would have passed without waiting.
+            refused = client.refusal(gen.model, gen.prompt_tokens, gen.max_tokens, gen.n,
+                                     state.replica)
+            if refused is not None:
+                return saturated_response(refused, request, render)
+        return await generate(request, gen, client, state.inflight, pump,
                               replica=state.replica, arrived=arrived)
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        control = request.app[fault_control.FAULTS]
+        if control.state.active:  # injected errors, retry hints (on the 529 too)
+            return await fault_control.with_faults(request, serve, control)
+        return await serve(request, True)
 
     handler.__name__ = dialect.name.replace(".", "_")
     return handler
@@ -227,6 +247,8 @@ def _fault_for(request: web.Request, state: GatewayState, gen: Generation) -> Fa
     """The fault directive (header or the model's static mode) a request gets; faults speak
     OpenAI chat and completions streams, one choice."""
     header = request.headers.get(FAULT_HEADER)
+    if header is None and not state.static_faults:
+        return None  # (the common case, decided without building the reply)
     if not isinstance(gen.reply, Completion) or gen.n != 1:
         if header is not None:
             raise GatewayError(ErrorKind.INVALID_FAULT_DIRECTIVE,
@@ -468,8 +490,7 @@ def create_app(
         replica=replica,
         shared_engine=engine,
     )
-    app = web.Application(client_max_size=max_body_bytes,
-                          middlewares=[edge_middleware, fault_control.fault_middleware])
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[edge_middleware])
     app[STATE] = state
 
     async def served_models() -> list[str]:

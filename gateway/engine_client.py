@@ -634,18 +634,14 @@ class EngineClient:
         the request arrived here (time.monotonic()); an engine on this machine books its
         arrival then (inference_lab.common.clock)."""
         prompt_tokens = prompt if isinstance(prompt, int) else len(prompt)
-        key = queue_key(model, replica or 0)
         for _ in range(2):
             session = self._session
             if session is None or session.broken:
                 await self._ensure_session()
                 continue
-            full = session.saturated.get(key)
-            if full is not None and self._fits(model, prompt_tokens, max_tokens or 1, n):
-                # (one that can never fit goes on: the engine answers it with its 400 first;
-                # without max_tokens the engine fits the length it chooses to the model)
-                session.note_refused((model, replica or 0))
-                raise GatewayError(ErrorKind.QUEUE_SATURATED, full.message)
+            refused = self.refusal(model, prompt_tokens, max_tokens, n, replica)
+            if refused is not None:
+                raise GatewayError(ErrorKind.QUEUE_SATURATED, refused)
             tag = next(self._tags)
             if self._probe is not None:
                 self._probe.on_open(tag)
@@ -674,6 +670,22 @@ class EngineClient:
             session.send(action)
             return stream
         raise engine_unavailable("the session broke while connecting")
+
+    def refusal(self, model: str, prompt_tokens: int, max_tokens: int | None, n: int = 1,
+                replica: int | None = None) -> str | None:
+        """The engine's saturation message when `open` would refuse this request at once
+        (the refusal is then counted for the engine's `Refused` report), else None: the
+        check `open` makes, for a caller that answers the 529 without raising."""
+        session = self._session
+        if session is None or session.broken:
+            return None
+        full = session.saturated.get(queue_key(model, replica or 0))
+        if full is None or not self._fits(model, prompt_tokens, max_tokens or 1, n):
+            # (one that can never fit goes on: the engine answers it with its 400 first;
+            # without max_tokens the engine fits the length it chooses to the model)
+            return None
+        session.note_refused((model, replica or 0))
+        return full.message
 
     def _fits(self, model: str, prompt_tokens: int, max_tokens: int, n: int = 1) -> bool:
         """Within the largest request the engine says the model takes (its checks come

@@ -1,4 +1,5 @@
-"""Injected errors and retry hints at the HTTP edge: the middleware and /control/faults.
+"""Injected errors and retry hints at the HTTP edge: the generation handlers' wrapper and
+/control/faults.
 
 Knows: which routes are generation requests (the ones errors are injected into), how to
 learn a request's model from its body without disturbing the handler (aiohttp keeps the
@@ -83,12 +84,11 @@ def injected_response(request: web.BaseRequest, error: ErrorType, model: str,
                         content_type="application/json", headers=headers or None)
 
 
-@web.middleware
-async def fault_middleware(request: web.Request, handler) -> web.StreamResponse:
-    control = request.app[FAULTS]
+async def with_faults(request: web.Request, handler, control: FaultControl) -> web.StreamResponse:
+    """A generation request (a POST to one of GENERATION_PATHS) while injected errors or
+    retry hints are set (`control.state.active`; the generation handlers call `handler`
+    directly otherwise): the injected error, or `handler`'s response with the hints."""
     state = control.state
-    if not state.active or request.method != "POST" or request.path not in GENERATION_PATHS:
-        return await handler(request)
     model = await _model_of(request, control.max_body_bytes)
     scripted = bool(state.scripts)
     error = state.decide(model)

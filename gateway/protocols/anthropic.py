@@ -17,6 +17,7 @@ Does not know: aiohttp, gRPC, or the engine's events (`gateway.protocols.generat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -138,7 +139,7 @@ class Messages(Dialect):
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode(_decoder, body)
         prompt = messages_prompt(tokenizer, req)
-        reply = AnthropicMessage(req.model, len(prompt), req.max_tokens)
+        reply = partial(AnthropicMessage, req.model, len(prompt), req.max_tokens)
         return Generation(req.model, prompt, req.max_tokens, req.stream, reply)
 
     def error_body(self, err: GatewayError) -> bytes:

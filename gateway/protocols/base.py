@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from typing import Annotated, Any
 
@@ -178,13 +178,23 @@ class Generation:
     prompt: Sequence[int]  # the prompt's token IDs
     max_tokens: int | None  # the client's explicit cap, if it gave one
     stream: bool
-    reply: Reply
+    # Makes the request's Reply, on first use of `reply` (a request refused with a 529
+    # needs none: no response id, no pre-encoded templates).
+    make_reply: Callable[[], Reply]
     n: int = 1  # sequences to sample (parallel sampling)
     priority: int = 0  # vLLM extension: lower runs first under policy "priority"
+    _reply: Reply | None = field(default=None, repr=False)
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt)
+
+    @property
+    def reply(self) -> Reply:
+        reply = self._reply
+        if reply is None:
+            reply = self._reply = self.make_reply()
+        return reply
 
 
 class Dialect(ABC):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Annotated, Any
 
 import msgspec
@@ -371,9 +372,9 @@ class ChatCompletions(Dialect):
         prompt = chat_prompt(tokenizer, req.messages, req.tools)
         cap = req.max_completion_tokens or req.max_tokens
         n = req.n or 1
-        reply = Completion(True, req.model, req.include_usage, n,
-                           continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
-                           cap=cap, top=req.top)
+        reply = partial(Completion, True, req.model, req.include_usage, n,
+                        continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
+                        cap=cap, top=req.top)
         return Generation(req.model, prompt, cap, bool(req.stream), reply,
                           n=n, priority=req.priority)
 
@@ -387,9 +388,9 @@ class Completions(Dialect):
         prompt = completion_prompt(tokenizer, req.prompt)
         cap = req.max_completion_tokens or req.max_tokens
         n = req.n or 1
-        reply = Completion(False, req.model, req.include_usage, n, echo=echo,
-                           continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
-                           cap=cap, top=req.top)
+        reply = partial(Completion, False, req.model, req.include_usage, n, echo=echo,
+                        continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
+                        cap=cap, top=req.top)
         return Generation(req.model, prompt, cap, bool(req.stream), reply,
                           n=n, priority=req.priority)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import partial
 from typing import Annotated, Any
 
 import msgspec
@@ -277,9 +278,9 @@ class Responses(Dialect):
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode(_decoder, body)
         conversation = input_conversation(req)
-        reply = Response(req.model, req.instructions, req.max_output_tokens,
-                         req.previous_response_id,
-                         conversation if req.store is not False else None)
+        reply = partial(Response, req.model, req.instructions, req.max_output_tokens,
+                        req.previous_response_id,
+                        conversation if req.store is not False else None)
         return Generation(req.model, input_prompt(tokenizer, req, conversation),
                           req.max_output_tokens, bool(req.stream), reply)
 

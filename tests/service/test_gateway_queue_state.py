@@ -137,3 +137,41 @@ async def test_refusals_are_the_documented_bytes_echo_each_request_id_and_count_
     await until(lambda: sum(r.count for r in fake.refused.items) >= 6)
     assert sum(r.count for r in fake.refused.items) == 6
     assert len(fake.opened.items) == 1  # none reached the engine
+
+
+_MESSAGE = b"Server is at capacity: 7 requests waiting (max_waiting = 7). Retry with reduced concurrency."
+_OPENAI_529 = (b'{"error":{"message":"' + _MESSAGE
+               + b'","type":"overloaded_error","code":"queue_saturated"}}')
+_ANTHROPIC_529 = b'{"type":"error","error":{"type":"overloaded_error","message":"' + _MESSAGE + b'"}}'
+
+
+async def test_every_dialect_refuses_in_its_own_envelope_with_the_same_headers(client, fake):
+    # Each route's 529 is its dialect's envelope byte for byte, with the headers in the
+    # order they always went out (the refusal is built without an exception: gateway.app)
+    # and exactly one count per refusal in each route's series and the engine's reports.
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    await announce(client, fake, FULL)
+    state = client.server.app[STATE]
+    user = [{"role": "user", "content": "hello"}]
+    cases = [("/v1/chat/completions", CHAT, _OPENAI_529),
+             ("/v1/completions", {"model": FAKE_MODEL, "prompt": "hello", "max_tokens": 2},
+              _OPENAI_529),
+             ("/v1/responses", {"model": FAKE_MODEL, "input": "hello", "max_output_tokens": 2,
+                                "stream": True}, _OPENAI_529),
+             ("/v1/messages", {"model": FAKE_MODEL, "messages": user, "max_tokens": 2},
+              _ANTHROPIC_529)]
+    for path, body, expected in cases:
+        before = state.metrics.requests.get((path, 529), 0)
+        resp = await client.post(path, json=body, headers={"x-request-id": "r-" + path})
+        assert resp.status == 529, path
+        assert await resp.read() == expected, path
+        names = [name.lower() for name, _ in resp.raw_headers]
+        assert names == [b"content-type", b"content-length", b"date", b"server",
+                         b"x-request-id"], path
+        assert resp.headers["x-request-id"] == "r-" + path
+        assert state.metrics.requests[(path, 529)] - before == 1
+        # bad input in the same dialect still gets its 400 first
+        assert (await client.post(path, json={"model": FAKE_MODEL})).status == 400, path
+    await until(lambda: sum(r.count for r in fake.refused.items) >= 4)
+    assert sum(r.count for r in fake.refused.items) == 4
+    assert len(fake.opened.items) == 1  # none reached the engine
