@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, AsyncIterator, Callable
+from typing import Annotated, AsyncIterator, Awaitable, Callable
 
 import msgspec
 from aiohttp import web
@@ -204,11 +204,14 @@ def _too_large(limit: int) -> GatewayError:
 # ---- generation ----------------------------------------------------------------------
 
 
-def _generation_handler(dialect: Dialect):
+def _generation_handler(dialect: Dialect, state: GatewayState,
+                        faults: fault_control.FaultControl):
+    """The route handler of one API dialect in the app of `state` and `faults`."""
     render = dialect.error_body
 
-    async def serve(request: web.Request, quick_refusal: bool = False) -> web.StreamResponse:
-        state = request.app[STATE]
+    async def handler(request: web.Request, faulted: bool = False) -> web.StreamResponse:
+        if not faulted and faults.state.active:  # injected errors, retry hints (529s too)
+            return await fault_control.with_faults(request, faulted_handler, faults)
         body = await _read_body(request, state.max_body_bytes)
         arrived = arrival_stamp(request)  # the request is read: the engine books it here
         gen = dialect.parse(body, state.tokenizer)  # a bad body gets its 400 before a 529
@@ -221,11 +224,12 @@ def _generation_handler(dialect: Dialect):
                 return await fault_stream.serve_scripted(request, gen.reply, fault,
                                                          gen.prompt_tokens)
             pump = fault_stream.pump_until_fault(fault)  # fires inside the real stream
-        elif quick_refusal:
+        elif not faulted:
             # The check `generate` would make in EngineClient.open, answered without raising
-            # the 529 through the handler and the edge (the same response, byte for byte).
-            # It refuses only a model in the client's cache: `generate`'s resolve_model
-            # (a 404 first for an unknown one) would have passed without waiting.
+            # the 529 through the handler and the edge (the same response, byte for byte;
+            # with faults set it is raised as before, for the hints to go on it). It
+            # refuses only a model in the client's cache: `generate`'s resolve_model (a 404
+            # first for an unknown one) would have passed without waiting.
             refused = client.refusal(gen.model, gen.prompt_tokens, gen.max_tokens, gen.n,
                                      state.replica)
             if refused is not None:
@@ -233,11 +237,8 @@ def _generation_handler(dialect: Dialect):
         return await generate(request, gen, client, state.inflight, pump,
                               replica=state.replica, arrived=arrived)
 
-    async def handler(request: web.Request) -> web.StreamResponse:
-        control = request.app[fault_control.FAULTS]
-        if control.state.active:  # injected errors, retry hints (on the 529 too)
-            return await fault_control.with_faults(request, serve, control)
-        return await serve(request, True)
+    def faulted_handler(request: web.Request) -> Awaitable[web.StreamResponse]:
+        return handler(request, True)
 
     handler.__name__ = dialect.name.replace(".", "_")
     return handler
@@ -501,7 +502,7 @@ def create_app(
     app.cleanup_ctx.append(_engine_ctx)
     app.on_response_prepare.append(_echo_request_id)
     for path, dialect in ROUTES.items():
-        app.router.add_post(path, _generation_handler(dialect))
+        app.router.add_post(path, _generation_handler(dialect, state, app[fault_control.FAULTS]))
     app.router.add_get("/v1/models", list_models)
     vllm_api.add_routes(app, lambda: state.client, lambda: state.tokenizer,
                         lambda request: _read_body(request, state.max_body_bytes))
