@@ -2,10 +2,10 @@
 
 Knows: `Generation`, what a dialect makes of a request body (the model, the prompt length,
 the explicit output cap, how many sequences, streaming or not) together with its `Reply`,
-the object that renders that request's response bytes; `Outcome`, what the engine reported
-when the request finished; the prompt as token IDs under the configured tokenizer (the
-engine hashes them for prefix caching; every generated token is the same placeholder
-text); and the SSE framing. (How many tokens a request without max_tokens generates is
+the object that renders that request's response bytes (made on first use); `Outcome`,
+what the engine reported when the request finished; the prompt as token IDs under the
+configured tokenizer (the engine hashes them for prefix caching; every generated token is
+the same placeholder text); and the SSE framing. (How many tokens a request without max_tokens generates is
 the engine's to choose: engine.sim.lengths.)
 
 Does not know: aiohttp, gRPC or the engine's events (`gateway.protocols.generate` turns
