@@ -139,10 +139,12 @@ async def test_refusals_are_the_documented_bytes_echo_each_request_id_and_count_
     assert len(fake.opened.items) == 1  # none reached the engine
 
 
-_MESSAGE = b"Server is at capacity: 7 requests waiting (max_waiting = 7). Retry with reduced concurrency."
+_MESSAGE = (b"Server is at capacity: 7 requests waiting (max_waiting = 7). "
+            b"Retry with reduced concurrency.")
 _OPENAI_529 = (b'{"error":{"message":"' + _MESSAGE
                + b'","type":"overloaded_error","code":"queue_saturated"}}')
-_ANTHROPIC_529 = b'{"type":"error","error":{"type":"overloaded_error","message":"' + _MESSAGE + b'"}}'
+_ANTHROPIC_529 = (b'{"type":"error","error":{"type":"overloaded_error","message":"'
+                  + _MESSAGE + b'"}}')
 
 
 async def test_every_dialect_refuses_in_its_own_envelope_with_the_same_headers(client, fake):
