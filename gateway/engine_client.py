@@ -940,12 +940,18 @@ class EngineClient:
         scrape. It shows every request of this gateway that finished on the replica
         before the call; otherwise it is at most ~50 ms old. Asks GetMetrics when the
         copy cannot answer (an engine without WatchMetrics, a feed that does not come)."""
-        session = self._session
-        seq = 0 if session is None or session.broken else session.finished_seq.get(replica, 0)
-        text = await self._feed.text(replica, seq)
+        text = await self._feed.text(replica, self._finished_seq(replica))
         if text is None:
             return await self.metrics_text(engines=[replica])
         return text
+
+    def replica_metrics_now(self, replica: int) -> bytes | None:
+        """`replica_metrics` when its copy is here already (no wait, no call); else None."""
+        return self._feed.ready(replica, self._finished_seq(replica))
+
+    def _finished_seq(self, replica: int) -> int:
+        session = self._session
+        return 0 if session is None or session.broken else session.finished_seq.get(replica, 0)
 
     def copy_waits(self, replica: int) -> int:
         """Scrapes of `replica` whose copy had to wait for a newer push (a request this

@@ -83,6 +83,16 @@ class MetricsFeed:
                 return None
         return self.texts.get(replica)
 
+    def ready(self, replica: int, seq: int = 0) -> bytes | None:
+        """`text` when it would not wait: the copy of `replica` as of `seq` or later
+        while the feed is live; None otherwise (ask `text`)."""
+        if self._task is None or self.seq < 0 or max(self.seq, self.seqs.get(replica, -1)) < seq:
+            return None
+        text = self.texts.get(replica)
+        if text is not None:
+            self._last_used = asyncio.get_running_loop().time()
+        return text
+
     def _start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._read(), name="metrics-feed")
         self._arm_idle()
