@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from inference_lab.common.auth import bearer_ok
 from inference_lab.common.tokenizer import Tokenizer, load_tokenizer
+from inference_lab.gateway import cors
 from inference_lab.gateway import lora as lora_routes
 from inference_lab.gateway.engine_client import ClientGone, EngineClient, RequestStream
 from inference_lab.gateway.metrics import GatewayMetrics
@@ -132,7 +133,7 @@ async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
     started = time.perf_counter()
     status = 500
     try:
-        if state.api_key is not None and _under(request, "/v1/"):
+        if state.api_key is not None and _under(request, "/v1/") and not cors.is_preflight(request):
             if not _api_key_ok(request, state.api_key):
                 raise GatewayError(ErrorKind.UNAUTHORIZED, "Invalid or missing API key.")
         elif state.control_token is not None and _under(request, "/control/"):
@@ -548,4 +549,5 @@ def create_app(
     app.router.add_post("/control/capacity", set_capacity)
     fault_control.add_routes(app)
     fault_replica.add_routes(app, lambda: state.client)
+    cors.add_routes(app)  # last: every route's path answers a preflight
     return app
