@@ -36,6 +36,7 @@ def distribution(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     mean = sum(ordered) / len(ordered) if ordered else 0.0
     return {
+        "min": ordered[0] if ordered else 0.0,
         "mean": mean,
         "p50": percentile(ordered, 50),
         "p90": percentile(ordered, 90),
@@ -57,6 +58,22 @@ class RunRecorder:
     rejected_invalid: int = 0
     first_arrival: float = math.inf
     last_finish: float = 0.0
+    # sums over the steps that ran, for inference-lab's `utilization` means
+    busy_steps: int = 0
+    kv_util: float = 0.0
+    flops_util: float = 0.0
+    bandwidth_util: float = 0.0
+
+    def step(self, core: EngineCore, result) -> None:
+        """One step's utilisation: KV blocks in use after it, and the shares of its time
+        its FLOPs and its bytes would take at the peak rates (each at most 1)."""
+        span = result.end - result.start
+        if not result.num_tokens or span <= 0:
+            return
+        self.busy_steps += 1
+        self.kv_util += core.kv_usage()
+        self.flops_util += min(result.compute_seconds / span, 1.0)
+        self.bandwidth_util += min(result.memory_seconds / span, 1.0)
 
 
 def _prefix_cache(core: EngineCore) -> dict:
@@ -79,6 +96,7 @@ def _timing(dep: Deployment) -> dict:
 def summarise(rec: RunRecorder, core: EngineCore, steps: int, cpu_seconds: float) -> dict:
     span = max(rec.last_finish - (rec.first_arrival if rec.total else 0.0), 1e-12)
     completed = len(rec.e2e)
+    busy = rec.busy_steps or 1
     ms = lambda xs: {k: v * 1000.0 for k, v in distribution(xs).items()}  # noqa: E731
     return {
         "model": core.name,
@@ -95,13 +113,21 @@ def summarise(rec: RunRecorder, core: EngineCore, steps: int, cpu_seconds: float
             "output_tokens_per_sec": rec.output_tokens / span,
             "requests_per_sec": completed / span,
         },
+        "utilization": {  # means over the steps that ran, as inference-lab's
+            "avg_kv_cache_util": rec.kv_util / busy,
+            "avg_flops_util": rec.flops_util / busy,
+            "avg_bandwidth_util": rec.bandwidth_util / busy,
+        },
         "requests": {
             "completed": completed,
             "total": rec.total,
+            "rejected": rec.rejected_invalid,  # inference-lab's name: could never run
             "rejected_queue_saturated": rec.rejected_saturated,
             "rejected_invalid": rec.rejected_invalid,
         },
-        "preemptions": {"total": core.scheduler.num_preemptions},
+        "preemptions": {"total": core.scheduler.num_preemptions,
+                        "per_request_mean": (core.scheduler.num_preemptions / completed
+                                             if completed else 0.0)},
         "prefix_cache": _prefix_cache(core),
         "simulation": {
             "simulated_seconds": span,
@@ -202,6 +228,7 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
             break
         result = core.step(t_step)
         steps += 1
+        rec.step(core, result)
         for req in result.finished:
             rec.input_tokens += req.prompt_len
             rec.output_tokens += req.max_tokens

@@ -59,6 +59,8 @@ class StepResult:
     finished: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     spawned: list[Request] = field(default_factory=list)  # siblings (n > 1) that began now
+    compute_seconds: float = 0.0  # of the step's time, what its FLOPs take at peak rates
+    memory_seconds: float = 0.0  # ... and its bytes at peak bandwidth
 
 
 class EngineCore:
@@ -339,10 +341,11 @@ class EngineCore:
         pairs = [(n, req.num_computed) for req, n in decision.chunks]
         prefill_tokens = sum(n for n, _ in pairs)
         num_tokens = decodes * width + prefill_tokens
-        seconds = 0.0
+        seconds = busy_compute = busy_memory = 0.0
         if num_tokens:
             load = attention_load(self.cost.caps, pairs, decode, width, decodes)
-            seconds = self.cost.step_cost(num_tokens, load).seconds
+            cost = self.cost.step_cost(num_tokens, load)
+            seconds, busy_compute, busy_memory = cost.seconds, cost.compute_seconds, cost.memory_seconds
             if width > 1:
                 seconds += self._draft_seconds(width - 1, decodes, seconds)
             if scheduler.loras is not None:
@@ -365,4 +368,5 @@ class EngineCore:
         self.clock = end
         spawned, scheduler.spawned = scheduler.spawned, []
         return StepResult(start, end, num_tokens, sampled, prefill_tokens, decodes,
-                          decision.admitted, first, done, decision.preempted, spawned)
+                          decision.admitted, first, done, decision.preempted, spawned,
+                          busy_compute, busy_memory)

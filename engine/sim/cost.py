@@ -25,10 +25,14 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class StepCost:
-    """The time of one iteration and what bounded its largest stream."""
+    """The time of one iteration, what bounded its largest stream, and the time its
+    FLOPs and its bytes would take at the peak rates (summed over the streams; their
+    shares of the step are inference-lab's `flops_util` and `bandwidth_util`)."""
 
     seconds: float
     bound: str  # "compute" or "memory"
+    compute_seconds: float = 0.0
+    memory_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +250,7 @@ class CostModel:
             seconds += self._expert_floor(tokens)
         worst = 0.0
         bound = "memory"
+        busy_compute = busy_memory = 0.0
         bandwidth = self.bandwidth
         ramp = tokens / (tokens + self._flops_half) if self.calibrated else 1.0
         eff = self._flops_eff * ramp
@@ -259,6 +264,8 @@ class CostModel:
             if moe_flops_per_token:
                 t_compute += moe_flops_per_token * tokens / (rate * moe_eff)
             t_memory = nbytes / bandwidth
+            busy_compute += t_compute
+            busy_memory += t_memory
             t = t_compute if t_compute > t_memory else t_memory
             if t > worst:
                 worst = t
@@ -266,7 +273,7 @@ class CostModel:
             seconds += t
         if self._collectives:
             seconds += self._collectives * (self._ar_latency + tokens * self._ar_per_token)
-        return StepCost(self.alpha * seconds + self.beta, bound)
+        return StepCost(self.alpha * seconds + self.beta, bound, busy_compute, busy_memory)
 
 
 def _reach(m: float, cap: int) -> float:

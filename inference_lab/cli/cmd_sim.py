@@ -96,12 +96,15 @@ def print_table(summary: dict) -> None:
     console = Console()
     console.print(table)
     thr, req, sim = summary["throughput_metrics"], summary["requests"], summary["simulation"]
+    util = summary["utilization"]
     console.print(
         f"throughput: {thr['output_tokens_per_sec']:,.0f} output tok/s, "
         f"{thr['input_tokens_per_sec']:,.0f} input tok/s, {thr['requests_per_sec']:,.2f} req/s\n"
         f"requests: {req['completed']:,} completed of {req['total']:,} "
         f"({req['rejected_queue_saturated']:,} refused: queue saturated, "
         f"{req['rejected_invalid']:,} invalid); preemptions: {summary['preemptions']['total']:,}\n"
+        f"utilization (mean over steps): KV cache {util['avg_kv_cache_util']:.1%}, "
+        f"FLOPs {util['avg_flops_util']:.1%}, bandwidth {util['avg_bandwidth_util']:.1%}\n"
         f"simulated {sim['simulated_seconds']:.2f} s in {sim['steps']:,} steps, "
         f"{sim['cpu_seconds']:.2f} CPU s ({sim['output_tokens_per_cpu_second']:,.0f} output tok/CPU s)"
     )

@@ -136,3 +136,18 @@ def test_refusals_name_the_key(tmp_path, text, message):
     with pytest.raises(ConfigError) as info:
         load_workload(path)
     assert message in str(info.value)
+
+
+def test_the_summary_has_inference_labs_output_layout(tmp_path):
+    w = write(tmp_path, 'arrival_pattern = "closed_loop"\nnum_concurrent_users = 16\nnum_requests = 64\nseed = 7\n')
+    summary = simulate(w)
+    for name in ("ttft_ms", "e2e_ms", "per_token_ms"):
+        stats = summary["latency_metrics"][name]
+        assert set(stats) == {"min", "mean", "p50", "p90", "p99"} and 0 < stats["min"] <= stats["p50"]
+    util = summary["utilization"]
+    assert set(util) == {"avg_kv_cache_util", "avg_flops_util", "avg_bandwidth_util"}
+    assert all(0 < v <= 1 for v in util.values())
+    # 16 decodes of a 20-token reply on a B200: weight reads dominate, not FLOPs
+    assert util["avg_bandwidth_util"] > 5 * util["avg_flops_util"]
+    assert summary["requests"]["rejected"] == 0
+    assert summary["preemptions"] == {"total": 0, "per_request_mean": 0.0}
