@@ -52,7 +52,7 @@ from inference_lab.gateway.protocols import ROUTES, Dialect
 from inference_lab.gateway.protocols.base import Generation, invalid, json_encode, random_id
 from inference_lab.gateway.protocols.generate import generate
 from inference_lab.gateway.protocols.openai import Completion
-from inference_lab.gateway.protocols import count_tokens
+from inference_lab.gateway.protocols import count_tokens, stored_responses
 from inference_lab.gateway.protocols import vllm as vllm_api
 from inference_lab.gateway.faults.injection import FaultState
 from inference_lab.v1 import engine_pb2 as pb
@@ -538,6 +538,7 @@ def create_app(
                         lambda request: _read_body(request, state.max_body_bytes))
     count_tokens.add_routes(app, lambda: state.client, lambda: state.tokenizer,
                             lambda request: _read_body(request, state.max_body_bytes))
+    stored_responses.add_routes(app)
     lora_routes.add_routes(app, lambda: state.client,
                            lambda request: _read_body(request, state.max_body_bytes))
     app.router.add_get("/health", health)

@@ -45,6 +45,7 @@ class ErrorKind(enum.StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     INTERNAL = "internal"
     PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
+    RESPONSE_NOT_FOUND = "response_not_found"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +116,10 @@ ERRORS: dict[ErrorKind, ErrorSpec] = {
     # A Responses request's previous_response_id that this gateway does not hold.
     ErrorKind.PREVIOUS_RESPONSE_NOT_FOUND: ErrorSpec(
         404, "invalid_request_error", "previous_response_not_found", None, "not_found_error"
+    ),
+    # GET or DELETE /v1/responses/{id} of a response this gateway does not hold.
+    ErrorKind.RESPONSE_NOT_FOUND: ErrorSpec(
+        404, "invalid_request_error", "response_not_found", None, "not_found_error"
     ),
 }
 

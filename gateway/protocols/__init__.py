@@ -5,6 +5,7 @@
 - `openai`: chat completions and completions (`n` choices, `echo`).
 - `anthropic`: the Anthropic Messages API, with Anthropic's error envelope.
 - `responses`: the OpenAI Responses API (text only, typed stream events).
+- `stored_responses`: GET / DELETE `/v1/responses/{id}` of the Responses API's store.
 - `count_tokens`: Anthropic's `POST /v1/messages/count_tokens`, with `anthropic`'s prompt.
 - `generate`: the shared engine path: admission (529 before any byte), streaming paced by
   the engine's progress, cancellation when the client leaves.

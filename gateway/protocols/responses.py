@@ -84,20 +84,32 @@ class ResponseStore:
 
     def __init__(self, max_chars: int = 64 << 20, max_items: int = 100_000) -> None:
         self.max_chars, self.max_items = max_chars, max_items
-        self._items: OrderedDict[str, tuple[list[tuple[str, str]], int]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[list[tuple[str, str]], int, dict]] = OrderedDict()
         self._chars = 0
 
-    def put(self, rid: str, conversation: list[tuple[str, str]]) -> None:
-        size = sum(len(text) for _, text in conversation)
-        self._items[rid] = (conversation, size)
+    def put(self, rid: str, conversation: list[tuple[str, str]], response: dict) -> None:
+        """Keep a finished response: its conversation and its `response` object (what
+        GET /v1/responses/{id} answers)."""
+        size = sum(len(text) for _, text in conversation) * 2  # the object holds the text too
+        self._items[rid] = (conversation, size, response)
         self._chars += size
         while self._items and (self._chars > self.max_chars or len(self._items) > self.max_items):
-            _, (_, old) = self._items.popitem(last=False)
+            _, (_, old, _) = self._items.popitem(last=False)
             self._chars -= old
 
     def get(self, rid: str) -> list[tuple[str, str]] | None:
         found = self._items.get(rid)
         return None if found is None else found[0]
+
+    def response(self, rid: str) -> dict | None:
+        found = self._items.get(rid)
+        return None if found is None else found[2]
+
+    def delete(self, rid: str) -> bool:
+        found = self._items.pop(rid, None)
+        if found is not None:
+            self._chars -= found[1]
+        return found is not None
 
 
 STORE = ResponseStore()
@@ -219,9 +231,12 @@ class Response(Reply):
         count = outcome.completion_tokens
         status = self._status(count)
         text = PLACEHOLDER_TOKEN * count
-        if self.conversation is not None:
-            STORE.put(self.id, [*self.conversation, ("assistant", text)])
         return status, text, self._item(text, status)
+
+    def _keep(self, response: dict, text: str) -> None:
+        """Store the finished response (unless the request said store: false)."""
+        if self.conversation is not None:
+            STORE.put(self.id, [*self.conversation, ("assistant", text)], response)
 
     # ---- the stream --------------------------------------------------------------------
     def _event(self, name: str, fields: dict) -> bytes:
@@ -251,17 +266,19 @@ class Response(Reply):
                                   _usage(outcome))
         if outcome.modelled:
             response["inference_lab"] = outcome.modelled
+        self._keep(response, text)
         return (self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
                 + self._event("response.content_part.done", {**where, "part": self._part(text)})
                 + self._event("response.output_item.done", {"output_index": 0, "item": item})
                 + self._event(f"response.{status}", {"response": response}))
 
     def body(self, outcome: Outcome) -> bytes:
-        status, _, item = self._finished(outcome)
+        status, text, item = self._finished(outcome)
         response = self._response(status, [item],
                                   _usage(outcome))
         if outcome.modelled:
             response["inference_lab"] = outcome.modelled
+        self._keep(response, text)
         return json_encode(response)
 
     def error_frame(self, err: GatewayError) -> bytes:

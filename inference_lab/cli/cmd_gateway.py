@@ -30,6 +30,19 @@ DEFAULT_ENGINE = "127.0.0.1:50051"
 FAULTS_STATE_FILE = "faults.json"
 
 
+def _engine_address(text: str) -> str:
+    """--engine: HOST:PORT (or a gRPC target with a scheme: unix:, dns:, ipv4:, ipv6:),
+    checked while the flags are read, so a typo is not a gateway that answers only 503s."""
+    if text.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
+        return text
+    host, sep, tail = text.rpartition(":")
+    if not sep or not host or not tail.isdigit() or not 1 <= int(tail) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"expected HOST:PORT with a port in 1..65535 (or a gRPC target such as "
+            f"unix:/path), got {text!r}")
+    return text
+
+
 def _tokenizer(path: str):
     """--tokenizer: loaded while the flags are read, so a bad file stops the start-up."""
     from inference_lab.common.tokenizer import TokenizerError, load_tokenizer
@@ -44,7 +57,7 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
     """The gateway's flags: shared by `gateway` and `serve` (which starts its own engine)."""
     if engine_flag:
         parser.add_argument(
-            "--engine", default=DEFAULT_ENGINE, metavar="HOST:PORT",
+            "--engine", default=DEFAULT_ENGINE, metavar="HOST:PORT", type=_engine_address,
             help="gRPC address of the engine (`inference-lab engine`)",
         )
         parser.add_argument(

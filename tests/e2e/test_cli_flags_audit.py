@@ -25,6 +25,8 @@ def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     (("serve", "--metrics-port", "65536"), "argument --metrics-port: expected a port in 0..65535"),
     (("serve", "--grace", "-1"), "argument --grace: expected seconds in 0..86400, got '-1'"),
     (("engine", "--grace", "nan"), "argument --grace: expected seconds in 0..86400, got 'nan'"),
+    (("gateway", "--engine", "nope"), "argument --engine: expected HOST:PORT with a port in 1..65535"),
+    (("gateway", "--engine", "127.0.0.1:0"), "argument --engine: expected HOST:PORT"),
 ])
 def test_an_out_of_range_flag_is_refused_before_anything_starts(args, message):
     out = cli(*args)

@@ -186,3 +186,21 @@ def test_valid_sampling_parameters_pass(served):
     assert json_request(served.base, "POST", "/v1/messages",
                         {**CLAUDE, "temperature": 1, "top_k": 5, "stop_sequences": ["x"]})[0] == 200
     assert json_request(served.base, "POST", "/v1/responses", {**RESP, "temperature": 2, "top_p": 0.5})[0] == 200
+
+
+def test_a_stored_response_is_retrieved_and_deleted(oai):
+    made = oai.responses.create(model=MODEL, input="hi", max_output_tokens=3)
+    got = oai.responses.retrieve(made.id)
+    assert (got.id, got.status, got.output_text, got.usage.output_tokens) == (made.id, "incomplete", " token" * 3, 3)
+    streamed = oai.responses.create(model=MODEL, input="hi", max_output_tokens=2, stream=True)
+    rid = [e.response.id for e in streamed if e.type == "response.incomplete"][0]
+    assert oai.responses.retrieve(rid).output_text == " token" * 2
+    oai.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError) as info:
+        oai.responses.retrieve(made.id)
+    assert info.value.body["code"] == "response_not_found"
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.create(model=MODEL, input="x", previous_response_id=made.id, max_output_tokens=2)
+    unstored = oai.responses.create(model=MODEL, input="x", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(unstored.id)
