@@ -49,7 +49,9 @@ from inference_lab.gateway.faults import control as fault_control
 from inference_lab.gateway.faults import replica as fault_replica
 from inference_lab.gateway.faults import stream as fault_stream
 from inference_lab.gateway.protocols import ROUTES, Dialect
-from inference_lab.gateway.protocols.base import Generation, invalid, json_encode, random_id
+from inference_lab.gateway.protocols.base import (
+    NESTED_TOO_DEEPLY, Generation, invalid, json_encode, random_id,
+)
 from inference_lab.gateway.protocols.generate import generate
 from inference_lab.gateway.protocols.openai import Completion
 from inference_lab.gateway.protocols import count_tokens, stored_responses
@@ -431,6 +433,8 @@ async def set_capacity(request: web.Request) -> web.Response:
         raise invalid(f"Invalid capacity update: {exc}") from None
     except msgspec.DecodeError as exc:
         raise invalid(f"Invalid JSON body: {exc}") from None
+    except RecursionError:
+        raise invalid(NESTED_TOO_DEEPLY) from None
     models = await state.client.set_capacity(update.model, update.max_num_seqs, update.max_waiting,
                                               replica=state.replica)
     return _capacity_body(models)

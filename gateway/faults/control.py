@@ -65,7 +65,7 @@ async def _model_of(request: web.Request, limit: int) -> str:
         return ""  # too large: the handler says so
     try:
         return _model_decoder.decode(body).model
-    except (msgspec.DecodeError, ValueError):
+    except (msgspec.DecodeError, ValueError, RecursionError):
         return ""
 
 

@@ -30,6 +30,16 @@ from inference_lab.gateway.protocols.base import (
 )
 
 
+class ResultBlock(msgspec.Struct):
+    """A block of a tool result's content (text counts; images, documents count 0)."""
+
+    type: str
+    text: str | None = None
+
+    def words(self) -> str:
+        return self.text or ""
+
+
 class ContentBlock(msgspec.Struct):
     type: str
     text: str | None = None  # text blocks; images and documents from a URL count as 0
@@ -37,7 +47,7 @@ class ContentBlock(msgspec.Struct):
     name: str | None = None  # tool_use: the tool's name ...
     input: Any = None  # ... and its input, as the model wrote them
     # tool_result: what the tool returned (an object, as server tools' errors, counts 0)
-    content: str | list[ContentBlock] | dict | None = None
+    content: str | list[ResultBlock] | dict | None = None
 
     def words(self) -> str:
         content = self.content

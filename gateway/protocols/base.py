@@ -51,6 +51,9 @@ Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2, le=2)]
 
 
+NESTED_TOO_DEEPLY = "Invalid JSON body: nested too deeply"
+
+
 def invalid(message: str) -> GatewayError:
     return GatewayError(ErrorKind.INVALID_REQUEST, message)
 
@@ -67,6 +70,8 @@ def decode(decoder: msgspec.json.Decoder, body: bytes, what: str = "request body
         raise invalid(f"Invalid {what}: {exc}" + (f". {expected}" if expected else "")) from None
     except msgspec.DecodeError as exc:
         raise invalid(f"Invalid JSON body: {exc}") from None
+    except RecursionError:  # msgspec nests as deep as the JSON does, even in ignored fields
+        raise invalid(NESTED_TOO_DEEPLY) from None
 
 
 # ---- the prompt as token IDs (the engine hashes them for prefix caching) -------------------
