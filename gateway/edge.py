@@ -46,7 +46,8 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 # -> the whole response as a sequence of bytes, or None to let aiohttp handle the request)
 FAST_GETS = web.AppKey("fast_gets", dict)
 _FAST_REFUSED = (b"\r\nconnection:", b"\r\ncontent-length:", b"\r\ntransfer-encoding:",
-                 b"\r\nexpect:", b"\r\nupgrade:")
+                 b"\r\nexpect:", b"\r\nupgrade:",
+                 b"\r\norigin:")  # (a browser's request: aiohttp's, for the CORS header)
 BODY_TIMEOUT_S = 30.0  # a request body (at most 1 MiB) must arrive within this
 _CODES = {400: "bad_http_request", 408: "request_timeout", 413: "request_too_large",
           431: "headers_too_large", 500: "internal_error", 501: "not_implemented",

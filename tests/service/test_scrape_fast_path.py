@@ -99,6 +99,7 @@ async def test_kept_alive_scrapes_are_answered_at_the_edge_as_the_handler_answer
     (b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n", 1),
     (b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 1),
     (b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n", 0),
+    (b"GET /metrics HTTP/1.1\r\nHost: x\r\nOrigin: http://page.example\r\n\r\n", 1),
 ])
 async def test_anything_else_is_aiohttps(replica_port, raw, answers):
     port, calls = replica_port
@@ -109,6 +110,8 @@ async def test_anything_else_is_aiohttps(replica_port, raw, answers):
         if answers:
             for status, headers, body in await exchange(writer, reader, raw, answers):
                 assert status.endswith(b" 200 OK") and b"# HELP vllm:" in body
+                if b"Origin:" in raw:  # a browser's scrape gets the CORS header
+                    assert headers["access-control-allow-origin"] == "*"
             assert len(calls) == 1 + answers
         else:  # HEAD: headers alone
             writer.write(raw)
