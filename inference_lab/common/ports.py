@@ -1,4 +1,9 @@
-"""A free TCP port on the loopback interface (for `serve`'s engine child, tests, benchmarks)."""
+"""Free TCP ports on the loopback interface (for `serve`'s engine child, tests, benchmarks).
+
+Both pick below the kernel's ephemeral range: a port the OS hands out for `bind(0)` (an
+engine's `--metrics-port 0`, a client connection) can never be one picked here, so a
+process started on a picked port cannot find it taken by another's port-0 bind in between.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,20 @@ import socket
 
 
 def free_port() -> int:
-    """A port nothing listens on right now (the OS's pick; another process may take it
-    before it is bound, which loopback tests accept)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on right now, below the ephemeral range (another process
+    may still take it before it is bound, which loopback tests accept)."""
+    try:
+        return free_port_run(1)
+    except (OSError, ValueError, RuntimeError):  # no /proc, or no room below the range
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
 
 
 def free_port_run(count: int) -> int:
     """A port p such that p .. p + count - 1 are all free now (`serve --replicas N`
     answers replica i on p + i), below the kernel's ephemeral range, so that client
-    connections do not take them later."""
+    connections and port-0 binds do not take them later."""
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         low = int(f.read().split()[0])
     for _ in range(200):

@@ -174,7 +174,11 @@ def serve(*extra: str, grace: float = 2.0, env: dict[str, str] | None = None,
     or on `port` when given; `ports` consecutive free ones with --replicas (replica i on
     port + i). Healthy when yielded; SIGTERM afterwards (`exit_status` holds how it
     ended), and the engine child is killed if it outlives it."""
-    port, engine_port = port or (free_port_run(ports) if ports > 1 else free_port()), free_port()
+    if port is None:  # the gateway's run and the engine's port, side by side (never equal)
+        port = free_port_run(ports + 1)
+        engine_port = port + ports
+    else:
+        engine_port = free_port()
     served = Served(command("serve", "--host", "127.0.0.1", "--port", str(port),
                             "--engine-port", str(engine_port), "--metrics-port", "0",
                             "--grace", str(grace), *extra), port, engine_port, env)
