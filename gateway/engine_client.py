@@ -99,6 +99,7 @@ LAG_WINDOW_S = 0.01
 _LAG_REPORT = pb.SessionAction()  # an outbox marker: a lateness report is due
 SESSION_LANE_ENV = "INFERENCE_LAB_SESSION_LANE"  # the gateway's --session-lane default
 SESSION_LANE_MODES = ("auto", "off")
+_NAME_SHOWN = 200  # an unknown model's name is echoed up to this many characters
 _MODEL_REFRESH_MIN_INTERVAL_S = 1.0  # an unknown model name refreshes the cache at most this often
 _ENGINE_SERVICE = pb.DESCRIPTOR.services_by_name["Engine"].full_name
 
@@ -866,7 +867,8 @@ class EngineClient:
             await self._single_flight("_refreshing", self._fetch_models)
         info = self._models.get(name)
         if info is None:
-            raise GatewayError(ErrorKind.MODEL_NOT_FOUND, f"The model `{name}` does not exist.")
+            shown = name if len(name) <= _NAME_SHOWN else name[:_NAME_SHOWN] + "..."
+            raise GatewayError(ErrorKind.MODEL_NOT_FOUND, f"The model `{shown}` does not exist.")
         return info
 
     # ---- capacity -----------------------------------------------------------------------

@@ -127,6 +127,13 @@ async def test_unknown_model_is_404_without_reaching_the_session(client, fake):
     assert fake.opened.items == []
 
 
+async def test_an_unknown_models_long_name_is_shortened_in_the_message(client, fake):
+    resp = await client.post("/v1/chat/completions", json={**CHAT, "model": "m" * 3_000})
+    assert resp.status == 404
+    message = (await resp.json())["error"]["message"]
+    assert message == f"The model `{'m' * 200}...` does not exist."
+
+
 async def test_engine_invalid_argument_is_400_with_its_message(client):
     resp = await client.post("/v1/completions",
                              json={"model": FAKE_MODEL, "prompt": "x", "max_tokens": 5000})
