@@ -129,6 +129,7 @@ def _error_response(err: GatewayError, request: web.BaseRequest) -> web.Response
     """`err` in the envelope of the request's route (looked up only when there is one)."""
     return error_response(err, request, _envelope_for(request))
 
+
 @web.middleware
 async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
     state = request.app[STATE]

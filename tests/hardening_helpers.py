@@ -108,10 +108,12 @@ def http(port: int, method: str, path: str, body: bytes | None = None,
         conn.close()
 
 
-def json_request(base: str, method: str, path: str, body=None) -> tuple[int, dict | list]:
-    """One JSON request with urllib: (status, parsed body), error statuses included."""
-    req = urllib.request.Request(base + path, method=method,
-                                 data=json.dumps(body).encode() if body is not None else None,
+def json_request(base: str, method: str, path: str, body=None,
+                 raw: str | None = None) -> tuple[int, dict | list]:
+    """One JSON request with urllib: (status, parsed body), error statuses included. The
+    body is `body` as JSON, or the text `raw` as it is."""
+    data = raw.encode() if raw is not None else json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, method=method, data=data,
                                  headers={"content-type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:

@@ -4,23 +4,10 @@ a 400 naming the problem in the route's envelope, never a 500 with a traceback i
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
-import json
-
+from hardening_helpers import json_request
 from inference_lab.testing.launch import serve
 
 DEEP = "[" * 20_000 + "]" * 20_000
-
-
-def post(base: str, path: str, body: str) -> tuple[int, dict]:
-    req = urllib.request.Request(base + path, method="POST", data=body.encode(),
-                                 headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
 
 
 def test_deep_nesting_is_a_400_on_every_json_route():
@@ -38,19 +25,19 @@ def test_deep_nesting_is_a_400_on_every_json_route():
               ("/control/faults", '{"rate": 0, "x": %s}' % DEEP)]  # refused before any depth
     with serve() as s:
         for path, body in cases:
-            status, reply = post(s.base, path, body)
+            status, reply = json_request(s.base, "POST", path, raw=body)
             assert status == 400, (path, status, reply)
             error = reply["error"]
             assert "nested too deeply" in error["message"], (path, reply)
             if path.startswith("/v1/messages"):
                 assert reply["type"] == "error" and error["type"] == "invalid_request_error"
         for path, body in strict:
-            status, reply = post(s.base, path, body)
+            status, reply = json_request(s.base, "POST", path, raw=body)
             assert status == 400 and "unknown field" in reply["error"]["message"], (path, reply)
         # a tool result's content blocks do not nest: a nested one counts as nothing
-        status, reply = post(s.base, "/v1/messages", json.dumps({
+        status, reply = json_request(s.base, "POST", "/v1/messages", body={
             "model": "gpt-oss-20b", "max_tokens": 2, "messages": [{"role": "user", "content": [
                 {"type": "tool_result", "tool_use_id": "t", "content": [
-                    {"type": "tool_result", "content": [{"type": "text", "text": "x"}]}]}]}]}))
+                    {"type": "tool_result", "content": [{"type": "text", "text": "x"}]}]}]}]})
         assert status == 200, reply
         assert "Traceback" not in s.log() and "RecursionError" not in s.log()
