@@ -48,6 +48,10 @@ FAST_GETS = web.AppKey("fast_gets", dict)
 _FAST_REFUSED = (b"\r\nconnection:", b"\r\ncontent-length:", b"\r\ntransfer-encoding:",
                  b"\r\nexpect:", b"\r\nupgrade:",
                  b"\r\norigin:")  # (a browser's request: aiohttp's, for the CORS header)
+# aiohttp's connection state the fast answer reads (private: an aiohttp without one of them
+# gets no fast answers, every request is aiohttp's)
+_FAST_NEEDS = ("_request_count", "_messages", "_current_request", "_payload_parser",
+               "_force_close", "_waiter", "_keepalive_timeout", "_next_keepalive_close_time")
 BODY_TIMEOUT_S = 30.0  # a request body (at most 1 MiB) must arrive within this
 _CODES = {400: "bad_http_request", 408: "request_timeout", 413: "request_too_large",
           431: "headers_too_large", 500: "internal_error", 501: "not_implemented",
@@ -89,6 +93,11 @@ async def read_body(request: web.BaseRequest, timeout: float | None = None) -> b
                            f"Bad HTTP request body: {exc.message}") from None
 
 
+def fast_answers_supported(handler: object) -> bool:
+    """Whether this aiohttp's connection handler has the state `_answered_fast` reads."""
+    return all(hasattr(handler, name) for name in _FAST_NEEDS)
+
+
 class EdgeRequestHandler(RequestHandler):
     """One HTTP connection (aiohttp's protocol) with JSON refusals and a header deadline."""
 
@@ -100,7 +109,7 @@ class EdgeRequestHandler(RequestHandler):
         self._header_timeout = header_timeout
         self._header_timer: asyncio.TimerHandle | None = None
         self.received_at: float | None = None  # time.monotonic() of the latest bytes read
-        self._fast = fast  # FAST_GETS of the app (None: none)
+        self._fast = fast if fast and fast_answers_supported(self) else None  # FAST_GETS
 
     # ---- the header deadline -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
