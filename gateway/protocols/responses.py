@@ -35,13 +35,16 @@ from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
-    conversation_ids, invalid, json_encode, random_id, with_tools, Fraction, NonNegative,
+    content_text, conversation_ids, invalid, json_encode, random_id, with_tools, Fraction, NonNegative,
 )
 
 
 class InputPart(msgspec.Struct):
     type: str
     text: str | None = None  # input_text / output_text / summary_text; others count as 0
+
+    def words(self) -> str:
+        return self.text or ""
 
 
 class InputItem(msgspec.Struct):
@@ -145,12 +148,6 @@ def input_prompt(tokenizer: Tokenizer, req: ResponsesRequest,
     return conversation_ids(tokenizer, with_tools(messages, req.tools))
 
 
-def _parts_text(parts: str | list[InputPart] | None) -> str:
-    if parts is None or isinstance(parts, str):
-        return parts or ""
-    return "".join(part.text for part in parts if part.text)
-
-
 def _item_message(item: InputItem, i: int) -> tuple[str, str]:
     """(role, text) of one input item, as the model would read it."""
     kind = item.type
@@ -159,14 +156,14 @@ def _item_message(item: InputItem, i: int) -> tuple[str, str]:
             if getattr(item, key) is None:
                 raise invalid(f"Invalid request body: Object missing required field `{key}` "
                               f"- at `$.input[{i}]`")
-        return item.role, _parts_text(item.content)
+        return item.role, content_text(item.content)
     if kind == "function_call":
         return "assistant", (item.name or "") + (item.arguments or "")
     if kind == "function_call_output":
-        return "tool", _parts_text(item.output)
+        return "tool", content_text(item.output)
     if kind == "reasoning":
-        return "assistant", _parts_text(item.summary) + _parts_text(item.content)
-    return item.role or kind, _parts_text(item.content)
+        return "assistant", content_text(item.summary) + content_text(item.content)
+    return item.role or kind, content_text(item.content)
 
 
 def _usage(outcome: Outcome) -> dict:
