@@ -40,9 +40,10 @@ from inference_lab.gateway.errors import (
     engine_unavailable,
     error_response,
     from_http_exception,
+    saturated_body,
     saturated_response,
 )
-from inference_lab.gateway.edge import FAST_GETS, arrival_stamp, read_body
+from inference_lab.gateway.edge import FAST_GETS, FAST_POSTS, arrival_stamp, read_body
 from inference_lab.gateway.faults import HEADER as FAULT_HEADER
 from inference_lab.gateway.faults import DirectiveError, FaultSpec, directive_for
 from inference_lab.gateway.faults import control as fault_control
@@ -181,7 +182,11 @@ _UNLABELLED = ("octet-stream", "x-www-form-urlencoded")
 def _may_be_json(request: web.BaseRequest) -> bool:
     """application/json or application/*+json, or no Content-Type, or an unlabelled one
     (parameters ignored). Text, multipart, XML and garbage are refused."""
-    header = request.headers.get("Content-Type")
+    return _json_media(request.headers.get("Content-Type"))
+
+
+def _json_media(header: str | None) -> bool:
+    """`_may_be_json` of a Content-Type header's value."""
     if header is None or header == "application/json":
         return True
     maintype, _, subtype = header.partition(";")[0].strip().lower().partition("/")
@@ -248,6 +253,56 @@ def _generation_handler(dialect: Dialect, state: GatewayState,
 
     handler.__name__ = dialect.name.replace(".", "_")
     return handler
+
+
+# The 529 as aiohttp writes `saturated_response` on a kept-alive HTTP/1.1 connection (its
+# reason phrase for 529, headers in its order, then `_echo_request_id`'s), for the edge.
+_REFUSAL_HEAD = (b"HTTP/1.1 529 " + web.Response(status=529).reason.encode()
+                 + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\nDate: %s"
+                 b"\r\nServer: " + SERVER_SOFTWARE.encode() + b"\r\nx-request-id: %s\r\n\r\n")
+_FAULT_HEADER = FAULT_HEADER.lower().encode()
+
+
+def _fast_refusal(path: str, dialect: Dialect, state: GatewayState,
+                  faults: fault_control.FaultControl):
+    """The generation route `path`'s 529 as its handler answers it (the same bytes and
+    counts), for the edge to write without aiohttp's request machinery (gateway.edge
+    FAST_POSTS): from the request's headers and body, parsed by the route's dialect as the
+    handler parses them. None (aiohttp's handler then answers, from the same bytes)
+    unless the engine's client refuses the request: a bad body (its 400), one that is not
+    refused, and whatever the handler would treat otherwise (an API key to check, faults,
+    a fault header, a Content-Type or size it refuses) are the handler's."""
+    render = dialect.error_body
+    parse = dialect.parse
+
+    def where() -> str:
+        return f"POST {path}"
+
+    def answer(headers: dict[bytes, bytes], body: bytes) -> tuple | None:
+        started = time.perf_counter()
+        client = state.engine
+        if (client is None or state.api_key is not None or faults.state.active
+                or state.static_faults or _FAULT_HEADER in headers
+                or len(body) > state.max_body_bytes):
+            return None
+        media = headers.get(b"content-type")
+        if media is not None and not _json_media(media.decode("ascii")):
+            return None
+        try:
+            gen = parse(body, state.tokenizer)
+        except Exception:  # (a 400, or worse: the handler's to answer)
+            return None
+        message = client.refusal(gen.model, gen.prompt_tokens, gen.max_tokens, gen.n,
+                                 state.replica)
+        if message is None:
+            return None
+        out = saturated_body(message, render, where)
+        head = _REFUSAL_HEAD % (len(out), rfc822_formatted_time().encode(),
+                                headers.get(b"x-request-id") or random_id().encode())
+        state.metrics.observe(path, 529, time.perf_counter() - started)
+        return head, out
+
+    return answer
 
 
 def _fault_for(request: web.Request, state: GatewayState, gen: Generation) -> FaultSpec | None:
@@ -538,6 +593,10 @@ def create_app(
     app.on_response_prepare.append(_echo_request_id)
     for path, dialect in ROUTES.items():
         app.router.add_post(path, _generation_handler(dialect, state, app[fault_control.FAULTS]))
+    # a saturated model's 529 on a kept-alive connection skips aiohttp's request objects
+    app[FAST_POSTS] = {path.encode(): _fast_refusal(path, dialect, state,
+                                                    app[fault_control.FAULTS])
+                       for path, dialect in ROUTES.items()}
     app.router.add_get("/v1/models", list_models)
     vllm_api.add_routes(app, lambda: state.client, lambda: state.tokenizer,
                         lambda request: _read_body(request, state.max_body_bytes))

@@ -17,7 +17,12 @@ connection for aiohttp's keep-alive timeout (75 s under AppRunner, an hour by de
 (5) `FAST_GETS`: GET paths the app answers synchronously (a replica port's /metrics, every
 50 ms per scraper), written here without aiohttp's request, task and response objects when
 the read is exactly one plain GET of such a path on an idle kept-alive connection whose
-output is flushed; anything else is aiohttp's, as it came.
+output is flushed; anything else is aiohttp's, as it came. (6) `FAST_POSTS`: the same for
+POST paths whose app may answer a request from its headers and body alone (the generation
+routes' 529 while the model is saturated): the read must be exactly one POST of such a path
+with a Content-Length body, plain headers (no Connection, Transfer-Encoding,
+Content-Encoding, Expect, Upgrade or Origin; no header twice); the app's answer of None (not a refusal,
+a 400, anything unusual) hands the read to aiohttp unchanged.
 
 Where aiohttp does not allow the envelope, it is not sent: a parse error after the
 response has begun (the connection is only closed), a connection reset, and a TLS or
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 
 from aiohttp import web
@@ -48,6 +54,17 @@ FAST_GETS = web.AppKey("fast_gets", dict)
 _FAST_REFUSED = (b"\r\nconnection:", b"\r\ncontent-length:", b"\r\ntransfer-encoding:",
                  b"\r\nexpect:", b"\r\nupgrade:",
                  b"\r\norigin:")  # (a browser's request: aiohttp's, for the CORS header)
+# POST paths an app may answer from the request's headers and body alone (path ->
+# answer(headers, body) -> the whole response as a sequence of bytes, or None to let aiohttp
+# handle the request; headers: lower-case name -> value, both bytes, each name once)
+FAST_POSTS = web.AppKey("fast_posts", dict)
+_POST_REFUSED = frozenset((b"connection", b"transfer-encoding", b"content-encoding",
+                           b"expect", b"upgrade", b"origin"))
+# one header line as the fast POST takes it: a token name, visible ASCII in the value
+# (inner spaces and tabs allowed, none empty); anything else is aiohttp's to judge
+_NAME, _VALUE = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+", rb"[!-~](?:[ \t!-~]*[!-~])?"
+_HEADER = re.compile(rb"(%s):[ \t]*(%s)[ \t]*\r\n" % (_NAME, _VALUE))
+_HEADERS = re.compile(rb"(?:%s:[ \t]*%s[ \t]*\r\n)*" % (_NAME, _VALUE))
 # aiohttp's connection state the fast answer reads (private: an aiohttp without one of them
 # gets no fast answers, every request is aiohttp's)
 _FAST_NEEDS = ("_request_count", "_messages", "_current_request", "_payload_parser",
@@ -101,15 +118,19 @@ def fast_answers_supported(handler: object) -> bool:
 class EdgeRequestHandler(RequestHandler):
     """One HTTP connection (aiohttp's protocol) with JSON refusals and a header deadline."""
 
-    __slots__ = ("_header_timeout", "_header_timer", "received_at", "_fast")
+    __slots__ = ("_header_timeout", "_header_timer", "received_at", "_fast", "_fast_gets",
+                 "_fast_posts")
 
     def __init__(self, *args, header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
-                 fast: dict | None = None, **kwargs) -> None:
+                 fast: dict | None = None, fast_posts: dict | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._header_timeout = header_timeout
         self._header_timer: asyncio.TimerHandle | None = None
         self.received_at: float | None = None  # time.monotonic() of the latest bytes read
-        self._fast = fast if fast and fast_answers_supported(self) else None  # FAST_GETS
+        supported = fast_answers_supported(self)
+        self._fast_gets = fast if fast and supported else None  # FAST_GETS
+        self._fast_posts = fast_posts if fast_posts and supported else None  # FAST_POSTS
+        self._fast = self._fast_gets is not None or self._fast_posts is not None
 
     # ---- the header deadline -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -127,7 +148,7 @@ class EdgeRequestHandler(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         self.received_at = time.monotonic()
-        if self._fast is not None and self._answered_fast(data):
+        if self._fast and self._answered_fast(data):
             return
         parsed = self._request_count
         super().data_received(data)
@@ -139,41 +160,81 @@ class EdgeRequestHandler(RequestHandler):
             self._arm()  # the first bytes of a later request on a kept-alive connection
 
     def _answered_fast(self, data: bytes) -> bool:
-        """A scrape (an app's FAST_GETS path) answered without aiohttp's request, handler
-        task and response objects (~160 of a /metrics scrape's ~210 CPU-us were theirs):
-        only on a kept-alive HTTP/1.1 connection that is idle (aiohttp has served a request
-        on it, holds no partial one and handles none), for `data` that is exactly one
-        complete GET of that path with no query, body or Connection header. Anything else
-        (and an answer of None) goes to aiohttp as it came."""
+        """A request answered without aiohttp's request, handler task and response objects
+        (~160 of a /metrics scrape's ~210 CPU-us were theirs): only on a kept-alive HTTP/1.1
+        connection that is idle (aiohttp has served a request on it, holds no partial one
+        and handles none) and whose output is flushed, for `data` that is exactly one
+        complete request the app answers fast (FAST_GETS, FAST_POSTS). Anything else (and
+        an answer of None) goes to aiohttp as it came."""
         if (not self._request_count or self._header_timer is not None or self._messages
                 or self._current_request is not None or self._payload_parser is not None
                 or self._force_close or self._waiter is None or self.transport is None
-                or self.transport.get_write_buffer_size()  # (a client that does not read
-                # gets aiohttp, whose handler waits for the drain)
-                or not data.startswith(b"GET /") or not data.endswith(b"\r\n\r\n")):
+                or self.transport.get_write_buffer_size()):  # (a client that does not read
+            return False  # gets aiohttp, whose handler waits for the drain)
+        if data.startswith(b"GET /"):
+            response = self._fast_get(data) if self._fast_gets is not None else None
+        elif data.startswith(b"POST /"):
+            response = self._fast_post(data) if self._fast_posts is not None else None
+        else:
             return False
+        if response is None:
+            return False
+        self.transport.writelines(response)
+        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+        return True
+
+    def _fast_get(self, data: bytes):
+        """A scrape: exactly one GET of a FAST_GETS path with no query, body or Connection
+        header; its answer, or None."""
+        if not data.endswith(b"\r\n\r\n"):
+            return None
         line_end = data.find(b"\r\n")
         if data.find(b"\r\n\r\n") != len(data) - 4 or not data.endswith(b" HTTP/1.1", 0, line_end):
-            return False
-        answer = self._fast.get(data[4:line_end - 9])
+            return None
+        answer = self._fast_gets.get(data[4:line_end - 9])
         if answer is None:
-            return False
+            return None
         head = data[line_end:].lower()
         if any(refused in head for refused in _FAST_REFUSED):
-            return False
+            return None
         request_id = None
         at = head.find(b"\r\nx-request-id:")
         if at >= 0:
             start = line_end + at + 15
             request_id = data[start:data.find(b"\r\n", start)].strip()
             if not request_id or not all(33 <= c < 127 for c in request_id):
-                return False  # (aiohttp's own rules for anything unusual)
-        response = answer(request_id)  # its parts
-        if response is None:
-            return False
-        self.transport.writelines(response)
-        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
-        return True
+                return None  # (aiohttp's own rules for anything unusual)
+        return answer(request_id)  # its parts
+
+    def _fast_post(self, data: bytes):
+        """Exactly one POST of a FAST_POSTS path, HTTP/1.1, plain headers (each a token name
+        and a visible-ASCII value, none twice, none of _POST_REFUSED, an x-request-id
+        without whitespace) and a Content-Length body that is all the rest of `data`
+        (pipelined or split requests are aiohttp's); the app's answer, or None."""
+        line_end = data.find(b"\r\n")
+        if line_end < 0 or not data.endswith(b" HTTP/1.1", 0, line_end):
+            return None
+        answer = self._fast_posts.get(data[5:line_end - 9])
+        if answer is None:
+            return None
+        head_end = data.find(b"\r\n\r\n")
+        if head_end < 0:
+            return None
+        block = data[line_end + 2:head_end + 2]
+        if _HEADERS.fullmatch(block) is None:
+            return None
+        pairs = _HEADER.findall(block)
+        headers = {name.lower(): value for name, value in pairs}
+        if len(headers) != len(pairs) or not _POST_REFUSED.isdisjoint(headers):
+            return None
+        length = headers.get(b"content-length")
+        body_at = head_end + 4
+        if length is None or not length.isdigit() or int(length) != len(data) - body_at:
+            return None
+        request_id = headers.get(b"x-request-id")
+        if request_id is not None and (b" " in request_id or b"\t" in request_id):
+            return None
+        return answer(headers, data[body_at:])
 
     def _fail_body_in_flight(self) -> None:
         """aiohttp queues a parse error in a body it is still receiving (bad chunked
@@ -227,10 +288,11 @@ class EdgeServer(web.Server):
     header_timeout = DEFAULT_HEADER_TIMEOUT_S
 
     fast: dict | None = None
+    fast_posts: dict | None = None
 
     def __call__(self) -> RequestHandler:
         return EdgeRequestHandler(self, loop=self._loop, header_timeout=self.header_timeout,
-                                  fast=self.fast, **self._kwargs)
+                                  fast=self.fast, fast_posts=self.fast_posts, **self._kwargs)
 
 
 class EdgeAppRunner(web.AppRunner):
@@ -246,4 +308,5 @@ class EdgeAppRunner(web.AppRunner):
         server.__class__ = EdgeServer  # the same object, whose factory makes our protocol
         server.header_timeout = self._header_timeout
         server.fast = self.app.get(FAST_GETS) or None
+        server.fast_posts = self.app.get(FAST_POSTS) or None
         return server

@@ -246,22 +246,31 @@ _SATURATED_BODIES: dict[tuple[Callable[[GatewayError], bytes], str], bytes] = {}
 _SATURATED_CACHE_MAX = 64  # envelopes x the engine's messages (one per capacity setting)
 
 
-def saturated_response(message: str, request: web.BaseRequest | None = None,
-                       render: Callable[[GatewayError], bytes] = envelope) -> web.Response:
-    """The 529 that `error_response` makes of GatewayError(QUEUE_SATURATED, message),
-    byte for byte, built without the exception: the hot path of a saturated model (up
-    to thousands a second), whose body is rendered once per envelope and message (the
-    engine's message changes only with the capacity)."""
+def saturated_body(message: str, render: Callable[[GatewayError], bytes],
+                   where: Callable[[], str]) -> bytes:
+    """The body `error_response` renders for GatewayError(QUEUE_SATURATED, message) with
+    `render`, logged as its one line when DEBUG is enabled (`where()`: "METHOD /path"): the
+    hot path of a saturated model (up to thousands a second), rendered once per envelope
+    and message (the engine's message changes only with the capacity)."""
     key = (render, message)
     body = _SATURATED_BODIES.get(key)
     if body is None or log.isEnabledFor(logging.DEBUG):
         err = GatewayError(ErrorKind.QUEUE_SATURATED, message)
         if log.isEnabledFor(logging.DEBUG):
-            log_error(err, f"{request.method} {request.path}" if request is not None else "-")
+            log_error(err, where())
         if body is None:
             if len(_SATURATED_BODIES) >= _SATURATED_CACHE_MAX:
                 _SATURATED_BODIES.clear()
             body = _SATURATED_BODIES[key] = render(err)
+    return body
+
+
+def saturated_response(message: str, request: web.BaseRequest | None = None,
+                       render: Callable[[GatewayError], bytes] = envelope) -> web.Response:
+    """The 529 that `error_response` makes of GatewayError(QUEUE_SATURATED, message),
+    byte for byte, built without the exception (`saturated_body`)."""
+    body = saturated_body(message, render, lambda: f"{request.method} {request.path}"
+                          if request is not None else "-")
     return web.Response(status=529, body=body, content_type="application/json")
 
 

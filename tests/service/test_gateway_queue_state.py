@@ -4,7 +4,17 @@ cancel). A narrow test against the fake engine: which Opens reach the engine is 
 
 from __future__ import annotations
 
+import asyncio
+import json
+import re
 import uuid
+from contextlib import asynccontextmanager
+
+import pytest
+
+from inference_lab.gateway import app as gateway_app
+from inference_lab.gateway import create_app
+from inference_lab.gateway.server import start_gateway
 
 from inference_lab.gateway.app import STATE
 from inference_lab.testing.fake_engine import FAKE_MODEL, saturated_state
@@ -147,6 +157,16 @@ _ANTHROPIC_529 = (b'{"type":"error","error":{"type":"overloaded_error","message"
                   + _MESSAGE + b'"}}')
 
 
+_USER = [{"role": "user", "content": "hello"}]
+DIALECT_CASES = [  # (route, a body its dialect refuses when saturated, the 529's body)
+    ("/v1/chat/completions", CHAT, _OPENAI_529),
+    ("/v1/completions", {"model": FAKE_MODEL, "prompt": "hello", "max_tokens": 2}, _OPENAI_529),
+    ("/v1/responses", {"model": FAKE_MODEL, "input": "hello", "max_output_tokens": 2,
+                       "stream": True}, _OPENAI_529),
+    ("/v1/messages", {"model": FAKE_MODEL, "messages": _USER, "max_tokens": 2}, _ANTHROPIC_529),
+]
+
+
 async def test_every_dialect_refuses_in_its_own_envelope_with_the_same_headers(client, fake):
     # Each route's 529 is its dialect's envelope byte for byte, with the headers in the
     # order they always went out (the refusal is built without an exception: gateway.app)
@@ -154,15 +174,7 @@ async def test_every_dialect_refuses_in_its_own_envelope_with_the_same_headers(c
     assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
     await announce(client, fake, FULL)
     state = client.server.app[STATE]
-    user = [{"role": "user", "content": "hello"}]
-    cases = [("/v1/chat/completions", CHAT, _OPENAI_529),
-             ("/v1/completions", {"model": FAKE_MODEL, "prompt": "hello", "max_tokens": 2},
-              _OPENAI_529),
-             ("/v1/responses", {"model": FAKE_MODEL, "input": "hello", "max_output_tokens": 2,
-                                "stream": True}, _OPENAI_529),
-             ("/v1/messages", {"model": FAKE_MODEL, "messages": user, "max_tokens": 2},
-              _ANTHROPIC_529)]
-    for path, body, expected in cases:
+    for path, body, expected in DIALECT_CASES:
         before = state.metrics.requests.get((path, 529), 0)
         resp = await client.post(path, json=body, headers={"x-request-id": "r-" + path})
         assert resp.status == 529, path
@@ -177,3 +189,212 @@ async def test_every_dialect_refuses_in_its_own_envelope_with_the_same_headers(c
     await until(lambda: sum(r.count for r in fake.refused.items) >= 4)
     assert sum(r.count for r in fake.refused.items) == 4
     assert len(fake.opened.items) == 1  # none reached the engine
+
+
+# ---- the edge's 529 (gateway.edge FAST_POSTS): the real server over real TCP ---------------
+
+@asynccontextmanager
+async def serving(fake, monkeypatch, key: bytes = b"", **app_kwargs):
+    """(port, state, paths of aiohttp's refusals) of the real gateway served as `serve`
+    serves it (start_gateway: gateway.edge's connections) in front of the fake engine,
+    the session up and the model saturated; `key` is a header line the warm-up sends."""
+    slow: list[str] = []
+    original = gateway_app.saturated_response
+
+    def counted(message, request=None, render=None):
+        slow.append(request.path)
+        return original(message, request, render)
+
+    monkeypatch.setattr(gateway_app, "saturated_response", counted)
+    app = create_app(fake.target, **app_kwargs)
+    runner, port = await start_gateway(app, port=0)
+    try:
+        state = app[STATE]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        [(status, _, _)] = await exchange(writer, reader, post("/v1/chat/completions", CHAT, key))
+        writer.close()
+        assert status == b"HTTP/1.1 200 OK"  # the session is up
+        fake.announce(FULL)
+        await until(lambda: FAKE_MODEL in (state.engine._session.saturated
+                                           if state.engine._session is not None else {}))
+        yield port, state, slow
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def edge(fake, monkeypatch):
+    async with serving(fake, monkeypatch) as served:
+        yield served
+
+
+def post(path: str, body: dict | bytes, extra: bytes = b"") -> bytes:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\n" + extra
+            + b"Content-Length: %d\r\n\r\n" % len(raw) + raw)
+
+
+async def exchange(writer, reader, raw: bytes, answers: int = 1) -> list[tuple[bytes, dict, bytes]]:
+    """Writes `raw`, reads `answers` responses: (status line, headers, the response's bytes)."""
+    writer.write(raw)
+    out = []
+    for _ in range(answers):
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        status, *lines = head[:-4].split(b"\r\n")
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(b":")
+            headers[name.decode().lower()] = value.strip().decode()
+        body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 5)
+        out.append((status, headers, head + body))
+    return out
+
+
+_DATE = re.compile(rb"\r\nDate: [A-Z][a-z]{2}, \d\d [A-Z][a-z]{2} \d{4} \d\d:\d\d:\d\d GMT\r\n")
+_ID = re.compile(rb"\r\nx-request-id: [0-9a-f]{32}\r\n")
+
+
+def _same_second(raw: bytes, fresh_id: bool) -> bytes:
+    """`raw` with its Date (checked for aiohttp's format) and, if generated, its x-request-id
+    (checked for a uuid4's hex) in place holders."""
+    raw, dates = _DATE.subn(b"\r\nDate: D\r\n", raw)
+    assert dates == 1, raw
+    if fresh_id:
+        raw, ids = _ID.subn(b"\r\nx-request-id: ID\r\n", raw)
+        assert ids == 1, raw
+    return raw
+
+
+async def test_the_edge_writes_every_dialects_529_byte_for_byte_as_aiohttp_and_counts_it(edge, fake):
+    # The first request on a connection is aiohttp's (its handler's saturated_response);
+    # the next ones on the kept-alive connection are answered at the edge, and must be the
+    # same bytes (status line, headers in order, Date, Server, the echoed or a fresh id,
+    # the dialect's envelope) with the same counts (route series, engine's reports).
+    port, state, slow = edge
+    refused_before = sum(r.count for r in fake.refused.items)
+    for path, body, expected in DIALECT_CASES:
+        before = state.metrics.requests.get((path, 529), 0)
+        timed = state.metrics.durations[path].n if path in state.metrics.durations else 0
+        for extra in (b"X-Request-ID: r-7\r\n", b""):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                calls = len(slow)
+                answers = []
+                for _ in range(3):
+                    answers += await exchange(writer, reader, post(path, body, extra))
+                assert len(slow) == calls + 1, path  # the first alone went through aiohttp
+            finally:
+                writer.close()
+            first = answers[0][2]
+            assert first.startswith(b"HTTP/1.1 529 \r\nContent-Type: application/json\r\n")
+            assert first.endswith(b"\r\n\r\n" + expected), path
+            for status, headers, raw in answers[1:]:
+                assert _same_second(raw, not extra) == _same_second(first, not extra), path
+            ids = [headers["x-request-id"] for _, headers, _ in answers]
+            assert ids == ["r-7"] * 3 if extra else len(set(ids)) == 3
+        assert state.metrics.requests[(path, 529)] - before == 6, path
+        assert state.metrics.durations[path].n - timed == 6, path
+    await until(lambda: sum(r.count for r in fake.refused.items) - refused_before >= 24)
+    assert sum(r.count for r in fake.refused.items) - refused_before == 24
+    assert len(fake.opened.items) == 1  # none reached the engine
+
+
+async def test_pipelined_split_and_first_requests_are_aiohttps_and_answered_right(edge):
+    port, state, slow = edge
+    path, body, expected = DIALECT_CASES[0]
+    one = post(path, body)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        assert len(await exchange(writer, reader, one)) == 1 and len(slow) == 1  # the first
+        for status, _, raw in await exchange(writer, reader, one + one, 2):  # pipelined
+            assert status == b"HTTP/1.1 529 " and raw.endswith(expected)
+        assert len(slow) == 3
+        for split in (20, one.index(b"\r\n\r\n") + 4):  # in the head; at the body
+            writer.write(one[:split])
+            await writer.drain()
+            await asyncio.sleep(0.05)  # (two reads on the gateway's side)
+            [(status, _, raw)] = await exchange(writer, reader, one[split:])
+            assert status == b"HTTP/1.1 529 " and raw.endswith(expected)
+        assert len(slow) == 5
+        [(status, _, raw)] = await exchange(writer, reader, one)  # whole again: the edge's
+        assert status == b"HTTP/1.1 529 " and raw.endswith(expected) and len(slow) == 5
+    finally:
+        writer.close()
+    assert state.metrics.requests[(path, 529)] == 6
+
+
+async def test_what_the_handler_would_not_refuse_is_aiohttps(edge, fake):
+    # On a kept-alive connection, where the edge would answer a refusal: a bad body gets
+    # its dialect's 400, one only the engine can judge (too long) goes to the engine, an
+    # unsupported Content-Type its 415, a fault header its 400; a refusal with anything
+    # unusual (Origin, Connection, chunked, a header twice, a query) is aiohttp's 529.
+    port, state, slow = edge
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        await exchange(writer, reader, post("/v1/chat/completions", CHAT))  # aiohttp's
+        assert len(slow) == 1
+        for path, _, expected in DIALECT_CASES:
+            [(status, headers, raw)] = await exchange(
+                writer, reader, post(path, {"model": FAKE_MODEL}))
+            assert status == b"HTTP/1.1 400 Bad Request", path
+            envelope = json.loads(raw.partition(b"\r\n\r\n")[2])
+            assert envelope["error"]["type"] == "invalid_request_error", path
+            assert ("type" in envelope) == expected.startswith(b'{"type":"error"'), path
+            [(status, _, _)] = await exchange(writer, reader, post(path, b"{not json"))
+            assert status == b"HTTP/1.1 400 Bad Request", path
+        [(status, _, raw)] = await exchange(
+            writer, reader, post("/v1/chat/completions", {**CHAT, "max_tokens": 5000}))
+        assert status == b"HTTP/1.1 400 Bad Request" and b"max_model_len" in raw
+        assert len(fake.opened.items) == 2  # that one went to the engine
+        [(status, _, _)] = await exchange(writer, reader, post(
+            "/v1/chat/completions", CHAT).replace(b"application/json", b"text/plain"))
+        assert status == b"HTTP/1.1 415 Unsupported Media Type"
+        [(status, _, _)] = await exchange(writer, reader, post(
+            "/v1/chat/completions", CHAT, b"x-inference-lab-fault: error=500\r\n"))
+        assert status == b"HTTP/1.1 400 Bad Request"
+        assert len(slow) == 1
+        unusual = [(b"Origin: http://page.example\r\n", "access-control-allow-origin"),
+                   (b"Connection: keep-alive\r\n", None),
+                   (b"x-request-id: a\r\nX-Request-Id: b\r\n", None),
+                   (b"Accept: \xc3\xa9\r\n", None)]
+        for extra, header in unusual:
+            [(status, headers, raw)] = await exchange(
+                writer, reader, post("/v1/chat/completions", CHAT, extra))
+            assert status == b"HTTP/1.1 529 " and raw.endswith(_OPENAI_529), extra
+            if header is not None:
+                assert headers[header] == "*"
+        raw = json.dumps(CHAT).encode()
+        chunked = (b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: h\r\n"
+                   b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(raw), raw))
+        [(status, _, _)] = await exchange(writer, reader, chunked)
+        assert status == b"HTTP/1.1 529 "
+        assert len(slow) == 1 + len(unusual) + 1  # each of them aiohttp's
+        await exchange(writer, reader, post("/v1/chat/completions", CHAT))
+        assert len(slow) == 1 + len(unusual) + 1  # and the connection still goes fast
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("options, key, body, answer", [
+    # (the edge checks no keys: without one a kept-alive request is a 401, not a 529)
+    ({"api_key": "sk-test"}, b"Authorization: Bearer sk-test\r\n", CHAT,
+     b"HTTP/1.1 401 Unauthorized"),
+    # (nor sizes: a body over the limit is a 413)
+    ({"max_body_bytes": 300}, b"",
+     {**CHAT, "messages": [{"role": "user", "content": "x" * 400}]},
+     b"HTTP/1.1 413 Request Entity Too Large"),
+])
+async def test_a_key_and_the_body_limit_are_checked_by_aiohttp(fake, monkeypatch, options, key,
+                                                               body, answer):
+    async with serving(fake, monkeypatch, key, **options) as (port, state, slow):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            for sent, expected in (((CHAT, key), b"HTTP/1.1 529 "), ((body, b""), answer),
+                                   ((CHAT, key), b"HTTP/1.1 529 ")):
+                [(status, _, _)] = await exchange(
+                    writer, reader, post("/v1/chat/completions", *sent))
+                assert status == expected
+            assert len(slow) == (2 if key else 1)  # with a key, every one is aiohttp's
+        finally:
+            writer.close()
