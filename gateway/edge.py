@@ -20,9 +20,10 @@ the read is exactly one plain GET of such a path on an idle kept-alive connectio
 output is flushed; anything else is aiohttp's, as it came. (6) `FAST_POSTS`: the same for
 POST paths whose app may answer a request from its headers and body alone (the generation
 routes' 529 while the model is saturated): the read must be exactly one POST of such a path
-with a Content-Length body, plain headers (no Connection, Transfer-Encoding,
-Content-Encoding, Expect, Upgrade or Origin; no header twice); the app's answer of None (not a refusal,
-a 400, anything unusual) hands the read to aiohttp unchanged.
+with a Content-Length body, plain headers (no Transfer-Encoding, Content-Encoding, Expect,
+Upgrade or Origin, a Connection header only as keep-alive, no header twice); the app's
+answer of None (not a refusal, a 400, anything unusual) hands the read to aiohttp
+unchanged.
 
 Where aiohttp does not allow the envelope, it is not sent: a parse error after the
 response has begun (the connection is only closed), a connection reset, and a TLS or
@@ -58,10 +59,11 @@ _FAST_REFUSED = (b"\r\nconnection:", b"\r\ncontent-length:", b"\r\ntransfer-enco
 # answer(headers, body) -> the whole response as a sequence of bytes, or None to let aiohttp
 # handle the request; headers: lower-case name -> value, both bytes, each name once)
 FAST_POSTS = web.AppKey("fast_posts", dict)
-_POST_REFUSED = frozenset((b"connection", b"transfer-encoding", b"content-encoding",
-                           b"expect", b"upgrade", b"origin"))
+_POST_REFUSED = frozenset((b"transfer-encoding", b"content-encoding", b"expect", b"upgrade",
+                           b"origin"))  # and a Connection header other than keep-alive
 # one header line as the fast POST takes it: a token name, visible ASCII in the value
 # (inner spaces and tabs allowed, none empty); anything else is aiohttp's to judge
+_POST_HEAD_MAX = 4096  # (within aiohttp's 8190-byte line limits: a longer head is its to judge)
 _NAME, _VALUE = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+", rb"[!-~](?:[ \t!-~]*[!-~])?"
 _HEADER = re.compile(rb"(%s):[ \t]*(%s)[ \t]*\r\n" % (_NAME, _VALUE))
 _HEADERS = re.compile(rb"(?:%s:[ \t]*%s[ \t]*\r\n)*" % (_NAME, _VALUE))
@@ -208,8 +210,9 @@ class EdgeRequestHandler(RequestHandler):
 
     def _fast_post(self, data: bytes):
         """Exactly one POST of a FAST_POSTS path, HTTP/1.1, plain headers (each a token name
-        and a visible-ASCII value, none twice, none of _POST_REFUSED, an x-request-id
-        without whitespace) and a Content-Length body that is all the rest of `data`
+        and a visible-ASCII value, none twice, none of _POST_REFUSED, Connection only as
+        keep-alive, which changes nothing in HTTP/1.1's answer, an x-request-id without
+        whitespace) and a Content-Length body that is all the rest of `data`
         (pipelined or split requests are aiohttp's); the app's answer, or None."""
         line_end = data.find(b"\r\n")
         if line_end < 0 or not data.endswith(b" HTTP/1.1", 0, line_end):
@@ -218,7 +221,7 @@ class EdgeRequestHandler(RequestHandler):
         if answer is None:
             return None
         head_end = data.find(b"\r\n\r\n")
-        if head_end < 0:
+        if not 0 < head_end <= _POST_HEAD_MAX:
             return None
         block = data[line_end + 2:head_end + 2]
         if _HEADERS.fullmatch(block) is None:
@@ -226,6 +229,9 @@ class EdgeRequestHandler(RequestHandler):
         pairs = _HEADER.findall(block)
         headers = {name.lower(): value for name, value in pairs}
         if len(headers) != len(pairs) or not _POST_REFUSED.isdisjoint(headers):
+            return None
+        connection = headers.get(b"connection")  # (httpx, so the openai SDK, sends one)
+        if connection is not None and connection.lower() != b"keep-alive":
             return None
         length = headers.get(b"content-length")
         body_at = head_end + 4

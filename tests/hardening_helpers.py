@@ -108,6 +108,24 @@ def http(port: int, method: str, path: str, body: bytes | None = None,
         conn.close()
 
 
+async def exchange(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, raw: bytes,
+                   answers: int = 1, whole: bool = False) -> list[tuple[bytes, dict, bytes]]:
+    """Writes `raw` on an open connection and reads `answers` Content-Length responses:
+    (status line, headers by lower-case name, body; with `whole`, the response's bytes)."""
+    writer.write(raw)
+    out = []
+    for _ in range(answers):
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        status, *lines = head[:-4].split(b"\r\n")
+        headers = {}
+        for line in lines:
+            name, _, value = line.partition(b":")
+            headers[name.decode().lower()] = value.strip().decode()
+        body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 5)
+        out.append((status, headers, head + body if whole else body))
+    return out
+
+
 def json_request(base: str, method: str, path: str, body=None,
                  raw: str | None = None) -> tuple[int, dict | list]:
     """One JSON request with urllib: (status, parsed body), error statuses included. The

@@ -11,6 +11,7 @@ import asyncio
 import pytest
 
 from engine_helpers import running_engine
+from hardening_helpers import exchange
 from metrics_helpers import sample
 from inference_lab.common.ports import free_port_run
 from inference_lab.gateway import app as gateway_app
@@ -42,22 +43,6 @@ async def replica_port(monkeypatch):
             yield base + 1, calls
         finally:
             await gateway.stop()
-
-
-async def exchange(writer, reader, raw: bytes, answers: int = 1) -> list[tuple[bytes, dict, bytes]]:
-    """Writes `raw` and reads `answers` responses: (status line, headers, body)."""
-    writer.write(raw)
-    out = []
-    for _ in range(answers):
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-        status, *lines = head[:-4].split(b"\r\n")
-        headers = {}
-        for line in lines:
-            name, _, value = line.partition(b":")
-            headers[name.decode().lower()] = value.strip().decode()
-        body = await asyncio.wait_for(reader.readexactly(int(headers["content-length"])), 5)
-        out.append((status, headers, body))
-    return out
 
 
 GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
