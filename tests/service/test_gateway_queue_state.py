@@ -397,3 +397,30 @@ async def test_a_key_and_the_body_limit_are_checked_by_aiohttp(fake, monkeypatch
             assert len(slow) == (2 if key else 1)  # with a key, every one is aiohttp's
         finally:
             writer.close()
+
+
+async def test_the_openai_and_anthropic_sdks_get_the_edges_529(edge):
+    # What a user's client meets: httpx keeps the connection alive (and says so in a
+    # Connection header), so after its first request the refusals are the edge's.
+    import anthropic
+    import openai
+
+    port, state, slow = edge
+    base = f"http://127.0.0.1:{port}"
+    oa = openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    an = anthropic.AsyncAnthropic(base_url=base, api_key="unused", max_retries=0)
+    try:
+        for _ in range(3):
+            with pytest.raises(openai.APIStatusError) as raised:
+                await oa.chat.completions.create(model=FAKE_MODEL, messages=_USER, max_tokens=2)
+            assert raised.value.status_code == 529 and raised.value.code == "queue_saturated"
+            assert len(raised.value.response.headers["x-request-id"]) == 32
+            with pytest.raises(anthropic.OverloadedError) as overloaded:
+                await an.messages.create(model=FAKE_MODEL, messages=_USER, max_tokens=2)
+            assert overloaded.value.body["error"]["type"] == "overloaded_error"
+    finally:
+        await oa.close()
+        await an.close()
+    assert slow == ["/v1/chat/completions", "/v1/messages"]  # each SDK's first alone
+    assert state.metrics.requests[("/v1/chat/completions", 529)] == 3
+    assert state.metrics.requests[("/v1/messages", 529)] == 3
