@@ -13,7 +13,8 @@ must arrive within BODY_TIMEOUT_S, and bad framing inside it is a 400, not a han
 opens thousands of connections and sends half a header each holds a file descriptor per
 connection for aiohttp's keep-alive timeout (75 s under AppRunner, an hour by default).
 (4) `received_at`: the time.monotonic() of the connection's latest bytes, which
-`arrival_stamp` turns into a request's arrival instant (inference_lab.common.clock).
+`arrival_stamp` turns into a request's arrival instant (inference_lab.common.clock): the
+kernel's receive instant where the listener gives it (gateway.stamps), else the read's.
 (5) `FAST_GETS`: GET paths the app answers synchronously (a replica port's /metrics, every
 50 ms per scraper), written here without aiohttp's request, task and response objects when
 the read is exactly one plain GET of such a path on an idle kept-alive connection whose
@@ -45,6 +46,7 @@ from aiohttp.web_protocol import RequestHandler
 
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.protocols.base import json_encode
+from inference_lab.gateway.stamps import StampedSocket, stamped_socket
 
 log = logging.getLogger("inference_lab.gateway.edge")
 
@@ -121,7 +123,7 @@ class EdgeRequestHandler(RequestHandler):
     """One HTTP connection (aiohttp's protocol) with JSON refusals and a header deadline."""
 
     __slots__ = ("_header_timeout", "_header_timer", "received_at", "_fast", "_fast_gets",
-                 "_fast_posts")
+                 "_fast_posts", "_stamped")
 
     def __init__(self, *args, header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
                  fast: dict | None = None, fast_posts: dict | None = None, **kwargs) -> None:
@@ -129,6 +131,7 @@ class EdgeRequestHandler(RequestHandler):
         self._header_timeout = header_timeout
         self._header_timer: asyncio.TimerHandle | None = None
         self.received_at: float | None = None  # time.monotonic() of the latest bytes read
+        self._stamped: StampedSocket | None = None  # reads with kernel receive stamps
         supported = fast_answers_supported(self)
         self._fast_gets = fast if fast and supported else None  # FAST_GETS
         self._fast_posts = fast_posts if fast_posts and supported else None  # FAST_POSTS
@@ -137,6 +140,7 @@ class EdgeRequestHandler(RequestHandler):
     # ---- the header deadline -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        self._stamped = stamped_socket(transport)
         self._arm()
 
     def _arm(self) -> None:
@@ -149,7 +153,8 @@ class EdgeRequestHandler(RequestHandler):
             self._header_timer = None
 
     def data_received(self, data: bytes) -> None:
-        self.received_at = time.monotonic()
+        stamped = self._stamped  # (its read of `data` has just stamped it: gateway.stamps)
+        self.received_at = time.monotonic() if stamped is None else stamped.received_at
         if self._fast and self._answered_fast(data):
             return
         parsed = self._request_count

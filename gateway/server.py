@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from inference_lab.gateway import stamps
 from inference_lab.gateway.edge import DEFAULT_HEADER_TIMEOUT_S, EdgeAppRunner
 
 log = logging.getLogger("inference_lab.gateway.server")
@@ -35,12 +36,15 @@ async def start_gateway(
 ) -> tuple[web.AppRunner, int]:
     """Start serving `app`; returns the runner (call `runner.cleanup()`) and the bound port
     (useful with port 0). Connections answer malformed HTTP with the JSON envelope and must
-    send a complete header block within `header_timeout` seconds (gateway.edge)."""
+    send a complete header block within `header_timeout` seconds (gateway.edge); a
+    request's arrival is its bytes' kernel receive instant where the host gives it
+    (gateway.stamps)."""
     runner = EdgeAppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
                            header_timeout=header_timeout, **RUNNER_KWARGS)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
     try:
+        sock = stamps.listen(host, port)
+        site = web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
         await site.start()
     except BaseException:
         await runner.cleanup()

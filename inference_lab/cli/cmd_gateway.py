@@ -1,7 +1,7 @@
 """`inference-lab gateway`: the OpenAI-compatible HTTP gateway alone, in front of an engine.
 
-Knows: the subcommand's flags and how to run `gateway.server.run_gateway` (with uvloop when
-it is installed) until Ctrl-C or SIGTERM.
+Knows: the subcommand's flags and how to run `gateway.server.run_gateway` (on uvloop, or
+asyncio's own loop with `--event-loop asyncio`) until Ctrl-C or SIGTERM.
 
 Does not know: anything about HTTP routes or the engine protocol (package `gateway`).
 """
@@ -96,6 +96,14 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         help="auto: carry the Session to an engine on this host over its plain-socket lane "
         "(SessionLane RPC; less CPU and latency per batch than the gRPC stream), else over "
         "gRPC; off: always gRPC (default: $INFERENCE_LAB_SESSION_LANE, else auto)",
+    )
+    parser.add_argument(
+        "--event-loop", choices=("uvloop", "asyncio"), default="uvloop",
+        help="the gateway's event loop. uvloop (default): the least gateway CPU per token; "
+        "a request's arrival is stamped when the gateway reads it. asyncio: a request's "
+        "arrival is the instant its bytes reached this host (the kernel's receive timestamp, "
+        "Linux), so a busy gateway's delay in reading it is not added to the modelled "
+        "queue (BENCHMARKS.md, 'Arrivals at the kernel's receive instant')",
     )
     add_api_key_argument(parser)
     add_control_token_argument(
@@ -206,10 +214,17 @@ def run(args: argparse.Namespace) -> int:
         except asyncio.CancelledError:
             pass
 
+    loop_runner(args)(main())
+    return 0
+
+
+def loop_runner(args: argparse.Namespace):
+    """asyncio.run, or uvloop.run for `--event-loop uvloop` (a usage error without it)."""
+    if args.event_loop == "asyncio":
+        return asyncio.run
     try:
         import uvloop
     except ImportError:
-        asyncio.run(main())
-    else:
-        uvloop.run(main())
-    return 0
+        from inference_lab.cli import UsageError
+        raise UsageError("--event-loop uvloop: the uvloop package is not installed") from None
+    return uvloop.run

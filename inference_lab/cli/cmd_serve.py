@@ -21,7 +21,7 @@ from inference_lab.cli.auth_flags import CONTROL_TOKEN_ENV, control_token
 from inference_lab.cli.cmd_engine import (
     add_model_arguments, add_run_arguments, load_deployments, lora_argv, output_lengths,
 )
-from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs
+from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs, loop_runner
 from inference_lab.cli.flag_types import port
 from inference_lab.common.ports import free_port
 
@@ -191,11 +191,7 @@ def run(args: argparse.Namespace) -> int:
     load_deployments(args)  # refuse a bad config or workload before starting anything
     output_lengths(args)
     gateway_kwargs = gateway_app_kwargs(args)  # [fault] tables and saved state checked too
-    try:
-        import uvloop
-        runner = uvloop.run
-    except ImportError:
-        runner = asyncio.run
+    runner = loop_runner(args)
     try:
         runner(serve(args, gateway_kwargs))
     except (RuntimeError, OSError) as exc:

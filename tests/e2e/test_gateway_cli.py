@@ -40,7 +40,8 @@ def test_the_output_length_flags_belong_to_engine_and_serve(command_, flags, exp
 
 
 @pytest.mark.parametrize("argv", [["gateway", "--port", "70000"],
-                                  ["engine", "--default-max-tokens", "0"]])
+                                  ["engine", "--default-max-tokens", "0"],
+                                  ["serve", "--event-loop", "trio"]])
 def test_bad_values_are_refused_naming_the_flag(argv, capsys):
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(argv)
@@ -105,10 +106,12 @@ async def test_run_gateway_serves_until_cancelled(fake):
     assert task.cancelled()
 
 
-async def test_the_command_serves_a_fake_engine_and_stops_on_sigterm(fake):
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+async def test_the_command_serves_a_fake_engine_and_stops_on_sigterm(fake, loop):
     fake.lengths = OutputLength(2)
     port = free_port()
-    proc = subprocess.Popen(command("gateway", "--engine", fake.target, "--port", str(port)),
+    proc = subprocess.Popen(command("gateway", "--engine", fake.target, "--port", str(port),
+                                    "--event-loop", loop),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         async with aiohttp.ClientSession() as session:

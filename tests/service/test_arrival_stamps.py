@@ -6,6 +6,10 @@ own modelled ones (a request stamped before the step in flight waits exactly tha
 
 from __future__ import annotations
 
+import asyncio
+import json
+import socket
+import threading
 import time
 
 import aiohttp
@@ -14,7 +18,7 @@ import pytest
 from engine_helpers import collect, engine_stub, running_engine, submit_request
 from inference_lab.common.clock import CLOCK_METADATA, clock_id
 from inference_lab.engine.drivers.pacer import Pacer
-from inference_lab.gateway import create_app
+from inference_lab.gateway import create_app, stamps
 from inference_lab.gateway.server import start_gateway
 from inference_lab.testing.fake_engine import FAKE_MODEL
 
@@ -69,3 +73,43 @@ async def test_the_gateway_stamps_each_request_when_read_and_names_its_clock(fak
     assert before <= opened.request.arrival_monotonic_s <= after
     (context,) = await fake.sessions.wait(1)
     assert (CLOCK_METADATA, clock_id()) in tuple(context.invocation_metadata())
+
+
+@pytest.mark.skipif(not stamps.SUPPORTED, reason="needs Linux receive timestamps")
+async def test_a_request_read_late_by_a_busy_gateway_is_stamped_when_its_bytes_came(fake):
+    """The gateway's loop is busy for 100 ms while a request arrives: its stamp is the
+    kernel's receive instant (within a few ms of the send), not the read 100 ms later."""
+    runner, port = await start_gateway(create_app(fake.target), "127.0.0.1", 0)
+    body = json.dumps({"model": FAKE_MODEL, "prompt": "hi", "max_tokens": 1}).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+               b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    sent = threading.Event()
+    seen: dict[str, object] = {}
+
+    def client() -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            seen["sent"] = time.monotonic()
+            conn.sendall(request)
+            sent.set()
+            seen["reply"] = conn.recv(65536)
+
+    thread = threading.Thread(target=client)
+    try:
+        thread.start()
+        assert sent.wait(10)
+        time.sleep(0.1)  # the gateway's loop is busy (this test's loop is the gateway's)
+        resumed = time.monotonic()
+        await asyncio.get_running_loop().run_in_executor(None, thread.join, 10)
+    finally:
+        await runner.cleanup()
+    assert seen["reply"].startswith(b"HTTP/1.1 200")
+    (opened,) = await fake.opened.wait(1)
+    arrived = opened.request.arrival_monotonic_s
+    assert seen["sent"] - 0.001 <= arrived < seen["sent"] + 0.02  # (clocks read apart)
+    assert resumed - arrived > 0.09
+
+
+async def test_without_receive_timestamps_the_read_instant_is_the_stamp(fake, monkeypatch):
+    monkeypatch.setattr(stamps, "SUPPORTED", False)  # (a host without them)
+    assert stamps.listen("127.0.0.1", 0) is None
+    await test_the_gateway_stamps_each_request_when_read_and_names_its_clock(fake)
