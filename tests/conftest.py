@@ -1,5 +1,7 @@
 """Fixtures shared across test files."""
 
+import anthropic
+import openai
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -22,3 +24,15 @@ async def client(fake):
     file that needs other create_app arguments defines its own `client`)."""
     async with TestClient(TestServer(create_app(fake.target))) as c:
         yield c
+
+
+@pytest.fixture
+def oai(served):
+    """The official `openai` client of the test module's `served` server (no retries)."""
+    return openai.OpenAI(base_url=served.base + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+@pytest.fixture
+def claude(served):
+    """The official `anthropic` client of the test module's `served` server (no retries)."""
+    return anthropic.Anthropic(base_url=served.base, api_key="unused", max_retries=0, timeout=30)

@@ -2,9 +2,10 @@
 
 - `base`: the contract (`Dialect` parses a body into a `Generation` with its `Reply`,
   which renders the response bytes), the lab's tokenizer, SSE framing.
-- `openai`: chat completions and completions (`n` choices, `echo`).
+- `openai`: chat completions (a forced tool call: `ChatToolCall`) and completions (`n`
+  choices, `echo`).
 - `anthropic`: the Anthropic Messages API, with Anthropic's error envelope.
-- `responses`: the OpenAI Responses API (text only, typed stream events).
+- `responses`: the OpenAI Responses API (text or a forced function call, typed stream events).
 - `stored_responses`: GET / DELETE `/v1/responses/{id}` of the Responses API's store.
 - `count_tokens`: Anthropic's `POST /v1/messages/count_tokens`, with `anthropic`'s prompt.
 - `generate`: the shared engine path: admission (529 before any byte), streaming paced by

@@ -1,4 +1,4 @@
-"""The Anthropic Messages API (`POST /v1/messages`), text only.
+"""The Anthropic Messages API (`POST /v1/messages`): text, or the tool call a request forces.
 
 Knows: the request body (`model`, `messages` with string or content-block content,
 `system`, `max_tokens` required as Anthropic requires it, `stream`; other fields such as
@@ -7,6 +7,10 @@ under the lab's tokenizer, the non-streaming `message` object, the streaming eve
 sequence (`message_start`, `content_block_start`, `ping`, one `content_block_delta` per
 token, `content_block_stop`, `message_delta` with `stop_reason` and the cumulative usage,
 `message_stop`), and Anthropic's error envelope, as a body and as an `error` event.
+
+A request whose `tool_choice` forces a call ("any", or a named tool) gets a `tool_use`
+block instead of text (`ToolUseMessage`; the call from gateway.toolcalls), stop_reason
+"tool_use".
 
 `stop_reason` is "max_tokens" when the reply reached the request's `max_tokens` (always,
 unless a workload drew a shorter length) and "end_turn" otherwise.
@@ -28,6 +32,7 @@ from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
     content_text, conversation_ids, json_encode, random_id, raw_text, with_tools, Fraction,
 )
+from inference_lab.gateway.toolcalls import ForcedCall, messages_forced
 
 
 class ResultBlock(msgspec.Struct):
@@ -67,6 +72,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     system: str | list[ContentBlock] | None = None
     stream: bool = False
     tools: Any = None  # counted in the prompt, as chat templates render them
+    tool_choice: dict[str, Any] | None = None  # "any" or a named tool: a tool_use reply
     # sampling: checked for type and range as Anthropic documents them, otherwise unused
     temperature: Fraction | None = None
     top_p: Fraction | None = None
@@ -143,13 +149,76 @@ class AnthropicMessage(Reply):
         return b"event: error\ndata: " + anthropic_envelope(err) + b"\n\n"
 
 
+class ToolUseMessage(AnthropicMessage):
+    """A message that is the one tool call the request forced (`tool_choice` "any" or a
+    named tool): a `tool_use` block (id "toolu_...", name, input), stop_reason "tool_use".
+    Streamed: `content_block_start` with the block and an empty input, then one
+    `input_json_delta` per token (the first with the input's opening text), the closing
+    text in one more before `content_block_stop`. The input follows the engine's token
+    count (gateway.toolcalls.arguments), so the call is always whole: never "max_tokens"."""
+
+    __slots__ = ("call", "block_id", "_started")
+
+    def __init__(self, model: str, prompt_tokens: int, max_tokens: int, call: ForcedCall) -> None:
+        super().__init__(model, prompt_tokens, max_tokens)
+        self.call = call
+        self.block_id = "toolu_" + random_id()[:24]
+        self._started = False  # whether the input's opening text went out
+        self._token = self._input(call.arguments.fragment)
+
+    def _input(self, text: str) -> bytes:
+        return event_frame("content_block_delta", {
+            "type": "content_block_delta", "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": text}})
+
+    def _block(self, tokens: int | None) -> dict:
+        value = {} if tokens is None else self.call.arguments.value(tokens)
+        return {"type": "tool_use", "id": self.block_id, "name": self.call.name, "input": value}
+
+    def opening(self) -> bytes:
+        start = self._message("", None, 1)
+        start["content"] = []
+        return (event_frame("message_start", {"type": "message_start", "message": start})
+                + event_frame("content_block_start", {"type": "content_block_start", "index": 0,
+                                                      "content_block": self._block(None)})
+                + event_frame("ping", {"type": "ping"}))
+
+    def tokens(self, index: int, k: int) -> bytes:
+        if self._started or k <= 0:
+            return self._token * k
+        self._started = True
+        args = self.call.arguments
+        return self._input(args.prefix + args.fragment) + self._token * (k - 1)
+
+    def _stop_reason(self, count: int) -> str:
+        return "tool_use"
+
+    def closing(self, outcome: Outcome) -> bytes:
+        args = self.call.arguments
+        rest = self._input(args.suffix if self._started else args.prefix + args.suffix)
+        return rest + super().closing(outcome)
+
+    def body(self, outcome: Outcome) -> bytes:
+        count = outcome.completion_tokens
+        message = self._message("", "tool_use", count)
+        message["content"] = [self._block(count)]
+        message["usage"]["input_tokens"] = outcome.prompt_tokens
+        if outcome.modelled:
+            message["inference_lab"] = outcome.modelled
+        return json_encode(message)
+
+
 class Messages(Dialect):
     name = "anthropic.messages"
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode(_decoder, body)
         prompt = messages_prompt(tokenizer, req)
-        reply = partial(AnthropicMessage, req.model, len(prompt), req.max_tokens)
+        call = messages_forced(req.tools, req.tool_choice, 0, PLACEHOLDER_TOKEN)
+        if call is not None:
+            reply = partial(ToolUseMessage, req.model, len(prompt), req.max_tokens, call)
+        else:
+            reply = partial(AnthropicMessage, req.model, len(prompt), req.max_tokens)
         return Generation(req.model, prompt, req.max_tokens, req.stream, reply)
 
     def error_body(self, err: GatewayError) -> bytes:

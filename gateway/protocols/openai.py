@@ -4,9 +4,10 @@ Knows: the request bodies of /v1/chat/completions and /v1/completions as msgspec
 (precise 400 messages naming the field; unknown OpenAI fields are ignored), their prompt
 token IDs under the configured tokenizer, `n` choices (parallel sampling: `index` per choice,
 usage counting every choice), `echo` on completions (the prompt text before the
-completion), and the response bytes: per-request pre-encoded SSE chunk templates so that
-k coalesced tokens cost one `bytes * k`, the final chunks, the usage frame
-(`choices: []`), `[DONE]`, and the non-streaming JSON body.
+completion), chat's forced tool call (`tool_choice` "required" or named: `ChatToolCall`,
+its arguments from gateway.toolcalls), and the response bytes: per-request pre-encoded SSE
+chunk templates so that k coalesced tokens cost one `bytes * k`, the final chunks, the usage
+frame (`choices: []`), `[DONE]`, and the non-streaming JSON body.
 
 Does not know: aiohttp, gRPC, or the engine's events (`gateway.protocols.generate`).
 """
@@ -27,6 +28,8 @@ from inference_lab.gateway.protocols.base import (
     checked_ids, content_text, conversation_ids, decode, invalid, json_encode, random_id,
     text_ids, with_tools, Fraction, NonNegative, Penalty,
 )
+from inference_lab.gateway.toolcalls import ForcedCall, chat_forced
+
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=_U31)]
 TopLogprobs = Annotated[int, msgspec.Meta(ge=0, le=20)]  # vLLM's default --max-logprobs
@@ -105,6 +108,7 @@ class ChatCompletionRequest(_GenerationRequest, kw_only=True):
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
     tools: Any = None  # counted in the prompt, as chat templates render them
+    tool_choice: str | dict[str, Any] | None = None  # "required" or a named one: a tool call
     logprobs: bool | None = False
     top_logprobs: TopLogprobs | None = None
 
@@ -364,6 +368,105 @@ class Completion(Reply):
         return sse_error_frame(err)
 
 
+class ChatToolCall(Reply):
+    """A chat completion whose choices each make the one tool call the request forced
+    (`tool_choice` "required" or a named function): `message.tool_calls`, `content: null`,
+    finish_reason "tool_calls". Streamed as OpenAI streams a call: each choice's first
+    chunk carries the call's index, id, type, name and empty arguments; then one chunk per
+    token, each an argument fragment (the first with the arguments' opening text); the
+    closing text of the arguments in one chunk before the final one. The arguments follow
+    the engine's token count (gateway.toolcalls.arguments), so the call is always whole:
+    never "length". No logprobs (null)."""
+
+    __slots__ = ("id", "created", "model", "call", "n", "include_usage", "continuous",
+                 "prompt_tokens", "emitted", "call_ids", "_started", "_fragments")
+
+    def __init__(self, model: str, call: ForcedCall, n: int = 1, include_usage: bool = False,
+                 continuous_usage: bool = False, prompt_tokens: int = 0) -> None:
+        self.id = "chatcmpl-" + random_id()
+        self.created = int(time.time())
+        self.model = model
+        self.call = call
+        self.n = n
+        self.include_usage = include_usage
+        self.continuous = continuous_usage  # vLLM's: the usage so far on every chunk
+        self.prompt_tokens = prompt_tokens
+        self.emitted = 0  # tokens streamed so far, every choice
+        self.call_ids = ["call_" + random_id()[:24] for _ in range(n)]
+        self._started = [False] * n  # whether a choice's arguments opened
+        self._fragments: list[bytes] = []  # each choice's per-token chunk, pre-encoded
+
+    def _chunk(self, index: int, delta: dict, finish_reason: str | None = None,
+               **extra: object) -> bytes:
+        chunk: dict = {"id": self.id, "object": "chat.completion.chunk",
+                       "created": self.created, "model": self.model,
+                       "choices": [{"index": index, "delta": delta, "logprobs": None,
+                                    "finish_reason": finish_reason}]}
+        if self.continuous:
+            prompt, completion = self.prompt_tokens, self.emitted
+            chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                              "total_tokens": prompt + completion}
+        elif self.include_usage:
+            chunk["usage"] = None  # as OpenAI does on every chunk but the usage frame
+        chunk.update(extra)
+        return data_frame(chunk)
+
+    def _arguments(self, index: int, text: str) -> bytes:
+        return self._chunk(index, {"tool_calls": [{"index": 0, "function": {"arguments": text}}]})
+
+    def opening(self) -> bytes:
+        name = self.call.name
+        return b"".join(self._chunk(i, {"role": "assistant", "content": None, "tool_calls": [
+            {"index": 0, "id": self.call_ids[i], "type": "function",
+             "function": {"name": name, "arguments": ""}}]}) for i in range(self.n))
+
+    def tokens(self, index: int, k: int) -> bytes:
+        fragment = self.call.arguments.fragment
+        out = b""
+        if not self._started[index] and k > 0:
+            self._started[index] = True
+            self.emitted += 1
+            out = self._arguments(index, self.call.arguments.prefix + fragment)
+            k -= 1
+        if self.continuous:
+            for _ in range(k):
+                self.emitted += 1
+                out += self._arguments(index, fragment)
+            return out
+        if not self._fragments:
+            self._fragments = [self._arguments(i, fragment) for i in range(self.n)]
+        return out + self._fragments[index] * k
+
+    def closing(self, outcome: Outcome) -> bytes:
+        """Each choice's closing arguments and final chunk (the last with the engine's
+        modelled timings), the usage frame if asked for, and [DONE]."""
+        self.emitted = outcome.completion_tokens
+        out = b""
+        for i in range(self.n):
+            args = self.call.arguments
+            out += self._arguments(i, args.suffix if self._started[i] else args.prefix + args.suffix)
+            extra = {"inference_lab": outcome.modelled} if i == self.n - 1 and outcome.modelled else {}
+            out += self._chunk(i, {}, "tool_calls", **extra)
+        if self.include_usage:
+            out += data_frame({"id": self.id, "object": "chat.completion.chunk",
+                               "created": self.created, "model": self.model, "choices": [],
+                               "usage": _usage(outcome)})
+        return out + DONE_FRAME
+
+    def body(self, outcome: Outcome) -> bytes:
+        choices = [{"index": i, "message": {"role": "assistant", "content": None, "tool_calls": [
+            {"id": self.call_ids[i], "type": "function",
+             "function": {"name": self.call.name, "arguments": self.call.arguments.text(count)}}]},
+            "logprobs": None, "finish_reason": "tool_calls"} for i, count in enumerate(outcome.counts)]
+        modelled = outcome.modelled
+        return json_encode({"id": self.id, "object": "chat.completion", "created": self.created,
+                            "model": self.model, "choices": choices, "usage": _usage(outcome),
+                            **({"inference_lab": modelled} if modelled else {})})
+
+    def error_frame(self, err: GatewayError) -> bytes:
+        return sse_error_frame(err)
+
+
 class ChatCompletions(Dialect):
     name = "openai.chat"
 
@@ -372,6 +475,13 @@ class ChatCompletions(Dialect):
         prompt = chat_prompt(tokenizer, req.messages, req.tools)
         cap = req.max_completion_tokens or req.max_tokens
         n = req.n or 1
+        seed = req.seed if req.seed is not None else 0  # the same arguments as the other APIs
+        call = chat_forced(req.tools, req.tool_choice, seed, PLACEHOLDER_TOKEN)
+        if call is not None:
+            reply = partial(ChatToolCall, req.model, call, n, req.include_usage,
+                            req.continuous_usage, len(prompt))
+            return Generation(req.model, prompt, cap, bool(req.stream), reply,
+                              n=n, priority=req.priority)
         reply = partial(Completion, True, req.model, req.include_usage, n,
                         continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
                         cap=cap, top=req.top)

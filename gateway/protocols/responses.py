@@ -1,4 +1,4 @@
-"""The OpenAI Responses API (`POST /v1/responses`), text only.
+"""The OpenAI Responses API (`POST /v1/responses`): text, or the tool call a request forces.
 
 Knows: the request body (`model`, `input` as a string or a list of items: messages whose
 content is a string or text parts, and an agent loop's function_call, function_call_output
@@ -10,6 +10,9 @@ finished responses (`STORE`, in memory, for `previous_response_id`), the `respon
 `response.content_part.added`, one `response.output_text.delta` per token, then
 `response.output_text.done`, `response.content_part.done`, `response.output_item.done` and
 `response.completed` with usage. Every event carries its `sequence_number`.
+A request whose `tool_choice` forces a call ("required", or a named function) gets a
+`function_call` output item instead of a message (`FunctionCallResponse`; the call from
+gateway.toolcalls). The `response` object echoes the request's `tools` and `tool_choice`.
 
 As OpenAI does, a response that reached the request's `max_output_tokens` is
 `"status": "incomplete"` with `incomplete_details.reason = "max_output_tokens"` (its
@@ -37,6 +40,7 @@ from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
     content_text, conversation_ids, invalid, json_encode, random_id, with_tools, Fraction, NonNegative,
 )
+from inference_lab.gateway.toolcalls import ForcedCall, responses_forced
 
 
 class InputPart(msgspec.Struct):
@@ -74,6 +78,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     top_p: Fraction | None = None
     user: str | None = None
     tools: Any = None  # counted in the prompt, as chat templates render them
+    tool_choice: str | dict[str, Any] | None = None  # "required" or a named one: a function_call
 
 
 _decoder = msgspec.json.Decoder(ResponsesRequest)
@@ -177,11 +182,15 @@ class Response(Reply):
     """One request's `response` object, or its typed event stream."""
 
     __slots__ = ("id", "item_id", "created_at", "model", "instructions", "max_output_tokens",
-                 "_seq", "_delta_head", "previous_response_id", "conversation")
+                 "_seq", "_delta_head", "previous_response_id", "conversation", "tools",
+                 "tool_choice")
 
     def __init__(self, model: str, instructions: str | None, max_output_tokens: int | None,
                  previous_response_id: str | None = None,
-                 conversation: list[tuple[str, str]] | None = None):
+                 conversation: list[tuple[str, str]] | None = None,
+                 tools: Any = None, tool_choice: Any = None):
+        self.tools = tools if isinstance(tools, list) else []  # echoed, as OpenAI does
+        self.tool_choice = tool_choice if tool_choice is not None else "auto"
         self.previous_response_id = previous_response_id
         # stored with the output once finished, for a later previous_response_id (None:
         # the request said store: false)
@@ -219,7 +228,7 @@ class Response(Reply):
                 "status": status, "error": error, "incomplete_details": incomplete,
                 "instructions": self.instructions, "max_output_tokens": self.max_output_tokens,
                 "model": self.model, "output": output, "parallel_tool_calls": True,
-                "temperature": 1.0, "top_p": 1.0, "tool_choice": "auto", "tools": [],
+                "temperature": 1.0, "top_p": 1.0, "tool_choice": self.tool_choice, "tools": self.tools,
                 "text": {"format": {"type": "text"}}, "truncation": "disabled",
                 "metadata": {}, "usage": usage,
                 "previous_response_id": self.previous_response_id}
@@ -256,27 +265,26 @@ class Response(Reply):
         head = self._delta_head
         return b"".join(b"%s%d}\n\n" % (head, s) for s in range(seq, seq + k))
 
-    def closing(self, outcome: Outcome) -> bytes:
+    def _done(self, outcome: Outcome) -> tuple[str, str, dict, dict]:
+        """The finished response (stored unless store: false): its status, text, output
+        item and `response` object."""
         status, text, item = self._finished(outcome)
-        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
-        response = self._response(status, [item],
-                                  _usage(outcome))
+        response = self._response(status, [item], _usage(outcome))
         if outcome.modelled:
             response["inference_lab"] = outcome.modelled
         self._keep(response, text)
+        return status, text, item, response
+
+    def closing(self, outcome: Outcome) -> bytes:
+        status, text, item, response = self._done(outcome)
+        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
         return (self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
                 + self._event("response.content_part.done", {**where, "part": self._part(text)})
                 + self._event("response.output_item.done", {"output_index": 0, "item": item})
                 + self._event(f"response.{status}", {"response": response}))
 
     def body(self, outcome: Outcome) -> bytes:
-        status, text, item = self._finished(outcome)
-        response = self._response(status, [item],
-                                  _usage(outcome))
-        if outcome.modelled:
-            response["inference_lab"] = outcome.modelled
-        self._keep(response, text)
-        return json_encode(response)
+        return json_encode(self._done(outcome)[3])
 
     def error_frame(self, err: GatewayError) -> bytes:
         spec = err.spec
@@ -286,15 +294,91 @@ class Response(Reply):
                               {"response": self._response("failed", [], error=error)}))
 
 
+class FunctionCallResponse(Response):
+    """A response whose output is the one function call the request forced (`tool_choice`
+    "required" or a named function): a `function_call` item (id "fc_...", call_id, name,
+    arguments, status). Streamed: `response.output_item.added` with empty arguments, one
+    `response.function_call_arguments.delta` per token (the first with the arguments'
+    opening text), the closing text in one more delta, then
+    `response.function_call_arguments.done`, `response.output_item.done`,
+    `response.completed`. The arguments follow the engine's token count
+    (gateway.toolcalls.arguments), so the call is always whole: `completed`, never
+    `incomplete`."""
+
+    __slots__ = ("call", "call_id", "_started")
+
+    def __init__(self, model: str, instructions: str | None, max_output_tokens: int | None,
+                 previous_response_id: str | None, conversation: list[tuple[str, str]] | None,
+                 tools: Any, tool_choice: Any, call: ForcedCall):
+        super().__init__(model, instructions, max_output_tokens, previous_response_id,
+                         conversation, tools, tool_choice)
+        self.call = call
+        self.item_id = "fc_" + random_id()
+        self.call_id = "call_" + random_id()[:24]
+        self._started = False  # whether the arguments' opening text went out
+        delta = {"type": "response.function_call_arguments.delta", "item_id": self.item_id,
+                 "output_index": 0, "delta": call.arguments.fragment, "sequence_number": 0}
+        head = event_frame(delta["type"], delta)
+        self._delta_head = head[:head.rindex(b"0}")]
+
+    def _status(self, count: int) -> str:
+        return "completed"
+
+    def _item(self, arguments: str | None, status: str) -> dict:
+        return {"type": "function_call", "id": self.item_id, "call_id": self.call_id,
+                "name": self.call.name, "arguments": arguments or "", "status": status}
+
+    def _finished(self, outcome: Outcome) -> tuple[str, str, dict]:
+        arguments = self.call.arguments.text(outcome.completion_tokens)
+        return "completed", arguments, self._item(arguments, "completed")
+
+    def _keep(self, response: dict, text: str) -> None:
+        super()._keep(response, self.call.name + text)  # the model wrote its name and arguments
+
+    def _arguments(self, text: str) -> bytes:
+        return self._event("response.function_call_arguments.delta",
+                           {"item_id": self.item_id, "output_index": 0, "delta": text})
+
+    def opening(self) -> bytes:
+        return (self._event("response.created", {"response": self._response("in_progress", [])})
+                + self._event("response.in_progress",
+                              {"response": self._response("in_progress", [])})
+                + self._event("response.output_item.added",
+                              {"output_index": 0, "item": self._item(None, "in_progress")}))
+
+    def tokens(self, index: int, k: int) -> bytes:
+        if self._started or k <= 0:
+            return super().tokens(index, k)
+        self._started = True
+        args = self.call.arguments
+        return self._arguments(args.prefix + args.fragment) + super().tokens(index, k - 1)
+
+    def closing(self, outcome: Outcome) -> bytes:
+        status, arguments, item, response = self._done(outcome)
+        args = self.call.arguments
+        where = {"item_id": self.item_id, "output_index": 0}
+        return (self._arguments(args.suffix if self._started else args.prefix + args.suffix)
+                + self._event("response.function_call_arguments.done",
+                              {**where, "name": self.call.name, "arguments": arguments})
+                + self._event("response.output_item.done", {"output_index": 0, "item": item})
+                + self._event(f"response.{status}", {"response": response}))
+
+
 class Responses(Dialect):
     name = "openai.responses"
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode(_decoder, body)
         conversation = input_conversation(req)
-        reply = partial(Response, req.model, req.instructions, req.max_output_tokens,
-                        req.previous_response_id,
-                        conversation if req.store is not False else None)
+        call = responses_forced(req.tools, req.tool_choice, 0, PLACEHOLDER_TOKEN)
+        kept = conversation if req.store is not False else None
+        if call is not None:
+            reply = partial(FunctionCallResponse, req.model, req.instructions,
+                            req.max_output_tokens, req.previous_response_id, kept, req.tools,
+                            req.tool_choice, call)
+        else:
+            reply = partial(Response, req.model, req.instructions, req.max_output_tokens,
+                            req.previous_response_id, kept, req.tools, req.tool_choice)
         return Generation(req.model, input_prompt(tokenizer, req, conversation),
                           req.max_output_tokens, bool(req.stream), reply)
 

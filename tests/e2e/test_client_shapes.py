@@ -39,16 +39,6 @@ def served():
         yield s
 
 
-@pytest.fixture
-def oai(served):
-    return openai.OpenAI(base_url=served.base + "/v1", api_key="unused", max_retries=0, timeout=30)
-
-
-@pytest.fixture
-def claude(served):
-    return anthropic.Anthropic(base_url=served.base, api_key="unused", max_retries=0, timeout=30)
-
-
 def test_chat_counts_tool_calls_and_tool_definitions_and_takes_null_fields(served, oai):
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
     messages = [{"role": "user", "content": "weather?"},

@@ -26,16 +26,6 @@ def served():
         yield s
 
 
-@pytest.fixture
-def claude(served):
-    return anthropic.Anthropic(base_url=served.base, api_key="unused", max_retries=0, timeout=30)
-
-
-@pytest.fixture
-def oai(served):
-    return openai.OpenAI(base_url=served.base + "/v1", api_key="unused", max_retries=0, timeout=30)
-
-
 def post_json(base: str, path: str, body: dict) -> tuple[int, dict | list]:
     return json_request(base, "POST", path, body)
 
