@@ -51,8 +51,9 @@ from inference_lab.gateway.faults import replica as fault_replica
 from inference_lab.gateway.faults import stream as fault_stream
 from inference_lab.gateway.protocols import ROUTES, Dialect
 from inference_lab.gateway.protocols.base import (
-    NESTED_TOO_DEEPLY, Generation, invalid, json_encode, random_id,
+    NESTED_TOO_DEEPLY, Batch, Generation, invalid, json_encode, random_id,
 )
+from inference_lab.gateway.protocols.batch import batch_refusal, generate_batch
 from inference_lab.gateway.protocols.generate import generate
 from inference_lab.gateway.protocols.openai import Completion
 from inference_lab.gateway.protocols import count_tokens, stored_responses
@@ -241,10 +242,12 @@ def _generation_handler(dialect: Dialect, state: GatewayState,
             # with faults set it is raised as before, for the hints to go on it). It
             # refuses only a model in the client's cache: `generate`'s resolve_model (a 404
             # first for an unknown one) would have passed without waiting.
-            refused = client.refusal(gen.model, gen.prompt_tokens, gen.max_tokens, gen.n,
-                                     state.replica)
+            refused = _refusal(client, gen, state.replica)
             if refused is not None:
                 return saturated_response(refused, request, render)
+        if isinstance(gen, Batch):  # several prompts: one engine request each
+            return await generate_batch(request, gen, client, state.inflight,
+                                        replica=state.replica, arrived=arrived)
         return await generate(request, gen, client, state.inflight, pump,
                               replica=state.replica, arrived=arrived)
 
@@ -292,8 +295,7 @@ def _fast_refusal(path: str, dialect: Dialect, state: GatewayState,
             gen = parse(body, state.tokenizer)
         except Exception:  # (a 400, or worse: the handler's to answer)
             return None
-        message = client.refusal(gen.model, gen.prompt_tokens, gen.max_tokens, gen.n,
-                                 state.replica)
+        message = _refusal(client, gen, state.replica)
         if message is None:
             return None
         out = saturated_body(message, render, where)
@@ -305,9 +307,18 @@ def _fast_refusal(path: str, dialect: Dialect, state: GatewayState,
     return answer
 
 
-def _fault_for(request: web.Request, state: GatewayState, gen: Generation) -> FaultSpec | None:
+def _refusal(client: EngineClient, gen: Generation | Batch, replica: int | None) -> str | None:
+    """The engine's saturation message when `open` would refuse the request (every prompt
+    of a batch) at once, else None."""
+    if isinstance(gen, Batch):
+        return batch_refusal(client, gen, replica)
+    return client.refusal(gen.model, gen.prompt_tokens, gen.max_tokens, gen.n, replica)
+
+
+def _fault_for(request: web.Request, state: GatewayState,
+               gen: Generation | Batch) -> FaultSpec | None:
     """The fault directive (header or the model's static mode) a request gets; faults speak
-    OpenAI chat and completions streams, one choice."""
+    OpenAI chat and completions streams, one prompt and one choice."""
     header = request.headers.get(FAULT_HEADER)
     if header is None and not state.static_faults:
         return None  # (the common case, decided without building the reply)
@@ -315,7 +326,8 @@ def _fault_for(request: web.Request, state: GatewayState, gen: Generation) -> Fa
         if header is not None:
             raise GatewayError(ErrorKind.INVALID_FAULT_DIRECTIVE,
                                f"Invalid fault directive: {FAULT_HEADER} applies to "
-                               "/v1/chat/completions and /v1/completions with n = 1 only")
+                               "/v1/chat/completions and /v1/completions with one prompt "
+                               "and n = 1 only")
         return None
     try:
         return directive_for(header, gen.stream, gen.model, state.enable_directives,

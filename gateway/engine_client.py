@@ -211,6 +211,11 @@ class RequestStream:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    @property
+    def ready(self) -> bool:
+        """`next_events()` would return (or raise) without waiting."""
+        return bool(self._events) or self.total != self._taken or self._error is not None
+
     async def next_events(self) -> list[pb.Progress]:
         """Every event received since the last call, returning once there is an event or
         `total` has grown; what arrived before a failure is delivered first, then the
@@ -227,6 +232,22 @@ class RequestStream:
         events = self._events
         self._events = []
         return events
+
+
+async def any_ready(streams: Sequence[RequestStream]) -> None:
+    """Wait until one of `streams` is `ready` (one future, woken by whichever moves first:
+    the requests of one HTTP request of several prompts)."""
+    if any(stream.ready for stream in streams):
+        return
+    waiter = asyncio.get_running_loop().create_future()
+    for stream in streams:
+        stream._waiter = waiter
+    try:
+        await waiter
+    finally:
+        for stream in streams:
+            if stream._waiter is waiter:
+                stream._waiter = None
 
 
 class _Sequence:

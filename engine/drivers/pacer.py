@@ -101,6 +101,11 @@ class Pacer:
         # No arrival is booked before this sim time: the start of the step booked last
         # (decided without it) or the instant a stall ended.
         self._not_before = 0.0
+        # The earliest instant an arrival on an idle engine may be booked at, fixed by the
+        # first arrival since the pacer last looked (`_advance`): requests that reach it
+        # together (one Session message: a completions batch) share it, so one step can
+        # take them all, as vLLM's engine takes every request queued before it schedules.
+        self._idle_floor: float | None = None
         self._finishing: list[Request] = []  # finish in the step in flight
         self._due_finished: list[Request] = []
         self._dirty_sinks: set = set()
@@ -151,18 +156,27 @@ class Pacer:
         last, which was decided without it (so an arrival while the engine is busy moves
         back at most into the step in flight), nor, when no step is in flight, so far back
         that even the fastest first token would be due already (the first step it starts
-        ends now at the earliest: its tokens are never late nor grouped), nor into a stall.
+        ends now at the earliest: its tokens are never late nor grouped; "now" as of the
+        first arrival since the pacer last looked, so requests that arrive together with
+        one stamp are booked together), nor into a stall.
         A stalled clock books at the instant it stopped."""
-        now = self.sim_now()
         if stamp is None or self._frozen_at is not None:
-            return now
-        age = self.monotonic() - stamp
+            return self.sim_now()
+        wall = self.monotonic()  # one reading for both: equal stamps book equal instants
+        now = (wall - self.epoch) * self.time_scale
+        age = wall - stamp
         if not age > 0:  # from the future (or NaN): not this clock, or a racing reading
             return now
         floor = self._not_before
         if self.inflight is None:
-            floor = max(floor, now - self.core.fastest_first_token())
-        arrival = now - min(age, self.MAX_BACKDATE) * self.time_scale
+            idle = self._idle_floor
+            if idle is None:
+                idle = self._idle_floor = now - self.core.fastest_first_token()
+            floor = max(floor, idle)
+        if age <= self.MAX_BACKDATE:
+            arrival = (stamp - self.epoch) * self.time_scale
+        else:
+            arrival = now - self.MAX_BACKDATE * self.time_scale
         return arrival if arrival > floor else min(floor, now)
 
     # ---- requests ----------------------------------------------------------------------
@@ -314,6 +328,7 @@ class Pacer:
         """Retire every step that has ended and book steps whose start has come,
         until one is in flight (or there is no work)."""
         core = self.core
+        self._idle_floor = None  # arrivals from now on are a new burst
         while True:
             if self.inflight is not None:
                 if self.inflight.end > now:

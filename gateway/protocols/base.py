@@ -2,7 +2,8 @@
 
 Knows: `Generation`, what a dialect makes of a request body (the model, the prompt length,
 the explicit output cap, how many sequences, streaming or not) together with its `Reply`,
-the object that renders that request's response bytes (made on first use); `Outcome`,
+the object that renders that request's response bytes (made on first use); `Batch` and
+its `BatchReply`, the same for a request of several prompts (completions); `Outcome`,
 what the engine reported when the request finished; the prompt as token IDs under the
 configured tokenizer (the engine hashes them for prefix caching; every generated token is
 the same placeholder text); and the SSE framing. (How many tokens a request without max_tokens generates is
@@ -175,8 +176,22 @@ class Reply(ABC):
     def error_frame(self, err: GatewayError) -> bytes: ...
 
 
+class _MadeOnFirstUse:
+    """`reply`: made by `make_reply` on first use (a request refused with a 529 needs none:
+    no response id, no pre-encoded templates)."""
+
+    __slots__ = ()
+
+    @property
+    def reply(self):
+        reply = self._reply
+        if reply is None:
+            reply = self._reply = self.make_reply()
+        return reply
+
+
 @dataclass(slots=True)
-class Generation:
+class Generation(_MadeOnFirstUse):
     """What the engine path needs from a parsed request."""
 
     model: str
@@ -194,12 +209,41 @@ class Generation:
     def prompt_tokens(self) -> int:
         return len(self.prompt)
 
-    @property
-    def reply(self) -> Reply:
-        reply = self._reply
-        if reply is None:
-            reply = self._reply = self.make_reply()
-        return reply
+
+class BatchReply(ABC):
+    """The response of one request of several prompts (completions), prompt-major: prompt
+    p's n choices are indices p * n .. p * n + n - 1. Streaming: `parts[p]` renders prompt
+    p's opening, tokens and, as its `closing`, only its own choices' final chunks; then
+    `closing(outcomes)` ends the whole stream once every prompt finished. Not streaming:
+    `body(outcomes)`, one outcome per prompt."""
+
+    id: str
+    parts: list[Reply]
+
+    @abstractmethod
+    def closing(self, outcomes: list[Outcome]) -> bytes: ...
+
+    @abstractmethod
+    def body(self, outcomes: list[Outcome]) -> bytes: ...
+
+    @abstractmethod
+    def error_frame(self, err: GatewayError) -> bytes: ...
+
+
+@dataclass(slots=True)
+class Batch(_MadeOnFirstUse):
+    """What the engine path needs from a request of several prompts: each prompt is an
+    engine request of its own (its own arrival, prefill and place in the queue), with the
+    same cap, `n` and priority; one response for all (`gateway.protocols.batch`)."""
+
+    model: str
+    prompts: list[Sequence[int]]  # each prompt's token IDs
+    max_tokens: int | None
+    stream: bool
+    make_reply: Callable[[], BatchReply]
+    n: int = 1
+    priority: int = 0
+    _reply: BatchReply | None = field(default=None, repr=False)
 
 
 class Dialect(ABC):
@@ -208,7 +252,7 @@ class Dialect(ABC):
     name: str
 
     @abstractmethod
-    def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation: ...
+    def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation | Batch: ...
 
     def error_body(self, err: GatewayError) -> bytes:
         return envelope(err)

@@ -58,17 +58,18 @@ async def generate(request: web.Request, gen: Generation, client: EngineClient,
     inflight[stream] = request
     try:
         events = await stream.next_events()  # Admitted or Rejected comes first
-        first = events[0]
-        if first.HasField("rejected"):
-            r = first.rejected
-            err = from_rejected(r.code, r.reason, r.message, r.metadata)
+        err = rejection(events[0])
+        if err is not None:
             if err.kind is ErrorKind.MODEL_NOT_FOUND:
-                await _refresh_models(client)
+                await refresh_models(client)
             raise err
         if gen.stream:
             if pump is None:
                 pump = _pump if gen.n == 1 else _pump_sequences
-            return await _stream(request, stream, reply, events, gen.prompt_tokens, pump)
+            n_prompt = gen.prompt_tokens
+            return await sse_response(
+                request, lambda resp: pump(request, stream, reply, resp, events, n_prompt),
+                reply.error_frame)
         return await _collect(stream, reply, events, gen.prompt_tokens)
     finally:
         del inflight[stream]
@@ -76,7 +77,15 @@ async def generate(request: web.Request, gen: Generation, client: EngineClient,
             client.cancel(stream)
 
 
-async def _refresh_models(client: EngineClient) -> None:
+def rejection(event: pb.Progress) -> GatewayError | None:
+    """The error a request's first event stands for when it is a Rejected (else None)."""
+    if not event.HasField("rejected"):
+        return None
+    r = event.rejected
+    return from_rejected(r.code, r.reason, r.message, r.metadata)
+
+
+async def refresh_models(client: EngineClient) -> None:
     try:
         await client.list_models(refresh=True)
     except GatewayError:
@@ -92,7 +101,7 @@ def finish_error(finished: pb.Finished) -> GatewayError | None:
     return None
 
 
-def _outcome(finished: list[pb.Finished], n: int, n_prompt: int,
+def outcome_of(finished: list[pb.Finished], n: int, n_prompt: int,
              counts: list[int] | None = None) -> Outcome:
     """The request's outcome from its sequences' Finished events: prompt tokens once, each
     sequence's tokens (`counts`, when the stream counted them), the first sequence's
@@ -106,7 +115,7 @@ def _outcome(finished: list[pb.Finished], n: int, n_prompt: int,
     return Outcome(first.prompt_tokens or n_prompt, counts, modelled, first.cached_tokens)
 
 
-def _take_finished(events: list[pb.Progress], finished: list[pb.Finished]) -> None:
+def take_finished(events: list[pb.Progress], finished: list[pb.Finished]) -> None:
     """Append the events' Finished to `finished`; raise the error of one that stands for
     a failure (aborted, cancelled by the engine)."""
     for event in events:
@@ -124,26 +133,27 @@ async def _collect(stream: RequestStream, reply: Reply, events: list[pb.Progress
     engine's token count."""
     finished: list[pb.Finished] = []
     while True:
-        _take_finished(events, finished)
+        take_finished(events, finished)
         if len(finished) >= stream.n:
-            outcome = _outcome(finished, stream.n, n_prompt)
+            outcome = outcome_of(finished, stream.n, n_prompt)
             if stream.n == 1 and not outcome.counts[0]:
                 outcome.counts[0] = stream.total  # an engine that reported no count
             return web.Response(body=reply.body(outcome), content_type="application/json")
         events = await stream.next_events()
 
 
-async def _stream(request: web.Request, stream: RequestStream, reply: Reply,
-                  events: list[pb.Progress], n_prompt: int, pump: Pump) -> web.StreamResponse:
-    """Streaming: headers now (the engine admitted), then one write per batch of events."""
+async def sse_response(request: web.Request,
+                       pump: Callable[[web.StreamResponse], Awaitable[None]],
+                       error_frame: Callable[[GatewayError], bytes]) -> web.StreamResponse:
+    """Streaming: headers now (the engine admitted), then `pump` writes the events."""
     resp = web.StreamResponse(headers=SSE_HEADERS)
     try:
         await resp.prepare(request)
         try:
-            await pump(request, stream, reply, resp, events, n_prompt)
+            await pump(resp)
         except GatewayError as err:  # the engine went away mid-stream: the error frame
             log_error(err, f"{request.method} {request.path} (in stream)")
-            await resp.write(reply.error_frame(err))
+            await resp.write(error_frame(err))
     except ConnectionError:  # the client went away: the caller's finally cancels
         raise ClientGone() from None
     return resp
@@ -220,7 +230,7 @@ async def _pump(request: web.Request, stream: RequestStream, reply: Reply,
                 if missing > 0:  # never short of the engine's count
                     out += reply.tokens(0, missing)
                     relay.streamed += missing
-                outcome = _outcome([finished], 1, n_prompt, [relay.streamed])
+                outcome = outcome_of([finished], 1, n_prompt, [relay.streamed])
                 await resp.write(relay.head + out + reply.closing(outcome))
                 return
             if out:
@@ -233,31 +243,57 @@ async def _pump(request: web.Request, stream: RequestStream, reply: Reply,
         stream.writer = None
 
 
-async def _pump_sequences(request: web.Request, stream: RequestStream, reply: Reply,
-                          resp: web.StreamResponse, events: list[pb.Progress],
-                          n_prompt: int) -> None:
-    """`_pump` for n > 1 sequences: each wake-up writes every sequence's new tokens (one
-    `reply.tokens(i, k)` each, one write); the closing goes out once every sequence has
-    sent its Finished."""
-    n = stream.n
-    head = reply.opening()
-    streamed = [0] * n
-    finished: list[pb.Finished] = []
-    while True:
-        _take_finished(events, finished)
-        totals = list(stream.totals)
+class Sequences:
+    """One request's sequences as its stream writes them: `advance(events)` takes the
+    events of a wake-up and returns every sequence's new tokens (one `reply.tokens(i, k)`
+    each; the opening before the first of them), with the closing once every sequence has
+    sent its Finished (`outcome` is set then). Raises the error of a Finished that stands
+    for a failure."""
+
+    __slots__ = ("stream", "reply", "n_prompt", "head", "streamed", "finished", "outcome")
+
+    def __init__(self, stream: RequestStream, reply: Reply, n_prompt: int) -> None:
+        self.stream = stream
+        self.reply = reply
+        self.n_prompt = n_prompt
+        self.head: bytes | None = None  # the opening, until written
+        self.streamed = [0] * stream.n
+        self.finished: list[pb.Finished] = []
+        self.outcome: Outcome | None = None
+
+    def advance(self, events: list[pb.Progress]) -> bytes:
+        stream, reply, finished, streamed = self.stream, self.reply, self.finished, self.streamed
+        take_finished(events, finished)
+        totals = list(stream.totals) if stream.totals is not None else [stream.total]
         for fin in finished:  # never short of the engine's count
             totals[fin.index] = max(totals[fin.index], fin.completion_tokens)
         out = b""
-        for i in range(n):
-            new = totals[i] - streamed[i]
+        for i, total in enumerate(totals):
+            new = total - streamed[i]
             if new > 0:
                 out += reply.tokens(i, new)
-                streamed[i] = totals[i]
-        if len(finished) >= n:
-            await resp.write(head + out + reply.closing(_outcome(finished, n, n_prompt, streamed)))
-            return
+                streamed[i] = total
+        if len(finished) >= stream.n:
+            self.outcome = outcome_of(finished, stream.n, self.n_prompt, streamed)
+            out += reply.closing(self.outcome)
+        elif not out:
+            return b""
+        if self.head is None:
+            self.head = reply.opening()
+        head, self.head = self.head, b""
+        return head + out
+
+
+async def _pump_sequences(request: web.Request, stream: RequestStream, reply: Reply,
+                          resp: web.StreamResponse, events: list[pb.Progress],
+                          n_prompt: int) -> None:
+    """`_pump` for n > 1 sequences: each wake-up writes every sequence's new tokens in
+    one write; the closing goes out once every sequence has sent its Finished."""
+    sequences = Sequences(stream, reply, n_prompt)
+    while True:
+        out = sequences.advance(events)
         if out:
-            await resp.write(head + out)
-            head = b""
+            await resp.write(out)
+        if sequences.outcome is not None:
+            return
         events = await stream.next_events()

@@ -4,10 +4,12 @@ Knows: the request bodies of /v1/chat/completions and /v1/completions as msgspec
 (precise 400 messages naming the field; unknown OpenAI fields are ignored), their prompt
 token IDs under the configured tokenizer, `n` choices (parallel sampling: `index` per choice,
 usage counting every choice), `echo` on completions (the prompt text before the
-completion), chat's forced tool call (`tool_choice` "required" or named: `ChatToolCall`,
-its arguments from gateway.toolcalls), and the response bytes: per-request pre-encoded SSE
-chunk templates so that k coalesced tokens cost one `bytes * k`, the final chunks, the usage
-frame (`choices: []`), `[DONE]`, and the non-streaming JSON body.
+completion), several prompts in one completions request (a `Batch`: `CompletionBatch`
+numbers its choices prompt-major and sums the usage), chat's forced tool call
+(`tool_choice` "required" or named: `ChatToolCall`, its arguments from
+gateway.toolcalls), and the response bytes: per-request pre-encoded SSE chunk templates
+so that k coalesced tokens cost one `bytes * k`, the final chunks, the usage frame
+(`choices: []`), `[DONE]`, and the non-streaming JSON body.
 
 Does not know: aiohttp, gRPC, or the engine's events (`gateway.protocols.generate`).
 """
@@ -24,7 +26,8 @@ import msgspec
 from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import GatewayError, sse_error_frame
 from inference_lab.gateway.protocols.base import (
-    _U31, DONE_FRAME, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, data_frame,
+    _U31, DONE_FRAME, PLACEHOLDER_TOKEN, Batch, BatchReply, Dialect, Generation, Outcome,
+    Reply, data_frame,
     checked_ids, content_text, conversation_ids, decode, invalid, json_encode, random_id,
     text_ids, with_tools, Fraction, NonNegative, Penalty,
 )
@@ -36,6 +39,7 @@ TopLogprobs = Annotated[int, msgspec.Meta(ge=0, le=20)]  # vLLM's default --max-
 UNLIKELY = -9999.0  # the log-probability vLLM reports for -inf: every other token's
 Priority = Annotated[int, msgspec.Meta(ge=-(2**31), le=_U31)]
 MAX_N = 128  # OpenAI's own bound on `n`
+MAX_PROMPTS = 1024  # prompts in one completions request (a batch)
 
 
 class StreamOptions(msgspec.Struct):
@@ -151,38 +155,52 @@ def chat_prompt(tokenizer: Tokenizer, messages: list[ChatMessage],
     return conversation_ids(tokenizer, with_tools([(m.role, m.text()) for m in messages], tools))
 
 
-def _single_prompt(prompt: str | list[str | int | list[int]]) -> str | list[int]:
-    """A completions prompt as one string or one list of token ids."""
+def completion_prompts(prompt: str | list[str | int | list[int]]) -> list[str | list[int]]:
+    """A completions `prompt` as its prompts: a string or a list of token ids is one; a
+    list of strings or a list of lists of token ids is a batch (one engine request each,
+    at most MAX_PROMPTS), as OpenAI and vLLM take them."""
     if isinstance(prompt, str):
-        return prompt
+        return [prompt]
     if not prompt:
         raise invalid("`prompt` must not be empty - at `$.prompt`")
-    if all(type(item) is int for item in prompt):
-        return prompt  # type: ignore[return-value]
-    if len(prompt) == 1:
-        (only,) = prompt
-        if isinstance(only, str) or (isinstance(only, list) and only):
-            return only
-    raise invalid(
-        "Batched or mixed prompts are not supported: send a string, a list of one string, "
-        "or a list of token ids - at `$.prompt`"
-    )
+    kinds = {type(item) for item in prompt}
+    if kinds == {int}:
+        return [prompt]  # type: ignore[list-item]
+    if kinds != {str} and kinds != {list}:
+        raise invalid("Mixed prompts: `prompt` is a string, a list of token ids, a list of "
+                      "strings or a list of lists of token ids - at `$.prompt`")
+    if len(prompt) > MAX_PROMPTS:
+        raise invalid(f"Too many prompts: at most {MAX_PROMPTS} in one request, got "
+                      f"{len(prompt)} - at `$.prompt`")
+    for i, item in enumerate(prompt):
+        if not item and isinstance(item, list):
+            raise invalid(f"A prompt of token ids must not be empty - at `$.prompt[{i}]`")
+    return prompt  # type: ignore[return-value]
+
+
+def prompt_ids(tokenizer: Tokenizer, prompt: str | list[int],
+               where: str = "$.prompt") -> Sequence[int]:
+    """One prompt's token IDs: a string's, or the ids given."""
+    if isinstance(prompt, str):
+        return text_ids(tokenizer, prompt)
+    return checked_ids(prompt, where)
 
 
 def completion_prompt(tokenizer: Tokenizer,
                       prompt: str | list[str | int | list[int]]) -> Sequence[int]:
-    """A completions prompt: a string, a list of one string, or token ids (flat or [[...]])."""
-    single = _single_prompt(prompt)
-    if isinstance(single, str):
-        return text_ids(tokenizer, single)
-    return checked_ids(single, "$.prompt")
+    """A `prompt` that must be one prompt (vLLM's /tokenize): a string, a list of one
+    string, or token ids (flat or [[...]])."""
+    prompts = completion_prompts(prompt)
+    if len(prompts) > 1:
+        raise invalid("One prompt here: a string or token ids, not a list of several - "
+                      "at `$.prompt`")
+    return prompt_ids(tokenizer, prompts[0])
 
 
-def prompt_text(prompt: str | list[str | int | list[int]]) -> str:
-    """The prompt as `echo` returns it: its text, or one placeholder token per token id
+def prompt_text(prompt: str | list[int]) -> str:
+    """One prompt as `echo` returns it: its text, or one placeholder token per token id
     (the lab's tokenizer has no vocabulary to decode ids with)."""
-    single = _single_prompt(prompt)
-    return single if isinstance(single, str) else PLACEHOLDER_TOKEN * len(single)
+    return prompt if isinstance(prompt, str) else PLACEHOLDER_TOKEN * len(prompt)
 
 
 # ---- responses ------------------------------------------------------------------------
@@ -202,12 +220,14 @@ class Completion(Reply):
 
     __slots__ = ("chat", "id", "created", "model", "include_usage", "n", "echo", "head",
                  "token", "_tokens", "continuous", "prompt_tokens", "emitted", "cap", "top",
-                 "_offsets")
+                 "_offsets", "base")
 
     def __init__(self, chat: bool, model: str, include_usage: bool = False, n: int = 1,
                  echo: str | None = None, continuous_usage: bool = False,
-                 prompt_tokens: int = 0, cap: int | None = None, top: int | None = None) -> None:
+                 prompt_tokens: int = 0, cap: int | None = None, top: int | None = None,
+                 base: int = 0) -> None:
         self.chat = chat
+        self.base = base  # the index of its first choice (a batch's prompt p: p * n)
         # logprobs asked for: how many alternatives per token (every generated token is the
         # placeholder, at log-probability 0; the alternatives at vLLM's -inf, -9999.0)
         self.top = top
@@ -276,9 +296,9 @@ class Completion(Reply):
             delta: dict = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
                 delta["content"] = text
-            return {"index": index, "delta": delta, "logprobs": logprobs,
+            return {"index": self.base + index, "delta": delta, "logprobs": logprobs,
                     "finish_reason": finish_reason}
-        return {"index": index, "text": text or "", "logprobs": logprobs,
+        return {"index": self.base + index, "text": text or "", "logprobs": logprobs,
                 "finish_reason": finish_reason}
 
     def start_stream(self) -> None:
@@ -325,6 +345,11 @@ class Completion(Reply):
     def closing(self, outcome: Outcome) -> bytes:
         """Each choice's final chunk (the last carries the engine's modelled timings,
         when given, under "inference_lab"), the usage frame if asked for, and [DONE]."""
+        return self.finals(outcome) + self.tail(outcome)
+
+    def finals(self, outcome: Outcome) -> bytes:
+        """Each choice's final chunk (the last carries the engine's modelled timings,
+        when given, under "inference_lab")."""
         out = b""
         self.emitted = outcome.completion_tokens  # the final chunks carry the final usage
         counts = outcome.counts
@@ -334,16 +359,21 @@ class Completion(Reply):
             reason = self._finish_reason(counts[i] if i < len(counts) else 0)
             out += data_frame(self._chunk(
                 [self._choice(i, None if self.chat else "", reason)], **extra))
+        return out
+
+    def tail(self, outcome: Outcome) -> bytes:
+        """The stream's end: the usage frame if asked for (`outcome`'s), and [DONE]."""
         if self.include_usage:
             usage_chunk = self._chunk([])
             usage_chunk["usage"] = _usage(outcome)
-            out += data_frame(usage_chunk)
-        return out + DONE_FRAME
+            return data_frame(usage_chunk) + DONE_FRAME
+        return DONE_FRAME
 
-    def body(self, outcome: Outcome) -> bytes:
-        """The non-streaming JSON response (modelled timings under "inference_lab")."""
+    def choices(self, outcome: Outcome) -> list[dict]:
+        """The non-streaming response's choices."""
         choices = []
-        for i, count in enumerate(outcome.counts):
+        base = self.base
+        for i, count in enumerate(outcome.counts, base):
             text = PLACEHOLDER_TOKEN * count
             finish_reason = self._finish_reason(count)
             if self.chat:
@@ -353,7 +383,13 @@ class Completion(Reply):
                 choices.append({"index": i, "text": (self.echo or "") + text,
                                 "logprobs": self._logprobs(count, len(self.echo or "")),
                                 "finish_reason": finish_reason})
-        modelled = outcome.modelled
+        return choices
+
+    def body(self, outcome: Outcome) -> bytes:
+        """The non-streaming JSON response (modelled timings under "inference_lab")."""
+        return self.envelope(self.choices(outcome), outcome, outcome.modelled)
+
+    def envelope(self, choices: list[dict], outcome: Outcome, modelled: dict) -> bytes:
         return json_encode({
             "id": self.id,
             "object": "chat.completion" if self.chat else "text_completion",
@@ -467,6 +503,65 @@ class ChatToolCall(Reply):
         return sse_error_frame(err)
 
 
+class CompletionPart(Completion):
+    """Prompt p's choices in the stream of a request of several prompts (a batch): its
+    closing is its own choices' final chunks; the usage frame and [DONE] come once every
+    prompt finished (`CompletionBatch.closing`)."""
+
+    __slots__ = ()
+
+    def closing(self, outcome: Outcome) -> bytes:
+        return self.finals(outcome)
+
+
+def batch_outcome(outcomes: list[Outcome]) -> Outcome:
+    """The prompts' outcomes as one, for the usage: every prompt's tokens and every choice's."""
+    return Outcome(sum(o.prompt_tokens for o in outcomes),
+                   [count for o in outcomes for count in o.counts],
+                   cached_tokens=sum(o.cached_tokens for o in outcomes))
+
+
+def batch_modelled(outcomes: list[Outcome]) -> dict:
+    """A batch's modelled timings, as for n choices: the first prompt's queue time and
+    TTFT, the end-to-end time of the last to finish, preemptions summed; and each prompt's
+    own under "prompts"."""
+    first = outcomes[0].modelled
+    if not first:
+        return {}
+    every = [o.modelled for o in outcomes]
+    return {**first, "e2e_s": max(m.get("e2e_s", 0.0) for m in every),
+            "preemptions": sum(m.get("preemptions", 0) for m in every), "prompts": every}
+
+
+class CompletionBatch(BatchReply):
+    """The completions response of several prompts, prompt-major (prompt p's choice i is
+    index p * n + i, as vLLM numbers them), under one id; usage sums over the prompts."""
+
+    __slots__ = ("id", "parts")
+
+    def __init__(self, model: str, echoes: list[str | None], prompt_lengths: list[int],
+                 include_usage: bool = False, n: int = 1, continuous_usage: bool = False,
+                 cap: int | None = None, top: int | None = None) -> None:
+        self.parts = [CompletionPart(False, model, include_usage, n, echo=echo,
+                                     continuous_usage=continuous_usage, prompt_tokens=length,
+                                     cap=cap, top=top, base=p * n)
+                      for p, (echo, length) in enumerate(zip(echoes, prompt_lengths))]
+        first = self.parts[0]
+        self.id = first.id
+        for part in self.parts:
+            part.id, part.created = first.id, first.created
+
+    def closing(self, outcomes: list[Outcome]) -> bytes:
+        return self.parts[0].tail(batch_outcome(outcomes))
+
+    def body(self, outcomes: list[Outcome]) -> bytes:
+        choices = [c for part, o in zip(self.parts, outcomes) for c in part.choices(o)]
+        return self.parts[0].envelope(choices, batch_outcome(outcomes), batch_modelled(outcomes))
+
+    def error_frame(self, err: GatewayError) -> bytes:
+        return sse_error_frame(err)
+
+
 class ChatCompletions(Dialect):
     name = "openai.chat"
 
@@ -492,12 +587,21 @@ class ChatCompletions(Dialect):
 class Completions(Dialect):
     name = "openai.completions"
 
-    def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
+    def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation | Batch:
         req = decode_request(body, chat=False)
-        echo = prompt_text(req.prompt) if req.echo else None
-        prompt = completion_prompt(tokenizer, req.prompt)
+        given = completion_prompts(req.prompt)
         cap = req.max_completion_tokens or req.max_tokens
         n = req.n or 1
+        if len(given) > 1:  # a batch: one engine request per prompt
+            prompts = [prompt_ids(tokenizer, p, f"$.prompt[{i}]") for i, p in enumerate(given)]
+            echoes = [prompt_text(p) if req.echo else None for p in given]
+            batch = partial(CompletionBatch, req.model, echoes, [len(p) for p in prompts],
+                            req.include_usage, n, req.continuous_usage, cap, req.top)
+            return Batch(req.model, prompts, cap, bool(req.stream), batch,
+                         n=n, priority=req.priority)
+        (only,) = given
+        echo = prompt_text(only) if req.echo else None
+        prompt = prompt_ids(tokenizer, only)
         reply = partial(Completion, False, req.model, req.include_usage, n, echo=echo,
                         continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
                         cap=cap, top=req.top)

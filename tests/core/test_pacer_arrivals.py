@@ -63,6 +63,24 @@ async def test_an_idle_engine_never_books_so_far_back_that_the_first_token_is_du
     pacer._alarm.close()
 
 
+async def test_requests_that_reach_an_idle_engine_together_are_booked_together_in_one_step():
+    # A completions batch: every prompt stamped at once, submitted a few microseconds
+    # apart in one Session message; the floor is the first one's, so one step takes all.
+    pacer, clock = await pacer_at(101.0)
+    stamp = 101.0 - 0.010
+    first = book(pacer, stamp)
+    clock.t += 0.00001
+    second = book(pacer, stamp)
+    assert second.arrival == first.arrival == pytest.approx(1.0 - pacer.core.fastest_first_token())
+    pacer._advance(pacer.sim_now())
+    assert pacer.core.num_running == 2 and pacer.inflight.prefill_tokens == 32
+    clock.t += 0.01  # after the pacer looked, a new arrival has a floor of its own
+    pacer._advance(pacer.sim_now())
+    third = book(pacer, clock.t - 0.010)
+    assert third.arrival > first.arrival
+    pacer._alarm.close()
+
+
 async def test_a_busy_engine_books_no_arrival_before_the_step_it_decided_without_it():
     pacer, clock = await pacer_at(101.0)
     first = book(pacer, None, prompt=4000)  # a long prefill step, booked now
