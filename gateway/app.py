@@ -318,16 +318,17 @@ def _refusal(client: EngineClient, gen: Generation | Batch, replica: int | None)
 def _fault_for(request: web.Request, state: GatewayState,
                gen: Generation | Batch) -> FaultSpec | None:
     """The fault directive (header or the model's static mode) a request gets; faults speak
-    OpenAI chat and completions streams, one prompt and one choice."""
+    OpenAI chat and completions text streams, one prompt and one choice (a forced tool
+    call gets none)."""
     header = request.headers.get(FAULT_HEADER)
     if header is None and not state.static_faults:
         return None  # (the common case, decided without building the reply)
     if not isinstance(gen.reply, Completion) or gen.n != 1:
         if header is not None:
             raise GatewayError(ErrorKind.INVALID_FAULT_DIRECTIVE,
-                               f"Invalid fault directive: {FAULT_HEADER} applies to "
-                               "/v1/chat/completions and /v1/completions with one prompt "
-                               "and n = 1 only")
+                               f"Invalid fault directive: {FAULT_HEADER} applies to text "
+                               "replies of /v1/chat/completions and /v1/completions with one "
+                               "prompt and n = 1 only (not to a forced tool call)")
         return None
     try:
         return directive_for(header, gen.stream, gen.model, state.enable_directives,

@@ -210,3 +210,11 @@ def test_a_named_tool_not_in_tools_is_a_400_naming_the_field(oai, claude):
         oai.responses.create(model=MODEL, input="hi", tools=RESPONSES_TOOLS, max_output_tokens=2,
                              tool_choice={"type": "function", "name": "nope"})
     assert "$.tool_choice.name" in responses.value.message
+
+
+def test_a_fault_directive_on_a_forced_tool_call_is_a_400_that_says_so(oai):
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model=MODEL, messages=HELLO, tools=CHAT_TOOLS, max_tokens=2,
+                                    tool_choice="required", extra_headers={
+                                        "x-inference-lab-fault": "cut_between_frames"})
+    assert "not to a forced tool call" in caught.value.message
