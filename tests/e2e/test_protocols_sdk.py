@@ -237,6 +237,22 @@ def test_a_request_of_n_sequences_takes_n_places_but_waits_as_one(served, oai):
         time.sleep(0.02)
 
 
+def test_a_batch_of_prompts_streams_every_choice_by_its_prompt_major_index(oai):
+    stream = oai.completions.create(model=MODEL, prompt=["hello", "hi"], n=2, max_tokens=5,
+                                    stream=True, stream_options={"include_usage": True})
+    tokens, finish, usage = [0] * 4, {}, None
+    for chunk in stream:
+        for choice in chunk.choices:
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+            else:
+                tokens[choice.index] += 1
+        usage = chunk.usage or usage
+    assert tokens == [5, 5, 5, 5] and finish == {i: "length" for i in range(4)}
+    # "hello" 5 bytes -> 2 tokens, "hi" -> 1; 2 prompts x 2 choices x 5 tokens
+    assert (usage.prompt_tokens, usage.completion_tokens) == (3, 20)
+
+
 @pytest.mark.parametrize("path, body", [
     ("/v1/messages", {"max_tokens": 20000, "messages": [{"role": "user", "content": "x"}]}),
     ("/v1/responses", {"max_output_tokens": 20000, "input": "x"}),

@@ -108,7 +108,9 @@ async def test_a_streamed_batch_interleaves_every_choice_by_index_then_one_usage
 
 
 async def test_token_id_prompts_echo_one_placeholder_per_id_streamed_and_not():
-    body = dict(model=MODEL, prompt=[[1, 2, 3], [4, 5]], max_tokens=2, echo=True)
+    # (with what lm-evaluation-harness's local-completions sends along: temperature, stop, seed)
+    body = dict(model=MODEL, prompt=[[1, 2, 3], [4, 5]], max_tokens=2, echo=True,
+                temperature=0, stop=["\n\n"], seed=1234)
     async with served() as (engine, _, client):
         reply = await client.completions.create(**body)
         stream = await client.completions.create(**body, stream=True)
@@ -202,3 +204,11 @@ async def test_a_prompt_the_engine_refuses_as_too_long_is_a_400_naming_it_and_ca
                                           "max_tokens": 1})
         assert status == 400 and "at `$.prompt[1]`" in body["error"]["message"]
         await until(lambda: idle(engine))
+
+
+async def test_a_fault_directive_on_a_batch_is_a_400(client, fake):
+    resp = await client.post("/v1/completions", headers={"x-inference-lab-fault": "mode=rst"},
+                             json={"model": FAKE_MODEL, "prompt": ["a", "b"], "max_tokens": 1})
+    body = await resp.json()
+    assert resp.status == 400 and "with one prompt and n = 1 only" in body["error"]["message"]
+    assert fake.opened.items == []
