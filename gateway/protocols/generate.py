@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.http_writer import StreamWriter
 
 from inference_lab.gateway.engine_client import ClientGone, EngineClient, RequestStream
 from inference_lab.gateway.errors import (
@@ -168,9 +169,11 @@ class _Relay:
     dispatcher goes out a loop iteration sooner). Only while the client's socket takes
     bytes without waiting: when its transport pushes back (or is gone) it returns False
     and the handler's pump writes, and waits, as usual. An error is kept for the pump to
-    raise."""
+    raise. Once the headers are out (the first write is aiohttp's), each later write is
+    one HTTP chunk written to the transport directly (`_plain_chunks`: ~12 % of the
+    gateway's CPU per token at 24 streams went to aiohttp's writer coroutine and framing)."""
 
-    __slots__ = ("resp", "reply", "protocol", "head", "streamed", "error")
+    __slots__ = ("resp", "reply", "protocol", "head", "streamed", "error", "chunks")
 
     def __init__(self, request: web.Request, resp: web.StreamResponse, reply: Reply) -> None:
         self.resp = resp
@@ -179,6 +182,7 @@ class _Relay:
         self.head = reply.opening()  # until written, with the first tokens
         self.streamed = 0  # tokens written so far (by the relay or the pump)
         self.error: BaseException | None = None
+        self.chunks = None  # the response's payload writer, once chunks may bypass it
 
     def __call__(self, total: int) -> bool:
         protocol = self.protocol
@@ -188,11 +192,25 @@ class _Relay:
         if new <= 0:
             return True
         self.streamed = total
+        writer = self.chunks
+        if writer is not None:  # (the headers are out: one chunk, written here)
+            data = self.reply.tokens(0, new)
+            chunk = b"%x\r\n%b\r\n" % (len(data), data)
+            writer.output_size += len(chunk)
+            writer.buffer_size += len(chunk)
+            transport = protocol.transport
+            if transport.is_closing():
+                self.chunks = None  # (the pump's write raises aiohttp's error)
+                self.streamed -= new
+                return False
+            transport.write(chunk)
+            return True
         write = self.resp.write(self.head + self.reply.tokens(0, new))
         try:
             write.send(None)  # not paused: aiohttp writes to the transport, no await
         except StopIteration:
             self.head = b""
+            self.chunks = _plain_chunks(self.resp)
             return True
         except Exception as exc:  # never into the dispatcher: the pump raises it
             self.error = exc
@@ -200,6 +218,23 @@ class _Relay:
         self.head = b""
         write.close()  # it waited for a drain after all: the bytes are out; the pump drains
         return False
+
+
+def _plain_chunks(resp: web.StreamResponse):
+    """`resp`'s payload writer when a body chunk may be written to the transport without
+    it (~3 us of coroutine and framing calls per write): its headers are out, the body is
+    chunked, uncompressed, unbounded and nobody listens to its writes; else None. The
+    writer's byte counts are kept as its own writes keep them."""
+    writer = getattr(resp, "_payload_writer", None)  # (aiohttp's, private: checked in full)
+    if (type(writer) is not StreamWriter or not getattr(writer, "chunked", False)
+            or getattr(writer, "_compress", 0) is not None or getattr(writer, "length", 0) is not None
+            or getattr(writer, "_on_chunk_sent", 0) is not None
+            or getattr(writer, "on_body_write", 0) is not None
+            or getattr(writer, "_headers_buf", 0) is not None or getattr(resp, "_eof_sent", True)
+            or not isinstance(getattr(writer, "output_size", None), int)
+            or not isinstance(getattr(writer, "buffer_size", None), int)):
+        return None
+    return writer
 
 
 async def _pump(request: web.Request, stream: RequestStream, reply: Reply,

@@ -154,3 +154,37 @@ def test_a_failed_relay_write_is_kept_for_the_handler_and_never_raised_to_the_di
     assert not relay(1)
     assert isinstance(relay.error, ConnectionResetError)
     assert not relay(2)  # nothing more is tried
+
+
+async def test_after_the_opening_the_relay_writes_chunks_past_aiohttps_writer_byte_for_byte():
+    """Over a real aiohttp response: the first write (with the headers) is aiohttp's, the
+    later ones are chunks written to the transport; the client reads the same chunked body,
+    and the writer's counts include them (as its own writes would)."""
+    from aiohttp import web
+    seen: dict[str, object] = {}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        relay = _Relay(request, resp, Reply())
+        calls = []
+        write = resp.write
+        resp.write = lambda data: (calls.append(data), write(data))[1]
+        assert relay(1) and relay(3) and relay(6)
+        seen["aiohttp writes"] = list(calls)
+        seen["output"] = resp._payload_writer.output_size
+        await write(b"<close>")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/s", handler)
+    async with TestServer(app) as server, aiohttp.ClientSession() as session:
+        async with session.get(server.make_url("/s")) as resp:
+            assert resp.headers["Transfer-Encoding"] == "chunked"
+            body = await resp.read()
+    assert body == b"<open>t" + b"tt" + b"ttt" + b"<close>"
+    assert seen["aiohttp writes"] == [b"<open>t"]  # the later two bypassed it
+    framed = len(b"7\r\n<open>t\r\n2\r\ntt\r\n3\r\nttt\r\n")
+    assert seen["output"] >= framed  # (plus the headers, which aiohttp counts as well)
