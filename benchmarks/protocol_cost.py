@@ -13,10 +13,19 @@ modelled value, and the gateway's CPU-seconds per 1,000 delivered tokens. Routes
   sequence_number, so k tokens are k encodings instead of one `bytes * k`)
 - chat-n4: /v1/chat/completions with n = 4 (4 sequences of 200 tokens; 809 events)
 
+and, with --routes, each API's forced tool call (one tool, `tool_choice` forcing it; the
+arguments grow one fragment per token, README "Tool calls"):
+
+- chat-tool: 204 events (the call's head, 200 fragments, the closing fragment, the final
+  chunk, [DONE])
+- messages-tool: 207 events (the text route's, plus the closing input_json_delta)
+- responses-tool: 207 events (created, in_progress, item added, 200 deltas, the closing
+  delta, arguments done, item done, completed)
+
 No pass/fail: it prints figures.
 
     python benchmarks/protocol_cost.py [--clients 24] [--duration 8] [--warmup 2]
-        [--routes chat,messages,responses,chat-n4]
+        [--routes chat,messages,responses,chat-n4,chat-tool,messages-tool,responses-tool]
 """
 
 from __future__ import annotations
@@ -27,6 +36,11 @@ import time
 import _common as C
 
 PROMPT = "Say hello."
+SCHEMA = {"type": "object", "required": ["location", "unit", "days"], "properties": {
+    "location": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
+CHAT_TOOL = {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}],
+             "tool_choice": "required"}
 # route name -> (path, body without max_tokens, the cap's field, sequences, events per
 # response besides one per token)
 ROUTES = {
@@ -37,7 +51,16 @@ ROUTES = {
     "responses": ("/v1/responses", {"input": PROMPT}, "max_output_tokens", 1, 8),
     "chat-n4": ("/v1/chat/completions", {"n": 4, "messages": [{"role": "user", "content": PROMPT}]},
                 "max_tokens", 4, 9),
+    "chat-tool": ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
+                                           **CHAT_TOOL}, "max_tokens", 1, 4),
+    "messages-tool": ("/v1/messages", {"messages": [{"role": "user", "content": PROMPT}],
+                                       "tools": [{"name": "get_weather", "input_schema": SCHEMA}],
+                                       "tool_choice": {"type": "any"}}, "max_tokens", 1, 7),
+    "responses-tool": ("/v1/responses", {"input": PROMPT, "tools": [
+        {"type": "function", "name": "get_weather", "parameters": SCHEMA}],
+        "tool_choice": "required"}, "max_output_tokens", 1, 7),
 }
+DEFAULT_ROUTES = "chat,messages,responses,chat-n4"
 
 
 def run_route(served, name: str, args: argparse.Namespace) -> dict:
@@ -78,7 +101,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--duration", type=float, default=8.0, help="measured window, seconds")
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--routes", default=",".join(ROUTES))
+    parser.add_argument("--routes", default=DEFAULT_ROUTES, help=f"of {','.join(ROUTES)}")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args(argv)
     print(f"machine: {C.machine()}")
