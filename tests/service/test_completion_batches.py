@@ -64,12 +64,15 @@ def idle(engine) -> bool:
 async def test_three_prompts_of_two_choices_are_numbered_prompt_major_with_usage_summed():
     async with served() as (engine, _, client):
         reply = await client.completions.create(model=MODEL, prompt=PROMPTS, n=2,
-                                                max_tokens=4, echo=True)
+                                                max_tokens=4, echo=True, logprobs=1)
         usage = reply.usage
     assert [c.index for c in reply.choices] == [0, 1, 2, 3, 4, 5]
     # echo shows which prompt each choice belongs to: prompt p's are indices 2p, 2p + 1
     assert [c.text for c in reply.choices] == [p + " token" * 4 for p in PROMPTS for _ in (0, 1)]
     assert {c.finish_reason for c in reply.choices} == {"length"}
+    # logprobs per choice, offsets counted from the end of its own prompt's echo
+    assert [c.logprobs.text_offset[0] for c in reply.choices] == [4, 4, 8, 8, 12, 12]
+    assert all(c.logprobs.tokens == [" token"] * 4 for c in reply.choices)
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (6, 24, 30)
     modelled = reply.model_extra["inference_lab"]["prompts"]
     assert len(modelled) == 3
