@@ -6,7 +6,10 @@ and `const` (their first value), `anyOf` / `oneOf` (the first non-null option), 
 (merged), local `$ref` (`#/$defs/...`, `#/definitions/...`), numeric bounds and
 `multipleOf`, string `minLength` / `maxLength` and the usual `format`s); not `pattern`,
 `not`, `if` / `then` or `dependentRequired`. Only required properties are written. Nesting
-deeper than MAX_DEPTH is cut to `{}` / `[]`. Numbers and booleans are drawn from a
+deeper than MAX_DEPTH (objects, arrays, `anyOf` / `oneOf` options, `$ref` hops) is cut to
+`{}` / `[]` / null, and a schema that asks for more than MAX_TEXT characters (minLength,
+minItems, a recursive `$ref`, a large `const` repeated) is cut short there: a client's
+schema never makes a reply larger than that or holds the gateway's loop for long. Numbers and booleans are drawn from a
 `random.Random` seeded by the caller, so the same request gets the same arguments.
 
 How the text follows the engine's tokens (the engine decides how many a reply has; the
@@ -31,6 +34,7 @@ from typing import Any
 
 MAX_DEPTH = 8  # nesting (objects, arrays, $ref hops) beyond this is cut short
 MAX_ITEMS = 16  # an array's items, whatever its minItems says
+MAX_TEXT = 16384  # characters of arguments a schema may ask for (the growing string aside)
 WORD = "token"  # a string property's value (repeated to its minLength)
 _PAD = "\x00pad\x00"  # stands for the growing string while the skeleton is encoded
 _PAD_JSON = json.dumps(_PAD)
@@ -84,18 +88,22 @@ class _Maker:
         self.root = root
         self.rng = rng
         self.padded = False
+        self.room = MAX_TEXT  # characters still allowed
 
     def value(self, schema: Any, depth: int) -> Any:
+        self.room -= 2  # every value costs something, so recursion always ends
+        if self.room <= 0 or depth > MAX_DEPTH:
+            return None
         schema = self._resolve(schema, depth)
         if schema is True or schema == {}:
             return self._string({})
         if not isinstance(schema, dict):
             return None
         if "const" in schema:
-            return schema["const"]
+            return self._literal(schema["const"])
         enum = schema.get("enum")
         if isinstance(enum, list) and enum:
-            return enum[0]
+            return self._literal(enum[0])
         for key in ("anyOf", "oneOf"):
             options = schema.get(key)
             if isinstance(options, list) and options:
@@ -115,6 +123,11 @@ class _Maker:
         if kind == "null":
             return None
         return self._string(schema)
+
+    def _literal(self, value: Any) -> Any:
+        """A `const` or `enum` value, charged its size (None once the room is used)."""
+        self.room -= len(json.dumps(value, ensure_ascii=False))
+        return value if self.room > 0 else None
 
     def _resolve(self, schema: Any, depth: int) -> Any:
         """A schema with its local `$ref` followed and its `allOf` merged."""
@@ -181,6 +194,8 @@ class _Maker:
         items = schema.get("items", {})
         out = []
         for i in range(count):
+            if self.room <= 0:
+                break
             value = self.value(prefix[i] if i < len(prefix) else items, depth + 1)
             if schema.get("uniqueItems") and value in out:
                 break
@@ -201,7 +216,7 @@ class _Maker:
     def _number(self, schema: dict) -> float | int:
         (low, _), (high, _) = _bounds(schema)
         step = schema.get("multipleOf")
-        if _number(step) and step > 0:
+        if _number(step) and step > 0 and math.isfinite(low / step) and math.isfinite(high / step):
             first, last = math.ceil(low / step), math.floor(high / step)
             return self.rng.randint(first, max(first, last)) * step
         value = round(self.rng.uniform(low, high), 2)
@@ -217,9 +232,12 @@ class _Maker:
                 self.rng.getrandbits(bits) for bits in (32, 16, 12, 12, 48))
         text = _FORMATS.get(fmt, WORD) if isinstance(fmt, str) else WORD
         low, high = schema.get("minLength"), schema.get("maxLength")
-        while isinstance(low, int) and len(text) < low:
-            text += " " + WORD
-        return text[:high] if isinstance(high, int) and high >= 0 else text
+        if isinstance(low, int) and len(text) < low:
+            low = min(low, max(self.room, 0))
+            text += (" " + WORD) * -(-(low - len(text)) // (len(WORD) + 1))
+        text = text[:high] if isinstance(high, int) and high >= 0 else text
+        self.room -= len(text)
+        return text
 
 
 def _number(value: Any) -> bool:

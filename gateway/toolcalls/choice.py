@@ -119,11 +119,15 @@ def _openai_forced(tools: Any, choice: Any, seed: Any, fragment: str,
         where = "$.tool_choice.allowed_tools" if chat else "$.tool_choice"
         if not _mode(allowed.get("mode"), where + ".mode", "required"):
             return None
+        listed_tools = allowed.get("tools")
+        if not isinstance(listed_tools, (list, type(None))):
+            raise invalid("`tools` of allowed tools must be an array of tool objects",
+                          where + ".tools")
         names = set()
-        for tool in allowed.get("tools") or ():
+        for tool in listed_tools or ():
             named = tool.get("function") if chat and isinstance(tool, dict) else tool
-            if isinstance(named, dict):
-                names.add(named.get("name"))
+            if isinstance(named, dict) and isinstance(named.get("name"), str):
+                names.add(named["name"])
         listed = [f for f in functions(tools) if f[0] in names]
         return _call(listed, None, where + ".tools", seed, fragment)
     raise invalid(f"`tool_choice` of type {str(kind)[:_NAME_SHOWN]!r} is not supported "

@@ -88,6 +88,38 @@ def test_a_recursive_schema_is_cut_at_a_sane_depth():
     assert text.count("child") == 8 and json.loads(text)
 
 
+
+@pytest.mark.parametrize("schema", [
+    # a $ref cycle through anyOf (recursed until RecursionError: a 500 after 50 s)
+    {"$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}]}}, "$ref": "#/$defs/A"},
+    # 16 ** 6 integers (an array of arrays at every level: minutes of the gateway's loop)
+    {"type": "object", "required": ["x"], "properties": {"x": {
+        "type": "array", "minItems": 16, "items": {"type": "array", "minItems": 16, "items": {
+            "type": "array", "minItems": 16, "items": {"type": "array", "minItems": 16, "items": {
+                "type": "array", "minItems": 16, "items": {"type": "array", "minItems": 16,
+                                                           "items": {"type": "integer"}}}}}}}}},
+    # a 100 MB string
+    {"type": "object", "required": ["x"], "properties": {"x": {"type": "string",
+                                                               "minLength": 10 ** 8}}},
+    # a 20 KB const, repeated in 16 items of 16 items
+    {"type": "object", "required": ["x"], "properties": {"x": {"type": "array", "minItems": 16,
+        "items": {"type": "array", "minItems": 16, "items": {"const": "c" * 20000}}}}},
+])
+def test_a_schema_asking_for_a_huge_or_endless_value_is_cut_short(schema):
+    text = synthesize(schema, "0:f", FRAGMENT).text(3)
+    assert isinstance(json.loads(text), dict) and len(text) < 64 * 1024
+
+
+@pytest.mark.parametrize("number", [
+    {"type": "number", "minimum": -1e308, "multipleOf": 0.5},  # low / step overflows
+    {"type": "number", "multipleOf": 1e-320},  # high / step overflows
+])
+def test_a_multiple_of_that_overflows_still_gives_a_number_in_bounds(number):
+    schema = {"type": "object", "required": ["x"], "properties": {"x": number}}
+    value = json.loads(synthesize(schema, "0:f", FRAGMENT).text(1))["x"]
+    assert isinstance(value, (int, float)) and value >= number.get("minimum", 0)
+
+
 CHAT_TOOLS = [{"type": "function", "function": {"name": "a", "parameters": WEATHER}},
               {"type": "function", "function": {"name": "b"}}]
 
@@ -110,6 +142,13 @@ def test_chat_forces_a_call_only_when_required_or_named():
     (chat_forced, None, "required", "$.tool_choice"),
     (chat_forced, CHAT_TOOLS, "always", "$.tool_choice"),
     (chat_forced, {"a": 1}, "required", "$.tools"),
+    (chat_forced, CHAT_TOOLS, {"type": "allowed_tools", "allowed_tools": {
+        "mode": "required", "tools": 5}}, "$.tool_choice.allowed_tools.tools"),  # was a 500
+    (chat_forced, CHAT_TOOLS, {"type": "allowed_tools", "allowed_tools": {  # was a 500
+        "mode": "required", "tools": [{"type": "function", "function": {"name": ["a"]}}]}},
+     "$.tool_choice.allowed_tools.tools"),
+    (responses_forced, [{"type": "function", "name": "a"}], {
+        "type": "allowed_tools", "mode": "required", "tools": {"a": 1}}, "$.tool_choice.tools"),
     (messages_forced, [{"name": "a", "input_schema": WEATHER}], {"type": "tool", "name": "zz"},
      "$.tool_choice.name"),
     (messages_forced, [{"type": "web_search_20250305", "name": "web_search"}], {"type": "any"},
