@@ -138,11 +138,13 @@ class GatewayError(Exception):
     """A failure with a kind from the table and a human-readable message."""
 
     def __init__(self, kind: ErrorKind, message: str,
-                 headers: Mapping[str, str] | None = None) -> None:
+                 headers: Mapping[str, str] | None = None,
+                 details: Mapping[str, object] | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.headers = dict(headers) if headers else None  # extra response headers
+        self.details = dict(details) if details else None  # Anthropic's `error.details`
 
     @property
     def spec(self) -> ErrorSpec:
@@ -209,9 +211,12 @@ def envelope(err: GatewayError) -> bytes:
 
 
 def anthropic_envelope(err: GatewayError) -> bytes:
-    """Anthropic's error body: `{"type": "error", "error": {"type", "message"}}`."""
-    return _json_encode({"type": "error",
-                         "error": {"type": err.spec.anthropic_type, "message": err.message}})
+    """Anthropic's error body: `{"type": "error", "error": {"type", "message"}}` (and
+    `details`, `{"error_code", ...}`, which the anthropic SDK reads, when the error has them)."""
+    error = {"type": err.spec.anthropic_type, "message": err.message}
+    if err.details:
+        error["details"] = err.details
+    return _json_encode({"type": "error", "error": error})
 
 
 def _log_level(status: int) -> int:

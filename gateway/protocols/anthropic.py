@@ -1,7 +1,9 @@
 """The Anthropic Messages API (`POST /v1/messages`): text, or the tool call a request forces.
 
 Knows: the request body (`model`, `messages` with string or content-block content,
-`system`, `max_tokens` required as Anthropic requires it, `stream`; other fields such as
+`system`, `max_tokens` required as Anthropic requires it, `stream`; `thread` (server-held
+conversation state) is refused with the `thread_unsupported_request` error code, on which
+the anthropic SDK resends the whole conversation without it; other fields such as
 `temperature`, `metadata` or `stop_sequences` are accepted and ignored), its prompt length
 under the lab's tokenizer, the non-streaming `message` object, the streaming event
 sequence (`message_start`, `content_block_start`, `ping`, one `content_block_delta` per
@@ -27,7 +29,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from inference_lab.common.tokenizer import Tokenizer
-from inference_lab.gateway.errors import GatewayError, anthropic_envelope
+from inference_lab.gateway.errors import ErrorKind, GatewayError, anthropic_envelope
 from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
     content_text, conversation_ids, json_encode, random_id, raw_text, with_tools, Fraction,
@@ -78,6 +80,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     top_p: Fraction | None = None
     top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
     stop_sequences: list[str] | None = None
+    thread: Any = None  # server-held conversation state: not held here (Messages.parse)
 
 
 _decoder = msgspec.json.Decoder(MessagesRequest)
@@ -208,11 +211,25 @@ class ToolUseMessage(AnthropicMessage):
         return json_encode(message)
 
 
+# The anthropic SDK's threads (`thread: {"type": "create" | "continue"}`, which its
+# `beta.messages.tool_runner` sends by default) send later turns without the history the
+# server would hold; on this refusal (its error_code) the SDK sends the whole conversation
+# without `thread` instead.
+def no_threads() -> GatewayError:
+    return GatewayError(
+        ErrorKind.INVALID_REQUEST,
+        "Invalid request body: this server holds no Threads (server-held conversation "
+        "state); send the full conversation without `thread` - at `$.thread`",
+        details={"error_code": "thread_unsupported_request"})
+
+
 class Messages(Dialect):
     name = "anthropic.messages"
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode(_decoder, body)
+        if req.thread is not None:
+            raise no_threads()
         prompt = messages_prompt(tokenizer, req)
         call = messages_forced(req.tools, req.tool_choice, 0, PLACEHOLDER_TOKEN)
         if call is not None:

@@ -153,6 +153,33 @@ def test_messages_stream_sends_input_json_deltas_and_the_accumulator_rebuilds_th
     assert final.stop_reason == "tool_use" and final.usage.output_tokens == 6
 
 
+def test_the_sdks_tool_runner_runs_an_agent_loop_of_forced_calls(claude):
+    """The anthropic SDK's `beta.messages.tool_runner` asks for a server-held thread by
+    default and sends later turns without the history and tools; the lab refuses `thread`
+    with the error code on which the SDK resends the whole conversation (before: turn 2 was
+    a 400, "`tools` holds no function tool")."""
+    calls = []
+
+    @anthropic.beta_tool
+    def get_weather(location: str) -> str:
+        """The weather at a place."""
+        calls.append(location)
+        return "sunny"
+
+    runner = claude.beta.messages.tool_runner(
+        model=MODEL, max_tokens=3, messages=HELLO, tools=[get_weather],
+        tool_choice={"type": "any"}, max_iterations=3)
+    replies = list(runner)
+    assert [m.stop_reason for m in replies] == ["tool_use"] * 3 and len(calls) == 3
+    prompts = [m.usage.input_tokens for m in replies]
+    assert prompts[0] < prompts[1] < prompts[2]  # each turn sends the whole, longer history
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.beta.messages.create(model=MODEL, max_tokens=2, messages=HELLO,
+                                    thread={"type": "create"})
+    assert refused.value.body["error"]["details"]["error_code"] == "thread_unsupported_request"
+    assert "`$.thread`" in refused.value.body["error"]["message"]
+
+
 # ---- OpenAI Responses ---------------------------------------------------------------------------
 
 
