@@ -195,6 +195,8 @@ class _Relay:
         writer = self.chunks
         if writer is not None:  # (the headers are out: one chunk, written here)
             data = self.reply.tokens(0, new)
+            if not data:  # (tokens not shown: max_tokens 0) an empty chunk ends the body
+                return True
             chunk = b"%x\r\n%b\r\n" % (len(data), data)
             writer.output_size += len(chunk)
             writer.buffer_size += len(chunk)

@@ -17,6 +17,7 @@ Does not know: aiohttp, gRPC, or the engine's events (`gateway.protocols.generat
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Sequence
 from functools import partial
 from typing import Annotated, Any
@@ -35,6 +36,7 @@ from inference_lab.gateway.toolcalls import ForcedCall, chat_forced
 
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=_U31)]
+NonNegativeInt = Annotated[int, msgspec.Meta(ge=0, le=_U31)]
 TopLogprobs = Annotated[int, msgspec.Meta(ge=0, le=20)]  # vLLM's default --max-logprobs
 UNLIKELY = -9999.0  # the log-probability vLLM reports for -inf: every other token's
 Priority = Annotated[int, msgspec.Meta(ge=-(2**31), le=_U31)]
@@ -126,6 +128,7 @@ class ChatCompletionRequest(_GenerationRequest, kw_only=True):
 
 class CompletionRequest(_GenerationRequest, kw_only=True):
     prompt: str | list[str | int | list[int]]
+    max_tokens: NonNegativeInt | None = None  # 0 with echo: the prompt only (its logprobs)
     max_completion_tokens: PositiveInt | None = None  # accepted for symmetry
     echo: bool | None = False
     logprobs: TopLogprobs | None = None  # completions: the alternatives per token
@@ -197,10 +200,42 @@ def completion_prompt(tokenizer: Tokenizer,
     return prompt_ids(tokenizer, prompts[0])
 
 
-def prompt_text(prompt: str | list[int]) -> str:
-    """One prompt as `echo` returns it: its text, or one placeholder token per token id
-    (the lab's tokenizer has no vocabulary to decode ids with)."""
-    return prompt if isinstance(prompt, str) else PLACEHOLDER_TOKEN * len(prompt)
+def prompt_logprob(token: str) -> float:
+    """An echoed prompt token's log-probability: synthetic, negative and deterministic
+    (from the token's text alone, in [-10.24, -0.25]), so that the sums an evaluation
+    harness makes over a continuation's tokens differ between continuations and repeat
+    across runs. (Generated tokens, all the placeholder, stay at 0.0.)"""
+    return round(-0.25 - (zlib.crc32(token.encode("utf-8", "surrogatepass")) % 1000) / 100, 2)
+
+
+def echoed(tokenizer: Tokenizer, prompt: str | list[int], ids: Sequence[int],
+           top: int | None) -> tuple[str, dict | None]:
+    """One prompt as `echo` returns it: its text (token ids: as the tokenizer decodes
+    them), and with `logprobs` (`top` alternatives) the prompt's own logprobs in the
+    completions shape, as vLLM and OpenAI's legacy API give them: each token as the
+    tokenizer renders it, its offset in the echoed text, its log-probability (null for
+    the first token, which nothing predicts) and its top alternatives (null for the
+    first; else the token itself and `top` - 1 placeholders at UNLIKELY)."""
+    decoded, tokens, offsets = tokenizer.pieces(ids)
+    text = prompt if isinstance(prompt, str) else decoded
+    if top is None:
+        return text, None
+    if decoded != text:  # (a string prompt the tokenizer cannot give back exactly)
+        offsets = [min(offset, len(text)) for offset in offsets]
+    values: list[float | None] = [None]
+    tops: list[dict | None] = [None]
+    others = [PLACEHOLDER_TOKEN] + [f"{PLACEHOLDER_TOKEN}{j}" for j in range(1, top + 1)]
+    for token in tokens[1:]:
+        value = prompt_logprob(token)
+        values.append(value)
+        alternatives = {token: value}
+        for other in others:
+            if len(alternatives) >= max(top, 1):
+                break
+            alternatives.setdefault(other, UNLIKELY)
+        tops.append(alternatives)
+    return text, {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops,
+                  "text_offset": offsets}
 
 
 # ---- responses ------------------------------------------------------------------------
@@ -220,12 +255,12 @@ class Completion(Reply):
 
     __slots__ = ("chat", "id", "created", "model", "include_usage", "n", "echo", "head",
                  "token", "_tokens", "continuous", "prompt_tokens", "emitted", "cap", "top",
-                 "_offsets", "base")
+                 "_offsets", "base", "prompt_logprobs", "prompt_only")
 
     def __init__(self, chat: bool, model: str, include_usage: bool = False, n: int = 1,
                  echo: str | None = None, continuous_usage: bool = False,
                  prompt_tokens: int = 0, cap: int | None = None, top: int | None = None,
-                 base: int = 0) -> None:
+                 base: int = 0, prompt_logprobs: dict | None = None) -> None:
         self.chat = chat
         self.base = base  # the index of its first choice (a batch's prompt p: p * n)
         # logprobs asked for: how many alternatives per token (every generated token is the
@@ -235,6 +270,11 @@ class Completion(Reply):
         # are made one by one (each choice's characters so far)
         self._offsets = [len(echo or "")] * n if top is not None and not chat else None
         self.cap = cap  # the client's explicit max_tokens: reaching it is "length"
+        # completions with echo and logprobs: the echoed prompt's own (`echoed`)
+        self.prompt_logprobs = prompt_logprobs
+        # max_tokens 0 (with echo): the engine ran the request with 1 token, as vLLM does;
+        # the reply is the prompt only and counts no completion tokens
+        self.prompt_only = cap == 0
         self.id = ("chatcmpl-" if chat else "cmpl-") + random_id()
         self.created = int(time.time())
         self.model = model
@@ -289,9 +329,28 @@ class Completion(Reply):
                 "top_logprobs": [top] * count,
                 "text_offset": [offset + step * i for i in range(count)]}
 
+    def _completion_logprobs(self, count: int) -> dict | None:
+        """A whole completions choice's logprobs: the echoed prompt's first (with echo),
+        then the `count` generated tokens', their offsets after the echoed text."""
+        generated = self._logprobs(count, len(self.echo or ""))
+        prompt = self.prompt_logprobs
+        if prompt is None or generated is None:
+            return prompt if generated is None else generated
+        return {key: prompt[key] + generated[key] for key in prompt}
+
+    def _shown(self, outcome: Outcome) -> Outcome:
+        """The outcome as the reply tells it: with max_tokens 0, no completion tokens."""
+        if not self.prompt_only:
+            return outcome
+        return Outcome(outcome.prompt_tokens, [0] * len(outcome.counts), outcome.modelled,
+                       outcome.cached_tokens)
+
     def _choice(self, index: int, text: str | None, finish_reason: str | None,
-                role: bool = False, offset: int = 0) -> dict:
-        logprobs = self._logprobs(1, offset) if text == PLACEHOLDER_TOKEN else None
+                role: bool = False, offset: int = 0, echo: bool = False) -> dict:
+        if echo:
+            logprobs = self.prompt_logprobs
+        else:
+            logprobs = self._logprobs(1, offset) if text == PLACEHOLDER_TOKEN else None
         if self.chat:
             delta: dict = {"role": "assistant", "content": ""} if role else {}
             if text is not None:
@@ -308,7 +367,8 @@ class Completion(Reply):
             self.head = b"".join(data_frame(self._chunk([self._choice(i, None, None, role=True)]))
                                  for i in range(self.n))
         elif self.echo:
-            self.head = b"".join(data_frame(self._chunk([self._choice(i, self.echo, None)]))
+            self.head = b"".join(data_frame(self._chunk([self._choice(i, self.echo, None,
+                                                                      echo=True)]))
                                  for i in range(self.n))
         else:
             self.head = b""
@@ -324,6 +384,8 @@ class Completion(Reply):
     def tokens(self, index: int, k: int) -> bytes:
         if self.head is None:
             self.start_stream()
+        if self.prompt_only:
+            return b""  # the engine's one token is not shown (max_tokens 0)
         if self.continuous or self._offsets is not None:
             out = []
             offsets = self._offsets
@@ -351,6 +413,7 @@ class Completion(Reply):
         """Each choice's final chunk (the last carries the engine's modelled timings,
         when given, under "inference_lab")."""
         out = b""
+        outcome = self._shown(outcome)
         self.emitted = outcome.completion_tokens  # the final chunks carry the final usage
         counts = outcome.counts
         for i in range(self.n):
@@ -365,7 +428,7 @@ class Completion(Reply):
         """The stream's end: the usage frame if asked for (`outcome`'s), and [DONE]."""
         if self.include_usage:
             usage_chunk = self._chunk([])
-            usage_chunk["usage"] = _usage(outcome)
+            usage_chunk["usage"] = _usage(self._shown(outcome))
             return data_frame(usage_chunk) + DONE_FRAME
         return DONE_FRAME
 
@@ -373,6 +436,7 @@ class Completion(Reply):
         """The non-streaming response's choices."""
         choices = []
         base = self.base
+        outcome = self._shown(outcome)
         for i, count in enumerate(outcome.counts, base):
             text = PLACEHOLDER_TOKEN * count
             finish_reason = self._finish_reason(count)
@@ -381,13 +445,13 @@ class Completion(Reply):
                                 "logprobs": self._logprobs(count), "finish_reason": finish_reason})
             else:
                 choices.append({"index": i, "text": (self.echo or "") + text,
-                                "logprobs": self._logprobs(count, len(self.echo or "")),
+                                "logprobs": self._completion_logprobs(count),
                                 "finish_reason": finish_reason})
         return choices
 
     def body(self, outcome: Outcome) -> bytes:
         """The non-streaming JSON response (modelled timings under "inference_lab")."""
-        return self.envelope(self.choices(outcome), outcome, outcome.modelled)
+        return self.envelope(self.choices(outcome), self._shown(outcome), outcome.modelled)
 
     def envelope(self, choices: list[dict], outcome: Outcome, modelled: dict) -> bytes:
         return json_encode({
@@ -541,22 +605,26 @@ class CompletionBatch(BatchReply):
 
     def __init__(self, model: str, echoes: list[str | None], prompt_lengths: list[int],
                  include_usage: bool = False, n: int = 1, continuous_usage: bool = False,
-                 cap: int | None = None, top: int | None = None) -> None:
+                 cap: int | None = None, top: int | None = None,
+                 prompt_logprobs: list[dict | None] | None = None) -> None:
+        logprobs = prompt_logprobs or [None] * len(echoes)
         self.parts = [CompletionPart(False, model, include_usage, n, echo=echo,
                                      continuous_usage=continuous_usage, prompt_tokens=length,
-                                     cap=cap, top=top, base=p * n)
-                      for p, (echo, length) in enumerate(zip(echoes, prompt_lengths))]
+                                     cap=cap, top=top, base=p * n, prompt_logprobs=lp)
+                      for p, (echo, length, lp)
+                      in enumerate(zip(echoes, prompt_lengths, logprobs))]
         first = self.parts[0]
         self.id = first.id
         for part in self.parts:
             part.id, part.created = first.id, first.created
 
     def closing(self, outcomes: list[Outcome]) -> bytes:
-        return self.parts[0].tail(batch_outcome(outcomes))
+        return self.parts[0].tail(batch_outcome(outcomes))  # (tail shows max_tokens 0's)
 
     def body(self, outcomes: list[Outcome]) -> bytes:
         choices = [c for part, o in zip(self.parts, outcomes) for c in part.choices(o)]
-        return self.parts[0].envelope(choices, batch_outcome(outcomes), batch_modelled(outcomes))
+        shown = [part._shown(o) for part, o in zip(self.parts, outcomes)]
+        return self.parts[0].envelope(choices, batch_outcome(shown), batch_modelled(outcomes))
 
     def error_frame(self, err: GatewayError) -> bytes:
         return sse_error_frame(err)
@@ -591,21 +659,27 @@ class Completions(Dialect):
         req = decode_request(body, chat=False)
         given = completion_prompts(req.prompt)
         cap = req.max_completion_tokens or req.max_tokens
+        if cap == 0 and not req.echo:
+            raise invalid("max_tokens 0 needs echo: true (the prompt only, with its "
+                          "logprobs) - at `$.max_tokens`")
+        # max_tokens 0: the engine prefills and makes one token, as vLLM does; not shown
+        engine_cap = 1 if cap == 0 else cap
         n = req.n or 1
+        prompts = [prompt_ids(tokenizer, p, f"$.prompt[{i}]" if len(given) > 1 else "$.prompt")
+                   for i, p in enumerate(given)]
+        shown = [echoed(tokenizer, p, ids, req.top) if req.echo else (None, None)
+                 for p, ids in zip(given, prompts)]
         if len(given) > 1:  # a batch: one engine request per prompt
-            prompts = [prompt_ids(tokenizer, p, f"$.prompt[{i}]") for i, p in enumerate(given)]
-            echoes = [prompt_text(p) if req.echo else None for p in given]
-            batch = partial(CompletionBatch, req.model, echoes, [len(p) for p in prompts],
-                            req.include_usage, n, req.continuous_usage, cap, req.top)
-            return Batch(req.model, prompts, cap, bool(req.stream), batch,
+            batch = partial(CompletionBatch, req.model, [text for text, _ in shown],
+                            [len(p) for p in prompts], req.include_usage, n,
+                            req.continuous_usage, cap, req.top, [lp for _, lp in shown])
+            return Batch(req.model, prompts, engine_cap, bool(req.stream), batch,
                          n=n, priority=req.priority)
-        (only,) = given
-        echo = prompt_text(only) if req.echo else None
-        prompt = prompt_ids(tokenizer, only)
+        (prompt,), ((echo, logprobs),) = prompts, shown
         reply = partial(Completion, False, req.model, req.include_usage, n, echo=echo,
                         continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
-                        cap=cap, top=req.top)
-        return Generation(req.model, prompt, cap, bool(req.stream), reply,
+                        cap=cap, top=req.top, prompt_logprobs=logprobs)
+        return Generation(req.model, prompt, engine_cap, bool(req.stream), reply,
                           n=n, priority=req.priority)
 
 

@@ -129,8 +129,9 @@ def test_logprobs_when_asked_in_each_apis_shape(oai):
     assert per_chunk == [1, 1, 1]
     text = oai.completions.create(model=MODEL, prompt="hi", max_tokens=3, logprobs=2, echo=True)
     lp = text.choices[0].logprobs
-    assert lp.tokens == [" token"] * 3 and lp.token_logprobs == [0.0] * 3
-    assert lp.text_offset == [2, 8, 14] and len(lp.top_logprobs[0]) == 2  # after the echoed "hi"
+    # the echoed prompt's token first (nothing predicts it: null), then the generated ones
+    assert lp.tokens == ["hi"] + [" token"] * 3 and lp.token_logprobs == [None] + [0.0] * 3
+    assert lp.text_offset == [0, 2, 8, 14] and len(lp.top_logprobs[1]) == 2  # after "hi"
     streamed = oai.completions.create(model=MODEL, prompt="hi", max_tokens=3, logprobs=1, stream=True)
     offsets = [c.choices[0].logprobs.text_offset[0] for c in streamed if c.choices and c.choices[0].text]
     assert offsets == [0, 6, 12]

@@ -70,9 +70,13 @@ async def test_three_prompts_of_two_choices_are_numbered_prompt_major_with_usage
     # echo shows which prompt each choice belongs to: prompt p's are indices 2p, 2p + 1
     assert [c.text for c in reply.choices] == [p + " token" * 4 for p in PROMPTS for _ in (0, 1)]
     assert {c.finish_reason for c in reply.choices} == {"length"}
-    # logprobs per choice, offsets counted from the end of its own prompt's echo
-    assert [c.logprobs.text_offset[0] for c in reply.choices] == [4, 4, 8, 8, 12, 12]
-    assert all(c.logprobs.tokens == [" token"] * 4 for c in reply.choices)
+    # logprobs per choice: its own prompt's tokens (echo), then the generated tokens', their
+    # offsets counted from the end of its own prompt's echo
+    lengths = [1, 1, 2, 2, 3, 3]
+    assert [c.logprobs.text_offset[k] for c, k in zip(reply.choices, lengths)] == [4, 4, 8, 8, 12, 12]
+    assert [c.logprobs.tokens for c in reply.choices] == [
+        [p[:4], p[4:8], p[8:]][:k] + [" token"] * 4 for p, k in zip(
+            [PROMPTS[i // 2] for i in range(6)], lengths)]
     assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (6, 24, 30)
     modelled = reply.model_extra["inference_lab"]["prompts"]
     assert len(modelled) == 3
@@ -110,7 +114,7 @@ async def test_a_streamed_batch_interleaves_every_choice_by_index_then_one_usage
     await until(lambda: idle(engine))
 
 
-async def test_token_id_prompts_echo_one_placeholder_per_id_streamed_and_not():
+async def test_token_id_prompts_echo_as_the_tokenizer_decodes_them_streamed_and_not():
     # (with what lm-evaluation-harness's local-completions sends along: temperature, stop, seed)
     body = dict(model=MODEL, prompt=[[1, 2, 3], [4, 5]], max_tokens=2, echo=True,
                 temperature=0, stop=["\n\n"], seed=1234)
@@ -121,9 +125,11 @@ async def test_token_id_prompts_echo_one_placeholder_per_id_streamed_and_not():
         async for chunk in stream:
             for choice in chunk.choices:
                 texts[choice.index] = texts.get(choice.index, "") + choice.text
-    assert [c.text for c in reply.choices] == [" token" * 5, " token" * 4]
+    # the built-in tokenizer: an id is its 4 little-endian bytes, padding zeros dropped
+    assert [c.text for c in reply.choices] == ["\x01\x02\x03" + " token" * 2,
+                                               "\x04\x05" + " token" * 2]
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (5, 4)
-    assert texts == {0: " token" * 5, 1: " token" * 4}
+    assert texts == {0: "\x01\x02\x03" + " token" * 2, 1: "\x04\x05" + " token" * 2}
 
 
 async def test_a_batch_only_part_of_which_fits_the_queue_is_refused_whole_and_nothing_is_left():

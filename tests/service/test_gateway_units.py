@@ -19,6 +19,7 @@ from inference_lab.gateway.errors import (
 from inference_lab.common.tokenizer import ByteTokenizer
 from inference_lab.gateway.protocols.base import Outcome, random_id
 from inference_lab.gateway.protocols.openai import (
+    COMPLETIONS,
     ChatMessage,
     Completion,
     ContentPart,
@@ -148,8 +149,17 @@ def test_decode_names_the_bad_field():
 
 def test_decode_rejects_zero_max_tokens_naming_it():
     with pytest.raises(GatewayError) as info:
-        decode_request(b'{"model": "m", "prompt": "x", "max_tokens": 0}', chat=False)
+        decode_request(b'{"model": "m", "messages": [{"role": "user", "content": "x"}], '
+                       b'"max_tokens": 0}', chat=True)
     assert info.value.message == "Invalid request body: Expected `int` >= 1 - at `$.max_tokens`"
+    # completions: 0 is the prompt only (echo's logprobs, as vLLM takes it), so echo it must
+    with pytest.raises(GatewayError) as info:
+        COMPLETIONS.parse(b'{"model": "m", "prompt": "x", "max_tokens": 0}', ByteTokenizer())
+    assert info.value.message == ("max_tokens 0 needs echo: true (the prompt only, with its "
+                                  "logprobs) - at `$.max_tokens`")
+    with pytest.raises(GatewayError) as info:
+        decode_request(b'{"model": "m", "prompt": "x", "max_tokens": -1}', chat=False)
+    assert info.value.message == "Invalid request body: Expected `int` >= 0 - at `$.max_tokens`"
 
 
 def test_decode_ignores_unknown_openai_fields():

@@ -20,6 +20,7 @@ never produces, so they never collide with text.
 
 from __future__ import annotations
 
+import codecs
 import os
 import zlib
 from array import array
@@ -91,6 +92,33 @@ class ByteTokenizer:
             return "<|role|>"  # a role outside the table
         return token_id.to_bytes(4, "little").rstrip(b"\0").decode("utf-8", "replace")
 
+    def pieces(self, ids: Iterable[int]) -> tuple[str, list[str], list[int]]:
+        """`decode(ids)`, each token as `token_str` renders it, and the character offset
+        in that text where each token starts: the characters complete before its bytes
+        (a character cut across tokens is at the offset of the token that completes it).
+        An echoed prompt's logprobs."""
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        out: list[str] = []
+        tokens: list[str] = []
+        offsets: list[int] = []
+        length = 0
+        for token_id in ids:
+            if token_id in _NAMES or token_id >> 16 == 0xFFFF:
+                piece = decoder.decode(b"", final=True)  # a partial character ends here
+                decoder.reset()
+                out.append(piece)
+                length += len(piece)
+                offsets.append(length)
+                piece = self.token_str(token_id)
+            else:
+                offsets.append(length)
+                piece = decoder.decode(token_id.to_bytes(4, "little").rstrip(b"\0"))
+            out.append(piece)
+            length += len(piece)
+            tokens.append(self.token_str(token_id))
+        out.append(decoder.decode(b"", final=True))
+        return "".join(out), tokens, offsets
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text from token IDs (the inverse of `encode` for text without NUL bytes;
         header tokens by name; undecodable bytes as U+FFFD)."""
@@ -135,6 +163,23 @@ class HFTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def pieces(self, ids: Iterable[int]) -> tuple[str, list[str], list[int]]:
+        """`decode(ids)`, each token as `token_str` renders it, and the character offset
+        in that text where each token starts (the tokenizer's own offsets when the text
+        encodes back to the same ids, else each token's decoded length added up, within
+        the text)."""
+        ids = list(ids)
+        text = self.decode(ids)
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        if encoding.ids == ids:
+            offsets = [start for start, _ in encoding.offsets]
+        else:
+            offsets, length = [], 0
+            for token_id in ids:
+                offsets.append(min(length, len(text)))
+                length += len(self._tok.decode([token_id], skip_special_tokens=False))
+        return text, [self.token_str(i) for i in ids], offsets
 
     def encode_chat(self, messages: Messages) -> array:
         rendered = "".join(f"<|{role}|>\n{content or ''}\n" for role, content in messages)
