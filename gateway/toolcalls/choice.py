@@ -129,6 +129,9 @@ def _openai_forced(tools: Any, choice: Any, seed: Any, fragment: str,
             if isinstance(named, dict) and isinstance(named.get("name"), str):
                 names.add(named["name"])
         listed = [f for f in functions(tools) if f[0] in names]
+        if names and not listed:
+            raise invalid("`tool_choice` allows only tools that are not in `tools`",
+                          where + ".tools")
         return _call(listed, None, where + ".tools", seed, fragment)
     raise invalid(f"`tool_choice` of type {str(kind)[:_NAME_SHOWN]!r} is not supported "
                   "(this lab calls function tools only)", "$.tool_choice.type")

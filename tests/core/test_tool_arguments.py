@@ -166,6 +166,14 @@ def test_a_forced_call_that_cannot_be_made_is_a_400_naming_the_field(forced, too
     assert caught.value.message.endswith(f"- at `{where}`")
 
 
+def test_allowed_tools_none_of_which_is_in_tools_is_a_400_that_says_so():
+    choice = {"type": "allowed_tools", "allowed_tools": {
+        "mode": "required", "tools": [{"type": "function", "function": {"name": "zz"}}]}}
+    with pytest.raises(GatewayError) as caught:  # (was: "`tools` holds no function tool")
+        chat_forced(CHAT_TOOLS, choice, 0, FRAGMENT)
+    assert "allows only tools that are not in `tools`" in caught.value.message
+
+
 def test_messages_any_forces_the_first_client_tool_and_responses_reads_its_own_shapes():
     tools = [{"type": "web_search_20250305", "name": "web_search"},
              {"name": "lookup", "input_schema": WEATHER}]
