@@ -188,6 +188,26 @@ async def test_a_hang_up_mid_stream_aborts_every_engine_request_of_the_batch():
         await until(lambda: aborted(engine) == 6)  # each sequence of each prompt
 
 
+async def test_a_hang_up_while_prompts_of_n_sequences_wait_aborts_every_sequence():
+    # max_num_seqs 2: prompt 0's two sequences run, prompts 1 and 2 wait (unspawned); each
+    # of the six sequences counts as aborted, as vLLM counts each child request (before:
+    # a waiting request counted once whatever its n, 4 in all)
+    async with served(max_num_seqs=2) as (engine, base, _):
+        core = engine.runtimes[0].core
+        latency = "vllm:e2e_request_latency_seconds_count"
+        before = engine_sample(engine, latency)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(base + "/v1/completions", json={
+                    "model": MODEL, "prompt": PROMPTS, "n": 2, "max_tokens": 20000,
+                    "stream": True}) as resp:
+                assert resp.status == 200
+                await until(lambda: (core.num_running, core.num_waiting) == (2, 2))
+                resp.close()
+        await until(lambda: idle(engine))
+        await until(lambda: aborted(engine) == 6)
+        assert engine_sample(engine, latency) - before == 6  # a latency for each as well
+
+
 @pytest.mark.parametrize("prompt, message", [
     ([], "`prompt` must not be empty - at `$.prompt`"),
     (["a", [1, 2]], "Mixed prompts"),
