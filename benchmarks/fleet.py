@@ -161,19 +161,20 @@ def scrape_loop(port: int, start: float, end: float, phase: float, record: bool,
                 out=None, path: str = "/metrics", server_pid: int | None = None):
     """GET /metrics every 50 ms from start + phase until end on one keep-alive connection;
     the latencies and sizes of the scrapes, and (given the server's pid) how long the
-    scraper and the server's main thread waited for a core during each scrape (sent to
-    `out`, a pipe, when given)."""
+    scraper and the server's main thread waited for a core during each scrape, together
+    and the server's alone (sent to `out`, a pipe, when given)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     latencies: list[float] = []
     sizes: list[int] = []
     waits: list[float] = []
+    server_waits: list[float] = []
     pids = [os.getpid()] + ([server_pid] if server_pid else [])
     next_at = start + phase
     while time.monotonic() < end:
         time.sleep(max(0.0, next_at - time.monotonic()))
         next_at += 0.05
         if record and server_pid:
-            waited = sum(run_delay(pid) for pid in pids)
+            waited = [run_delay(pid) for pid in pids]
         t = time.perf_counter()
         conn.request("GET", path)
         body = conn.getresponse().read()
@@ -181,11 +182,13 @@ def scrape_loop(port: int, start: float, end: float, phase: float, record: bool,
             latencies.append(time.perf_counter() - t)
             sizes.append(len(body))
             if server_pid:
-                waits.append(sum(run_delay(pid) for pid in pids) - waited)
+                now = [run_delay(pid) for pid in pids]
+                waits.append(sum(now) - sum(waited))
+                server_waits.append(now[-1] - waited[-1])
     conn.close()
     if out is not None:
-        out.send((latencies, sizes, waits))
-    return latencies, sizes, waits
+        out.send((latencies, sizes, waits, server_waits))
+    return latencies, sizes, waits, server_waits
 
 
 def start_bare(kind: str, body: bytes):
@@ -276,7 +279,7 @@ def scrape(args) -> None:
             spies = C.start_profiles(args.profile, pids, args.seconds - 0.5, "scrape")
             for label, receive, _ in measured:
                 results.append((label, receive.recv() if receive.poll(args.seconds + 30)
-                                else ([], [0], [])))
+                                else ([], [0], [], [])))
             for t in threads:
                 t.join(timeout=30)
             cpu1 = C.cpu_snapshot(pids)
@@ -295,7 +298,7 @@ def scrape(args) -> None:
         print(f"{args.replicas} replicas scraped every 50 ms "
               f"({'phases spread' if args.stagger else 'all at once'}) while "
               f"{args.streams} streams run; {C.machine()}")
-        for label, (latencies, sizes, waits) in results:
+        for label, (latencies, sizes, waits, server_waits) in results:
             if not latencies:
                 print(f"{label}: no scrapes")
                 continue
@@ -311,7 +314,9 @@ def scrape(args) -> None:
                   f"p50 {C.quantile(rest, 0.5) * 1000:.2f} ms, "
                   f"p99 {C.quantile(rest, 0.99) * 1000:.2f} ms; scrapes over 5 ms: "
                   f"{len(slow)}, waiting {C.quantile(slow, 0.5) * 100 if slow else 0:.0f} % "
-                  f"of their time (median)")
+                  f"of their time (median); the server's main thread alone waited p50 "
+                  f"{C.quantile(server_waits, 0.5) * 1000:.2f}, p99 "
+                  f"{C.quantile(server_waits, 0.99) * 1000:.2f} ms")
         if all(counted):
             waits, served = (sum(c[i] for c in counted) for i in (0, 1))
             print(f"scrapes that waited for the engine's copy (a request finished here was "
