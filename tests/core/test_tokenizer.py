@@ -71,3 +71,22 @@ def test_an_unusable_tokenizer_file_is_a_clear_error(tmp_path, content, message)
         path.write_text(content)
     with pytest.raises(TokenizerError, match=message):
         load_tokenizer(str(path))
+
+
+def test_builtin_pieces_are_the_decoded_text_each_token_and_its_offset():
+    tok = ByteTokenizer()
+    assert tok.pieces(tok.encode("Sky: blue")) == ("Sky: blue", ["Sky:", " blu", "e"], [0, 4, 8])
+    # "é€": 2 + 3 bytes; "€" starts in the first token and completes in the second
+    text, tokens, offsets = tok.pieces(tok.encode("aé€b"))
+    assert text == "aé€b" and offsets == [0, 2] and tokens == ["aé\ufffd", "\ufffd\ufffdb"]
+    header = tok.encode_chat([("user", "hi")])
+    text, tokens, offsets = tok.pieces(header)
+    assert tokens[:3] == ["<|start|>", "<|user|>", "<|message|>"] and text == tok.decode(header)
+    assert offsets[:4] == [0, 9, 17, 28]
+
+
+def test_a_tokenizer_json_gives_its_own_offsets_for_its_pieces(bpe_file):
+    tok = load_tokenizer(str(bpe_file))
+    text, tokens, offsets = tok.pieces(tok.encode("the prefix cache"))
+    assert tokens == ["the", "prefix", "cache"] and offsets == [0, 4, 11]
+    assert text == "the prefix cache"

@@ -10,6 +10,7 @@ import json
 import urllib.request
 
 import openai
+import pytest
 from aiohttp.test_utils import TestServer
 
 from engine_helpers import running_engine
@@ -150,27 +151,31 @@ async def test_token_id_prompts_render_each_token_as_the_tokenizer_does():
     assert second.logprobs.text_offset == [0, 1, 2]
 
 
-def lm_eval_parse(choice: dict, ctxlen: int) -> tuple[float, bool]:
+def lm_eval_parse(choice: dict, ctxlen: int, end: int | None) -> tuple[float, bool]:
     """What lm-evaluation-harness makes of a choice for a loglikelihood request: the sum
-    of the continuation's token logprobs, and whether each continuation token is the top
-    one (its `openai_completions.parse_logprobs` and the older `get_result`)."""
+    of the continuation's token logprobs (entries ctxlen to `end`: its local-completions
+    asks for max_tokens 1 and drops that generated token's entry, end -1), and whether
+    each continuation token is the greedy one (its logprob the greatest of its top
+    alternatives; the older harness: the top alternative's key is the token)."""
     lp = choice["logprobs"]
-    continuation = lp["token_logprobs"][ctxlen:]
+    continuation = lp["token_logprobs"][ctxlen:end]
     greedy = all(value == max(top.values()) for value, top
-                 in zip(continuation, lp["top_logprobs"][ctxlen:]))
+                 in zip(continuation, lp["top_logprobs"][ctxlen:end]))
     greedy_by_key = all(max(top, key=top.get) == token for token, top
-                        in zip(lp["tokens"][ctxlen:], lp["top_logprobs"][ctxlen:]))
+                        in zip(lp["tokens"][ctxlen:end], lp["top_logprobs"][ctxlen:end]))
     assert greedy == greedy_by_key
     return sum(continuation), greedy
 
 
-async def test_lm_eval_loglikelihood_request_shape_scores_every_continuation():
-    # lm-eval's local-completions sends context + continuation as token ids by default
+@pytest.mark.parametrize("max_tokens, end", [(1, -1), (0, None)])
+async def test_lm_eval_loglikelihood_request_shape_scores_every_continuation(max_tokens, end):
+    # lm-eval's local-completions sends context + continuation as token ids by default,
+    # several in one request, with echo, logprobs 1, max_tokens 1, temperature 0 and a seed
     contexts = [TOK.encode("Question: what colour is the sky? Answer:"),
                 TOK.encode("Question: what colour is grass? Answer:")]
     continuations = [TOK.encode(" blue"), TOK.encode(" bright green")]
     prompts = [list(c) + list(x) for c, x in zip(contexts, continuations)]
-    body = dict(model=MODEL, prompt=prompts, echo=True, logprobs=1, max_tokens=0,
+    body = dict(model=MODEL, prompt=prompts, echo=True, logprobs=1, max_tokens=max_tokens,
                 temperature=0, seed=1234)
     async with served() as (_, client):
         raw = await client.completions.with_raw_response.create(**body)
@@ -180,10 +185,12 @@ async def test_lm_eval_loglikelihood_request_shape_scores_every_continuation():
     assert len(choices) == 2
     scores = []
     for choice, prompt, context, continuation in zip(choices, prompts, contexts, continuations):
-        assert len(choice["logprobs"]["token_logprobs"]) == len(prompt)  # the prompt only
-        value, greedy = lm_eval_parse(choice, len(context))
-        assert value < 0 and greedy  # not the empty sum (0) the prompt-less logprobs gave
-        assert value == sum(float(v) for v in choice["logprobs"]["token_logprobs"][len(context):])
+        lp = choice["logprobs"]
+        assert len(lp["token_logprobs"]) == len(lp["tokens"]) == len(prompt) + max_tokens
+        value, greedy = lm_eval_parse(choice, len(context), end)
+        # the continuation's own tokens, each scored: not the empty sum (0) of before
+        assert len(lp["token_logprobs"][len(context):end]) == len(continuation)
+        assert value < 0 and greedy
         scores.append(value)
     assert len(continuations[1]) > 1 and scores[0] != scores[1]
     # the same request scores the same again
