@@ -197,14 +197,14 @@ class _Relay:
             data = self.reply.tokens(0, new)
             if not data:  # (tokens not shown: max_tokens 0) an empty chunk ends the body
                 return True
-            chunk = b"%x\r\n%b\r\n" % (len(data), data)
-            writer.output_size += len(chunk)
-            writer.buffer_size += len(chunk)
             transport = protocol.transport
             if transport.is_closing():
                 self.chunks = None  # (the pump's write raises aiohttp's error)
                 self.streamed -= new
                 return False
+            chunk = b"%x\r\n%b\r\n" % (len(data), data)
+            writer.output_size += len(chunk)
+            writer.buffer_size += len(chunk)
             transport.write(chunk)
             return True
         write = self.resp.write(self.head + self.reply.tokens(0, new))
