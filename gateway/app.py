@@ -43,7 +43,7 @@ from inference_lab.gateway.errors import (
     saturated_body,
     saturated_response,
 )
-from inference_lab.gateway.edge import FAST_GETS, FAST_POSTS, arrival_stamp, read_body
+from inference_lab.gateway.edge import ARRIVALS, FAST_GETS, FAST_POSTS, arrival_stamp, read_body
 from inference_lab.gateway.faults import HEADER as FAULT_HEADER
 from inference_lab.gateway.faults import DirectiveError, FaultSpec, directive_for
 from inference_lab.gateway.faults import control as fault_control
@@ -172,6 +172,9 @@ async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
         status = resp.status
         return resp
     finally:
+        engine = state.engine
+        if engine is not None:  # (a generation request not sent: answered here)
+            engine.backlog.clear(request.protocol)
         state.metrics.observe(_route_label(request), status, time.perf_counter() - started)
 
 
@@ -232,6 +235,7 @@ def _generation_handler(dialect: Dialect, state: GatewayState,
         client = state.client
         if fault is not None:
             if fault.after_tokens is None:  # scripted: the engine is not asked
+                client.backlog.clear(request.protocol)
                 await client.resolve_model(gen.model)
                 return await fault_stream.serve_scripted(request, gen.reply, fault,
                                                          gen.prompt_tokens)
@@ -242,7 +246,7 @@ def _generation_handler(dialect: Dialect, state: GatewayState,
             # with faults set it is raised as before, for the hints to go on it). It
             # refuses only a model in the client's cache: `generate`'s resolve_model (a 404
             # first for an unknown one) would have passed without waiting.
-            refused = _refusal(client, gen, state.replica)
+            refused = _refusal(client, gen, state.replica, arrived)
             if refused is not None:
                 return saturated_response(refused, request, render)
         if isinstance(gen, Batch):  # several prompts: one engine request each
@@ -281,11 +285,11 @@ def _fast_refusal(path: str, dialect: Dialect, state: GatewayState,
     def where() -> str:
         return f"POST {path}"
 
-    def answer(headers: dict[bytes, bytes], body: bytes) -> tuple | None:
+    def answer(headers: dict[bytes, bytes], body: bytes, stamp: float | None) -> tuple | None:
         started = time.perf_counter()
         client = state.engine
-        if (client is None or state.api_key is not None or faults.state.active
-                or state.static_faults or _FAULT_HEADER in headers
+        if (client is None or not client.may_refuse(stamp) or state.api_key is not None
+                or faults.state.active or state.static_faults or _FAULT_HEADER in headers
                 or len(body) > state.max_body_bytes):
             return None
         media = headers.get(b"content-type")
@@ -295,7 +299,7 @@ def _fast_refusal(path: str, dialect: Dialect, state: GatewayState,
             gen = parse(body, state.tokenizer)
         except Exception:  # (a 400, or worse: the handler's to answer)
             return None
-        message = _refusal(client, gen, state.replica)
+        message = _refusal(client, gen, state.replica, stamp)
         if message is None:
             return None
         out = saturated_body(message, render, where)
@@ -307,12 +311,13 @@ def _fast_refusal(path: str, dialect: Dialect, state: GatewayState,
     return answer
 
 
-def _refusal(client: EngineClient, gen: Generation | Batch, replica: int | None) -> str | None:
+def _refusal(client: EngineClient, gen: Generation | Batch, replica: int | None,
+             arrived: float | None) -> str | None:
     """The engine's saturation message when `open` would refuse the request (every prompt
-    of a batch) at once, else None."""
+    of a batch), which arrived at `arrived`, at once, else None."""
     if isinstance(gen, Batch):
-        return batch_refusal(client, gen, replica)
-    return client.refusal(gen.model, gen.prompt_tokens, gen.max_tokens, gen.n, replica)
+        return batch_refusal(client, gen, replica, arrived)
+    return client.refusal(gen.model, gen.prompt_tokens, gen.max_tokens, gen.n, replica, arrived)
 
 
 def _fault_for(request: web.Request, state: GatewayState,
@@ -610,6 +615,9 @@ def create_app(
     app[FAST_POSTS] = {path.encode(): _fast_refusal(path, dialect, state,
                                                     app[fault_control.FAULTS])
                        for path, dialect in ROUTES.items()}
+    # each generation request is in the engine client's backlog until sent or answered
+    app[ARRIVALS] = (frozenset(ROUTES),
+                     lambda: state.engine.backlog if state.engine is not None else None)
     app.router.add_get("/v1/models", list_models)
     vllm_api.add_routes(app, lambda: state.client, lambda: state.tokenizer,
                         lambda request: _read_body(request, state.max_body_bytes))
@@ -619,6 +627,8 @@ def create_app(
     lora_routes.add_routes(app, lambda: state.client,
                            lambda request: _read_body(request, state.max_body_bytes))
     app.router.add_get("/health", health)
+    app.router.add_get("/ping", health)  # (vLLM's, for SageMaker-style probes: /health's answer)
+    app.router.add_post("/ping", health)
     app.router.add_get("/health/ready", health_ready)
     app.router.add_get("/metrics", metrics)
     if replica is not None:  # a scraper's every-50-ms GET skips aiohttp's request objects

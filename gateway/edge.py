@@ -58,9 +58,14 @@ _FAST_REFUSED = (b"\r\nconnection:", b"\r\ncontent-length:", b"\r\ntransfer-enco
                  b"\r\nexpect:", b"\r\nupgrade:",
                  b"\r\norigin:")  # (a browser's request: aiohttp's, for the CORS header)
 # POST paths an app may answer from the request's headers and body alone (path ->
-# answer(headers, body) -> the whole response as a sequence of bytes, or None to let aiohttp
-# handle the request; headers: lower-case name -> value, both bytes, each name once)
+# answer(headers, body, stamp) -> the whole response as a sequence of bytes, or None to let
+# aiohttp handle the request; headers: lower-case name -> value, both bytes, each name once;
+# stamp: the request's arrival, time.monotonic())
 FAST_POSTS = web.AppKey("fast_posts", dict)
+# The app's generation routes and its backlog of them (gateway.backlog), as a callable run
+# once the app has started: every POST of one of these paths is marked in the backlog
+# from the moment its last bytes are read until the app clears it (sent or answered).
+ARRIVALS = web.AppKey("arrivals", tuple)
 _POST_REFUSED = frozenset((b"transfer-encoding", b"content-encoding", b"expect", b"upgrade",
                            b"origin"))  # and a Connection header other than keep-alive
 # one header line as the fast POST takes it: a token name, visible ASCII in the value
@@ -123,10 +128,11 @@ class EdgeRequestHandler(RequestHandler):
     """One HTTP connection (aiohttp's protocol) with JSON refusals and a header deadline."""
 
     __slots__ = ("_header_timeout", "_header_timer", "received_at", "_fast", "_fast_gets",
-                 "_fast_posts", "_stamped")
+                 "_fast_posts", "_stamped", "_backlog", "_arrival_paths", "_body_awaited")
 
     def __init__(self, *args, header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
-                 fast: dict | None = None, fast_posts: dict | None = None, **kwargs) -> None:
+                 fast: dict | None = None, fast_posts: dict | None = None,
+                 arrivals: tuple | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._header_timeout = header_timeout
         self._header_timer: asyncio.TimerHandle | None = None
@@ -136,6 +142,10 @@ class EdgeRequestHandler(RequestHandler):
         self._fast_gets = fast if fast and supported else None  # FAST_GETS
         self._fast_posts = fast_posts if fast_posts and supported else None  # FAST_POSTS
         self._fast = self._fast_gets is not None or self._fast_posts is not None
+        # (paths, Backlog): generation requests read are marked until sent or answered
+        self._backlog = arrivals[1] if arrivals and supported else None
+        self._arrival_paths = arrivals[0] if self._backlog is not None else frozenset()
+        self._body_awaited = None  # a marked route's body still on its way (its payload)
 
     # ---- the header deadline -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -159,12 +169,34 @@ class EdgeRequestHandler(RequestHandler):
             return
         parsed = self._request_count
         super().data_received(data)
+        if self._backlog is not None:
+            self._mark_arrivals(self._request_count - parsed)
         if self._request_count > parsed:
             self._disarm()  # a complete header block: the deadline is met
             self._fail_body_in_flight()
         elif data and self._header_timer is None and self._payload_parser is None \
                 and not self._messages and self._waiter is not None:
             self._arm()  # the first bytes of a later request on a kept-alive connection
+
+    def _mark_arrivals(self, new: int) -> None:
+        """Mark this connection in the backlog once a generation request on it has been
+        read whole: one whose headers and body came in this read, or whose body was
+        awaited and is now in (a body still on its way is not an arrival yet)."""
+        awaited = self._body_awaited
+        if awaited is not None and awaited.is_eof():
+            self._body_awaited = None
+            self._backlog.mark(self, self.received_at)
+        if not new:
+            return
+        messages = self._messages
+        for i in range(max(len(messages) - new, 0), len(messages)):
+            message, payload = messages[i]
+            if getattr(message, "method", None) == "POST" and message.path in self._arrival_paths:
+                if payload.is_eof():
+                    self._backlog.mark(self, self.received_at)
+                else:
+                    self._body_awaited = payload
+                return
 
     def _answered_fast(self, data: bytes) -> bool:
         """A request answered without aiohttp's request, handler task and response objects
@@ -245,7 +277,7 @@ class EdgeRequestHandler(RequestHandler):
         request_id = headers.get(b"x-request-id")
         if request_id is not None and (b" " in request_id or b"\t" in request_id):
             return None
-        return answer(headers, data[body_at:])
+        return answer(headers, data[body_at:], self.received_at)
 
     def _fail_body_in_flight(self) -> None:
         """aiohttp queues a parse error in a body it is still receiving (bad chunked
@@ -278,12 +310,17 @@ class EdgeRequestHandler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
+        if self._backlog is not None:
+            self._body_awaited = None
+            self._backlog.clear(self)
         super().connection_lost(exc)
 
     # ---- refusals of the HTTP parser ------------------------------------------------------
     def handle_error(self, request: web.BaseRequest, status: int = 500,
                      exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
+        if self._backlog is not None:
+            self._backlog.clear(self)  # (answered here, never sent)
         resp = super().handle_error(request, status, exc, message)  # logs; raises if sent
         reason = message or (exc.message if hasattr(exc, "message") else None) or resp.reason
         text = f"Bad HTTP request: {reason}" if status < 500 else "Internal server error."
@@ -300,10 +337,12 @@ class EdgeServer(web.Server):
 
     fast: dict | None = None
     fast_posts: dict | None = None
+    arrivals: tuple | None = None  # (paths, Backlog), from the app's ARRIVALS
 
     def __call__(self) -> RequestHandler:
         return EdgeRequestHandler(self, loop=self._loop, header_timeout=self.header_timeout,
-                                  fast=self.fast, fast_posts=self.fast_posts, **self._kwargs)
+                                  fast=self.fast, fast_posts=self.fast_posts,
+                                  arrivals=self.arrivals, **self._kwargs)
 
 
 class EdgeAppRunner(web.AppRunner):
@@ -320,4 +359,8 @@ class EdgeAppRunner(web.AppRunner):
         server.header_timeout = self._header_timeout
         server.fast = self.app.get(FAST_GETS) or None
         server.fast_posts = self.app.get(FAST_POSTS) or None
+        arrivals = self.app.get(ARRIVALS)  # (after the app's start-up: its backlog exists)
+        if arrivals is not None:
+            paths, backlog = arrivals[0], arrivals[1]()
+            server.arrivals = (paths, backlog) if backlog is not None else None
         return server

@@ -14,17 +14,22 @@ ListModels (cached; refreshed on reconnect and on an unknown model), GetCapacity
 SetCapacity (with the control token as `authorization` metadata when one is set), and the
 engine's gRPC health (`serving()`: NOT_SERVING while it drains for shutdown).
 
-Refusals without a round trip: the engine announces on the Session whenever a model's queue
-becomes full or stops being full (`QueueState`, with the refusal's text); while the last
-announcement says "saturated", `open()` refuses at once with QUEUE_SATURATED and the
-engine's text, exactly as the engine would (a request too large for the model, by the
+Refusals without a round trip, only where they are the engine's own answer: the engine
+announces on the Session whenever a model's queue becomes full or stops being full
+(`QueueState`, with the refusal's text), and while full the span of arrival instants over
+which it provably stays full (from when it filled to the end of the step in flight: the
+queue's fullness changes only at step boundaries and by arrivals, engine.sim.core
+`saturation`). `open()` refuses at once with QUEUE_SATURATED and the engine's text a
+request whose arrival stamp lies in that span (a request too large for the model, by the
 engine's own `max_request_tokens`, still goes: the engine answers it with a 400), and
-reports the count back (`Refused`, batched every REFUSED_REPORT_S) so the engine's rejection
-metrics still count every refusal. The engine remains the authority for admission: every
-request that is sent is checked against the live queue there, so this can never over-admit;
-at worst a request is refused for as long as a message takes to cross (well under a
-millisecond), which no client can tell from having arrived that much earlier. A capacity
-change made through this client (`set_capacity`) applies the engine's reply at once.
+reports the count back (`Refused`, batched every REFUSED_REPORT_S) so the engine's
+rejection metrics still count every refusal. Every other request goes to the engine,
+which judges it at its arrival instant. A capacity change made through this client
+(`set_capacity`) applies the engine's "not full" reply at once.
+
+The hold: the requests this gateway has read and not yet sent (`backlog`,
+gateway.backlog) bound how far the engine may decide its modelled queue: each message says
+the oldest one's stamp (`SessionActions.hold_s`, 0 when none), the first at once.
 
 Failure policy: nothing waits for the engine forever. Calls use wait_for_ready=False and
 short deadlines, so a new request learns "engine unavailable" within ~1 s. When the Session
@@ -51,6 +56,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from inference_lab.common.clock import CLOCK_METADATA, clock_id
 from inference_lab.common.tokenizer import ids_to_bytes
+from inference_lab.gateway.backlog import Backlog
 from inference_lab.gateway.errors import ErrorKind, GatewayError, engine_unavailable, from_grpc_error
 from inference_lab.gateway.metrics_feed import MetricsFeed
 from inference_lab.gateway.session_lane import LaneLink, LaneUnavailable, connect_lane
@@ -97,6 +103,7 @@ REFUSED_REPORT_S = 0.01  # refusals made here reach the engine's metrics within 
 LAG_REPORT = 0.0005
 LAG_WINDOW_S = 0.01
 _LAG_REPORT = pb.SessionAction()  # an outbox marker: a lateness report is due
+_HOLD_REPORT = pb.SessionAction()  # an outbox marker: the hold may have moved
 SESSION_LANE_ENV = "INFERENCE_LAB_SESSION_LANE"  # the gateway's --session-lane default
 SESSION_LANE_MODES = ("auto", "off")
 _NAME_SHOWN = 200  # an unknown model's name is echoed up to this many characters
@@ -301,8 +308,11 @@ class _Session:
     transport = ""  # "grpc" or "lane", for logs and tests
 
     def __init__(self, on_broken: Callable[["_Session"], None],
-                 probe: Probe | None = None) -> None:
+                 probe: Probe | None = None, backlog: Backlog | None = None) -> None:
         self.routes: dict[int, RequestStream] = {}
+        self.backlog = backlog if backlog is not None else Backlog()
+        self._hold_sent = 0.0  # the hold last told the engine (0: none)
+        self.opened_at = time.monotonic()  # an arrival before this waited for it to connect
         self.broken = False
         # queue_key(model, replica) -> the engine's last QueueState for it, while "saturated"
         self.saturated: dict[str, pb.QueueState] = {}
@@ -345,9 +355,9 @@ class _Session:
 
     def set_queue_state(self, state: pb.QueueState) -> None:
         key = queue_key(state.model, state.replica)
-        if state.saturated:
+        if state.saturated and state.HasField("until_monotonic_s"):
             self.saturated[key] = state
-        else:
+        else:  # (full without a span: this gateway cannot know until when; ask the engine)
             self.saturated.pop(key, None)
 
     def note_refused(self, key: tuple[str, int]) -> None:
@@ -385,13 +395,23 @@ class _Session:
                 self._lag_report = lag
                 self._post(_LAG_REPORT)
 
+    def hold_moved(self, first: bool) -> None:
+        """The backlog's oldest stamp moved (`first`: it was empty): tell the engine with
+        the next message."""
+        self._post(_HOLD_REPORT)
+
     def _message(self, actions: list[pb.SessionAction]) -> pb.SessionActions | None:
-        """The message carrying these queued actions and a due lateness report (None when
-        there is neither: the report went with an earlier message)."""
+        """The message carrying these queued actions, a due lateness report and the hold
+        when it moved (None when there is none of them)."""
         message = pb.SessionActions(actions=actions)
+        hold = self.backlog.oldest() or 0.0  # (after these actions: their requests are sent)
+        news = False
+        if hold != self._hold_sent:
+            message.hold_s = self._hold_sent = hold
+            news = True
         if self._lag_report is not None:
             message.relay_lag_s, self._lag_report = self._lag_report, None
-        elif not actions:
+        elif not actions and not news:
             return None
         if self._probe is not None:
             self._probe.on_message(actions)
@@ -480,8 +500,8 @@ class _GrpcSession(_Session):
     transport = "grpc"
 
     def __init__(self, stub: pb_grpc.EngineStub, on_broken: Callable[["_Session"], None],
-                 probe: Probe | None = None) -> None:
-        super().__init__(on_broken, probe)
+                 probe: Probe | None = None, backlog: Backlog | None = None) -> None:
+        super().__init__(on_broken, probe, backlog)
         self._outbox: asyncio.Queue[pb.SessionAction | None] = asyncio.Queue()
         clock = clock_id()  # an engine on this machine books arrivals at our stamps
         self.call = stub.Session(self._actions(), wait_for_ready=False,
@@ -504,14 +524,14 @@ class _GrpcSession(_Session):
             action = await outbox.get()
             if action is None:
                 return
-            actions = [] if action is _LAG_REPORT else [action]
+            actions = [] if action is _LAG_REPORT or action is _HOLD_REPORT else [action]
             end = False
             while not outbox.empty():
                 action = outbox.get_nowait()
                 if action is None:
                     end = True
                     break
-                if action is not _LAG_REPORT:
+                if action is not _LAG_REPORT and action is not _HOLD_REPORT:
                     actions.append(action)
             message = self._message(actions)
             if message is not None:
@@ -545,8 +565,8 @@ class _LaneSession(_Session):
     transport = "lane"
 
     def __init__(self, link: LaneLink, on_broken: Callable[["_Session"], None],
-                 probe: Probe | None = None) -> None:
-        super().__init__(on_broken, probe)
+                 probe: Probe | None = None, backlog: Backlog | None = None) -> None:
+        super().__init__(on_broken, probe, backlog)
         self._link = link
         self._pending: list[pb.SessionAction] = []
         self._flush_due = False
@@ -554,8 +574,14 @@ class _LaneSession(_Session):
         self.task = self._loop.create_task(self._wait(), name="engine-session-lane")
         link.start(self._on_frame, self.close)
 
+    def hold_moved(self, first: bool) -> None:
+        if first:  # a first request read: the engine must not decide past it meanwhile
+            self._flush()  # (with what is queued: the hold counts it as sent)
+        else:
+            self._post(_HOLD_REPORT)
+
     def _post(self, item: pb.SessionAction | None) -> None:
-        if item is not _LAG_REPORT and item is not None:
+        if item is not _LAG_REPORT and item is not _HOLD_REPORT and item is not None:
             self._pending.append(item)
         if not self._flush_due and not self.broken:
             self._flush_due = True
@@ -638,13 +664,21 @@ class EngineClient:
         self._models_at = float("-inf")
         self._closed = False
         self._background: set[asyncio.Task[None]] = set()  # old channels being closed
+        # Generation requests read and not yet sent (gateway.backlog): the Session's hold.
+        self.backlog = Backlog()
+        self.backlog.on_change = self._hold_moved
+
+    def _hold_moved(self, first: bool) -> None:
+        session = self._session
+        if session is not None and not session.broken:
+            session.hold_moved(first)
 
     # ---- the hot path ------------------------------------------------------------------
 
     async def open(
         self, model: str, prompt: Sequence[int] | int, max_tokens: int | None, *, priority: int = 0,
         request_id: str = "", n: int = 1, replica: int | None = None,
-        arrived: float | None = None,
+        arrived: float | None = None, held: object = None,
     ) -> RequestStream:
         """Start one request on the Session (on replica `replica` of the model; None =
         the engine's default, replica 0); its first event is `admitted` or `rejected`.
@@ -654,15 +688,21 @@ class EngineClient:
         replica's queue is full, GatewayError(engine_unavailable) when the engine cannot be
         reached. `prompt` is the prompt's token IDs (or only its length). `arrived`: when
         the request arrived here (time.monotonic()); an engine on this machine books its
-        arrival then (inference_lab.common.clock)."""
+        arrival then (inference_lab.common.clock), or, when it had to wait for the Session to
+        connect, once connected. `held`: its connection's mark in the
+        backlog, cleared once the request is sent (or refused here)."""
         prompt_tokens = prompt if isinstance(prompt, int) else len(prompt)
         for _ in range(2):
             session = self._session
             if session is None or session.broken:
                 await self._ensure_session()
                 continue
-            refused = self.refusal(model, prompt_tokens, max_tokens, n, replica)
+            if arrived is not None and arrived < session.opened_at:
+                arrived = session.opened_at  # (the lab's own connection is not modelled)
+            refused = self.refusal(model, prompt_tokens, max_tokens, n, replica, arrived)
             if refused is not None:
+                if held is not None:
+                    self.backlog.clear(held)
                 raise GatewayError(ErrorKind.QUEUE_SATURATED, refused)
             tag = next(self._tags)
             if self._probe is not None:
@@ -690,24 +730,43 @@ class EngineClient:
                 for index in range(1, n):  # sequence i reports under tag + i
                     session.routes[next(self._tags)] = _Sequence(stream, index)
             session.send(action)
+            if held is not None:
+                self.backlog.clear(held)  # (before the message is built: it is sent)
             return stream
         raise engine_unavailable("the session broke while connecting")
 
     def refusal(self, model: str, prompt_tokens: int, max_tokens: int | None, n: int = 1,
-                replica: int | None = None) -> str | None:
-        """The engine's saturation message when `open` would refuse this request at once
-        (the refusal is then counted for the engine's `Refused` report), else None: the
-        check `open` makes, for a caller that answers the 529 without raising."""
+                replica: int | None = None, arrived: float | None = None) -> str | None:
+        """The engine's saturation message when `open` would refuse this request, which
+        arrived at `arrived` (time.monotonic(); None: now), at once: its stamp lies in the
+        span over which the engine's last word says the queue is full (the refusal is then
+        counted for the engine's `Refused` report); else None: the check `open` makes, for
+        a caller that answers the 529 without raising."""
         session = self._session
         if session is None or session.broken:
             return None
         full = session.saturated.get(queue_key(model, replica or 0))
-        if full is None or not self._fits(model, prompt_tokens, max_tokens or 1, n):
+        if full is None:
+            return None
+        stamp = time.monotonic() if arrived is None else arrived
+        if not full.since_monotonic_s <= stamp < full.until_monotonic_s:
+            return None  # (outside the span: the engine judges it at its instant)
+        if not self._fits(model, prompt_tokens, max_tokens or 1, n):
             # (one that can never fit goes on: the engine answers it with its 400 first;
             # without max_tokens the engine fits the length it chooses to the model)
             return None
         session.note_refused((model, replica or 0))
         return full.message
+
+    def may_refuse(self, arrived: float | None) -> bool:
+        """Whether some queue's "full" span covers an arrival at `arrived` (None: now): a
+        cheap test before parsing a body only to ask `refusal`."""
+        session = self._session
+        if session is None or session.broken or not session.saturated:
+            return False
+        stamp = time.monotonic() if arrived is None else arrived
+        return any(full.since_monotonic_s <= stamp < full.until_monotonic_s
+                   for full in session.saturated.values())
 
     def _fits(self, model: str, prompt_tokens: int, max_tokens: int, n: int = 1) -> bool:
         """Within the largest request the engine says the model takes (its checks come
@@ -736,9 +795,8 @@ class EngineClient:
                 action = pb.SessionAction()
                 action.cancel.tag = stream.tag
                 session.send(action)
-                # It may free a place in the queue: requests go to the engine (which sees
-                # the Cancel first) until it announces the queue state again.
-                session.saturated.pop(stream.key, None)
+                # (a place it frees counts from the engine's next step boundary, where the
+                # span of a "full" announcement ends anyway: the copy stays right)
         stream._fail(reason or ClientGone())
 
     @property
@@ -794,11 +852,12 @@ class EngineClient:
                 link.close()
             raise engine_unavailable("the gateway is shutting down")
         if link is not None:
-            self._session = _LaneSession(link, self._on_session_broken, self._probe)
+            self._session = _LaneSession(link, self._on_session_broken, self._probe,
+                                         self.backlog)
             self._session.on_metrics = self._feed.take
         else:
             self._session = _GrpcSession(self._current_stub(), self._on_session_broken,
-                                         self._probe)
+                                         self._probe, self.backlog)
         log.info("engine session open to %s (%d models) over %s", self.target,
                  len(self._models), "the session lane" if link is not None else "gRPC")
 

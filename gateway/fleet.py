@@ -52,7 +52,8 @@ class FleetGateway:
     """The listeners of every replica index, in front of one engine."""
 
     def __init__(self, engine_target: str, host: str = "127.0.0.1", port: int = 8080,
-                 header_timeout: float | None = None, **app_kwargs: Any) -> None:
+                 header_timeout: float | None = None, backlog: int | None = None,
+                 **app_kwargs: Any) -> None:
         from inference_lab.gateway.server import start_gateway  # (server imports this module)
 
         self._start_gateway = start_gateway
@@ -61,6 +62,8 @@ class FleetGateway:
         self.base_port = port
         self.app_kwargs = app_kwargs
         self.runner_kwargs = {} if header_timeout is None else {"header_timeout": header_timeout}
+        if backlog is not None:
+            self.runner_kwargs["backlog"] = backlog
         self.client: EngineClient | None = None
         self.listeners: dict[int, tuple[web.AppRunner, int]] = {}  # replica -> (runner, port)
         self._reconciling: asyncio.Lock = asyncio.Lock()

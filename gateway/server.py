@@ -30,21 +30,25 @@ RUNNER_KWARGS: dict[str, Any] = {"handler_cancellation": True, "access_log": Non
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
+DEFAULT_BACKLOG = 2048  # the listen queue, as vLLM's API server (aiohttp's default is 128)
+
+
 async def start_gateway(
     app: web.Application, host: str = "127.0.0.1", port: int = 8080,
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, backlog: int = DEFAULT_BACKLOG,
 ) -> tuple[web.AppRunner, int]:
     """Start serving `app`; returns the runner (call `runner.cleanup()`) and the bound port
     (useful with port 0). Connections answer malformed HTTP with the JSON envelope and must
     send a complete header block within `header_timeout` seconds (gateway.edge); a
     request's arrival is its bytes' kernel receive instant where the host gives it
-    (gateway.stamps)."""
+    (gateway.stamps). `backlog`: the listening socket's accept queue."""
     runner = EdgeAppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
                            header_timeout=header_timeout, **RUNNER_KWARGS)
     await runner.setup()
     try:
-        sock = stamps.listen(host, port)
-        site = web.TCPSite(runner, host, port) if sock is None else web.SockSite(runner, sock)
+        sock = stamps.listen(host, port, backlog)
+        site = (web.TCPSite(runner, host, port, backlog=backlog) if sock is None
+                else web.SockSite(runner, sock, backlog=backlog))
         await site.start()
     except BaseException:
         await runner.cleanup()
@@ -56,7 +60,8 @@ async def start_gateway(
 async def run_gateway(
     engine_target: str, host: str = "127.0.0.1", port: int = 8080,
     on_ready: Callable[[int], None] | None = None,
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, **app_kwargs: Any
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, backlog: int | None = None,
+    **app_kwargs: Any
 ) -> None:
     """Serve the gateway for the engine at `engine_target` until cancelled: replica i of
     the engine's models on `port` + i (gateway.fleet; only `port` with one replica).
@@ -66,7 +71,8 @@ async def run_gateway(
     """
     from inference_lab.gateway.fleet import FleetGateway
 
-    fleet = FleetGateway(engine_target, host, port, header_timeout=header_timeout, **app_kwargs)
+    fleet = FleetGateway(engine_target, host, port, header_timeout=header_timeout,
+                         backlog=backlog or DEFAULT_BACKLOG, **app_kwargs)
     bound = await fleet.start()
     # Everything allocated so far lives as long as the process: keep it out of the
     # collector's full passes, and collect the young generation less often (each request

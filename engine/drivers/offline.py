@@ -249,3 +249,23 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
     if on_progress:
         on_progress(done, total or rec.total)
     return summarise(rec, core, steps, cpu)
+
+
+def admissions(core: EngineCore, arrivals: list[tuple[float, int, int | None]]) -> list[bool]:
+    """The modelled engine's answer to these arrivals: (sim time, prompt tokens,
+    max_tokens) each, in any order; for each, whether the engine admits it (True) or
+    refuses it as saturated (False), booked in arrival order with every step in between,
+    as `run_offline` books them. Stops once the last arrival is booked (nothing after it
+    can change an answer). A request that can never run counts as refused."""
+    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i][0])
+    admitted = [False] * len(arrivals)
+    for i in order:
+        t, prompt_len, max_tokens = arrivals[i]
+        while (t_step := core.next_event_time()) is not None and t_step < t:
+            core.step(t_step)
+        try:
+            core.submit(prompt_len, max_tokens, t)
+            admitted[i] = True
+        except (QueueSaturated, SubmitError):
+            pass
+    return admitted

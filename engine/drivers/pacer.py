@@ -7,12 +7,20 @@ with `on_tokens(stream, total)` / `on_finished(stream, request)` / `flush()`.
 Rules (docs/architecture.md, "Pacing"):
 - No cold-start deficit: an arrival at an idle engine moves the sim clock to the present
   (EngineCore.submit), so the first burst after idle is paced like every other.
-- An arrival is booked at the instant its sender stamped (`submit(arrived=...)`, a
-  time.monotonic() reading of this machine: inference_lab.common.clock), so the hop from
-  the gateway is not added to the modelled queue + prefill; clamped to what the clock
-  allows (`arrival_of`): never in the future, at most MAX_BACKDATE wall seconds back, never
-  before the start of the step booked last (a step already decided cannot take it), and
-  on an idle engine never so far back that its first token would already be due.
+- Arrivals are judged in the order of their instants, with every step in between, as the
+  offline driver judges them: an arrival is booked at the instant its sender stamped
+  (`arrive(arrived=...)`, a time.monotonic() reading of this machine:
+  inference_lab.common.clock), after every step that starts before it has been booked and
+  before any step that starts after it. So a burst is admitted or refused on the modelled
+  queue, not on how fast this host forwarded it.
+- The hold: a step is decided (booked) only once no arrival before its start can still
+  come. The process forwarding arrivals (the gateway) says how far that is (`hold`: the
+  oldest stamp among the requests it has read and not yet sent, None when it holds none);
+  until then the modelled clock trails the wall clock, at most MAX_TRAIL behind. An
+  arrival that comes later than that, or stamped before the step booked last (its start
+  was decided without it), is booked late: at the earliest instant the clock can still
+  honour, counted (`on_late`, how much later than its stamp) and logged once. A stamp
+  from the future is now.
 - A step is booked at its start and its tokens are delivered at its end: token counts
   handed out are those of the last step that has *ended* (read from the core at that
   step's progress mark, `due_mark`), never of the step in flight.
@@ -42,13 +50,14 @@ Rules (docs/architecture.md, "Pacing"):
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from collections.abc import Callable
 
 from inference_lab.engine.drivers.alarm import Alarm
 from inference_lab.engine.drivers.cadence import Cadence
-from inference_lab.engine.sim.core import EngineCore, StepResult
+from inference_lab.engine.sim.core import EngineCore, QueueSaturated, StepResult, SubmitError
 from inference_lab.engine.sim.request import Request, Status
 
 log = logging.getLogger(__name__)
@@ -68,17 +77,40 @@ class Stream:
         self.last = 0.0  # wall time (time.monotonic) of the last hand-over
 
 
+class Arrival:
+    """A request on its way into the core: judged (`decided(arrival, request, None)` or
+    `decided(arrival, None, refusal)`) once the pacer's simulation reaches its instant."""
+
+    __slots__ = ("prompt_len", "max_tokens", "tag", "priority", "token_ids", "n", "lora",
+                 "stamp", "at", "decided", "withdrawn")
+
+    def __init__(self, prompt_len: int, max_tokens: int | None, tag: "Stream", *,
+                 priority: int = 0, token_ids: bytes = b"", n: int = 1, lora=None,
+                 stamp: float = 0.0, at: float = 0.0,
+                 decided: Callable[["Arrival", Request | None, Exception | None], None]) -> None:
+        self.prompt_len, self.max_tokens, self.tag = prompt_len, max_tokens, tag
+        self.priority, self.token_ids, self.n, self.lora = priority, token_ids, n, lora
+        self.stamp = stamp  # the sender's stamp as modelled time (before any clamp)
+        self.at = at  # the instant it is booked at, unless that is past (then later)
+        self.decided = decided
+        self.withdrawn = False  # its sender let go before it was judged
+
+
 class Pacer:
-    # An arrival stamp is believed at most this far back (wall s): a hop inside the lab
-    # takes well under it; an older stamp is booked this far back (the engine or the
-    # gateway really was that late, and the pacing lag shows what cannot be honoured).
-    MAX_BACKDATE = 0.02
+    # How far (wall s) the modelled clock may trail the wall clock while a sender holds
+    # it (arrivals it has read and not yet sent), and how far back a stamp is believed:
+    # a gateway behind by more than this gets its arrivals booked late.
+    MAX_TRAIL = 1.0
+    # An arrival booked later than its stamp by more than this (wall s) is logged, once.
+    LATE_LOG = 0.001
 
     def __init__(self, core: EngineCore, *, on_step: Callable[[StepResult], None] | None = None,
                  on_lag: Callable[[float], None] | None = None,
                  on_finished: Callable[[Request, int, float], None] | None = None,
                  on_change: Callable[[], None] | None = None,
                  on_cadence: Callable[[int, float], None] | None = None,
+                 on_late: Callable[[float], None] | None = None,
+                 hold: Callable[[], float | None] | None = None,
                  update_rate: float = 0.0, coalesce_when_late: bool = True,
                  time_scale: float = 1.0) -> None:
         if not time_scale > 0:
@@ -99,13 +131,14 @@ class Pacer:
         self.due_mark = 0  # the core's progress mark as of the last step that ended
         self.last_end = -1.0  # sim time at which the last retired step ended
         # No arrival is booked before this sim time: the start of the step booked last
-        # (decided without it) or the instant a stall ended.
+        # (decided without it), the latest arrival booked, or the instant a stall ended.
         self._not_before = 0.0
-        # The earliest instant an arrival on an idle engine may be booked at, fixed by the
-        # first arrival since the pacer last looked (`_advance`): requests that reach it
-        # together (one Session message: a completions batch) share it, so one step can
-        # take them all, as vLLM's engine takes every request queued before it schedules.
-        self._idle_floor: float | None = None
+        self._arrivals: list[tuple[float, int, Arrival]] = []  # a heap: (at, seq, arrival)
+        self._seq = 0
+        self._hold = hold  # the senders' hold (wall s), None when none holds
+        self._on_late = on_late
+        self._late_logged = False
+        self._trail_logged = False
         self._finishing: list[Request] = []  # finish in the step in flight
         self._due_finished: list[Request] = []
         self._dirty_sinks: set = set()
@@ -148,48 +181,99 @@ class Pacer:
         """The wall time (time.monotonic) at which the sim clock reads `sim_time`."""
         return self.epoch + sim_time / self.time_scale
 
-    def arrival_of(self, stamp: float | None) -> float:
-        """The sim time at which to book an arrival its sender stamped at `stamp` (this
-        machine's time.monotonic(); None = now): `now` minus the stamp's age in modelled
-        seconds. A stamp from the future is now; one older than MAX_BACKDATE is that old;
-        and never before what the clock can still honour: the start of the step booked
-        last, which was decided without it (so an arrival while the engine is busy moves
-        back at most into the step in flight), nor, when no step is in flight, so far back
-        that even the fastest first token would be due already (the first step it starts
-        ends now at the earliest: its tokens are never late nor grouped; "now" as of the
-        first arrival since the pacer last looked, so requests that arrive together with
-        one stamp are booked together), nor into a stall.
-        A stalled clock books at the instant it stopped."""
+    def _instant(self, stamp: float | None) -> tuple[float, float]:
+        """(the stamp as sim time, the instant to book it at) for an arrival its sender
+        stamped at `stamp` (this machine's time.monotonic(); None = now): the stamp in
+        modelled time, never in the future, at most MAX_TRAIL back. A stalled clock books
+        at the instant it stopped."""
         if stamp is None or self._frozen_at is not None:
-            return self.sim_now()
-        wall = self.monotonic()  # one reading for both: equal stamps book equal instants
-        now = (wall - self.epoch) * self.time_scale
-        age = wall - stamp
-        if not age > 0:  # from the future (or NaN): not this clock, or a racing reading
+            now = self.sim_now()
+            return now, now
+        now = (self.monotonic() - self.epoch) * self.time_scale
+        at = (stamp - self.epoch) * self.time_scale
+        if not at < now:  # from the future (or NaN): not this clock, or a racing reading
+            return now, now
+        oldest = now - self.MAX_TRAIL * self.time_scale
+        return at, (at if at > oldest else oldest)
+
+    def position(self) -> float:
+        """The latest instant the simulation has decided (sim time): the last arrival
+        booked or step started."""
+        return self._not_before
+
+    def next_boundary(self) -> float:
+        """With no step in flight, when the next one starts (sim time); the position when
+        none is due (idle, or stalled until something changes)."""
+        start = None if self._stalled else self.core.next_event_time()
+        at = self._not_before
+        return start if start is not None and start > at else at
+
+    def horizon(self, now: float) -> float:
+        """How far the simulation may decide at sim time `now`: now, or while a sender
+        holds arrivals it has not sent, the instant of its oldest (at most MAX_TRAIL back)."""
+        hold = self._hold() if self._hold is not None else None
+        if hold is None or self._frozen_at is not None:
             return now
-        floor = self._not_before
-        if self.inflight is None:
-            idle = self._idle_floor
-            if idle is None:
-                idle = self._idle_floor = now - self.core.fastest_first_token()
-            floor = max(floor, idle)
-        if age <= self.MAX_BACKDATE:
-            arrival = (stamp - self.epoch) * self.time_scale
-        else:
-            arrival = now - self.MAX_BACKDATE * self.time_scale
-        return arrival if arrival > floor else min(floor, now)
+        held = (hold - self.epoch) * self.time_scale
+        if held >= now:
+            return now
+        oldest = now - self.MAX_TRAIL * self.time_scale
+        if held < oldest:
+            if not self._trail_logged:
+                self._trail_logged = True
+                log.warning("%s: the gateway holds requests read %.0f ms ago and not yet "
+                            "sent: the modelled clock goes on %.1f s behind the wall clock "
+                            "and arrivals that come later are booked late; logged once, see "
+                            "inference_lab_arrival_booked_late_seconds", self.core.name,
+                            (now - held) / self.time_scale * 1e3, self.MAX_TRAIL)
+            return oldest
+        return held
 
     # ---- requests ----------------------------------------------------------------------
+    def arrive(self, prompt_len: int, max_tokens: int | None, sink, tag, *,
+               decided: Callable[[Arrival, Request | None, Exception | None], None],
+               priority: int = 0, token_ids: bytes = b"", n: int = 1, lora=None,
+               arrived: float | None = None, decide: bool = True) -> Arrival:
+        """A request that arrived at the stamp `arrived`: judged at its instant (at once
+        when the simulation may decide that far, else once it may; with `decide` False
+        only at the next `decide`, for a caller that hands over several arrivals at once,
+        which must all be in before any is judged), then `decided(arrival,
+        req, None)` with the queued Request, or `decided(arrival, None, exc)` with the
+        refusal (QueueSaturated / SubmitError). With n > 1 the siblings get streams of their own
+        (same sink and tag, their index) when the core spawns them."""
+        stamp, at = self._instant(arrived)
+        arrival = Arrival(prompt_len, max_tokens, Stream(sink, tag), priority=priority,
+                          token_ids=token_ids, n=n, lora=lora, stamp=stamp, at=at,
+                          decided=decided)
+        self._seq += 1
+        heapq.heappush(self._arrivals, (at, self._seq, arrival))
+        if decide:
+            self.decide()
+        else:
+            self.poke()
+        return arrival
+
+    def decide(self) -> None:
+        """Judge the arrivals the simulation may decide by now (with the steps between
+        them), then let the loop deliver what became due."""
+        if self._arrivals and self._arrivals[0][0] <= self.horizon(self.sim_now()):
+            self._advance(self.sim_now())  # (what became due, the loop delivers)
+        self.poke()
+
     def submit(self, prompt_len: int, max_tokens: int | None, sink, tag, priority: int = 0,
                token_ids: bytes = b"", n: int = 1, lora=None,
-               arrived: float | None = None) -> Request:
-        """Check and queue synchronously (raises QueueSaturated / SubmitError), arrived at
-        the stamp `arrived` (see `arrival_of`). With n > 1 the siblings get streams of
-        their own (same sink and tag, their index) when the core spawns them."""
-        req = self.core.submit(prompt_len, max_tokens, self.arrival_of(arrived), priority=priority,
-                               tag=Stream(sink, tag), token_ids=token_ids, n=n, lora=lora)
-        self._live[req.id] = req
-        self.poke()
+               arrived: float | None = None) -> Request | None:
+        """`arrive`, answered synchronously: the Request, or the refusal raised; None when
+        it cannot be judged yet (a sender holds the clock)."""
+        outcome: list = []
+        self.arrive(prompt_len, max_tokens, sink, tag, priority=priority, token_ids=token_ids,
+                    n=n, lora=lora, arrived=arrived,
+                    decided=lambda arrival, req, exc: outcome.append((req, exc)))
+        if not outcome:
+            return None
+        req, exc = outcome[0]
+        if exc is not None:
+            raise exc
         return req
 
     def cancel(self, req: Request, status: Status = Status.FINISHED_CANCELLED) -> bool:
@@ -228,8 +312,8 @@ class Pacer:
         return tokens, (req.preempted_at if tokens > 1 and req.preempted_at > 0 else req.first_token)
 
     def open_streams(self) -> int:
-        """Requests whose stream has not heard its Finished yet."""
-        return len(self._live) + len(self._finishing)
+        """Requests whose stream has not heard its Finished yet (or their admission)."""
+        return len(self._live) + len(self._finishing) + len(self._arrivals)
 
     def poke(self) -> None:
         """Capacity changed or work arrived: re-evaluate now (also ends a lazy sleep)."""
@@ -241,7 +325,8 @@ class Pacer:
         self._task = self.loop.create_task(self._run(), name=f"pacer:{self.core.name}")
 
     async def stop(self) -> None:
-        """Stop pacing and end every live request as aborted."""
+        """Stop pacing and end every live request as aborted (an arrival not yet
+        judged hears `decided(None, None)`)."""
         if self._task:
             self._task.cancel()
             try:
@@ -249,6 +334,9 @@ class Pacer:
             except asyncio.CancelledError:
                 pass
         self._alarm.close()
+        arrivals, self._arrivals = self._arrivals, []
+        for _, _, arrival in sorted(arrivals):  # never judged: the engine stopped first
+            arrival.decided(arrival, None, None)
         for req in self._due_finished + self._finishing:
             self._finish(req)  # completed in simulation: deliver them whole
         self._due_finished.clear()
@@ -264,22 +352,44 @@ class Pacer:
     async def _run(self) -> None:
         core = self.core
         while True:
-            if self._frozen_at is not None or (
-                    self.inflight is None and (self._stalled or not core.has_work())):
-                self._wake.clear()
-                self._stalled = False
-                self._target = None
-                await self._wake.wait()
-                continue
             now = self.sim_now()
             if self._target is not None and now >= self._target:
                 self._observe_lag((now - self._target) / self.time_scale)  # wall seconds
             self._target = None
-            self._advance(now)
+            if self._frozen_at is None:
+                self._advance(now)
             self._deliver()
+            if self._frozen_at is not None or (
+                    self.inflight is None and not self._arrivals
+                    and (self._stalled or not core.has_work())):
+                self._wake.clear()  # (no await since the last look: no poke is lost)
+                self._stalled = False
+                await self._wake.wait()
+                continue
             if self.inflight is not None:
                 self._target = self._next_wake()
                 await self._alarm.sleep_until_monotonic(self.wall_of(self._target))
+                continue
+            wake = self._next_event(now)
+            if wake is None:
+                continue
+            self._wake.clear()
+            await self._alarm.sleep_until_monotonic(self.wall_of(wake))
+
+    def _next_event(self, now: float) -> float | None:
+        """With no step in flight: when something can next be decided (sim time): the
+        next step's start once it comes, and, while a sender holds the clock, the instant
+        the hold stops counting (MAX_TRAIL) for it or for the earliest held arrival; a
+        hold that moves pokes the pacer before that. None when nothing waits."""
+        start = None if self._stalled else self.core.next_event_time()
+        if self._arrivals:
+            first = self._arrivals[0][0]
+            start = first if start is None or first < start else start
+        if start is None:
+            return None
+        if start > now:
+            return start
+        return start + self.MAX_TRAIL * self.time_scale  # held: at most that far behind
 
     def relay_lateness(self, seconds: float) -> None:
         """The process relaying the tokens (a Session's reader: the gateway) is `seconds`
@@ -325,22 +435,38 @@ class Pacer:
         return release
 
     def _advance(self, now: float) -> None:
-        """Retire every step that has ended and book steps whose start has come,
-        until one is in flight (or there is no work)."""
+        """Book what is due by sim time `now` in the order of its instants: arrivals and
+        step starts up to the horizon (what the senders may still send decides that), and
+        the ends of steps up to `now` (a step's end changes no queue: its finishes free
+        places for the next step's start). Stops with a step in flight, or when nothing
+        more may be decided yet. A stalled clock (`freeze`) only queues arrivals."""
         core = self.core
-        self._idle_floor = None  # arrivals from now on are a new burst
+        horizon = self.horizon(now)
+        arrivals = self._arrivals
+        frozen = self._frozen_at is not None
         while True:
-            if self.inflight is not None:
-                if self.inflight.end > now:
+            step = self.inflight
+            if step is not None or frozen:
+                # arrivals before the step's end join the queue its successor takes
+                end = step.end if step is not None else horizon
+                while arrivals and arrivals[0][0] <= horizon and arrivals[0][0] <= end:
+                    self._judge(heapq.heappop(arrivals)[2])
+                if frozen or step.end > now:
                     return
-                self._retire(self.inflight)
+                self._retire(step)
                 self.inflight = None
-            if not core.has_work():
+                continue
+            start = None if self._stalled else core.next_event_time()
+            if arrivals and arrivals[0][0] <= horizon and (start is None or arrivals[0][0] <= start):
+                self._judge(heapq.heappop(arrivals)[2])
+                self._stalled = False  # a new request: the scheduler may find work again
+                continue
+            if start is None or start > horizon:
                 return
-            result = core.step(core.clock)
+            result = core.step(start)
             if result.num_tokens == 0:  # nothing can run until something changes
                 self._stalled = True
-                return
+                continue  # (arrivals up to the horizon are still judged)
             # The booked step's tokens are not due yet: count as of its start.
             self.due_mark = core.progress_marks()[0]
             self._not_before = result.start
@@ -352,6 +478,32 @@ class Pacer:
                 if self._live.pop(req.id, None) is not None:
                     self._finishing.append(req)
             self.inflight = result
+
+    def _judge(self, arrival: Arrival) -> None:
+        """Queue or refuse one arrival at its instant (or, past that, at the earliest
+        instant the clock can still honour: counted as late)."""
+        at = arrival.at if arrival.at > self._not_before else self._not_before
+        late = (at - arrival.stamp) / self.time_scale
+        if late > 0:
+            if self._on_late is not None:
+                self._on_late(late)
+            if late > self.LATE_LOG and not self._late_logged:
+                self._late_logged = True
+                log.warning("%s: an arrival reached the engine %.1f ms after the instant it "
+                            "was stamped with had been decided without it (the host is "
+                            "behind): booked that much later; logged once, see "
+                            "inference_lab_arrival_booked_late_seconds",
+                            self.core.name, late * 1e3)
+        self._not_before = at  # (arrivals are booked in order)
+        try:
+            req = self.core.submit(arrival.prompt_len, arrival.max_tokens, at,
+                                   priority=arrival.priority, tag=arrival.tag,
+                                   token_ids=arrival.token_ids, n=arrival.n, lora=arrival.lora)
+        except (QueueSaturated, SubmitError) as exc:
+            arrival.decided(arrival, None, exc)
+            return
+        self._live[req.id] = req
+        arrival.decided(arrival, req, None)
 
     def _retire(self, result: StepResult) -> None:
         self.due_mark = self.core.progress_marks()[1]  # the step retired is the latest

@@ -122,6 +122,10 @@ METRICS: dict[str, Spec] = {
                                      ("reason",)),
     "inference_lab_pacing_lag_seconds": Spec("histogram", "Wall clock minus the instant each "
                                              "pacer wake-up was planned for.", buckets="lag"),
+    "inference_lab_arrival_booked_late_seconds": Spec(
+        "histogram", "Arrivals booked later than the instant they were stamped with (wall "
+        "s later): the engine had decided that instant before the arrival reached it (the "
+        "host was behind by more than the engine could wait for).", buckets="lag"),
     "inference_lab_steps": Spec("counter", "Engine iterations simulated."),
     "inference_lab_coalesced_updates": Spec("counter", "Mid-stream token updates held back "
                                             "to go with a later one (a running stream's "
@@ -205,6 +209,7 @@ class ModelMetrics:
         self._itl = h["vllm:inter_token_latency_seconds"]
         self._iteration = h["vllm:iteration_tokens_total"]
         self._lag = h["inference_lab_pacing_lag_seconds"]
+        self._late = h["inference_lab_arrival_booked_late_seconds"]
         self._finish = {key: h[name] for key, name in FINISH_HISTOGRAMS.items()}
 
     # ---- update points ---------------------------------------------------------------
@@ -288,6 +293,11 @@ class ModelMetrics:
 
     def on_lag(self, seconds: float) -> None:
         self._lag.observe(seconds if seconds > 0 else 0.0)
+        self._changed()
+
+    def on_late(self, seconds: float) -> None:
+        """An arrival booked `seconds` later than its stamp."""
+        self._late.observe(seconds)
         self._changed()
 
     def _changed(self) -> None:

@@ -4,9 +4,11 @@ Knows the protobuf messages (inference_lab.v1) and gRPC status codes: this is th
 place where core objects turn into messages and errors into statuses. Does not know
 timing (engine.pacer) or scheduling (engine.core).
 
-Admission is one synchronous step on the event loop: EngineCore.submit checks the
-waiting depth against max_waiting and queues the request with no await in between, so
-no burst can over-admit; a refusal leaves before any message is written.
+Admission is decided by the pacer in the order of the arrivals' instants (engine.drivers
+.pacer `arrive`): each is checked against max_waiting and queued in one synchronous step
+of EngineCore.submit, at its modelled instant, once no earlier arrival can still come (the
+Sessions' holds: engine.service.holds); so no burst can over- or under-admit, and a
+refusal leaves before any message is written.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from inference_lab.engine.sim.lora import LoraAdapter, LoraError
 from inference_lab.engine.service.replica_faults import ReplicaFaults
 from inference_lab.engine.service.metrics import EngineMetrics, ModelMetrics
 from inference_lab.engine.service.metrics_feed import Watchers, watch, watch_interval
-from inference_lab.engine.drivers.pacer import Pacer, Stream
+from inference_lab.engine.drivers.pacer import Arrival, Pacer, Stream
+from inference_lab.engine.service.holds import Holds
 from inference_lab.engine.sim.request import Request, Status
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc
@@ -121,13 +124,26 @@ def rejected_pb(exc: Exception) -> pb.Rejected:
                        metadata=refusal_metadata(exc))
 
 
-def queue_state(core: EngineCore) -> tuple[bool, int, int, str]:
-    """(saturated, waiting, max_waiting, message) as a Session announces it: the numbers
-    only matter (and are only set) while saturated, so the state changes rarely."""
+_NOT_SATURATED = (False, 0, 0, "", 0.0, 0.0)
+
+
+def queue_state(core: EngineCore, pacer: Pacer | None = None,
+                since: float = 0.0) -> tuple[bool, int, int, str, float, float]:
+    """(saturated, waiting, max_waiting, message, since, until) as a Session announces it:
+    the numbers only matter (and are only set) while saturated. since / until (wall:
+    time.monotonic()) are the span of arrival instants over which the queue is provably
+    full: from `since` (the instant this stretch began; 0 = now) to the next step boundary,
+    the first instant its fullness can change (EngineCore.saturation)."""
     full = core.saturation()
-    if full is not None:
-        return True, full.waiting, full.max_waiting, str(full)
-    return False, 0, 0, ""
+    if full is None:
+        return _NOT_SATURATED
+    if pacer is None:
+        return True, full.waiting, full.max_waiting, str(full), 0.0, 0.0
+    at = pacer.position()
+    step = pacer.inflight
+    until = step.end if step is not None else pacer.next_boundary()
+    return (True, full.waiting, full.max_waiting, str(full),
+            since or pacer.wall_of(at), pacer.wall_of(until))
 
 
 class ModelRuntime:
@@ -137,13 +153,14 @@ class ModelRuntime:
 
     def __init__(self, core: EngineCore, metrics: ModelMetrics, update_rate: float = 0.0,
                  time_scale: float = 1.0, kv_events: ZmqEventPublisher | None = None,
-                 coalesce_when_late: bool = True, replica: int = 0) -> None:
+                 coalesce_when_late: bool = True, replica: int = 0,
+                 hold: Callable[[], float | None] | None = None) -> None:
         self.core = core
         self.metrics = metrics
         self.kv_events = kv_events
         self.replica = replica
         self.key = (core.name, replica)
-        self.queue_state = queue_state(core)
+        self.queue_state = _NOT_SATURATED
         self.queue_version = 0
         self.on_queue_change: Callable[[], None] | None = None
         self._idle: asyncio.Event | None = None  # set once a drained replica holds nothing
@@ -153,7 +170,8 @@ class ModelRuntime:
         on_step = metrics.on_step if kv_events is None else self._on_step
         self.pacer = Pacer(core, on_step=on_step, on_lag=metrics.on_lag,
                            on_finished=metrics.on_finished, on_change=self.check_queue,
-                           on_cadence=metrics.on_cadence, update_rate=update_rate,
+                           on_cadence=metrics.on_cadence, on_late=metrics.on_late, hold=hold,
+                           update_rate=update_rate,
                            coalesce_when_late=coalesce_when_late, time_scale=time_scale)
 
     def _on_step(self, result) -> None:
@@ -165,7 +183,7 @@ class ModelRuntime:
     def check_queue(self) -> None:
         """Called wherever the queue or its bound may have moved (admissions, steps,
         cancels, capacity changes); announces a changed state to every Session."""
-        state = queue_state(self.core)
+        state = queue_state(self.core, self.pacer, self.queue_state[4])
         if state != self.queue_state:
             self.queue_state = state
             self.queue_version += 1
@@ -174,11 +192,16 @@ class ModelRuntime:
         if self._idle is not None and not self.pacer.open_streams():
             self._idle.set()
 
-    def queue_state_pb(self) -> pb.QueueState:
-        saturated, waiting, max_waiting, message = self.queue_state
-        return pb.QueueState(model=self.core.name, saturated=saturated, waiting=waiting,
-                             max_waiting=max_waiting, replica=self.replica,
-                             message=message)
+    def queue_state_pb(self, span: bool = True) -> pb.QueueState:
+        """The state announced; with `span` (a client on this machine's clock) the span
+        of instants it may refuse on the engine's word."""
+        saturated, waiting, max_waiting, message, since, until = self.queue_state
+        state = pb.QueueState(model=self.core.name, saturated=saturated, waiting=waiting,
+                              max_waiting=max_waiting, replica=self.replica, message=message)
+        if saturated and span and until:
+            state.since_monotonic_s = since
+            state.until_monotonic_s = until
+        return state
 
     # ---- lifecycle (engine.fleet.Fleet) --------------------------------------------------
     def start(self) -> None:
@@ -254,6 +277,8 @@ class SessionSink:
         self.events: list[pb.Progress] = []
         self.totals: dict[int, int] = {}  # tag -> tokens so far, latest wins
         self.open: dict[int, tuple[ModelRuntime, Request]] = {}
+        self.pending: dict[int, Arrival | None] = {}  # tag -> an arrival not judged yet
+        self.hold: float | None = None  # its client's hold (engine.service.holds)
         self.ready = asyncio.Event()
         self.closing = False  # the engine is stopping: end the call once flushed
         self.ended = asyncio.Event()
@@ -300,7 +325,7 @@ class SessionSink:
             for rt in self.service.fleet.runtimes():
                 if seen.get(rt.key) != rt.queue_version:
                     seen[rt.key] = rt.queue_version
-                    (states := states or []).append(rt.queue_state_pb())
+                    (states := states or []).append(rt.queue_state_pb(self.same_clock))
         if not (self.events or self.totals or states):
             return None
         totals = self.totals
@@ -328,8 +353,10 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     """The RPCs over a fleet of ModelRuntimes (one per model and replica index)."""
 
     def __init__(self, fleet: Fleet, metrics: EngineMetrics | None = None,
-                 control_token: str | None = None) -> None:
+                 control_token: str | None = None, holds: Holds | None = None) -> None:
         self.fleet = fleet
+        self.holds = holds if holds is not None else Holds()  # what the pacers may decide
+        self.holds.on_moved = self._holds_moved
         # LoRA name -> (base model, path, rank); every replica of the base loads it
         self.adapters: dict[str, tuple[str, str, int]] = {}
         self.metrics = metrics
@@ -370,6 +397,11 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             raise UnknownModel(self._unknown_model(model))
         return self.fleet.lookup(name, replica).runtime  # ReplicaNotFound, ReplicaUnavailable
 
+    def _holds_moved(self) -> None:
+        """The senders' hold moved on: the pacers may decide further."""
+        for rt in self.fleet.runtimes():
+            rt.pacer.poke()
+
     def _relay_changed(self) -> None:
         """A Session reader's lateness moved: the pacers' cadence acts on the worst."""
         lag = max((sink.relay_lag() for sink in self.sessions), default=0.0)
@@ -387,12 +419,19 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     def _unknown_model(self, model: str) -> str:
         return f"model {model!r} is not served here (models: {', '.join(self.fleet.deployments)})"
 
-    def _admit(self, request: pb.SubmitRequest, sink, tag,
-               same_clock: bool = False) -> tuple[ModelRuntime, Request]:
-        """The funnel: check and reserve synchronously. Raises one of REFUSED; counts
-        the refusals of a served replica's queue and rules. The arrival is booked at the
-        request's stamp when its sender reads this machine's clock (`same_clock`), else
-        now."""
+    def _admit(self, request: pb.SubmitRequest, sink, tag, same_clock: bool,
+               then: Callable[[ModelRuntime, Request | None, Exception | None], None],
+               decide: bool = True) -> tuple[ModelRuntime, Arrival]:
+        """The funnel: the request goes to its replica's pacer, which judges it at its
+        instant (at once, or once the senders' hold lets it): `then(rt, req, None)` with
+        the queued request, `then(rt, None, exc)` with one of REFUSED (counted when it is a
+        served replica's queue or rules), or `then(rt, None, None)` when the replica
+        stopped first. Raises one of REFUSED for what is refused before any queue (an
+        unknown model or replica, shutdown). The arrival is booked at the request's stamp
+        when its sender reads this machine's clock (`same_clock`), else now. Not called
+        back once the arrival is withdrawn: an admitted one is cancelled at once. With
+        `decide` False nothing is judged until the replica's pacer is told to `decide`
+        (a Session message's arrivals are all handed over first)."""
         if not self.accepting:
             raise ShuttingDown()
         rt = self._runtime(request.model, request.replica)
@@ -400,19 +439,27 @@ class EngineService(engine_pb2_grpc.EngineServicer):
         max_tokens = request.max_tokens if request.HasField("max_tokens") else None
         arrived = (request.arrival_monotonic_s
                    if same_clock and request.HasField("arrival_monotonic_s") else None)
-        try:
-            req = rt.pacer.submit(request.prompt_tokens, max_tokens, sink, tag,
-                                  priority=request.priority, token_ids=request.prompt_token_ids,
-                                  n=request.n or 1, lora=lora, arrived=arrived)
-            if request.stop_at_end:
-                req.eos = True  # ends as "stop" (metrics), not "length"
-        except (QueueSaturated, SubmitError) as exc:
-            rt.metrics.on_rejected(REFUSALS[type(exc)][1])
-            raise
-        rt.check_queue()
-        if self.metrics is not None:
-            self.metrics.touch()  # its waiting gauge moved (no update point saw it)
-        return rt, req
+
+        def decided(arrival: Arrival, req: Request | None, exc: Exception | None) -> None:
+            if req is None:
+                if exc is not None:
+                    rt.metrics.on_rejected(REFUSALS[type(exc)][1])
+            else:
+                if request.stop_at_end:
+                    req.eos = True  # ends as "stop" (metrics), not "length"
+                rt.check_queue()
+                if self.metrics is not None:
+                    self.metrics.touch()  # its waiting gauge moved (no update point saw it)
+                if arrival.withdrawn:  # its sender let go before it was judged
+                    rt.pacer.cancel(req)
+                    return
+            if not arrival.withdrawn:
+                then(rt, req, exc)
+
+        return rt, rt.pacer.arrive(request.prompt_tokens, max_tokens, sink, tag,
+                                   decided=decided, priority=request.priority,
+                                   token_ids=request.prompt_token_ids, n=request.n or 1,
+                                   lora=lora, arrived=arrived, decide=decide)
 
     async def close_sessions(self, timeout: float = 1.0) -> None:
         """End every Session call cleanly (after what is buffered has been sent)."""
@@ -427,13 +474,31 @@ class EngineService(engine_pb2_grpc.EngineServicer):
     # ---- Submit: one request per call ---------------------------------------------------
     async def Submit(self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext):
         sink = SubmitSink()
+        decision: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        def then(rt: ModelRuntime, req: Request | None, exc: Exception | None) -> None:
+            if not decision.done():
+                decision.set_result((rt, req, exc))
+
+        arrival = None
         try:
-            rt, req = self._admit(request, sink, None,
-                                  request.HasField("arrival_monotonic_s")
-                                  and same_clock(context.invocation_metadata()))
-        except REFUSED as exc:
-            log.debug("refused %s: %s", request.request_id or "request", exc)  # counted in metrics
-            await abort(context, exc)
+            try:
+                _, arrival = self._admit(request, sink, None,
+                                         request.HasField("arrival_monotonic_s")
+                                         and same_clock(context.invocation_metadata()), then)
+                rt, req, exc = await decision
+            except REFUSED as exc:
+                rt, req = None, None
+                refused = exc
+            else:
+                refused = exc if req is None else None
+        finally:
+            if arrival is not None and not decision.done():
+                arrival.withdrawn = True  # the caller went before it was judged
+        if req is None:
+            refused = refused or ShuttingDown()
+            log.debug("refused %s: %s", request.request_id or "request", refused)  # counted
+            await abort(context, refused)
         try:
             await context.write(pb.SubmitEvent(
                 admitted=pb.Admitted(engine_request_id=req.id, waiting=rt.core.num_waiting)))
@@ -492,7 +557,12 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             self.sessions.discard(sink)
             if sink.relay_lag():
                 self._relay_changed()  # its lateness leaves with it
+            self.holds.set(sink, None)  # and its hold
             sink.ended.set()
+            for arrival in sink.pending.values():
+                if arrival is not None:
+                    arrival.withdrawn = True  # admitted later: cancelled at once
+            sink.pending.clear()
             for rt, req in list(sink.open.values()):
                 rt.pacer.cancel(req)
             sink.open.clear()
@@ -516,7 +586,10 @@ class EngineService(engine_pb2_grpc.EngineServicer):
 
     def session_actions(self, message: pb.SessionActions, sink: SessionSink) -> None:
         """One message of a Session's client, applied in order (synchronously: admission
-        has no await between check and reservation)."""
+        has no await between check and reservation). Its Opens are all handed to their
+        pacers before any is judged, and its hold applies after them: the hold counts
+        them as sent, and the pacers judge in the order of the arrivals' instants."""
+        touched: set[Pacer] = set()
         try:
             if message.HasField("relay_lag_s"):
                 lag = message.relay_lag_s
@@ -525,30 +598,54 @@ class EngineService(engine_pb2_grpc.EngineServicer):
             for action in message.actions:
                 kind = action.WhichOneof("action")
                 if kind == "open":
-                    self._session_open(action.open, sink)
+                    self._session_open(action.open, sink, touched)
                 elif kind == "cancel":
                     self._session_cancel(action.cancel.tag, sink)
                 elif kind == "refused":
                     self._session_refused(action.refused)
+            if message.HasField("hold_s") and sink.same_clock:
+                self.holds.set(sink, message.hold_s)
         finally:
+            for pacer in touched:
+                pacer.decide()
             sink.flush()
 
-    def _session_open(self, action: pb.Open, sink: SessionSink) -> None:
+    def _session_open(self, action: pb.Open, sink: SessionSink, touched: set[Pacer]) -> None:
         tag, request = action.tag, action.request
+
+        def then(rt: ModelRuntime, req: Request | None, exc: Exception | None) -> None:
+            sink.pending.pop(tag, None)
+            if req is None:
+                sink.events.append(pb.Progress(tag=tag, rejected=rejected_pb(exc or ShuttingDown())))
+            else:
+                sink.open[tag] = (rt, req)
+                sink.events.append(pb.Progress(tag=tag, admitted=pb.Admitted(
+                    engine_request_id=req.id, waiting=rt.core.num_waiting)))
+            sink.flush()
+
         try:
-            if tag in sink.open:
+            if tag in sink.open or tag in sink.pending:
                 raise SubmitError(f"tag {tag} is already open in this session")
             if tag + max(request.n, 1) - 1 > _U64:
                 raise SubmitError(f"tags {tag} .. {tag} + n - 1 (n = {request.n}) exceed 2^64 - 1")
-            rt, req = self._admit(request, sink, tag, sink.same_clock)
+            sink.pending[tag] = None
+            rt, arrival = self._admit(request, sink, tag, sink.same_clock, then, decide=False)
+            touched.add(rt.pacer)
         except REFUSED as exc:
+            sink.pending.pop(tag, None)
             sink.events.append(pb.Progress(tag=tag, rejected=rejected_pb(exc)))
             return
-        sink.open[tag] = (rt, req)
-        sink.events.append(pb.Progress(tag=tag, admitted=pb.Admitted(
-            engine_request_id=req.id, waiting=rt.core.num_waiting)))
+        if tag in sink.pending:  # not judged yet
+            sink.pending[tag] = arrival
 
     def _session_cancel(self, tag: int, sink: SessionSink) -> None:
+        if tag in sink.pending:  # not judged yet: it is, as it arrived, then cancelled
+            arrival = sink.pending.pop(tag)
+            if arrival is not None:
+                arrival.withdrawn = True
+            sink.events.append(pb.Progress(tag=tag, finished=pb.Finished(
+                reason=pb.FINISH_REASON_CANCELLED)))
+            return
         entry = sink.open.get(tag)
         if entry is None:
             return  # unknown or already finished

@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from inference_lab.common.state_file import read_state, write_state
 from inference_lab.engine.sim.core import CapacityError, EngineCore
+from inference_lab.engine.service.holds import Holds
 from inference_lab.engine.service.kv_events import KVEventsConfig, ReplicaPublishers
 from inference_lab.engine.service.lane import SessionLane
 from inference_lab.engine.service.lora_modules import LoraModule, read_rank
@@ -81,6 +82,7 @@ class EngineServer:
         self.health = health.aio.HealthServicer()
         self.fleet: Fleet | None = None
         self.metrics: EngineMetrics | None = None
+        self.holds = Holds()  # the Sessions' holds, which every pacer reads
         # saved capacity of replicas not started yet: (model, index) -> knobs
         self._pending_capacity: dict[tuple[str, int], dict] = {}
         self._metrics_http = None
@@ -99,7 +101,7 @@ class EngineServer:
         runtime = ModelRuntime(core, self.metrics.for_replica(core, replica), self.update_rate,
                                self.time_scale,
                                self.kv_events.acquire(replica, core) if publishes else None,
-                               self.coalesce_when_late, replica)
+                               self.coalesce_when_late, replica, hold=self.holds)
 
         def stopped() -> None:  # a drained replica: its series and its events go
             self.metrics.remove(runtime.metrics)
@@ -133,7 +135,7 @@ class EngineServer:
                            lambda d: startup_delay(d, setting), on_change=self._fleet_changed)
         self.service = None
         self.fleet.scale("", self.replicas)
-        self.service = EngineService(self.fleet, self.metrics, self.control_token)
+        self.service = EngineService(self.fleet, self.metrics, self.control_token, self.holds)
         if self.max_loras:
             self._enable_lora()
         if self.state_path is not None:

@@ -88,6 +88,13 @@ class EngineCore:
         self.prefix_cache = self.scheduler.cache  # None when prefix caching is off
         self.record_kv_events = record_kv_events
         self.clock = 0.0  # simulated time at which the engine is next free
+        # The queue's bound is judged as of the last step boundary plus the arrivals since
+        # (as vLLM's engine core takes aborts between steps): a place freed in the queue by
+        # a hang-up, or a raised max_waiting, counts from the next step's start. So a full
+        # queue stays full until then, which is what lets a client refuse on the engine's
+        # word (QueueState's span). Both are forgotten when the engine has no work left.
+        self._freed = 0  # queue places freed since the last step began
+        self._bound = 0  # the lowest max_waiting (> 0) in force since then; 0 = the live one
         self.slowdown = 1.0  # step times x this (a throttled replica); 1 = as modelled
         # The cheapest step there is: one token attending one position (the weights read once).
         self._shortest_step = self.cost.step_cost(1, attention_load(self.cost.caps, [(1, 0)])).seconds
@@ -102,10 +109,20 @@ class EngineCore:
         return self.capacity.max_waiting
 
     def saturation(self) -> QueueSaturated | None:
-        """The refusal a new arrival would get now, or None when it would be queued."""
+        """The refusal a new arrival would get now, or None when it would be queued: the
+        waiting requests, and the places freed since the last step began, against the
+        lowest bound in force since then."""
         waiting = self.scheduler.num_waiting
-        if self.capacity.refuses(waiting):
-            return QueueSaturated(self.name, waiting, self.capacity.max_waiting)
+        bound = self.capacity.max_waiting
+        if self._freed or self._bound:
+            if self.scheduler.has_work():
+                waiting += self._freed
+                if self._bound and (not bound or self._bound < bound):
+                    bound = self._bound
+            else:  # an idle engine takes a hang-up or a new bound at once
+                self._freed = self._bound = 0
+        if 0 < bound <= waiting:
+            return QueueSaturated(self.name, waiting, bound)
         return None
 
     @property
@@ -125,8 +142,17 @@ class EngineCore:
         return self.scheduler.has_work()
 
     def next_event_time(self) -> float | None:
-        """When the next step can start, or None when idle."""
-        return self.clock if self.scheduler.has_work() else None
+        """When the next step can start (`step` starts it there when told an earlier
+        time), or None when idle: the end of the previous one, or, with nothing running,
+        no earlier than the queue's head is ready (its request overhead)."""
+        scheduler = self.scheduler
+        if not scheduler.has_work():
+            return None
+        if not scheduler.running:
+            head = scheduler.waiting.peek()
+            if head is not None and head.ready > self.clock:
+                return head.ready
+        return self.clock
 
     def tokens_of(self, req: Request) -> int:
         """Tokens `req` has sampled so far (booked up to the latest step's end)."""
@@ -242,6 +268,8 @@ class EngineCore:
         False when it had already finished."""
         if req.finished:
             return False
+        if req.status is Status.WAITING and self.capacity.max_waiting:
+            self._freed += 1  # its place is free from the next step (see `saturation`)
         self.scheduler.finish(req, status)  # writes its live counters back
         req.finish_time = now
         return True
@@ -253,8 +281,13 @@ class EngineCore:
 
     def set_capacity(self, max_num_seqs: int | None = None, max_waiting: int | None = None) -> None:
         """Retune live. Lowering max_num_seqs drains (it gates admission only);
-        lowering max_waiting affects later arrivals only."""
+        lowering max_waiting affects later arrivals only; raising it (or 0: unbounded)
+        takes effect from the next step's start (see `saturation`)."""
+        old = self.capacity.max_waiting
         self.capacity = self.check_capacity(max_num_seqs, max_waiting)
+        new = self.capacity.max_waiting
+        if old and (not new or new > old) and (not self._bound or old < self._bound):
+            self._bound = old
 
     # ---- LoRA adapters ----------------------------------------------------------------------
     def enable_lora(self, max_loras: int, max_adapters: int = MAX_ADAPTERS) -> LoraRegistry:
@@ -323,6 +356,7 @@ class EngineCore:
     def step(self, now: float) -> StepResult:
         """Run one iteration starting at max(now, the end of the previous one)."""
         start = now if now > self.clock else self.clock
+        self._freed = self._bound = 0  # a step boundary: the queue's bound as it is now
         scheduler = self.scheduler
         if not scheduler.running:
             head = scheduler.waiting.peek()

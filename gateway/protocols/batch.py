@@ -29,10 +29,13 @@ from inference_lab.gateway.protocols.generate import (
 from inference_lab.v1 import engine_pb2 as pb
 
 
-def batch_refusal(client: EngineClient, batch: Batch, replica: int | None) -> str | None:
-    """The engine's saturation message when the batch is refused at once (every prompt
-    the engine would queue is counted as refused, as the engine counts each), else None."""
-    refused = [client.refusal(batch.model, len(prompt), batch.max_tokens, batch.n, replica)
+def batch_refusal(client: EngineClient, batch: Batch, replica: int | None,
+                  arrived: float | None = None) -> str | None:
+    """The engine's saturation message when the batch, which arrived at `arrived`, is
+    refused at once (every prompt the engine would queue is counted as refused, as the
+    engine counts each), else None."""
+    refused = [client.refusal(batch.model, len(prompt), batch.max_tokens, batch.n, replica,
+                              arrived)
                for prompt in batch.prompts]
     return next((message for message in refused if message is not None), None)
 
@@ -48,10 +51,12 @@ async def generate_batch(request: web.Request, batch: Batch, client: EngineClien
     reply = batch.reply
     streams: list[RequestStream] = []
     try:
+        last = len(batch.prompts) - 1
         for p, prompt in enumerate(batch.prompts):
             stream = await client.open(batch.model, prompt, batch.max_tokens,
                                        priority=batch.priority, request_id=f"{reply.id}-{p}",
-                                       n=batch.n, replica=replica, arrived=arrived)
+                                       n=batch.n, replica=replica, arrived=arrived,
+                                       held=request.protocol if p == last else None)
             streams.append(stream)
             inflight[stream] = request
         events = await _admit(streams, client)

@@ -55,7 +55,8 @@ async def generate(request: web.Request, gen: Generation, client: EngineClient,
     await client.resolve_model(gen.model)
     reply = gen.reply
     stream = await client.open(gen.model, gen.prompt, gen.max_tokens, priority=gen.priority,
-                               request_id=reply.id, n=gen.n, replica=replica, arrived=arrived)
+                               request_id=reply.id, n=gen.n, replica=replica, arrived=arrived,
+                               held=request.protocol)
     inflight[stream] = request
     try:
         events = await stream.next_events()  # Admitted or Rejected comes first

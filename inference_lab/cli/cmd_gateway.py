@@ -53,6 +53,16 @@ def _tokenizer(path: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _backlog(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of connections, got {text!r}")
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 65535, got {value}")
+    return value
+
+
 def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = True) -> None:
     """The gateway's flags: shared by `gateway` and `serve` (which starts its own engine)."""
     if engine_flag:
@@ -78,6 +88,13 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         help="close a connection that has not sent a complete request header S seconds after "
         "connecting (or after the first byte of a later request), with a 408: half-sent "
         "headers cannot hold file descriptors (0 = no limit; default 10)",
+    )
+    parser.add_argument(
+        "--backlog", type=_backlog, default=None, metavar="N",
+        help="the listening socket's accept queue: connections the kernel completes while "
+        "the gateway has not accepted them yet (vLLM's uvicorn uses 2048; beyond it a burst of "
+        "new connections waits for SYN retries, a second or more). Capped by the kernel's "
+        "net.core.somaxconn (default 2048)",
     )
     parser.add_argument(
         "--enable-directives", action="store_true",
@@ -211,7 +228,8 @@ def run(args: argparse.Namespace) -> int:
                 pass
         try:
             await run_gateway(args.engine, host=args.host, port=args.port,
-                              header_timeout=args.header_timeout, **gateway_app_kwargs(args))
+                              header_timeout=args.header_timeout, backlog=args.backlog,
+                              **gateway_app_kwargs(args))
         except asyncio.CancelledError:
             pass
 

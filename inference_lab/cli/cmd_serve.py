@@ -160,7 +160,7 @@ async def _serve(args: argparse.Namespace, gateway_kwargs: dict, state_dir: str)
     supervisor = asyncio.get_running_loop().create_task(engine.supervise())
     gateway = asyncio.get_running_loop().create_task(run_gateway(
         f"127.0.0.1:{engine.port}", host=args.host, port=args.port,
-        header_timeout=args.header_timeout,
+        header_timeout=args.header_timeout, backlog=args.backlog,
         on_ready=lambda bound: print(f"serving on http://{args.host}:{bound} (Ctrl-C to stop)",
                                      flush=True),
         **gateway_kwargs))

@@ -219,10 +219,13 @@ class FakeEngine(pb_grpc.EngineServicer):
             else [pb.QueueState(model=n) for n in names]))  # nothing ever waits here
 
 
-def saturated_state(model: str, waiting: int, max_waiting: int) -> pb.QueueState:
-    """A QueueState saying `model` is full, with the engine's own refusal text."""
+def saturated_state(model: str, waiting: int, max_waiting: int, since: float = 0.0,
+                    until: float = float("inf")) -> pb.QueueState:
+    """A QueueState saying `model` is full, with the engine's own refusal text, for the
+    arrivals stamped in [since, until) (time.monotonic(); by default any)."""
     return pb.QueueState(model=model, saturated=True, waiting=waiting, max_waiting=max_waiting,
-                         message=str(QueueSaturated(model, waiting, max_waiting)))
+                         message=str(QueueSaturated(model, waiting, max_waiting)),
+                         since_monotonic_s=since, until_monotonic_s=until)
 
 
 def _batch(*events: pb.Progress) -> pb.ProgressBatch:

@@ -153,14 +153,16 @@ class LaneHello(_message.Message):
     def __init__(self, token: _Optional[bytes] = ..., clock_id: _Optional[str] = ...) -> None: ...
 
 class SessionActions(_message.Message):
-    __slots__ = ("actions", "relay_lag_s", "lane_read_bytes")
+    __slots__ = ("actions", "relay_lag_s", "lane_read_bytes", "hold_s")
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     RELAY_LAG_S_FIELD_NUMBER: _ClassVar[int]
     LANE_READ_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOLD_S_FIELD_NUMBER: _ClassVar[int]
     actions: _containers.RepeatedCompositeFieldContainer[SessionAction]
     relay_lag_s: float
     lane_read_bytes: int
-    def __init__(self, actions: _Optional[_Iterable[_Union[SessionAction, _Mapping]]] = ..., relay_lag_s: _Optional[float] = ..., lane_read_bytes: _Optional[int] = ...) -> None: ...
+    hold_s: float
+    def __init__(self, actions: _Optional[_Iterable[_Union[SessionAction, _Mapping]]] = ..., relay_lag_s: _Optional[float] = ..., lane_read_bytes: _Optional[int] = ..., hold_s: _Optional[float] = ...) -> None: ...
 
 class SessionAction(_message.Message):
     __slots__ = ("open", "cancel", "refused")
@@ -229,20 +231,24 @@ class ProgressBatch(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[Progress, _Mapping]]] = ..., token_tags: _Optional[_Iterable[int]] = ..., token_totals: _Optional[_Iterable[int]] = ..., queue_states: _Optional[_Iterable[_Union[QueueState, _Mapping]]] = ..., metrics_seq: _Optional[int] = ..., metrics: _Optional[_Union[MetricsPush, _Mapping]] = ..., sent_monotonic_s: _Optional[float] = ...) -> None: ...
 
 class QueueState(_message.Message):
-    __slots__ = ("model", "saturated", "waiting", "max_waiting", "replica", "message")
+    __slots__ = ("model", "saturated", "waiting", "max_waiting", "replica", "message", "since_monotonic_s", "until_monotonic_s")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SATURATED_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MONOTONIC_S_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_MONOTONIC_S_FIELD_NUMBER: _ClassVar[int]
     model: str
     saturated: bool
     waiting: int
     max_waiting: int
     replica: int
     message: str
-    def __init__(self, model: _Optional[str] = ..., saturated: _Optional[bool] = ..., waiting: _Optional[int] = ..., max_waiting: _Optional[int] = ..., replica: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    since_monotonic_s: float
+    until_monotonic_s: float
+    def __init__(self, model: _Optional[str] = ..., saturated: _Optional[bool] = ..., waiting: _Optional[int] = ..., max_waiting: _Optional[int] = ..., replica: _Optional[int] = ..., message: _Optional[str] = ..., since_monotonic_s: _Optional[float] = ..., until_monotonic_s: _Optional[float] = ...) -> None: ...
 
 class GetCapacityRequest(_message.Message):
     __slots__ = ("model", "replica")

@@ -9,7 +9,8 @@ import math
 import pytest
 
 from inference_lab.engine.drivers.cadence import (ADJUST_EVERY, MAX_INTERVAL, MIN_INTERVAL,
-                                                   RELAX_EVERY, RELAY_FRESH, SHARE_TAU, Cadence)
+                                                   RELAX_AFTER, RELAX_STEP, RELAY_FRESH,
+                                                   SHARE_TAU, Cadence)
 
 STEP = 0.0015  # wall s between two wake-ups (a decode step of gpt-oss-20b on B200)
 _clock: dict[int, float] = {}  # id(cadence) -> its virtual wall clock
@@ -49,7 +50,9 @@ def test_on_time_wakeups_deliver_every_step():
 def test_a_single_late_wakeup_does_not_engage_it():
     cadence = Cadence()
     feed(cadence, 0.0, 100)
-    feed(cadence, 0.040, 1)  # one 40 ms hiccup: the mean moves by 40/32 = 1.25 ms < 2 ms
+    feed(cadence, 0.040, 1)  # one 40 ms hiccup: the mean moves by 40 x (1 - e^(-1.5/50)) ~ 1.2 ms
+    assert feed(cadence, 0.0, 100) == [] and cadence.current == 0.0
+    feed(cadence, 600.0, 1)  # a 10-minute stall counts as one LAG_CLAMP-late wake-up
     assert feed(cadence, 0.0, 100) == [] and cadence.current == 0.0
 
 
@@ -67,12 +70,57 @@ def test_on_time_again_it_halves_back_to_every_step():
     cadence = Cadence()
     feed(cadence, 0.010, 3 * ADJUST_EVERY)  # 1 ms, then 2 ms, then 4 ms
     assert cadence.current == 4 * MIN_INTERVAL
-    changes = feed(cadence, 0.0, 5 * RELAX_EVERY)
-    # the mean lag takes ~96 wake-ups to fall under 0.5 ms (10 ms x (31/32)^96): one more
-    # doubling first (at 32 wake-ups), then a halving every RELAX_EVERY down to every step
+    changes = feed(cadence, 0.0, seconds(1.0))
+    # the mean lag falls under 0.5 ms after 50 ms x ln(20) ~ 0.15 s (one more doubling in
+    # that time), then it halves after RELAX_AFTER and every RELAX_STEP down to every step
     assert changes == [8 * MIN_INTERVAL, 4 * MIN_INTERVAL, 2 * MIN_INTERVAL, MIN_INTERVAL, 0.0]
     feed(cadence, 0.010, 3 * ADJUST_EVERY)
     assert cadence.engaged == 2
+
+
+def back_to_every_step(cadence: Cadence, step: float = STEP) -> float:
+    """Wall seconds of on-time wake-ups (relay on time) until it delivers every step."""
+    cadence.on_relay(0.0002)
+    for n in range(1, seconds(30.0, step)):
+        feed(cadence, 0.0001, 1, step)
+        if cadence.current == 0.0:
+            return n * step
+    raise AssertionError(f"still at {cadence.current * 1e3:g} ms after 30 s on time")
+
+
+@pytest.mark.parametrize("step", [STEP, 0.010, MAX_INTERVAL])
+def test_at_the_cap_it_returns_to_every_step_within_a_second_of_the_lateness_ending(step):
+    # 128 streams: the gateway late all the time until the interval is at its cap; then 24
+    # streams, on time. (Whatever the wake-up rate: at the cap the pacer wakes ~every 50 ms.)
+    cadence = Cadence()
+    cadence.on_relay(0.005)
+    feed(cadence, 0.0001, seconds(0.4, step) + 8 * ADJUST_EVERY, step)
+    assert cadence.current == MAX_INTERVAL
+    assert back_to_every_step(cadence, step) <= RELAX_AFTER + 5 * RELAX_STEP + 2 * step < 1.0
+
+
+def test_late_under_an_eighth_of_the_time_then_on_time_it_still_relaxes():
+    cadence = Cadence()
+    cadence.on_relay(0.005)
+    until_changed(cadence)
+    feed(cadence, 0.0001, 2 * ADJUST_EVERY)
+    assert cadence.current == 4 * MIN_INTERVAL
+    for _ in range(20):  # late 1 wake-up in 20 (5 %): neither doubles nor relaxes ...
+        cadence.on_relay(0.005)
+        feed(cadence, 0.0001, 1)
+        cadence.on_relay(0.0002)
+        feed(cadence, 0.0001, 19)
+    assert cadence.current == 4 * MIN_INTERVAL
+    assert back_to_every_step(cadence) < 1.0  # ... and on time again, it relaxes
+
+
+def test_after_a_stall_it_returns_to_every_step_within_a_second():
+    cadence = Cadence()
+    feed(cadence, 0.0001, 100)
+    feed(cadence, 6.0, 1)  # the engine stopped for 6 s
+    feed(cadence, 0.008, 200)  # then catches up for a while, late
+    assert cadence.current > 0
+    assert back_to_every_step(cadence) < 1.0
 
 
 def test_never_coalescing_ignores_lateness():
@@ -103,9 +151,10 @@ def test_a_relay_late_for_a_lasting_share_of_wall_time_engages_it_then_it_steers
     assert cadence.engaged == 1 and cadence.lateness == 0.005
     # on: late all the time since the last change, so it doubles every ADJUST_EVERY
     assert feed(cadence, 0.0001, 2 * ADJUST_EVERY) == [2 * MIN_INTERVAL, 4 * MIN_INTERVAL]
-    cadence.on_relay(0.0002)  # caught up: halves back after each RELAX_EVERY on time
-    assert feed(cadence, 0.0001, 3 * RELAX_EVERY) == [2 * MIN_INTERVAL, MIN_INTERVAL, 0.0]
-    assert cadence.late_share < 0.1  # (the share decays with the time on time)
+    cadence.on_relay(0.0002)  # caught up: halves back after RELAX_AFTER, then each RELAX_STEP
+    assert feed(cadence, 0.0001, seconds(RELAX_AFTER) - 1) == []
+    assert feed(cadence, 0.0001, seconds(2 * RELAX_STEP) + 2) == [2 * MIN_INTERVAL, MIN_INTERVAL, 0.0]
+    assert cadence.late_share < 0.25  # (the share decays with the time on time: not on again)
 
 
 def test_a_relay_late_in_short_stretches_engages_it_by_their_sum():
@@ -145,7 +194,7 @@ def test_once_on_a_late_moment_does_not_double_it_nor_does_it_relax_while_late_n
     feed(cadence, 0.0001, 2 * ADJUST_EVERY)
     assert cadence.current == 4 * MIN_INTERVAL
     changes = []
-    for _ in range(3 * RELAX_EVERY // 100):  # late 1 wake-up in 100 (1 %): neither way
+    for _ in range(30):  # late 1 wake-up in 100 (1 %, every 0.15 s): neither way
         cadence.on_relay(0.005)
         changes += feed(cadence, 0.0001, 1)
         cadence.on_relay(0.0002)

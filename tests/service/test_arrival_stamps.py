@@ -41,7 +41,7 @@ async def stamped_behind_a_long_prefill(metadata) -> tuple[float, float]:
 
 async def test_a_stamp_on_the_engines_clock_books_the_arrival_back_to_the_step_in_flight(
         monkeypatch):
-    monkeypatch.setattr(Pacer, "MAX_BACKDATE", 10.0)  # the 5 s stamp is believed whole
+    monkeypatch.setattr(Pacer, "MAX_TRAIL", 10.0)  # the 5 s stamp is believed whole
     prefill, queued = await stamped_behind_a_long_prefill(((CLOCK_METADATA, clock_id()),))
     # It arrived before that step began, yet the step was decided without it: booked at
     # the step's start, it waits the whole step (its queue time is the first one's TTFT).
@@ -50,7 +50,7 @@ async def test_a_stamp_on_the_engines_clock_books_the_arrival_back_to_the_step_i
 
 @pytest.mark.parametrize("metadata", [None, ((CLOCK_METADATA, "another-host"),)])
 async def test_a_stamp_from_another_clock_is_ignored(monkeypatch, metadata):
-    monkeypatch.setattr(Pacer, "MAX_BACKDATE", 10.0)
+    monkeypatch.setattr(Pacer, "MAX_TRAIL", 10.0)
     prefill, queued = await stamped_behind_a_long_prefill(metadata)
     assert 0 < queued < prefill  # booked when it reached the engine, inside the step
 
@@ -85,6 +85,11 @@ async def test_a_request_read_late_by_a_busy_gateway_is_stamped_when_its_bytes_c
                b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
     sent = threading.Event()
     seen: dict[str, object] = {}
+    async with aiohttp.ClientSession() as session:  # (the Session up first: an arrival that
+        async with session.post(f"http://127.0.0.1:{port}/v1/completions",  # waits for it
+                                data=body, headers={"Content-Type": "application/json"}) as r:
+            assert r.status == 200  # to connect is booked when it is up)
+            await r.read()
 
     def client() -> None:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
@@ -103,7 +108,7 @@ async def test_a_request_read_late_by_a_busy_gateway_is_stamped_when_its_bytes_c
     finally:
         await runner.cleanup()
     assert seen["reply"].startswith(b"HTTP/1.1 200")
-    (opened,) = await fake.opened.wait(1)
+    _, opened = await fake.opened.wait(2)
     arrived = opened.request.arrival_monotonic_s
     assert seen["sent"] - 0.001 <= arrived < seen["sent"] + 0.02  # (clocks read apart)
     assert resumed - arrived > 0.09
@@ -113,3 +118,23 @@ async def test_without_receive_timestamps_the_read_instant_is_the_stamp(fake, mo
     monkeypatch.setattr(stamps, "SUPPORTED", False)  # (a host without them)
     assert stamps.listen("127.0.0.1", 0) is None
     await test_the_gateway_stamps_each_request_when_read_and_names_its_clock(fake)
+
+
+async def test_an_arrival_that_waited_for_the_session_to_connect_is_stamped_when_it_was_up(fake):
+    # The lab's own connection to the engine is not part of the modelled server: a request
+    # that had to wait for it arrives once it is up; later ones keep their stamps.
+    from inference_lab.gateway.engine_client import EngineClient
+
+    client = EngineClient(fake.target)
+    try:
+        early = time.monotonic()
+        await client.open(FAKE_MODEL, 4, 2, arrived=early)
+        later = time.monotonic()
+        await client.open(FAKE_MODEL, 4, 2, arrived=later)
+        first, second = await fake.opened.wait(2)
+        opened_at = client._session.opened_at
+        assert early < opened_at <= later
+        assert first.request.arrival_monotonic_s == opened_at
+        assert second.request.arrival_monotonic_s == later
+    finally:
+        await client.close()

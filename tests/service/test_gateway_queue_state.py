@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import uuid
 from contextlib import asynccontextmanager
 
@@ -35,7 +36,10 @@ def saturated(client) -> dict:
 
 async def announce(client, fake, state: pb.QueueState) -> None:
     fake.announce(state)
-    await until(lambda: (FAKE_MODEL in saturated(client)) == state.saturated)
+    if state.saturated:
+        await until(lambda: saturated(client).get(FAKE_MODEL) == state)
+    else:
+        await until(lambda: FAKE_MODEL not in saturated(client))
 
 
 async def test_a_saturated_model_is_refused_at_the_gateway_and_counted_by_the_engine(client, fake):
@@ -95,18 +99,48 @@ async def test_a_capacity_reply_saying_full_is_not_taken_over_the_session(client
     assert len(fake.opened.items) == 2  # it reached the engine, the authority on admission
 
 
-async def test_a_cancel_sends_the_next_request_to_the_engine(client, fake):
+async def test_a_full_state_refuses_only_arrivals_inside_its_span(client, fake):
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    fake.mode = "reject"  # (what the engine answers once asked)
+    now = time.monotonic()
+    await announce(client, fake, saturated_state(FAKE_MODEL, 7, 7, since=now, until=now + 60))
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 529
+    assert len(fake.opened.items) == 1  # refused here: inside the span
+    # The span ended (the engine's step boundary): the next arrival is the engine's to judge.
+    await announce(client, fake, saturated_state(FAKE_MODEL, 7, 7, since=now, until=now))
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 529
+    assert len(await fake.opened.wait(2)) == 2  # it went to the engine, which refused it
+    # A span that starts after the arrival does not cover it either.
+    later = time.monotonic() + 60
+    await announce(client, fake, saturated_state(FAKE_MODEL, 7, 7, since=later, until=later + 1))
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 529
+    assert len(await fake.opened.wait(3)) == 3
+
+
+async def test_a_full_state_without_a_span_is_left_to_the_engine(client, fake):
+    # (an engine on another clock: the gateway cannot tell which arrivals it covers)
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
+    fake.announce(pb.QueueState(model=FAKE_MODEL, saturated=True, waiting=7, max_waiting=7,
+                                message="Server is at capacity: 7 requests waiting (max_waiting = 7)."))
+    fake.announce(saturated_state("marker", 1, 1))  # (in order: the one above is applied)
+    await until(lambda: "marker" in saturated(client))
+    fake.mode = "reject"
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 529
+    assert FAKE_MODEL not in saturated(client) and len(await fake.opened.wait(2)) == 2
+
+
+async def test_a_cancel_keeps_refusing_inside_the_span(client, fake):
+    # A place a hang-up frees counts from the engine's next step, where the span ends.
     fake.mode = "hold"
     held = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     assert held.status == 200
     await announce(client, fake, FULL)
     assert (await client.post("/v1/chat/completions", json=CHAT)).status == 529
-    held.close()  # the client leaves: its Cancel may free a place in the queue
+    held.close()  # the client leaves: its Cancel frees a place from the next step
     await fake.cancelled.wait(1)
-    assert saturated(client) == {}
-    fake.mode = "complete"
-    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 200
-    assert len(fake.opened.items) == 2  # the held one and this one; the 529 never left
+    assert FAKE_MODEL in saturated(client)
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status == 529
+    assert len(fake.opened.items) == 1  # the held one; the 529s never left
 
 
 async def test_a_lost_session_forgets_the_queue_state(client, fake):

@@ -1,0 +1,75 @@
+"""The gateway's backlog: generation requests it has read and not yet sent to the engine.
+
+Knows: one mark per connection holding such a request (the arrival stamp of its bytes,
+time.monotonic()), and the oldest of them. The engine decides its modelled queue in the
+order of arrival instants, and may decide an instant only once nothing stamped before it
+can still come; the oldest mark is how far that is as far as this gateway knows (the
+Session's hold, SessionActions.hold_s: engine.service.holds). A busy gateway that needs
+hundreds of milliseconds of CPU to forward a burst therefore makes the engine's modelled
+clock wait for it, instead of the engine deciding the burst's queue without the requests
+it has not seen yet.
+
+Marked by the edge (gateway.edge) when it reads a generation request whole; cleared when
+the request is sent (EngineClient.open), answered without the engine (a 529 on the
+engine's word, a 400, a scripted fault), when its body turns out to be still on its way
+(then it is not an arrival yet: the edge marks it once the body is in), or when the
+connection goes. `on_change(first)` is called when the oldest stamp changes: with first
+True when the backlog goes from empty to not empty, so that the hold reaches the engine
+at once rather than with the next message.
+
+Does not know HTTP, the Session or the engine's messages.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+
+class Backlog:
+    __slots__ = ("_marks", "_heap", "_seq", "on_change")
+
+    def __init__(self) -> None:
+        self._marks: dict[object, tuple[float, int]] = {}  # connection -> (stamp, seq)
+        self._heap: list[tuple[float, int, object]] = []  # (stamp, seq, connection), lazily pruned
+        self._seq = 0
+        self.on_change: Callable[[bool], None] | None = None  # the oldest moved (True: the first)
+
+    def __len__(self) -> int:
+        return len(self._marks)
+
+    def mark(self, key: object, stamp: float) -> None:
+        """`key` holds a request that arrived at `stamp` (kept if it holds one already:
+        the older stamp)."""
+        marks = self._marks
+        if key in marks:
+            return
+        heap = self._heap
+        older = not heap or stamp < heap[0][0]
+        self._seq += 1
+        marks[key] = (stamp, self._seq)
+        heapq.heappush(heap, (stamp, self._seq, key))
+        if older and self.on_change is not None:
+            self.on_change(len(marks) == 1)
+
+    def clear(self, key: object) -> None:
+        """`key`'s request is sent or answered (a no-op when it holds none)."""
+        held = self._marks.pop(key, None)
+        if held is None:
+            return
+        if not self._marks:
+            self._heap.clear()
+        elif held[0] > self.oldest():
+            return  # not the oldest: the hold stays
+        if self.on_change is not None:
+            self.on_change(False)
+
+    def oldest(self) -> float | None:
+        """The oldest stamp held, or None when nothing is held."""
+        marks, heap = self._marks, self._heap
+        while heap:
+            stamp, seq, key = heap[0]
+            if marks.get(key) == (stamp, seq):
+                return stamp
+            heapq.heappop(heap)
+        return None
