@@ -103,6 +103,10 @@ class Pacer:
     MAX_TRAIL = 1.0
     # An arrival booked later than its stamp by more than this (wall s) is logged, once.
     LATE_LOG = 0.001
+    # The longest (modelled s) a "full" announcement promises beyond now (or the step in
+    # flight's end, if later): a hang-up from the batch or a raised cap in that time frees
+    # its place that much later (and a clock trailing behind a hold adds its trail).
+    FULL_SPAN = 0.02
 
     def __init__(self, core: EngineCore, *, on_step: Callable[[StepResult], None] | None = None,
                  on_lag: Callable[[float], None] | None = None,
@@ -139,6 +143,7 @@ class Pacer:
         self._on_late = on_late
         self._late_logged = False
         self._trail_logged = False
+        self._renew: float | None = None  # sim time to renew a "full" announcement by
         self._finishing: list[Request] = []  # finish in the step in flight
         self._due_finished: list[Request] = []
         self._dirty_sinks: set = set()
@@ -201,12 +206,28 @@ class Pacer:
         booked or step started."""
         return self._not_before
 
-    def next_boundary(self) -> float:
-        """With no step in flight, when the next one starts (sim time); the position when
-        none is due (idle, or stalled until something changes)."""
-        start = None if self._stalled else self.core.next_event_time()
-        at = self._not_before
-        return start if start is not None and start > at else at
+    def full_until(self) -> float:
+        """While the queue is full: the sim time until which it provably stays full, and
+        the core is held to it (EngineCore.promise): the next step boundary (the step in
+        flight's end, or the next step's start), or later while every running place is
+        taken and no finish can free one (at most FULL_SPAN beyond now); the position when
+        no step is due (idle, or stalled until something changes)."""
+        core = self.core
+        step = self.inflight
+        boundary = step.end if step is not None else (
+            None if self._stalled else core.next_event_time())
+        if boundary is None:
+            return self._not_before
+        latest = max(boundary, self.sim_now()) + self.FULL_SPAN
+        until = core.full_until(boundary, latest)
+        core.promise(until)
+        # (past the boundary: a promise to renew, halfway through what is left of it)
+        self._renew = until - self.FULL_SPAN / 2 if until > boundary else None
+        return until
+
+    def not_full(self) -> None:
+        """The queue is not full (any more): no announcement to renew."""
+        self._renew = None
 
     def horizon(self, now: float) -> float:
         """How far the simulation may decide at sim time `now`: now, or while a sender
@@ -389,7 +410,9 @@ class Pacer:
             return None
         if start > now:
             return start
-        return start + self.MAX_TRAIL * self.time_scale  # held: at most that far behind
+        held = start + self.MAX_TRAIL * self.time_scale  # held: at most that far behind
+        renew = self._renew  # (and a "full" announcement renewed before it lapses)
+        return held if renew is None or held <= renew else max(renew, now)
 
     def relay_lateness(self, seconds: float) -> None:
         """The process relaying the tokens (a Session's reader: the gateway) is `seconds`
@@ -432,7 +455,8 @@ class Pacer:
         if steps is not None:  # wake in time to book the step that finishes the next one
             if release > step.end + (steps - 1) * (step.end - step.start):
                 return step.end
-        return release
+        renew = self._renew  # and to renew a "full" announcement before it lapses
+        return release if renew is None or release <= renew else max(renew, step.end)
 
     def _advance(self, now: float) -> None:
         """Book what is due by sim time `now` in the order of its instants: arrivals and

@@ -132,18 +132,18 @@ def queue_state(core: EngineCore, pacer: Pacer | None = None,
     """(saturated, waiting, max_waiting, message, since, until) as a Session announces it:
     the numbers only matter (and are only set) while saturated. since / until (wall:
     time.monotonic()) are the span of arrival instants over which the queue is provably
-    full: from `since` (the instant this stretch began; 0 = now) to the next step boundary,
-    the first instant its fullness can change (EngineCore.saturation)."""
+    full: from `since` (the instant this stretch began; 0 = now) to the first instant its
+    fullness can change (Pacer.full_until, which holds the core to it)."""
     full = core.saturation()
     if full is None:
+        if pacer is not None:
+            pacer.not_full()
         return _NOT_SATURATED
     if pacer is None:
         return True, full.waiting, full.max_waiting, str(full), 0.0, 0.0
-    at = pacer.position()
-    step = pacer.inflight
-    until = step.end if step is not None else pacer.next_boundary()
+    until = pacer.full_until()
     return (True, full.waiting, full.max_waiting, str(full),
-            since or pacer.wall_of(at), pacer.wall_of(until))
+            since or pacer.wall_of(pacer.position()), pacer.wall_of(until))
 
 
 class ModelRuntime:

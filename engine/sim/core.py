@@ -93,8 +93,12 @@ class EngineCore:
         # a hang-up, or a raised max_waiting, counts from the next step's start. So a full
         # queue stays full until then, which is what lets a client refuse on the engine's
         # word (QueueState's span). Both are forgotten when the engine has no work left.
-        self._freed = 0  # queue places freed since the last step began
+        # A driver may promise that a full queue stays full until a later instant (`promise`):
+        # then no step starting before it admits from the queue, and those places and bounds
+        # wait for the first step starting at or after it.
+        self._freed = 0  # queue places freed since the last such step began
         self._bound = 0  # the lowest max_waiting (> 0) in force since then; 0 = the live one
+        self.admit_after = 0.0  # (sim time) no admission from the queue before this
         self.slowdown = 1.0  # step times x this (a throttled replica); 1 = as modelled
         # The cheapest step there is: one token attending one position (the weights read once).
         self._shortest_step = self.cost.step_cost(1, attention_load(self.cost.caps, [(1, 0)])).seconds
@@ -144,14 +148,17 @@ class EngineCore:
     def next_event_time(self) -> float | None:
         """When the next step can start (`step` starts it there when told an earlier
         time), or None when idle: the end of the previous one, or, with nothing running,
-        no earlier than the queue's head is ready (its request overhead)."""
+        no earlier than the queue's head is ready (its request overhead) and may be
+        admitted (`promise`)."""
         scheduler = self.scheduler
         if not scheduler.has_work():
             return None
-        if not scheduler.running:
+        if not scheduler.running:  # (nothing to run until the queue's head may be admitted)
             head = scheduler.waiting.peek()
-            if head is not None and head.ready > self.clock:
+            start = max(self.clock, self.admit_after)
+            if head is not None and head.ready > start:
                 return head.ready
+            return start
         return self.clock
 
     def tokens_of(self, req: Request) -> int:
@@ -177,6 +184,32 @@ class EngineCore:
     def steps_to_next_finish(self) -> int | None:
         """Steps until the next decoding request reaches max_tokens (None: none decodes)."""
         return self.scheduler.group.steps_to_next_finish()
+
+    def shortest_step(self) -> float:
+        """A lower bound on any step's time (simulated s): one token, one attended position."""
+        return self._shortest_step * self.slowdown
+
+    def full_until(self, end: float, latest: float) -> float:
+        """While the queue is full and the next step starts at `end`: the latest instant,
+        at most `latest`, before which no step can admit from it without an event nobody
+        can foresee (a hang-up from the batch, a raised cap): every running place is taken,
+        none is freed before the next finish, which is `steps_to_next_finish` decode steps
+        away, each at least `shortest_step` long. `end` itself when a place may free sooner
+        (a free place, a request still prefilling, nothing decoding)."""
+        scheduler = self.scheduler
+        if scheduler.num_running < self.max_num_seqs or scheduler.prefilling:
+            return end
+        steps = scheduler.group.steps_to_next_finish()
+        if steps is None or steps <= 1:
+            return end
+        return max(end, min(end + (steps - 1) * self.shortest_step(), latest))
+
+    def promise(self, until: float) -> None:
+        """No step starting before `until` admits from the queue; a hang-up from it or a
+        raised max_waiting counts from the first step starting at or after it. A driver
+        that has announced the queue full until then keeps its word with this."""
+        if until > self.admit_after:
+            self.admit_after = until
 
     def fastest_first_token(self) -> float:
         """A lower bound on any request's time from arrival to its first token: its
@@ -356,7 +389,11 @@ class EngineCore:
     def step(self, now: float) -> StepResult:
         """Run one iteration starting at max(now, the end of the previous one)."""
         start = now if now > self.clock else self.clock
-        self._freed = self._bound = 0  # a step boundary: the queue's bound as it is now
+        if not self.scheduler.running and start < self.admit_after:
+            start = self.admit_after  # nothing runs, nothing may be admitted before it
+        admit = start >= self.admit_after
+        if admit:
+            self._freed = self._bound = 0  # a step boundary: the queue's bound as it is now
         scheduler = self.scheduler
         if not scheduler.running:
             head = scheduler.waiting.peek()
@@ -365,7 +402,7 @@ class EngineCore:
         width = advance = 1
         if self.speculative is not None and scheduler.group.n:
             width, advance = self._draft()
-        decision = scheduler.schedule(start, self.capacity.max_num_seqs, width, advance)
+        decision = scheduler.schedule(start, self.capacity.max_num_seqs, width, advance, admit)
         decodes = decision.num_decodes
         if decodes:
             full, wins = scheduler.group.attention(width)

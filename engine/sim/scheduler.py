@@ -144,16 +144,18 @@ class Scheduler:
         return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 0.0
 
     # ---- the decision --------------------------------------------------------------
-    def schedule(self, now: float, max_num_seqs: int, width: int = 1, advance: int = 1) -> Decision:
+    def schedule(self, now: float, max_num_seqs: int, width: int = 1, advance: int = 1,
+                 admit: bool = True) -> Decision:
         """The iteration starting at simulated time `now`: requests that arrive later
         (a driver catching up on a step that began in the past) wait for the next one.
         `max_num_seqs` is the live cap on running requests (EngineCore owns it). Each
-        decode verifies `width` positions and keeps `advance` of them."""
+        decode verifies `width` positions and keeps `advance` of them. With `admit` False
+        no waiting request is admitted (EngineCore's promise that the queue stays full)."""
         decision = Decision(num_decodes=0, decode_width=width, decode_advance=advance)
         budget = self.config.max_num_batched_tokens
         budget -= self._schedule_decodes(decision)
         budget = self._schedule_prefilling(decision, budget)
-        if not decision.preempted:
+        if admit and not decision.preempted:
             self._admit_waiting(decision, budget, now, max_num_seqs)
         assert decision.num_tokens <= self.config.max_num_batched_tokens
         return decision

@@ -11,7 +11,8 @@ requests longer than max_model_len are refused like the engine does. `announce(s
 pushes a QueueState to every open Session, as the engine does when a queue fills or
 empties. With `stamp_age` set, every ProgressBatch carries sent_monotonic_s that many
 seconds before it is written (as if the gateway read it that late). Every Open, Cancel,
-Refused report and lateness report (SessionActions.relay_lag_s) is recorded, with events a test can await
+Refused report, lateness report (SessionActions.relay_lag_s) and hold (hold_s, with the
+Opens of its message) is recorded, with events a test can await
 (never sleep to synchronise). It can be stopped and restarted on the same port.
 
 Does not know: timing, batching or scheduling; it is not the engine.
@@ -74,6 +75,7 @@ class FakeEngine(pb_grpc.EngineServicer):
         self.cancelled = _Recorder()  # tags
         self.refused = _Recorder()  # pb.Refused reports
         self.relay_lags = _Recorder()  # SessionActions.relay_lag_s, as reported
+        self.holds = _Recorder()  # (SessionActions.hold_s, Open tags in that message), in order
         self.stamp_age: float | None = None  # batches stamped this long before their write
         self.sessions = _Recorder()  # one entry per Session started
         self._outs: set[asyncio.Queue] = set()
@@ -108,6 +110,9 @@ class FakeEngine(pb_grpc.EngineServicer):
             async for message in request_iterator:
                 if message.HasField("relay_lag_s"):
                     await self.relay_lags.add(message.relay_lag_s)
+                if message.HasField("hold_s"):
+                    await self.holds.add((message.hold_s, [a.open.tag for a in message.actions
+                                                           if a.HasField("open")]))
                 for action in message.actions:
                     if action.HasField("open"):
                         await self.opened.add(action.open)
