@@ -17,7 +17,8 @@ stream to its end. Per run it prints:
   last answer's first byte came;
 - the engine's arrivals booked late (`inference_lab_arrival_booked_late_seconds`: how
   many, the worst bucket) over the run;
-- CPU seconds of the gateway, the engine and the client over the run.
+- CPU seconds of the gateway and the engine over the burst and its streams, and of the
+  client process over its whole life (connecting and warming included).
 
     python benchmarks/burst.py [--n 1000] [--runs 10] [--mode both|new|kept]
         [--max-waiting 64] [--max-tokens 4000] [--time-scale 1]
@@ -89,14 +90,18 @@ def run_once(served: C.Served, args, mode: str, prompt: int, core_args) -> dict:
            "body": body(args.max_tokens), "n": args.n, "mode": mode, "t0": t0,
            "t_hard": t0 + args.timeout, "out": out}
     pids = {"gateway": [served.gateway_pid], "engine": [served.engine_pid]}
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     client = subprocess.Popen([sys.executable, str(CLIENT), json.dumps(cfg)],
                               stdin=subprocess.DEVNULL)
-    pids["client"] = [client.pid]
     while time.monotonic() < t0 - 0.2 and client.poll() is None:
         time.sleep(0.05)
     cpu0 = C.cpu_snapshot(pids)
     client.wait(timeout=args.timeout + 60)
     cpu1 = C.cpu_snapshot(pids)
+    children1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # (the client, reaped: all of it)
+    cpu1["client"] = (children1.ru_utime + children1.ru_stime
+                      - children0.ru_utime - children0.ru_stime)
+    cpu0["client"] = 0.0
     with open(out) as f:
         result = json.load(f)
     os.unlink(out)

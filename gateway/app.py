@@ -522,6 +522,7 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     state.engine = state.shared_engine or EngineClient(state.engine_target,
                                                        control_token=state.control_token,
                                                        session_lane=state.session_lane)
+    state.engine.connect_soon()
     watchdog = asyncio.get_running_loop().create_task(_disconnect_watchdog(state))
     yield
     watchdog.cancel()

@@ -14,8 +14,8 @@ the request is sent (EngineClient.open), answered without the engine (a 529 on t
 engine's word, a 400, a scripted fault), when its body turns out to be still on its way
 (then it is not an arrival yet: the edge marks it once the body is in), or when the
 connection goes. `on_change(first)` is called when the oldest stamp changes: with first
-True when the backlog goes from empty to not empty, so that the hold reaches the engine
-at once rather than with the next message.
+True when the backlog goes from empty to not empty, so that the hold reaches the engine at
+once rather than with the next message.
 
 Does not know HTTP, the Session or the engine's messages.
 """
@@ -45,7 +45,7 @@ class Backlog:
         if key in marks:
             return
         heap = self._heap
-        older = not heap or stamp < heap[0][0]
+        older = not marks or stamp < self.oldest()
         self._seq += 1
         marks[key] = (stamp, self._seq)
         heapq.heappush(heap, (stamp, self._seq, key))

@@ -312,7 +312,6 @@ class _Session:
         self.routes: dict[int, RequestStream] = {}
         self.backlog = backlog if backlog is not None else Backlog()
         self._hold_sent = 0.0  # the hold last told the engine (0: none)
-        self.opened_at = time.monotonic()  # an arrival before this waited for it to connect
         self.broken = False
         # queue_key(model, replica) -> the engine's last QueueState for it, while "saturated"
         self.saturated: dict[str, pb.QueueState] = {}
@@ -688,8 +687,7 @@ class EngineClient:
         replica's queue is full, GatewayError(engine_unavailable) when the engine cannot be
         reached. `prompt` is the prompt's token IDs (or only its length). `arrived`: when
         the request arrived here (time.monotonic()); an engine on this machine books its
-        arrival then (inference_lab.common.clock), or, when it had to wait for the Session to
-        connect, once connected. `held`: its connection's mark in the
+        arrival then (inference_lab.common.clock). `held`: its connection's mark in the
         backlog, cleared once the request is sent (or refused here)."""
         prompt_tokens = prompt if isinstance(prompt, int) else len(prompt)
         for _ in range(2):
@@ -697,8 +695,6 @@ class EngineClient:
             if session is None or session.broken:
                 await self._ensure_session()
                 continue
-            if arrived is not None and arrived < session.opened_at:
-                arrived = session.opened_at  # (the lab's own connection is not modelled)
             refused = self.refusal(model, prompt_tokens, max_tokens, n, replica, arrived)
             if refused is not None:
                 if held is not None:
@@ -904,6 +900,21 @@ class EngineClient:
                 if session is None or session.broken:
                     self._stale = True
             raise err from None
+
+    def connect_soon(self) -> None:
+        """Open the Session now, in the background (a gateway starting: its first requests
+        need not wait for it, which would make their first tokens late); a failure is left
+        to the first request, which connects again."""
+        if self._session is None and self._connecting is None and not self._closed:
+            task = asyncio.get_running_loop().create_task(self._connect_quietly())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _connect_quietly(self) -> None:
+        try:
+            await self._ensure_session()
+        except Exception as exc:  # (GatewayError and the like: the first request says it)
+            log.debug("engine session not opened at start: %s", exc)
 
     async def close(self) -> None:
         self._closed = True

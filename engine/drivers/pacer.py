@@ -13,10 +13,11 @@ Rules (docs/architecture.md, "Pacing"):
   inference_lab.common.clock), after every step that starts before it has been booked and
   before any step that starts after it. So a burst is admitted or refused on the modelled
   queue, not on how fast this host forwarded it.
-- The hold: a step is decided (booked) only once no arrival before its start can still
-  come. The process forwarding arrivals (the gateway) says how far that is (`hold`: the
-  oldest stamp among the requests it has read and not yet sent, None when it holds none);
-  until then the modelled clock trails the wall clock, at most MAX_TRAIL behind. An
+- The hold: on a bounded queue (max_waiting > 0, where the order decides who is refused),
+  a step is decided (booked) only once no arrival before its start can still come. The
+  process forwarding arrivals (the gateway) says how far that is (`hold`: the oldest stamp
+  among the requests it has read and not yet sent, None when it holds none); until then
+  the modelled clock trails the wall clock, at most MAX_TRAIL behind. An
   arrival that comes later than that, or stamped before the step booked last (its start
   was decided without it), is booked late: at the earliest instant the clock can still
   honour, counted (`on_late`, how much later than its stamp) and logged once. A stamp
@@ -103,9 +104,8 @@ class Pacer:
     MAX_TRAIL = 1.0
     # An arrival booked later than its stamp by more than this (wall s) is logged, once.
     LATE_LOG = 0.001
-    # The longest (modelled s) a "full" announcement promises beyond now (or the step in
-    # flight's end, if later): a hang-up from the batch or a raised cap in that time frees
-    # its place that much later (and a clock trailing behind a hold adds its trail).
+    # The longest (modelled s) a "full" announcement promises beyond the next step boundary:
+    # a hang-up from the batch or a raised cap in that time frees its place that much later.
     FULL_SPAN = 0.02
 
     def __init__(self, core: EngineCore, *, on_step: Callable[[StepResult], None] | None = None,
@@ -114,7 +114,7 @@ class Pacer:
                  on_change: Callable[[], None] | None = None,
                  on_cadence: Callable[[int, float], None] | None = None,
                  on_late: Callable[[float], None] | None = None,
-                 hold: Callable[[], float | None] | None = None,
+                 hold=None,
                  update_rate: float = 0.0, coalesce_when_late: bool = True,
                  time_scale: float = 1.0) -> None:
         if not time_scale > 0:
@@ -139,7 +139,7 @@ class Pacer:
         self._not_before = 0.0
         self._arrivals: list[tuple[float, int, Arrival]] = []  # a heap: (at, seq, arrival)
         self._seq = 0
-        self._hold = hold  # the senders' hold (wall s), None when none holds
+        self._hold = hold  # the senders' hold: `.oldest` (wall s; None when none holds)
         self._on_late = on_late
         self._late_logged = False
         self._trail_logged = False
@@ -210,16 +210,15 @@ class Pacer:
         """While the queue is full: the sim time until which it provably stays full, and
         the core is held to it (EngineCore.promise): the next step boundary (the step in
         flight's end, or the next step's start), or later while every running place is
-        taken and no finish can free one (at most FULL_SPAN beyond now); the position when
-        no step is due (idle, or stalled until something changes)."""
+        taken and no finish can free one (at most FULL_SPAN beyond); the position when no
+        step is due (idle, or stalled until something changes)."""
         core = self.core
         step = self.inflight
         boundary = step.end if step is not None else (
             None if self._stalled else core.next_event_time())
         if boundary is None:
             return self._not_before
-        latest = max(boundary, self.sim_now()) + self.FULL_SPAN
-        until = core.full_until(boundary, latest)
+        until = core.full_until(boundary, boundary + self.FULL_SPAN)
         core.promise(until)
         # (past the boundary: a promise to renew, halfway through what is left of it)
         self._renew = until - self.FULL_SPAN / 2 if until > boundary else None
@@ -231,11 +230,22 @@ class Pacer:
 
     def horizon(self, now: float) -> float:
         """How far the simulation may decide at sim time `now`: now, or while a sender
-        holds arrivals it has not sent, the instant of its oldest (at most MAX_TRAIL back)."""
-        hold = self._hold() if self._hold is not None else None
+        holds arrivals it has not sent, the instant of its oldest (at most MAX_TRAIL back).
+        Only a bounded queue is held: one without a bound refuses nothing, so no admission
+        can depend on the order (an arrival that comes after a step it should have been
+        in is booked late, counted, as any arrival the engine cannot wait for). Nor is a
+        queue promised full held before the promise ends."""
+        holds = self._hold
+        hold = holds.oldest if holds is not None else None
         if hold is None or self._frozen_at is not None:
             return now
-        held = (hold - self.epoch) * self.time_scale
+        core = self.core
+        if not core.max_waiting:
+            return now
+        # A queue promised full (EngineCore.promise) takes no one before the promise ends,
+        # whatever arrives meanwhile and in whatever order: steps up to then need no wait.
+        promised = min(core.admit_after, now)
+        held = max((hold - self.epoch) * self.time_scale, promised)
         if held >= now:
             return now
         oldest = now - self.MAX_TRAIL * self.time_scale

@@ -1,9 +1,10 @@
 """The senders' holds: how far the engine may decide before arrivals still on their way.
 
 Knows: each Session client's hold (SessionActions.hold_s: the oldest arrival stamp among
-the requests it has read and not yet sent, on this machine's clock; absent once it holds
-none) and their minimum, which every pacer reads as its `hold` (engine.drivers.pacer: no
-step starting later is booked until it moves, at most Pacer.MAX_TRAIL behind). Only a
+the requests it has read and not yet sent, on this machine's clock, 0 once it holds none)
+and their minimum (`oldest`), which every pacer reads as its hold (engine.drivers.pacer:
+no step starting later is booked until it moves, at most Pacer.MAX_TRAIL behind, on a
+bounded queue). Only a
 client on this machine's clock is heard (its stamps mean nothing here otherwise).
 Does not know Sessions, pacers or messages: the service sets and clears the holds and is
 told when the minimum moves on (`on_moved`: the pacers then look again).
@@ -21,9 +22,6 @@ class Holds:
         self._by: dict[object, float] = {}  # sender -> its hold (time.monotonic())
         self.oldest: float | None = None  # the minimum: how far the engine may decide
         self.on_moved: Callable[[], None] | None = None  # the minimum moved on or went
-
-    def __call__(self) -> float | None:
-        return self.oldest
 
     def set(self, sender: object, stamp: float | None) -> None:
         """`sender` holds arrivals since `stamp` (None: it holds none)."""

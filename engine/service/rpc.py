@@ -154,7 +154,7 @@ class ModelRuntime:
     def __init__(self, core: EngineCore, metrics: ModelMetrics, update_rate: float = 0.0,
                  time_scale: float = 1.0, kv_events: ZmqEventPublisher | None = None,
                  coalesce_when_late: bool = True, replica: int = 0,
-                 hold: Callable[[], float | None] | None = None) -> None:
+                 hold: Holds | None = None) -> None:
         self.core = core
         self.metrics = metrics
         self.kv_events = kv_events

@@ -197,6 +197,8 @@ class EngineCore:
         away, each at least `shortest_step` long. `end` itself when a place may free sooner
         (a free place, a request still prefilling, nothing decoding)."""
         scheduler = self.scheduler
+        if self._freed or self._bound:  # full only by places and bounds promised till then:
+            return max(end, self.admit_after)  # the promise is kept, never drawn out
         if scheduler.num_running < self.max_num_seqs or scheduler.prefilling:
             return end
         steps = scheduler.group.steps_to_next_finish()

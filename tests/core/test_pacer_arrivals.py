@@ -39,12 +39,13 @@ class Sink:
 
 
 class Hold:
-    """A sender's hold as the pacer reads it (None: it holds nothing)."""
+    """A sender's hold as the pacer reads it (`at` None: it holds nothing)."""
 
     def __init__(self) -> None:
         self.at: float | None = None
 
-    def __call__(self) -> float | None:
+    @property
+    def oldest(self) -> float | None:
         return self.at
 
 
@@ -134,7 +135,7 @@ async def test_a_stalled_clock_books_at_the_instant_it_stopped_and_none_inside_t
 
 async def test_while_a_sender_holds_no_arrival_or_step_after_its_hold_is_decided():
     hold = Hold()
-    pacer, clock = await pacer_at(101.0, hold=hold)
+    pacer, clock = await pacer_at(101.0, max_waiting=64, hold=hold)
     hold.at = 100.5  # the sender has read a request stamped at sim 0.5, not sent yet
     assert book(pacer, 100.7, max_tokens=4000) is None  # stamped after the hold: waits
     pacer._advance(pacer.sim_now())
@@ -153,12 +154,24 @@ async def test_while_a_sender_holds_no_arrival_or_step_after_its_hold_is_decided
 
 async def test_a_hold_older_than_max_trail_lets_the_clock_go_on_max_trail_behind():
     hold, late = Hold(), []
-    pacer, clock = await pacer_at(103.0, hold=hold, late=late)
+    pacer, clock = await pacer_at(103.0, max_waiting=64, hold=hold, late=late)
     hold.at = 101.0  # held for 2 s: the clock may trail by MAX_TRAIL only
     assert pacer.horizon(pacer.sim_now()) == pytest.approx(3.0 - Pacer.MAX_TRAIL)
     assert book(pacer, 102.2, max_tokens=4000) is None  # after the horizon: waits
     behind = book(pacer, 101.5)  # older than MAX_TRAIL: booked that far back, counted
     assert behind.arrival == pytest.approx(2.0) and late == [pytest.approx(0.5)]
+    pacer._alarm.close()
+
+
+async def test_a_queue_without_a_bound_is_not_held():
+    # nothing is refused there, so no admission depends on the order of its arrivals
+    hold = Hold()
+    pacer, clock = await pacer_at(101.0, hold=hold)
+    hold.at = 100.5
+    assert pacer.horizon(pacer.sim_now()) == pacer.sim_now()
+    assert book(pacer, 100.7) is not None
+    pacer.core.set_capacity(max_waiting=64)
+    assert pacer.horizon(pacer.sim_now()) == 0.5
     pacer._alarm.close()
 
 

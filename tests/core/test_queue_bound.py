@@ -99,3 +99,18 @@ def test_a_queue_that_may_move_sooner_is_promised_only_to_the_step_end():
     step = core.step(core.next_event_time())
     core.set_capacity(max_num_seqs=2)  # a free running place: the next step may admit
     assert core.full_until(step.end, latest=step.end + 0.02) == step.end
+
+
+def test_a_place_freed_during_a_promise_is_not_held_by_a_renewed_one():
+    core, (running, first, second) = full_queue(2)
+    step = core.step(core.next_event_time())
+    until = core.full_until(step.end, step.end + 0.02)
+    core.promise(until)
+    core.cancel(second, step.end)  # a hang-up from the queue: its place waits for `until`
+    later = core.step(core.next_event_time())
+    # the queue is full now only by that place: the promise is not drawn out
+    assert core.full_until(later.end, later.end + 0.02) == until
+    while core.next_event_time() < until:
+        core.step(core.next_event_time())
+    core.step(core.next_event_time())  # the first step at or after it: the place is free
+    assert core.saturation() is None and core.submit(16, 10, core.clock) is not None

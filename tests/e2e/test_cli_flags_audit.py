@@ -27,6 +27,8 @@ def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     (("engine", "--grace", "nan"), "argument --grace: expected seconds in 0..86400, got 'nan'"),
     (("gateway", "--engine", "nope"), "argument --engine: expected HOST:PORT with a port in 1..65535"),
     (("gateway", "--engine", "127.0.0.1:0"), "argument --engine: expected HOST:PORT"),
+    (("serve", "--backlog", "0"), "argument --backlog: must be from 1 to 65535, got 0"),
+    (("gateway", "--backlog", "many"), "argument --backlog: must be a whole number of connections"),
 ])
 def test_an_out_of_range_flag_is_refused_before_anything_starts(args, message):
     out = cli(*args)

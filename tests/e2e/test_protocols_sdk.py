@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from hardening_helpers import json_request
+from inference_lab.testing.poll import wait_until
 from inference_lab.testing.launch import serve
 
 MODEL = "gpt-oss-20b"
@@ -103,6 +104,9 @@ def saturated(served):
         for h in holders:
             h.close()
         post_json(served.base, "/control/capacity", {"max_num_seqs": 256, "max_waiting": 0})
+        # (the hang-ups reach the engine: the next test starts from an idle queue)
+        wait_until(lambda: served.capacity()[0]["running"] == 0
+                   and served.capacity()[0]["waiting"] == 0, what="an idle engine")
 
 
 def test_a_saturated_model_raises_overloaded_error_529_before_any_event(served, claude, saturated):
@@ -231,6 +235,9 @@ def test_a_request_of_n_sequences_takes_n_places_but_waits_as_one(served, oai):
         for h in holders:
             h.close()
         post_json(served.base, "/control/capacity", {"max_num_seqs": 256, "max_waiting": 0})
+        # (the hang-ups reach the engine: the next test starts from an idle queue)
+        wait_until(lambda: served.capacity()[0]["running"] == 0
+                   and served.capacity()[0]["waiting"] == 0, what="an idle engine")
     deadline = time.monotonic() + 10
     while json_request(served.base, "GET", "/control/capacity")[1][0]["running"]:
         assert time.monotonic() < deadline, "the hung-up sequences kept running"

@@ -119,22 +119,3 @@ async def test_without_receive_timestamps_the_read_instant_is_the_stamp(fake, mo
     assert stamps.listen("127.0.0.1", 0) is None
     await test_the_gateway_stamps_each_request_when_read_and_names_its_clock(fake)
 
-
-async def test_an_arrival_that_waited_for_the_session_to_connect_is_stamped_when_it_was_up(fake):
-    # The lab's own connection to the engine is not part of the modelled server: a request
-    # that had to wait for it arrives once it is up; later ones keep their stamps.
-    from inference_lab.gateway.engine_client import EngineClient
-
-    client = EngineClient(fake.target)
-    try:
-        early = time.monotonic()
-        await client.open(FAKE_MODEL, 4, 2, arrived=early)
-        later = time.monotonic()
-        await client.open(FAKE_MODEL, 4, 2, arrived=later)
-        first, second = await fake.opened.wait(2)
-        opened_at = client._session.opened_at
-        assert early < opened_at <= later
-        assert first.request.arrival_monotonic_s == opened_at
-        assert second.request.arrival_monotonic_s == later
-    finally:
-        await client.close()

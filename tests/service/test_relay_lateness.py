@@ -76,10 +76,12 @@ async def test_lane_batches_carry_the_send_time_only_for_a_client_on_the_engines
 @pytest.mark.parametrize("transport", ["grpc", "lane"])
 async def test_a_reported_relay_lag_groups_mid_stream_tokens_until_it_is_reported_back_on_time(
         transport):
-    async with running_engine(time_scale=0.2) as server, engine_stub(server) as stub:
+    # (a modelled step of ~0.5 ms takes 5 ms of wall: a first token is never grouped with
+    # the next one unless a wake-up is that late, which a loaded 2-core machine can be)
+    async with running_engine(time_scale=0.1) as server, engine_stub(server) as stub:
         call = (stub.Session(metadata=SAME_CLOCK) if transport == "grpc"
                 else await RawLane.open(stub))
-        # The gateway says it reads 5 ms late; four streams of 400 tokens (~1 s of wall: a
+        # The gateway says it reads 5 ms late; four streams of 400 tokens (~2 s of wall: a
         # lateness counts once it has lasted ~0.3 s, engine.drivers.cadence).
         await call.write(pb.SessionActions(relay_lag_s=0.005, actions=opens(range(1, 5), 400)))
         batches = await read_until_finished(call, 4)
