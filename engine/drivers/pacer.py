@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -243,8 +244,9 @@ class Pacer:
         if not core.max_waiting:
             return now
         # A queue promised full (EngineCore.promise) takes no one before the promise ends,
-        # whatever arrives meanwhile and in whatever order: steps up to then need no wait.
-        promised = min(core.admit_after, now)
+        # whatever arrives meanwhile and in whatever order: steps before then need no wait
+        # (the one starting at its end admits: that one does).
+        promised = min(math.nextafter(core.admit_after, -math.inf), now)
         held = max((hold - self.epoch) * self.time_scale, promised)
         if held >= now:
             return now
