@@ -46,21 +46,29 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def revision() -> str:
-    """The commit measured, and whether the work tree differs from it."""
+def commit(ignore: tuple[str, ...] = ("BENCHMARKS.md",)) -> str:
+    """The commit measured (`git rev-parse --short HEAD`), with "+dirty" when a tracked
+    file other than `ignore` differs from it (the results file is not the code measured)."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                               capture_output=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=ROOT, text=True, capture_output=True, timeout=10).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                 cwd=ROOT, text=True, capture_output=True,
+                                 timeout=10).stdout.splitlines()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return f"{head}{' + uncommitted changes' if dirty else ''}" if head else "unknown"
+    dirty = [line for line in changed if line[3:].strip() not in ignore]
+    return f"{head}{'+dirty' if dirty else ''}" if head else "unknown"
+
+
+def host() -> str:
+    """The machine without the code: CPUs, Python, kernel."""
+    return (f"{os.cpu_count()} CPUs ({cpu_model()}), Python {platform.python_version()}, "
+            f"{platform.system()} {platform.release()}")
 
 
 def machine() -> str:
-    return (f"{os.cpu_count()} CPUs ({cpu_model()}), Python {platform.python_version()}, "
-            f"{platform.system()} {platform.release()}; code at {revision()}")
+    return f"{host()}; code at {commit()}"
 
 
 def loadavg() -> str:

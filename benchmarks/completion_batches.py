@@ -1,7 +1,7 @@
 """Several prompts in one completions request, against as many requests of one prompt.
 
     python benchmarks/completion_batches.py [--prompts 256] [--rounds 20]
-                                            [--prompt-bytes 400] [--max-tokens 16]
+                                            [--prompt-bytes 400] [--max-tokens 16] [--json FILE]
 
 Starts `inference-lab serve` (gpt-oss-20b on a modelled B200) and sends, alternately,
 `--rounds` times each: one non-streamed completions request whose `prompt` lists
@@ -54,7 +54,7 @@ async def one_each(session: aiohttp.ClientSession, url: str, texts: list[str],
     return list(await asyncio.gather(*(one(t) for t in texts)))
 
 
-async def run(served: C.Served, args) -> None:
+async def run(served: C.Served, args) -> dict:
     url = served.base + "/v1/completions"
     texts = prompts(args.prompts, args.prompt_bytes)
     pids = {"gateway": [served.gateway_pid], "engine": [served.engine_pid]}
@@ -84,11 +84,18 @@ async def run(served: C.Served, args) -> None:
     print(f"{'form':<28} {'wall ms':>8} {'gw CPU us/prompt':>17} {'engine CPU us/prompt':>21} "
           f"{'modelled TTFT ms (least, greatest)':>36}")
     count = args.prompts * args.rounds
-    for name, r in results.items():
-        med = statistics.median
-        print(f"{name:<28} {med(r['wall']) * 1e3:8.1f} {sum(r['gateway']) / count * 1e6:17.0f} "
-              f"{sum(r['engine']) / count * 1e6:21.0f} {med(r['ttft_min']) * 1e3:17.2f}, "
-              f"{med(r['ttft_max']) * 1e3:.2f}")
+    med = statistics.median
+    out = {name: {"wall_ms": med(r["wall"]) * 1e3,
+                  "gateway_us_per_prompt": sum(r["gateway"]) / count * 1e6,
+                  "engine_us_per_prompt": sum(r["engine"]) / count * 1e6,
+                  "ttft_least_ms": med(r["ttft_min"]) * 1e3,
+                  "ttft_greatest_ms": med(r["ttft_max"]) * 1e3}
+           for name, r in results.items()}
+    for name, f in out.items():
+        print(f"{name:<28} {f['wall_ms']:8.1f} {f['gateway_us_per_prompt']:17.0f} "
+              f"{f['engine_us_per_prompt']:21.0f} {f['ttft_least_ms']:17.2f}, "
+              f"{f['ttft_greatest_ms']:.2f}")
+    return out
 
 
 def main() -> None:
@@ -97,11 +104,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--prompt-bytes", type=int, default=400)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
     print(C.machine())
     C.print_load("the run")
     with C.serve() as served:
-        asyncio.run(run(served, args))
+        forms = asyncio.run(run(served, args))
+    C.write_json(args.json, {"prompts": args.prompts, "rounds": args.rounds, "forms": forms})
 
 
 if __name__ == "__main__":

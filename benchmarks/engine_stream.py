@@ -4,6 +4,7 @@ Session (the gateway's path), the same Session over the engine's same-host lane 
 socket: the gateway's path on one host), or one Submit stream per request.
 
     python benchmarks/engine_stream.py [--clients 256] [--seconds 10] [--mode session|lane|submit]
+        [--json FILE]
 
 Starts `inference-lab engine` as a child process on free loopback ports; the client runs
 in this process. Prints figures, no pass/fail.
@@ -111,11 +112,20 @@ async def main_async(args) -> None:
               f"per 1,000 tokens; client CPU {client_cpu / wall:.2f} cores")
         print(f"pacing lag p50 {1000 * lag_quantile(lag0, lag1, 0.5):.2f} ms, "
               f"p99 {1000 * lag_quantile(lag0, lag1, 0.99):.2f} ms")
+        C.write_json(args.json, {
+            "mode": args.mode, "clients": args.clients, "seconds": wall,
+            "messages_per_s": messages / wall, "token_updates_per_s": token_msgs / wall,
+            "finished": finished, "tokens_per_s": generated / wall,
+            "engine_cores": engine_cpu / wall,
+            "engine_cpu_per_1k_tokens": 1000 * engine_cpu / max(generated, 1),
+            "client_cores": client_cpu / wall, "lag_p50": lag_quantile(lag0, lag1, 0.5),
+            "lag_p99": lag_quantile(lag0, lag1, 0.99)})
 
 
 def main() -> None:
     parser = C.stream_arguments(__doc__, clients=256, seconds=10.0)
     parser.add_argument("--mode", choices=("session", "lane", "submit"), default="session")
+    parser.add_argument("--json", help="write the figures to this file")
     asyncio.run(main_async(parser.parse_args()))
 
 

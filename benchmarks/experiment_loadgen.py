@@ -4,6 +4,7 @@ instant to its write: coordinated omission accounted for) p50/p99.
 
     python benchmarks/experiment_loadgen.py [--rate 1000] [--seconds 5] [--controller aimd]
     python benchmarks/experiment_loadgen.py --serve    # against a real `inference-lab serve`
+    (--json FILE also writes the figures there)
 
 By default the server is a stub in a child process that answers every request at once
 with a short, gateway-shaped SSE stream (role+token, final chunk with "inference_lab"
@@ -206,6 +207,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--controller", default="aimd")
     ap.add_argument("--serve", action="store_true", help="drive a real inference-lab serve")
+    ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
     from inference_lab.experiments.scenario import load_scenario
 
@@ -243,10 +245,18 @@ def main() -> None:
     print(f"  send delay from the scheduled instant (coordinated omission accounted for): "
           f"p50 {np.percentile(delay, 50):.3f} ms, p99 {np.percentile(delay, 99):.3f} ms, "
           f"max {delay.max():.3f} ms")
+    out = {"rate": args.rate, "seconds": args.seconds, "controller": args.controller,
+           "serve": args.serve, "sent": n, "cpu_us_per_request": cpu * per,
+           "controller_us_per_request": ctl_s * per,
+           "send_delay_p50_ms": float(np.percentile(delay, 50)),
+           "send_delay_p99_ms": float(np.percentile(delay, 99)), "floor": None}
     if not args.serve:
         print(f"  floor (same schedule, timer and pool; write, wait for the end, nothing else): "
               f"{1e6 * f_cpu / max(f_sent, 1):.1f} CPU-us per request, send delay p50 "
               f"{np.percentile(f_delay, 50):.3f} ms, p99 {np.percentile(f_delay, 99):.3f} ms")
+        out["floor"] = {"cpu_us_per_request": 1e6 * f_cpu / max(f_sent, 1),
+                        "send_delay_p99_ms": float(np.percentile(f_delay, 99))}
+    C.write_json(args.json, out)
 
 
 if __name__ == "__main__":

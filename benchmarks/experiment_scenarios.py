@@ -7,7 +7,7 @@ and the slow replica (goodput and e2e p50 per phase against the oracle, which mo
 slowdown and not the errors or the stall).
 
     python benchmarks/experiment_scenarios.py [--only reference|step|multi-turn|faults]
-                                              [--time-scale 1] [--out DIR]
+                                              [--time-scale 1] [--out DIR] [--json FILE]
 
 Runs `inference-lab experiment SCENARIO --serve` (a private server on free ports) and
 reads its summary.json. Prints figures, no pass/fail. 60 modelled seconds each, so
@@ -43,14 +43,21 @@ def main() -> None:
     ap.add_argument("--only", choices=tuple(SCENARIOS))
     ap.add_argument("--time-scale", type=float, default=1.0)
     ap.add_argument("--out", type=Path, help="keep the run directories here")
+    ap.add_argument("--json", help="write every scenario's phases to this file")
     args = ap.parse_args()
     base = args.out or Path(tempfile.mkdtemp(prefix="experiment-bench-"))
     print(f"time scale {args.time_scale:g}, load average {os.getloadavg()[0]:.2f}, runs in {base}")
+    phases = {}
     for key, (scenario, line) in SCENARIOS.items():
         if args.only in (None, key):
             summary = run(scenario, base / scenario, args.time_scale)
+            phases[key] = summary["phases"]
             for i, phase in enumerate(summary["phases"]):
                 print(f"{scenario:<14} {line(i, phase)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"time_scale": args.time_scale, "page_ms": PAGE_MS, "phases": phases}, f,
+                      indent=1, default=str)
 
 
 def _reference(i: int, phase: dict) -> str:

@@ -5,6 +5,8 @@
     python benchmarks/fleet.py scrape   [--replicas 8] [--streams 64] [--seconds 15]
                                         [--stagger] [--path P] [--bare aiohttp|asyncio]... [--profile DIR]
 
+Each takes --json FILE to write its figures there too.
+
 fidelity: `serve --replicas R`, S closed-loop streams of gpt-oss-20b (200 tokens) on every
 replica's port (all from one uvloop load-generator process by default, the cheapest client
 the machine can run; --loadgens K deals the replicas over K processes); per replica the
@@ -109,13 +111,16 @@ def fidelity(args) -> None:
             C.stop_all(loadgens)
         C.print_load("after")
         lag = C.histogram_delta(C.histogram(before, LAG), C.histogram(after, LAG))[0]
+        out = {"replicas": args.replicas, "streams": args.streams,
+               "lag_p50": C.histogram_quantile(lag, 0.5)[0],
+               "lag_p99": C.histogram_quantile(lag, 0.99)[0], "per_replica": []}
         print(f"{args.replicas} replicas x {args.streams} streams of gpt-oss-20b on b200, "
               f"200 tokens, {args.seconds:.0f} s window; {C.machine()}")
         print(f"pacing lag p99 {C.histogram_quantile(lag, 0.99)[0] * 1000:.2f} ms, "
               f"p50 {C.histogram_quantile(lag, 0.5)[0] * 1000:.2f} ms")
         wall = end - warm
-        print("cpu (cores): " + ", ".join(f"{k} {(cpu1[k] - cpu0[k]) / wall:.2f}"
-                                          for k in ("gateway", "engine", "machine")))
+        out["cores"] = {k: (cpu1[k] - cpu0[k]) / wall for k in ("gateway", "engine", "machine")}
+        print("cpu (cores): " + ", ".join(f"{k} {v:.2f}" for k, v in out["cores"].items()))
         worst = 0.0
         print(f"load generators: {len(results)} processes, "
               f"{sum(r['cpu_s'] for r in results):.1f} CPU s in all")
@@ -130,11 +135,15 @@ def fidelity(args) -> None:
             ttft = C.quantile([r[1] - r[0] for r in records], 0.5)
             mttft = C.quantile([r[5][1] for r in records], 0.5)
             extra = C.quantile([(r[2] - r[0]) - r[5][2] for r in records], 0.5)
+            out["per_replica"].append({"requests": len(records), "e2e_p50": p50,
+                                       "modelled_e2e_p50": m50, "ttft_p50": ttft,
+                                       "modelled_ttft_p50": mttft, "extra_p50": extra})
             print(f"replica {i}: {len(records)} requests, e2e p50 {p50 * 1000:.1f} ms, "
                   f"modelled p50 {m50 * 1000:.1f} ms ({(p50 / m50 - 1) * 100:+.2f} %); "
                   f"ttft p50 {ttft * 1000:.1f} ms, modelled {mttft * 1000:.1f} ms; "
                   f"per request e2e - modelled p50 {extra * 1000:.1f} ms")
         print(f"worst replica: {worst * 100:.2f} % from modelled; errors {errors}")
+        C.write_json(args.json, {**out, "worst": worst, "errors": errors})
 
 
 def idle(args) -> None:
@@ -148,6 +157,8 @@ def idle(args) -> None:
         print(f"{args.replicas} idle replicas of gpt-oss-20b in one engine: "
               f"{(cpu1 - cpu0) / (t1 - t0):.4f} cores over {t1 - t0:.1f} s "
               f"(CPU time resolution {1 / C.CLK_TCK * 1000:.0f} ms); {C.machine()}")
+        C.write_json(args.json, {"replicas": args.replicas, "seconds": t1 - t0,
+                                 "cores": (cpu1 - cpu0) / (t1 - t0), "tick_s": 1 / C.CLK_TCK})
 
 
 def run_delay(pid: int) -> float:
@@ -298,6 +309,8 @@ def scrape(args) -> None:
         print(f"{args.replicas} replicas scraped every 50 ms "
               f"({'phases spread' if args.stagger else 'all at once'}) while "
               f"{args.streams} streams run; {C.machine()}")
+        out = {"replicas": args.replicas, "streams": args.streams, "stagger": args.stagger,
+               "path": args.path, "targets": []}
         for label, (latencies, sizes, waits, server_waits) in results:
             if not latencies:
                 print(f"{label}: no scrapes")
@@ -308,6 +321,12 @@ def scrape(args) -> None:
                   f"max {max(latencies) * 1000:.2f} ms")
             rest = [lat - w for lat, w in zip(latencies, waits)]
             slow = [w / lat for lat, w in zip(latencies, waits) if lat > 0.005]
+            out["targets"].append({
+                "label": label, "scrapes": len(latencies), "bytes": sizes[-1],
+                "p50": C.quantile(latencies, 0.5), "p99": C.quantile(latencies, 0.99),
+                "max": max(latencies), "wait_p50": C.quantile(waits, 0.5),
+                "wait_p99": C.quantile(waits, 0.99), "rest_p50": C.quantile(rest, 0.5),
+                "rest_p99": C.quantile(rest, 0.99), "over_5ms": len(slow)})
             print(f"  of which waiting for a core (scraper + server main thread, "
                   f"/proc/PID/schedstat): p50 {C.quantile(waits, 0.5) * 1000:.2f} ms, "
                   f"p99 {C.quantile(waits, 0.99) * 1000:.2f} ms; latency minus that wait "
@@ -325,9 +344,12 @@ def scrape(args) -> None:
                   f"{served:.0f} ({100 * waits / served:.1f} %)")
         else:
             print("scrapes that waited for the engine's copy: not counted by this gateway")
-        print("cpu (cores): " + ", ".join(f"{k} {(cpu1[k] - cpu0[k]) / args.seconds:.2f}"
-                                          for k in ("gateway", "engine", "bare", "machine")
-                                          if k != "bare" or bares))
+        out["cores"] = {k: (cpu1[k] - cpu0[k]) / args.seconds
+                        for k in ("gateway", "engine", "bare", "machine") if k != "bare" or bares}
+        out["copy_waits"] = ([sum(c[i] for c in counted) for i in (0, 1)]
+                             if all(counted) else None)
+        print("cpu (cores): " + ", ".join(f"{k} {v:.2f}" for k, v in out["cores"].items()))
+        C.write_json(args.json, out)
         for name, path, _ in spies:
             print(f"py-spy {name} ({path}):\n{C.summarize_profile(path, 25)}")
 
@@ -340,17 +362,20 @@ def main() -> None:
     p.add_argument("--streams", type=int, default=24)
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--warmup", type=float, default=3)
+    p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--loadgens", type=int, default=1,
                    help="client processes, replicas dealt out over them (default 1: one "
                         "uvloop process reads every stream, the cheapest client)")
     p = sub.add_parser("idle")
     p.add_argument("--replicas", type=int, default=64)
     p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--json", help="write the figures to this file")
     p = sub.add_parser("scrape")
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--seconds", type=float, default=15)
     p.add_argument("--stagger", action="store_true")
+    p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--path", default="/metrics",
                    help="what replica 0's timed scraper asks for (e.g. /fleet/targets, a "
                         "small answer with no engine call: the gateway's floor under the "

@@ -2,7 +2,7 @@
 written in: the floor under `experiment_loadgen.py`'s CPU per request (target: <= 50
 CPU-us at 1,000 requests/s with send delay p99 <= 1 ms).
 
-    python benchmarks/loadgen_floors.py [--rate 1000] [--seconds 5]
+    python benchmarks/loadgen_floors.py [--rate 1000] [--seconds 5] [--json FILE]
 
 Against the same stub SSE server as experiment_loadgen.py (a child process), each
 sender writes pre-built request bytes on 64 keep-alive connections at Poisson instants
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import select
@@ -178,6 +179,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", type=float, default=1000.0)
     ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
     stub = subprocess.Popen([sys.executable, "-c", STUB], stdout=subprocess.PIPE)
     try:
@@ -206,6 +208,17 @@ def main() -> None:
           + f"; response time by kernel stamp p50 {np.percentile(lat_ms, 50):.3f} ms")
     print(f"  parts: one 0.8 ms sleep {sleep_us:.1f} CPU-us; a request/response on a hot "
           f"connection {hot_us:.1f} CPU-us")
+    if args.json:
+        def figures(n, cpu, delays) -> dict:
+            d = np.array(delays) * 1000
+            return {"sent": n, "cpu_us_per_request": 1e6 * cpu / max(n, 1),
+                    "send_delay_p50_ms": float(np.percentile(d, 50)),
+                    "send_delay_p99_ms": float(np.percentile(d, 99))}
+        with open(args.json, "w") as f:
+            json.dump({"asyncio": figures(*aio), "select": figures(*sel), "epoll": figures(*epl),
+                       "one_wakeup": figures(n, cpu, delays),
+                       "kernel_stamp_p50_ms": float(np.percentile(lat_ms, 50)),
+                       "sleep_us": sleep_us, "hot_us": hot_us}, f, indent=1)
 
 
 if __name__ == "__main__":

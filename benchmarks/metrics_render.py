@@ -1,6 +1,6 @@
 """What one scrape of the engine's vLLM-compatible metrics costs, without sockets.
 
-    python benchmarks/metrics_render.py [--models 1] [--repeat 200]
+    python benchmarks/metrics_render.py [--models 1] [--repeat 200] [--json FILE]
 
 Drives the real simulation core through a 24-stream run of gpt-oss-20b (so every series
 has observations), then times a scrape's render: the exposition the engine serves
@@ -37,6 +37,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", type=int, default=1, help="copies of the model served")
     ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
     print(C.machine())
     C.print_load("metrics_render")
@@ -66,6 +67,9 @@ def main() -> None:
     print(f"{args.models} model(s): {lines} lines, {len(body) / 1024:.0f} KiB per scrape")
     print(f"render after a change: {fast:.2f} ms; unchanged (cache): {cached:.3f} ms; "
           f"prometheus-client generate_latest: {slow:.2f} ms")
+    C.write_json(args.json, {"models": args.models, "lines": lines, "bytes": len(body),
+                             "render_changed_ms": fast, "render_cached_ms": cached,
+                             "generate_latest_ms": slow})
 
 
 if __name__ == "__main__":

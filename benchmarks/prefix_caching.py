@@ -1,7 +1,7 @@
 """Prefix caching: what it buys (modelled TTFT, hit rate) and what it costs (engine CPU).
 
-    python benchmarks/prefix_caching.py offline   # multi-turn TTFT with/without, hit rate
-    python benchmarks/prefix_caching.py cpu [--clients 256] [--seconds 10]
+    python benchmarks/prefix_caching.py offline [--json FILE]   # multi-turn TTFT with/without, hit rate
+    python benchmarks/prefix_caching.py cpu [--clients 256] [--seconds 10] [--json FILE]
 
 `offline` runs configs/workloads/multi-turn-chat.toml on the offline driver (gpt-oss-20b,
 B200) with prefix caching on and off. `cpu` starts `inference-lab engine` as a child
@@ -47,10 +47,11 @@ tp = 1
 """
 
 
-def offline(_args) -> None:
+def offline(args) -> None:
     workload = load_workload(ROOT / "configs/workloads/multi-turn-chat.toml")
     print(f"workload: multi-turn-chat.toml ({workload.num_concurrent_users} users, "
           f"{workload.num_turns} turns, {workload.shared_prefix_len}-token system prompt)")
+    figures = {}
     for caching in (False, True):
         (deployment,) = default_deployments("b200")
         deployment.scheduler = dataclasses.replace(deployment.scheduler,
@@ -63,6 +64,10 @@ def offline(_args) -> None:
               f"p50 {ttft['p50']:.1f}, p90 {ttft['p90']:.1f}, p99 {ttft['p99']:.1f}; "
               f"e2e mean {out['latency_metrics']['e2e_ms']['mean']:.0f} ms; "
               f"hit rate {rate}; {out['throughput_metrics']['requests_per_sec']:.1f} req/s")
+        figures[caching] = {"ttft_ms": ttft, "e2e_mean_ms": out["latency_metrics"]["e2e_ms"]["mean"],
+                            "hit_rate": cache["hit_rate"] if cache["enabled"] else None,
+                            "requests_per_s": out["throughput_metrics"]["requests_per_sec"]}
+    C.write_json(args.json, {"off": figures[False], "on": figures[True]})
 
 
 async def _drive(stub, clients: int, seconds: float, with_ids: bool) -> int:
@@ -101,24 +106,30 @@ async def _one_run(args, caching: bool) -> tuple[float, int, float]:
 async def cpu(args) -> None:
     print(f"{args.clients} concurrent requests, 2,000-token shared prefix + 16 tokens, "
           f"200-token replies, {args.seconds:.0f} s per run (load average {os.getloadavg()[0]:.2f})")
-    per = {}
+    per, figures = {}, {}
     for caching in (False, True):
         used, finished, wall = await _one_run(args, caching)
         per[caching] = used / max(finished, 1)
+        figures["with" if caching else "without"] = {
+            "requests": finished, "seconds": wall, "engine_cores": used / wall,
+            "cpu_ms_per_request": 1e3 * per[caching]}
         label = ("prefix caching + KV events + token IDs" if caching
                  else "today's path (no token IDs, caching off)")
         print(f"{label}: {finished:,} requests in {wall:.1f} s, engine CPU {used / wall:.2f} cores, "
               f"{1e3 * per[caching]:.3f} CPU ms per request")
     print(f"CPU per request, with / without: {per[True] / per[False]:.3f}")
+    C.write_json(args.json, {**figures, "clients": args.clients, "ratio": per[True] / per[False]})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
-    sub.add_parser("offline")
+    p = sub.add_parser("offline")
+    p.add_argument("--json", help="write the figures to this file")
     p = sub.add_parser("cpu")
     p.add_argument("--clients", type=int, default=256)
     p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
     if args.what == "offline":
         offline(args)

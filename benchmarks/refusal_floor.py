@@ -3,7 +3,7 @@ the fixed 529 body, driven exactly like `refusal_path.py` drives the gateway (th
 load generator, open loop, keep-alive connections). Reports 529 latency p50/p99/p99.9 and
 the server's CPU per request, for comparison with the gateway's. No pass/fail.
 
-    python benchmarks/refusal_floor.py [--rate 2000] [--duration 5]
+    python benchmarks/refusal_floor.py [--rate 2000] [--duration 5] [--json FILE]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rate", type=float, default=2000.0, help="requests per second")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of sending")
     parser.add_argument("--conns", type=int, default=32, help="keep-alive connections opened first")
+    parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args(argv)
     print(f"machine: {C.machine()}")
     C.print_load(f"bare 529 server at {args.rate:,.0f}/s")
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"p99.9 {out['p999'] * 1e3:.2f}")
     print(f"  server CPU {out['server_cores']:.2f} cores, {out['server_us_per_request']:.0f} "
           f"CPU-us per request")
+    C.write_json(args.json, {"machine": C.machine(), "result": out})
     return out
 
 

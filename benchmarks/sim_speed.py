@@ -3,13 +3,15 @@
 Runs the closed-loop-256 chat workload (100,000 requests by default) on gpt-oss-20b /
 B200 through the offline driver and prints the figures. No pass/fail: a benchmark.
 
-    python benchmarks/sim_speed.py [--requests N] [--workload FILE]
+    python benchmarks/sim_speed.py [--requests N] [--workload FILE] [--config FILE]
+        [--hardware NAME] [--timing roofline|calibrated] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import platform
 import time
 from pathlib import Path
@@ -29,6 +31,7 @@ def main() -> None:
                         default=ROOT / "configs" / "workloads" / "chat-closed-loop-256.toml")
     parser.add_argument("--requests", type=int, help="override num_requests")
     parser.add_argument("--timing", choices=("roofline", "calibrated"), help="timing model")
+    parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
 
     deployment = load_deployment(args.config, args.hardware, timing=args.timing)
@@ -48,6 +51,15 @@ def main() -> None:
           f"{out_tokens:,.0f} output tokens, mean batch {out_tokens / max(sim['steps'], 1):.1f}")
     print(f"cpu: {sim['cpu_seconds']:.2f} s (wall {wall:.2f} s)")
     print(f"simulated output tokens per CPU-second: {sim['output_tokens_per_cpu_second']:,.0f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"workload": args.workload.name, "requests": spec.num_requests,
+                       "model": deployment.name, "hardware": deployment.hardware.name,
+                       "timing": deployment.timing, "simulated_seconds": sim["simulated_seconds"],
+                       "steps": sim["steps"], "output_tokens": out_tokens,
+                       "cpu_seconds": sim["cpu_seconds"], "wall_seconds": wall,
+                       "output_tokens_per_cpu_second": sim["output_tokens_per_cpu_second"]},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What a forced tool call costs the gateway per request, without sockets.
 
-    python benchmarks/tool_call_cost.py [--tokens 200] [--repeat 2000]
+    python benchmarks/tool_call_cost.py [--tokens 200] [--repeat 2000] [--json FILE]
 
 For each API (chat, Messages, Responses), a request with one tool (three required
 properties) parsed by its dialect and its whole streamed reply rendered (opening, one
@@ -51,11 +51,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=2000)
+    ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
     print(f"machine: {C.machine()}")
     tokenizer = ByteTokenizer()
     outcome = Outcome(10, [args.tokens])
-    print(f"synthesize: {per_request_us(lambda: synthesize(SCHEMA, '0:get_weather', ' token'), args.repeat * 10):.1f} us")
+    synth = per_request_us(lambda: synthesize(SCHEMA, '0:get_weather', ' token'), args.repeat * 10)
+    print(f"synthesize: {synth:.1f} us")
+    out = {"tokens": args.tokens, "synthesize_us": synth, "apis": {}}
     for api, (route, body, forcing) in APIS.items():
         dialect = ROUTES[route]
         base = {"model": "gpt-oss-20b", "stream": True, "max_tokens": args.tokens, **body}
@@ -73,6 +76,8 @@ def main() -> None:
             figures.append(per_request_us(run, args.repeat))
         print(f"{api:10s} text {figures[0]:6.1f} us, forced tool call {figures[1]:6.1f} us "
               f"per request of {args.tokens} tokens (+{figures[1] - figures[0]:.1f})")
+        out["apis"][api] = {"text_us": figures[0], "tool_us": figures[1]}
+    C.write_json(args.json, out)
 
 
 if __name__ == "__main__":
