@@ -174,7 +174,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                       f"{row['send_span_ms']:>7.1f}  {ttft:<25} {row['last_answer_ms']:>7.0f} "
                       f"{row['booked_late']:>4.0f}({row['booked_late_worst_s'] * 1e3:.1f}ms) "
                       f"{cpu}", flush=True)
-    C.write_json(args.json, {"runs": rows})
+    C.write_json(args.json, {"n": args.n, "max_waiting": args.max_waiting,
+                             "max_tokens": args.max_tokens, "runs": rows})
     return rows
 
 

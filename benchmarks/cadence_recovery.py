@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args(argv)
     print(f"machine: {C.machine()}")
-    out = {}
+    out: dict = {"config": {"high": args.high, "low": args.low, "stall": args.stall}}
     for scenario in (["spike", "stall"] if args.scenario == "both" else [args.scenario]):
         C.print_load(scenario)
         with C.serve(*args.serve_args.split()) as served:
