@@ -1,7 +1,7 @@
 """BENCHMARKS.md's refreshable tables: a block is rewritten between its markers and nothing
 else in the file moves; a missing or broken marker fails loudly instead of writing."""
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -12,12 +12,10 @@ BENCHMARKS = ROOT / "benchmarks"
 
 
 def load(name: str):
+    """A module of benchmarks/ as its scripts import each other: by name, from that folder."""
     if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))  # run_all.py imports its siblings by name
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module(name)
 
 
 tables = load("_tables")
