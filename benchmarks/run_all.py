@@ -165,7 +165,7 @@ def burst_rows(res: list[dict]) -> list[Row]:
             "kept-alive)",
             "the model's answer (320) ± 2 in every run, new and kept-alive alike",
             close == len(runs)),
-        Row("runs where the lab judged a request otherwise than the model (requests)",
+        Row("requests the lab judged otherwise than the model, per run",
             span([r["differ"] for r in runs])),
         Row("admitted streams complete (usage = max_tokens, then [DONE])",
             f"{whole:,} of {served:,} ({out['max_tokens']:,} tokens each)", "every one",
@@ -222,7 +222,7 @@ def tool_call_rows(res: list[dict]) -> list[Row]:
     for api, f in r["apis"].items():
         rows.append(Row(f"{api}: text / forced tool call, per request of {r['tokens']} tokens",
                         f"{f['text_us']:.1f} / {f['tool_us']:.1f} µs "
-                        f"(+{f['tool_us'] - f['text_us']:.0f})"))
+                        f"({f['tool_us'] - f['text_us']:+.0f})"))
     return rows
 
 
