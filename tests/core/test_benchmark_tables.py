@@ -82,3 +82,11 @@ def test_a_marker_inside_a_line_is_not_a_marker():
     with pytest.raises(tables.MarkerError, match="0 times"):
         tables.replace_block("see `<!-- bench:alpha -->` here\n", "alpha", "body")
 
+
+
+def test_every_registered_benchmark_has_one_block_in_benchmarks_md():
+    run_all = load("run_all")
+    names = tables.block_names((ROOT / "BENCHMARKS.md").read_text())
+    registered = [bench.name for bench in run_all.REGISTRY]
+    assert len(set(registered)) == len(registered)
+    assert sorted(names) == sorted(registered)
