@@ -350,9 +350,9 @@ def scenario_rows(res: list[dict]) -> list[Row]:
                         f"{100 * p['oracle']['cache_hit_rate']:.1f} %", "near the oracle"))
     for p in phases.get("faults", []):
         st, o = p["steady"], p["oracle"]
-        e2e = "-" if st["e2e_p50_s"] is None else f"{ms(st['e2e_p50_s'], 0)}"
+        e2e = "-" if st["e2e_p50_s"] is None else f"{ms(st['e2e_p50_s'], 0)} ms"
         rows.append(Row(f"slow replica, {p['action']}: goodput score; e2e p50 (oracle)",
-                        f"{p['scores']['goodput']:.2f}; {e2e} ms ({ms(o['e2e_p50_s'], 0)} ms"
+                        f"{p['scores']['goodput']:.2f}; {e2e} ({ms(o['e2e_p50_s'], 0)} ms"
                         f"{'' if o['fault_modelled'] else ', fault-free'})"))
     return rows
 
