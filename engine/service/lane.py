@@ -3,8 +3,8 @@
 A gateway on this host (the same `clock_id`) asks `SessionLane` for the lane's address and
 token, connects, and runs its Session here instead of over gRPC: one frame per
 SessionActions in, one per ProgressBatch out (inference_lab.lane.frames). grpc.aio spends
-~70 % of a pacer wake-up's CPU writing one batch (and the gateway as much reading it); a
-frame written to a socket costs a few microseconds (BENCHMARKS.md, "Session lane").
+most of a pacer wake-up's CPU writing one batch (and the gateway as much reading it); a
+frame written to a socket costs a small fraction of that (BENCHMARKS.md).
 
 Every line of Session logic is the service's own (`SessionSink.serve`,
 `EngineService.session_actions`): this module only turns frames into messages and back. It
@@ -114,7 +114,7 @@ class LaneConnection(FrameProtocol):
 
     async def _write(self, batch: pb.ProgressBatch) -> None:
         self.write(batch.SerializeToString())
-        if batch.HasField("metrics"):  # ~150 KB a replica: not the tokens' window
+        if batch.HasField("metrics"):  # whole expositions: not the tokens' window
             self.credit(batch.metrics.ByteSize())
         if self.pushing_back():  # the gateway reads late (a window behind): wait, as a
             await self.drain()  # gRPC write waits for its window

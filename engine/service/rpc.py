@@ -338,10 +338,10 @@ class EngineService(ControlRpcs, engine_pb2_grpc.EngineServicer):
     # ---- metrics (engine.service.metrics, engine.service.metrics_feed) --------------------
     async def GetMetrics(self, request: pb.GetMetricsRequest, context):
         """With engines (replica indices), theirs alone (a gateway's replica port, scraped
-        every 50 ms by an endpoint picker): rendered on the loop (a few hundred us: a
-        thread would wait for the GIL longer). All of them (a gateway in front of one
-        replica, or no replica filter): off the loop,
-        so the pacer keeps its wake-ups. NOT_FOUND when no model has any of the engines."""
+        every 50 ms by an endpoint picker): rendered on the loop (a few replicas' text is
+        quick to render: a thread would wait for the GIL longer). All of them (a gateway
+        in front of one replica, or no replica filter): off the loop, so the pacer keeps
+        its wake-ups. NOT_FOUND when no model has any of the engines."""
         if self.metrics is None:
             return pb.MetricsText()
         models, engines = list(request.models), list(request.engines)
