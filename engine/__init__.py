@@ -5,9 +5,12 @@
             aiohttp or clock.
   drivers/  what owns time: `offline` jumps event to event (`inference-lab sim`);
             `pacer` + `alarm` step the core in wall-clock time.
-  service/  the gRPC service on the pacer (`rpc`), its server lifecycle (`server`),
-            Prometheus metrics (`metrics`) and the request-decoding guard (`wire_guard`).
+  fleet/    the replica set (`replicas`), each replica's runtime (`runtime`: its core
+            and pacer) and start-up delays (`startup`).
+  service/  the gRPC service on the fleet (`rpc`, with `control`, `session`, `refusals`,
+            `messages`), its server lifecycle (`server`), Prometheus metrics (`metrics`)
+            and the request-decoding guard (`wire_guard`).
 
-Imports point down only: service -> drivers -> sim -> inference_lab.common.
+Imports point down only: service -> fleet -> drivers -> sim -> inference_lab.common.
 The layer contracts in pyproject.toml ([tool.importlinter]) check it.
 """

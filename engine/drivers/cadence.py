@@ -35,12 +35,13 @@ delivery and reports every wake-up's lag.
     RELAX_AFTER + 5 x RELAX_STEP (0.75 s) of the lateness ending, whatever caused it (a
     spike of streams, a stall, a busy client), while a gateway late now and then (more
     often than every RELAX_AFTER) keeps an interval it stays on time with.
-  Why (BENCHMARKS.md, "Stream cadence"): a gateway relaying 256 streams one token at a
-  time runs at ~1 core on this machine, yet reads each batch promptly (over the same-host
-  lane its read lag sits at 0.5-1.5 ms): it is late in short stretches making 25-40 % of
-  the wall time, while at 24 and 64 streams on a quiet machine the relay is late 0-1 % of
-  the time. The rule does not weigh the number of open streams: what a gateway can relay
-  one token at a time depends on the machine, and its lateness measures exactly that.
+  Why (BENCHMARKS.md): a gateway relaying many streams one token at a time can take a
+  whole core, yet read each batch promptly (its read lag stays small): it is late in
+  short stretches that add up to a large share of the wall time, while with a few dozen
+  streams on a quiet machine the relay is hardly ever late. So lateness is judged by its
+  share of the wall time, not by a run of late wake-ups. The rule does not weigh the
+  number of open streams: what a gateway can relay one token at a time depends on the
+  machine, and its lateness measures exactly that.
   `engaged` counts how often it switched on (the pacer logs the first).
 - `when_late` False: every step, always (no coalescing even when late; a late pacer still
   retires several due steps in one wake-up, so their tokens go together).

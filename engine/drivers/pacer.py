@@ -1,7 +1,8 @@
 """The real-time driver: paces one EngineCore to the wall clock and delivers progress.
 
 Knows the mapping sim time = (wall time - epoch) x time_scale, the step in flight, and the streams
-(sinks) waiting for each request's tokens. Does not know gRPC: sinks are plain objects
+(sinks) waiting for each request's tokens; the arrivals not judged yet wait in
+`arrivals.Arrivals`, by instant. Does not know gRPC: sinks are plain objects
 with `on_tokens(stream, total)` / `on_finished(stream, request)` / `flush()`.
 
 Rules (docs/architecture.md, "Pacing"):
@@ -51,13 +52,13 @@ Rules (docs/architecture.md, "Pacing"):
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import math
 import time
 from collections.abc import Callable
 
 from inference_lab.engine.drivers.alarm import Alarm
+from inference_lab.engine.drivers.arrivals import Arrival, Arrivals
 from inference_lab.engine.drivers.cadence import Cadence
 from inference_lab.engine.sim.core import EngineCore, QueueSaturated, StepResult, SubmitError
 from inference_lab.engine.sim.request import Request, Status
@@ -77,25 +78,6 @@ class Stream:
         self.index = index
         self.sent = 0  # tokens already handed to the sink
         self.last = 0.0  # wall time (time.monotonic) of the last hand-over
-
-
-class Arrival:
-    """A request on its way into the core: judged (`decided(arrival, request, None)` or
-    `decided(arrival, None, refusal)`) once the pacer's simulation reaches its instant."""
-
-    __slots__ = ("prompt_len", "max_tokens", "tag", "priority", "token_ids", "n", "lora",
-                 "stamp", "at", "decided", "withdrawn")
-
-    def __init__(self, prompt_len: int, max_tokens: int | None, tag: "Stream", *,
-                 priority: int = 0, token_ids: bytes = b"", n: int = 1, lora=None,
-                 stamp: float = 0.0, at: float = 0.0,
-                 decided: Callable[["Arrival", Request | None, Exception | None], None]) -> None:
-        self.prompt_len, self.max_tokens, self.tag = prompt_len, max_tokens, tag
-        self.priority, self.token_ids, self.n, self.lora = priority, token_ids, n, lora
-        self.stamp = stamp  # the sender's stamp as modelled time (before any clamp)
-        self.at = at  # the instant it is booked at, unless that is past (then later)
-        self.decided = decided
-        self.withdrawn = False  # its sender let go before it was judged
 
 
 class Pacer:
@@ -138,8 +120,7 @@ class Pacer:
         # No arrival is booked before this sim time: the start of the step booked last
         # (decided without it), the latest arrival booked, or the instant a stall ended.
         self._not_before = 0.0
-        self._arrivals: list[tuple[float, int, Arrival]] = []  # a heap: (at, seq, arrival)
-        self._seq = 0
+        self._arrivals = Arrivals()  # not judged yet, by instant
         self._hold = hold  # the senders' hold: `.oldest` (wall s; None when none holds)
         self._on_late = on_late
         self._late_logged = False
@@ -278,8 +259,7 @@ class Pacer:
         arrival = Arrival(prompt_len, max_tokens, Stream(sink, tag), priority=priority,
                           token_ids=token_ids, n=n, lora=lora, stamp=stamp, at=at,
                           decided=decided)
-        self._seq += 1
-        heapq.heappush(self._arrivals, (at, self._seq, arrival))
+        self._arrivals.push(arrival)
         if decide:
             self.decide()
         else:
@@ -289,7 +269,8 @@ class Pacer:
     def decide(self) -> None:
         """Judge the arrivals the simulation may decide by now (with the steps between
         them), then let the loop deliver what became due."""
-        if self._arrivals and self._arrivals[0][0] <= self.horizon(self.sim_now()):
+        first = self._arrivals.first()
+        if first is not None and first <= self.horizon(self.sim_now()):
             self._advance(self.sim_now())  # (what became due, the loop delivers)
         self.poke()
 
@@ -367,8 +348,7 @@ class Pacer:
             except asyncio.CancelledError:
                 pass
         self._alarm.close()
-        arrivals, self._arrivals = self._arrivals, []
-        for _, _, arrival in sorted(arrivals):  # never judged: the engine stopped first
+        for arrival in self._arrivals.take_all():  # never judged: the engine stopped first
             arrival.decided(arrival, None, None)
         for req in self._due_finished + self._finishing:
             self._finish(req)  # completed in simulation: deliver them whole
@@ -415,8 +395,8 @@ class Pacer:
         the hold stops counting (MAX_TRAIL) for it or for the earliest held arrival; a
         hold that moves pokes the pacer before that. None when nothing waits."""
         start = None if self._stalled else self.core.next_event_time()
-        if self._arrivals:
-            first = self._arrivals[0][0]
+        first = self._arrivals.first()
+        if first is not None:
             start = first if start is None or first < start else start
         if start is None:
             return None
@@ -485,16 +465,17 @@ class Pacer:
             if step is not None or frozen:
                 # arrivals before the step's end join the queue its successor takes
                 end = step.end if step is not None else horizon
-                while arrivals and arrivals[0][0] <= horizon and arrivals[0][0] <= end:
-                    self._judge(heapq.heappop(arrivals)[2])
+                while (first := arrivals.first()) is not None and first <= horizon and first <= end:
+                    self._judge(arrivals.pop())
                 if frozen or step.end > now:
                     return
                 self._retire(step)
                 self.inflight = None
                 continue
             start = None if self._stalled else core.next_event_time()
-            if arrivals and arrivals[0][0] <= horizon and (start is None or arrivals[0][0] <= start):
-                self._judge(heapq.heappop(arrivals)[2])
+            first = arrivals.first()
+            if first is not None and first <= horizon and (start is None or first <= start):
+                self._judge(arrivals.pop())
                 self._stalled = False  # a new request: the scheduler may find work again
                 continue
             if start is None or start > horizon:

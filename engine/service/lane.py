@@ -3,13 +3,13 @@
 A gateway on this host (the same `clock_id`) asks `SessionLane` for the lane's address and
 token, connects, and runs its Session here instead of over gRPC: one frame per
 SessionActions in, one per ProgressBatch out (inference_lab.lane.frames). grpc.aio spends
-~70 % of a pacer wake-up's CPU writing one batch (and the gateway as much reading it); a
-frame written to a socket costs a few microseconds (BENCHMARKS.md, "Session lane").
+most of a pacer wake-up's CPU writing one batch (and the gateway as much reading it); a
+frame written to a socket costs a small fraction of that (BENCHMARKS.md).
 
-Every line of Session logic is EngineService's own (`serve_session`, `session_actions`):
-this module only turns frames into messages and back. It listens on 127.0.0.1 only (a
-Kubernetes pod's containers share it); the per-process token, handed out by the gRPC API,
-keeps the lane exactly as reachable as the Session itself.
+Every line of Session logic is the service's own (`SessionSink.serve`,
+`EngineService.session_actions`): this module only turns frames into messages and back. It
+listens on 127.0.0.1 only (a Kubernetes pod's containers share it); the per-process token,
+handed out by the gRPC API, keeps the lane exactly as reachable as the Session itself.
 
 A connection's first frame must be a LaneHello with the token (compared in constant time),
 else it is closed. A frame that does not parse, or one above the size limit, closes that
@@ -27,7 +27,8 @@ import secrets
 from google.protobuf.message import DecodeError
 
 from inference_lab.common.clock import clock_id
-from inference_lab.engine.service.rpc import EngineService, SessionSink
+from inference_lab.engine.service.rpc import EngineService
+from inference_lab.engine.service.session import SessionSink
 from inference_lab.lane.frames import MAX_FRAME, WINDOW, FrameProtocol
 from inference_lab.v1 import engine_pb2 as pb
 
@@ -57,7 +58,7 @@ class _Once:
 
 
 class LaneConnection(FrameProtocol):
-    """One lane client: a hello, then its Session (EngineService.serve_session) with this
+    """One lane client: a hello, then its Session (SessionSink.serve) with this
     connection's frames as the transport."""
 
     window = WINDOW  # a gateway that reads late makes the writer wait (and tokens merge)
@@ -113,14 +114,14 @@ class LaneConnection(FrameProtocol):
 
     async def _write(self, batch: pb.ProgressBatch) -> None:
         self.write(batch.SerializeToString())
-        if batch.HasField("metrics"):  # ~150 KB a replica: not the tokens' window
+        if batch.HasField("metrics"):  # whole expositions: not the tokens' window
             self.credit(batch.metrics.ByteSize())
         if self.pushing_back():  # the gateway reads late (a window behind): wait, as a
             await self.drain()  # gRPC write waits for its window
 
     async def _serve(self, sink: SessionSink) -> None:
         try:
-            await self.lane.service.serve_session(sink, self._write)
+            await sink.serve(self._write)
         except ConnectionError:
             pass  # the client went: its requests were cancelled on the way out
         except Exception as exc:

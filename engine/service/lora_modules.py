@@ -4,7 +4,7 @@ Knows `--lora-modules` (each value `name=path`, or vLLM's JSON form
 `{"name": ..., "path": ..., "base_model_name": ...}`), `--max-loras` and `--enable-lora`,
 and that the only file of an adapter the lab reads is its `adapter_config.json` (for its
 rank `r`; absent: rank 16, DEFAULT_RANK). Does not know scheduling or costs
-(engine.sim.lora) or gRPC (engine.service.rpc).
+(engine.sim.lora) or gRPC (engine.service.control).
 """
 
 from __future__ import annotations

@@ -6,13 +6,13 @@ here is a superset of vLLM's, so a query written against a real vLLM (`le="0.5"`
 finds the same boundaries.
 
 Why finer: Prometheus' `histogram_quantile` interpolates linearly inside the bucket the
-quantile falls in. When every request takes about the same time (the lab's reference
-experiment: e2e 293 ms, TTFT 2 ms, inter-token 1.46 ms), vLLM's boundaries put them all in
-one wide bucket (e2e between 0.25 and 0.5 s reads p50 = 375 ms). With boundaries a ratio r
-apart, a quantile of such a point mass is off by at most (r - 1) (p99) and (r - 1) / 2
-(p50); FINE_PER_DECADE = 48 gives r = 10^(1/48) = 1.049, so both stay within 5 %. The fine
-grid spans the range the modelled GPUs produce for each quantity; beyond it vLLM's own
-boundaries (and a coarser 12-per-decade grid for the per-phase times) remain.
+quantile falls in. When every request takes about the same time (as in the lab's
+reference experiment), vLLM's boundaries put them all in one wide bucket (requests that
+all take 0.3 s fall between 0.25 and 0.5 s, which reads p50 = 375 ms). With boundaries a
+ratio r apart, a quantile of such a point mass is off by at most (r - 1) (p99) and
+(r - 1) / 2 (p50); FINE_PER_DECADE = 48 gives r = 10^(1/48) = 1.049, so both stay within
+5 %. The fine grid spans the range the modelled GPUs produce for each quantity; beyond it
+vLLM's own boundaries (and a coarser 12-per-decade grid for the per-phase times) remain.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ times by k for S seconds, or until cleared. CLEAR ends the target's stall and sl
 (without a replica: every fault of every replica). A replica's effective state combines
 both targets: frozen while either stalls, slowed by the product of both factors.
 
-Does not know: gRPC messages (engine.service.rpc converts), how a step is timed
+Does not know: gRPC messages (engine.service.control converts), how a step is timed
 (EngineCore.slowdown) and paced (Pacer.freeze/thaw), or how a replica restarts (the
 server's `restart` callable).
 """

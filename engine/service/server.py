@@ -27,8 +27,9 @@ from inference_lab.engine.service.metrics import EngineMetrics, serve_metrics
 from inference_lab.engine.sim.lora import LoraError
 from inference_lab.engine.service.replica_faults import ReplicaFaults
 from inference_lab.engine.fleet.replicas import Fleet
+from inference_lab.engine.fleet.runtime import ModelRuntime
 from inference_lab.engine.fleet.startup import startup_delay
-from inference_lab.engine.service.rpc import EngineService, ModelRuntime
+from inference_lab.engine.service.rpc import EngineService
 from inference_lab.engine.sim.specs import Deployment
 from inference_lab.engine.service.wire_guard import DecodeGuard
 from inference_lab.v1 import engine_pb2, engine_pb2_grpc

@@ -1,0 +1,110 @@
+"""One replica of one served model at run time: its core, the pacer driving it, and the
+admission state it announces.
+
+Knows: the core (engine.sim) and its pacer (engine.drivers.pacer), the queue state as a
+Session announces it (saturated or not, with the span of arrival instants over which the
+queue is provably full) and a version counting its changes, the replica's LoRA adapters,
+and the lifecycle the fleet (`replicas.Fleet`) orders: start, drained, stop.
+
+Does not know gRPC, messages or Prometheus: the service builds each runtime with its
+metrics (engine.service.metrics.ModelMetrics: `on_step`, `on_lag`, `on_finished`,
+`on_cadence`, `on_late`), an optional KV-event publisher (`publish(model, events,
+block_size)`) and the senders' hold (`oldest`), and turns the state it announces into
+messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from inference_lab.engine.drivers.pacer import Pacer
+from inference_lab.engine.sim.core import EngineCore
+
+_NOT_SATURATED = (False, 0, 0, "", 0.0, 0.0)
+
+
+def queue_state(core: EngineCore, pacer: Pacer | None = None,
+                since: float = 0.0) -> tuple[bool, int, int, str, float, float]:
+    """(saturated, waiting, max_waiting, message, since, until) as a Session announces it:
+    the numbers only matter (and are only set) while saturated. since / until (wall:
+    time.monotonic()) are the span of arrival instants over which the queue is provably
+    full: from `since` (the instant this stretch began; 0 = now) to the first instant its
+    fullness can change (Pacer.full_until, which holds the core to it)."""
+    full = core.saturation()
+    if full is None:
+        if pacer is not None:
+            pacer.not_full()
+        return _NOT_SATURATED
+    if pacer is None:
+        return True, full.waiting, full.max_waiting, str(full), 0.0, 0.0
+    until = pacer.full_until()
+    return (True, full.waiting, full.max_waiting, str(full),
+            since or pacer.wall_of(pacer.position()), pacer.wall_of(until))
+
+
+class ModelRuntime:
+    """One replica of one served model: its core, the pacer driving it, its metrics, and
+    the admission state last announced to Sessions (with a version that counts its
+    changes). The fleet (engine.fleet) orders its lifecycle: start, drained, stop."""
+
+    def __init__(self, core: EngineCore, metrics, update_rate: float = 0.0,
+                 time_scale: float = 1.0, kv_events=None,
+                 coalesce_when_late: bool = True, replica: int = 0,
+                 hold=None) -> None:
+        self.core = core
+        self.metrics = metrics
+        self.kv_events = kv_events
+        self.replica = replica
+        self.key = (core.name, replica)
+        self.queue_state = _NOT_SATURATED
+        self.queue_version = 0
+        self.on_queue_change: Callable[[], None] | None = None
+        self._idle: asyncio.Event | None = None  # set once a drained replica holds nothing
+        self._stopped = False
+        self.adapters: dict[str, object] = {}  # LoRA name -> this core's LoraAdapter
+        self.on_stopped: Callable[[], None] | None = None  # its series leave the metrics
+        on_step = metrics.on_step if kv_events is None else self._on_step
+        self.pacer = Pacer(core, on_step=on_step, on_lag=metrics.on_lag,
+                           on_finished=metrics.on_finished, on_change=self.check_queue,
+                           on_cadence=metrics.on_cadence, on_late=metrics.on_late, hold=hold,
+                           update_rate=update_rate,
+                           coalesce_when_late=coalesce_when_late, time_scale=time_scale)
+
+    def _on_step(self, result) -> None:
+        """A retired step: metrics, then the cache's events of the step as one batch."""
+        self.metrics.on_step(result)
+        core = self.core
+        self.kv_events.publish(core.name, core.prefix_cache.take_events(), core.block_size)
+
+    def check_queue(self) -> None:
+        """Called wherever the queue or its bound may have moved (admissions, steps,
+        cancels, capacity changes); announces a changed state to every Session."""
+        state = queue_state(self.core, self.pacer, self.queue_state[4])
+        if state != self.queue_state:
+            self.queue_state = state
+            self.queue_version += 1
+            if self.on_queue_change is not None:
+                self.on_queue_change()
+        if self._idle is not None and not self.pacer.open_streams():
+            self._idle.set()
+
+    # ---- lifecycle (engine.fleet.Fleet) --------------------------------------------------
+    def start(self) -> None:
+        self.pacer.start()
+
+    def open_streams(self) -> int:
+        return self.pacer.open_streams()
+
+    async def drained(self) -> None:
+        """Resolves once no request is left (the fleet admits nothing more to it)."""
+        while self.pacer.open_streams():
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+
+    async def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            await self.pacer.stop()
+            if self.on_stopped is not None:
+                self.on_stopped()

@@ -1,0 +1,261 @@
+"""The control RPCs: capacity, replicas, replica faults, the models served and their LoRA
+adapters.
+
+Knows the request and response messages of those calls, the control token they require
+(`authorization: Bearer <token>` when one is set) and how each acts on the fleet
+(engine.fleet), the replica faults (engine.service.replica_faults) and the replicas'
+cores. Does not know admission, Sessions or metrics RPCs (engine.service.rpc).
+
+`ControlRpcs` is mixed into the servicer (engine.service.rpc.EngineService), which
+provides `fleet`, `metrics` and `accepting`; the mixin keeps the state of its own calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+import grpc
+
+from inference_lab.common.auth import bearer_ok
+from inference_lab.common.fault_names import MAX_FAULT_SECONDS, MAX_SLOW_FACTOR
+from inference_lab.engine.fleet.replicas import ReplicaNotFound
+from inference_lab.engine.fleet.runtime import ModelRuntime
+from inference_lab.engine.service.lora_modules import read_rank
+from inference_lab.engine.service.messages import queue_state_pb
+from inference_lab.engine.service.refusals import (REFUSED, ShuttingDown, Unauthenticated,
+                                                   UnknownModel, abort)
+from inference_lab.engine.service.replica_faults import ReplicaFaults
+from inference_lab.engine.sim.capacity import require_change
+from inference_lab.engine.sim.core import EngineCore
+from inference_lab.engine.sim.kv import total_blocks
+from inference_lab.engine.sim.lora import LoraError
+from inference_lab.v1 import engine_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class ControlRpcs:
+    """GetCapacity, SetCapacity, SetReplicas, InjectFault, GetFaultState, ListModels,
+    LoadLoraAdapter and UnloadLoraAdapter over the servicer's fleet."""
+
+    def __init__(self, control_token: str | None = None) -> None:
+        # LoRA name -> (base model, path, rank); every replica of the base loads it
+        self.adapters: dict[str, tuple[str, str, int]] = {}
+        self.on_capacity_change: Callable[[], None] | None = None  # after every SetCapacity
+        self.replica_faults: ReplicaFaults | None = None  # set by the server once started
+        # The control calls require metadata `authorization: Bearer <token>` when set.
+        self._control_token = control_token.encode() if control_token else None
+
+    # ---- capacity and models ------------------------------------------------------------
+    def _capacity(self, replicas) -> list[pb.ModelCapacity]:
+        now = self.fleet.now()
+        rows = []
+        for r in replicas:
+            core = r.runtime.core
+            rows.append(pb.ModelCapacity(
+                model=core.name, max_waiting=core.max_waiting, max_num_seqs=core.max_num_seqs,
+                waiting=core.num_waiting, running=core.num_running, replica=r.index,
+                starting=r.ready_in(now) > 0, draining=r.draining, ready_in_s=r.ready_in(now)))
+        return rows
+
+    def _select(self, model: str, replica: int | None) -> list:
+        """The replicas a capacity call acts on (UnknownModel, ReplicaNotFound for none)."""
+        if model and model not in self.fleet.deployments:
+            raise UnknownModel(model, self.fleet.deployments)
+        return self.fleet.select(model, replica)
+
+    async def GetCapacity(self, request: pb.GetCapacityRequest, context):
+        replica = request.replica if request.HasField("replica") else None
+        try:
+            return pb.CapacityResponse(models=self._capacity(self._select(request.model, replica)))
+        except REFUSED as exc:
+            await abort(context, exc)
+
+    def _check_control(self, context, call: str = "SetCapacity") -> None:
+        """Constant-time check of `authorization: Bearer <control token>`, when one is set."""
+        if self._control_token is None:
+            return
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and bearer_ok(value, self._control_token):
+                return
+        raise Unauthenticated(f"{call} needs metadata `authorization: Bearer <control token>`")
+
+    async def SetCapacity(self, request: pb.SetCapacityRequest, context):
+        try:
+            return self._set_capacity(request, context)
+        except REFUSED as exc:
+            await abort(context, exc)
+
+    def _set_capacity(self, request: pb.SetCapacityRequest, context) -> pb.SetCapacityResponse:
+        self._check_control(context)
+        seqs = request.max_num_seqs if request.HasField("max_num_seqs") else None
+        waiting = request.max_waiting if request.HasField("max_waiting") else None
+        require_change(seqs, waiting)  # before the model: a request with nothing is invalid
+        model = request.model if request.HasField("model") else ""
+        replica = request.replica if request.HasField("replica") else None
+        replicas = self._select(model, replica)
+        runtimes = [r.runtime for r in replicas]
+        for rt in runtimes:  # validate everything before changing anything
+            rt.core.check_capacity(seqs, waiting)
+        for rt in runtimes:
+            rt.core.set_capacity(seqs, waiting)
+            rt.pacer.poke()
+            rt.check_queue()
+            log.info("capacity of %s replica %d: max_num_seqs=%d max_waiting=%d",
+                     rt.core.name, rt.replica, rt.core.max_num_seqs, rt.core.max_waiting)
+        if self.on_capacity_change is not None:
+            self.on_capacity_change()
+        if self.metrics is not None:
+            self.metrics.touch()  # the capacity gauges moved
+        return pb.SetCapacityResponse(models=self._capacity(replicas),
+                                      queue_states=[queue_state_pb(rt) for rt in runtimes])
+
+    async def SetReplicas(self, request: pb.SetReplicasRequest, context):
+        try:
+            self._check_control(context, "SetReplicas")
+            if not self.accepting:
+                raise ShuttingDown()
+            if request.model and request.model not in self.fleet.deployments:
+                raise UnknownModel(request.model, self.fleet.deployments)
+        except REFUSED as exc:
+            await abort(context, exc)
+        try:
+            self.fleet.check_count(request.replicas)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.CapacityResponse(models=self._capacity(self.fleet.scale(request.model,
+                                                                          request.replicas)))
+
+    # ---- replica-level faults (engine.service.replica_faults) ----------------------------
+    def _fault_state(self, replica: int | None = None) -> pb.EngineFaultState:
+        st = self.replica_faults.status(replica)
+        return pb.EngineFaultState(stalled_for_s=st.stalled_for_s, slow_factor=st.slow_factor,
+                                   slow_for_s=st.slow_for_s, replica=replica)
+
+    async def _fault_target(self, request, context) -> int | None:
+        """The replica a fault call names (None: the whole engine); NOT_FOUND when no
+        model has it."""
+        if self.replica_faults is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the engine is not started")
+        if not request.HasField("replica"):
+            return None
+        try:
+            self.fleet.select("", request.replica)
+        except ReplicaNotFound as exc:
+            await abort(context, exc)
+        return request.replica
+
+    async def InjectFault(self, request: pb.InjectFaultRequest, context):
+        try:
+            self._check_control(context, "InjectFault")
+        except Unauthenticated as exc:
+            await abort(context, exc)
+        replica = await self._fault_target(request, context)
+        faults, kind, seconds = self.replica_faults, request.kind, request.seconds
+        if not math.isfinite(seconds) or not 0 <= seconds <= MAX_FAULT_SECONDS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"seconds must be in [0, {MAX_FAULT_SECONDS:g}], got {seconds!r}")
+        if kind == pb.ENGINE_FAULT_CRASH:
+            await faults.crash(replica)
+        elif kind == pb.ENGINE_FAULT_STALL:
+            if seconds <= 0:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    "a stall needs seconds > 0")
+            faults.stall(seconds, replica)
+        elif kind == pb.ENGINE_FAULT_SLOW:
+            factor = request.factor
+            if not (math.isfinite(factor) and 0 < factor <= MAX_SLOW_FACTOR):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"a slowdown needs factor in (0, {MAX_SLOW_FACTOR:g}], "
+                                    f"got {factor!r}")
+            faults.slow(factor, seconds, replica)
+        elif kind == pb.ENGINE_FAULT_CLEAR:
+            faults.clear(replica)
+        else:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "kind must be ENGINE_FAULT_CRASH, _STALL, _SLOW or _CLEAR")
+        return self._fault_state(replica)
+
+    async def GetFaultState(self, request: pb.GetFaultStateRequest, context):
+        return self._fault_state(await self._fault_target(request, context))
+
+    def _max_request_tokens(self, deployment) -> int:
+        """The largest request the model takes: every replica of a model has the same rules,
+        so any replica's core answers (a model with none left: a core built to ask)."""
+        replicas = self.fleet.replicas.get(deployment.name)
+        core = next(iter(replicas.values())).runtime.core if replicas else EngineCore(deployment)
+        return core.max_request_tokens
+
+    async def ListModels(self, request, context):
+        def info(d, name: str, parent: str = "", rank: int = 0) -> pb.ModelInfo:
+            return pb.ModelInfo(name=name, hardware=d.hardware.name, tp=d.tp,
+                                max_model_len=d.scheduler.max_model_len or d.model.max_seq_len,
+                                kv_blocks=total_blocks(d), block_size=d.scheduler.block_size,
+                                parent=parent, lora_rank=rank,
+                                max_request_tokens=self._max_request_tokens(d))
+
+        deployments = self.fleet.deployments
+        models = [info(d, d.name) for d in deployments.values()]
+        models += [info(deployments[base], name, base, rank)
+                   for name, (base, _, rank) in self.adapters.items()]
+        return pb.ListModelsResponse(models=models)
+
+    # ---- LoRA adapters -------------------------------------------------------------------
+    def load_adapter(self, name: str, path: str, base: str, rank: int) -> str:
+        """Register an adapter on every replica of its base (LoraError / KeyError for the
+        caller to map); replicas added later load it too (`adapt`)."""
+        deployments = self.fleet.deployments
+        base = base or (next(iter(deployments)) if len(deployments) == 1 else "")
+        if base not in deployments:
+            raise KeyError(base)
+        replicas = self.fleet.select(base, None)
+        if any(r.runtime.core.loras is None for r in replicas):
+            raise LoraError(f"LoRA is not enabled for {base} (start the engine with "
+                            "--enable-lora or --lora-modules)")
+        if name in deployments or name in self.adapters:
+            raise LoraError(f"The lora adapter '{name}' has already been loaded.")
+        self.adapters[name] = (base, path, rank)
+        for r in replicas:
+            self.adapt(r.runtime)
+        log.info("LoRA adapter %s (rank %d, %s) loaded for %s", name, rank, path, base)
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    def adapt(self, rt: ModelRuntime) -> None:
+        """Give a replica every adapter of its model it lacks."""
+        for name, (base, path, rank) in self.adapters.items():
+            if base == rt.core.name and name not in rt.adapters and rt.core.loras is not None:
+                rt.adapters[name] = rt.core.loras.load(name, path, rank)
+
+    async def LoadLoraAdapter(self, request: pb.LoadLoraAdapterRequest, context):
+        try:
+            self._check_control(context, "LoadLoraAdapter")
+        except Unauthenticated as exc:
+            await abort(context, exc)
+        try:
+            rank = read_rank(request.lora_path)
+            message = self.load_adapter(request.lora_name, request.lora_path,
+                                        request.base_model_name, rank)
+        except KeyError:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(
+                UnknownModel(request.base_model_name, self.fleet.deployments)))
+        except LoraError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.LoraAdapterResponse(message=message)
+
+    async def UnloadLoraAdapter(self, request: pb.UnloadLoraAdapterRequest, context):
+        try:
+            self._check_control(context, "UnloadLoraAdapter")
+        except Unauthenticated as exc:
+            await abort(context, exc)
+        entry = self.adapters.pop(request.lora_name, None)
+        if entry is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"The lora adapter '{request.lora_name}' cannot be found.")
+        for r in self.fleet.select(entry[0], None):
+            if r.runtime.adapters.pop(request.lora_name, None) is not None:
+                r.runtime.core.loras.unload(request.lora_name)
+        log.info("LoRA adapter %s unloaded", request.lora_name)
+        return pb.LoraAdapterResponse(
+            message=f"Success: LoRA adapter '{request.lora_name}' removed successfully.")
