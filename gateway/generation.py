@@ -34,7 +34,7 @@ from inference_lab.gateway.protocols import Dialect
 from inference_lab.gateway.protocols.base import Batch, Generation, random_id
 from inference_lab.gateway.protocols.batch import batch_refusal, generate_batch
 from inference_lab.gateway.protocols.generate import generate
-from inference_lab.gateway.protocols.openai import Completion
+from inference_lab.gateway.protocols.openai.render import Completion
 from inference_lab.gateway.state import GatewayState
 
 

@@ -18,10 +18,10 @@ from inference_lab.gateway.errors import (
 )
 from inference_lab.common.tokenizer import ByteTokenizer
 from inference_lab.gateway.protocols.base import Outcome, random_id
-from inference_lab.gateway.protocols.openai import (
-    COMPLETIONS,
+from inference_lab.gateway.protocols.openai import COMPLETIONS
+from inference_lab.gateway.protocols.openai.render import Completion
+from inference_lab.gateway.protocols.openai.schemas import (
     ChatMessage,
-    Completion,
     ContentPart,
     chat_prompt,
     completion_prompt,
