@@ -39,7 +39,7 @@ from inference_lab.gateway.state import GatewayState
 
 
 def generation_handler(dialect: Dialect, state: GatewayState,
-                        faults: fault_control.FaultControl):
+                       faults: fault_control.FaultControl):
     """The route handler of one API dialect in the app of `state` and `faults`."""
     render = dialect.error_body
 
@@ -82,7 +82,7 @@ def generation_handler(dialect: Dialect, state: GatewayState,
 
 
 # The 529 as aiohttp writes `saturated_response` on a kept-alive HTTP/1.1 connection (its
-# reason phrase for 529, headers in its order, then `_echo_request_id`'s), for the edge.
+# reason phrase for 529, headers in its order, then `echo_request_id`'s), for the edge.
 _REFUSAL_HEAD = (b"HTTP/1.1 529 " + web.Response(status=529).reason.encode()
                  + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\nDate: %s"
                  b"\r\nServer: " + SERVER_SOFTWARE.encode() + b"\r\nx-request-id: %s\r\n\r\n")
@@ -90,7 +90,7 @@ _FAULT_HEADER = FAULT_HEADER.lower().encode()
 
 
 def fast_refusal(path: str, dialect: Dialect, state: GatewayState,
-                  faults: fault_control.FaultControl):
+                 faults: fault_control.FaultControl):
     """The generation route `path`'s 529 as its handler answers it (the same bytes and
     counts), for the edge to write without aiohttp's request machinery (gateway.edge
     FAST_POSTS): from the request's headers and body, parsed by the route's dialect as the
