@@ -10,10 +10,11 @@ source of truth for queue depth and capacity. Modules:
   Anthropic Messages: request schemas, token counting, pre-encoded SSE templates) and the
   one engine path they share (`protocols.generate`).
 - `app`: the aiohttp application factory, routes, metrics and lifecycles.
-- `server`: `run_gateway`, running the app until cancelled.
+- `server`: `start_gateway`, serving one app; `fleet`: one app per engine replica;
+  `run`: `run_gateway`, running them until cancelled.
 """
 
 from inference_lab.gateway.app import create_app
-from inference_lab.gateway.server import run_gateway
+from inference_lab.gateway.run import run_gateway
 
 __all__ = ["create_app", "run_gateway"]

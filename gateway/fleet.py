@@ -27,10 +27,12 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
-from inference_lab.gateway.app import STATE, create_app, _read_body
+from inference_lab.gateway.app import STATE, create_app
 from inference_lab.gateway.engine_client import EngineClient
 from inference_lab.gateway.errors import GatewayError
+from inference_lab.gateway.middleware import read_json_body
 from inference_lab.gateway.protocols.base import decode, json_encode
+from inference_lab.gateway.server import start_gateway
 from inference_lab.v1 import engine_pb2 as pb
 
 log = logging.getLogger("inference_lab.gateway.fleet")
@@ -54,9 +56,6 @@ class FleetGateway:
     def __init__(self, engine_target: str, host: str = "127.0.0.1", port: int = 8080,
                  header_timeout: float | None = None, backlog: int | None = None,
                  **app_kwargs: Any) -> None:
-        from inference_lab.gateway.server import start_gateway  # (server imports this module)
-
-        self._start_gateway = start_gateway
         self.engine_target = engine_target
         self.host = host
         self.base_port = port
@@ -122,7 +121,7 @@ class FleetGateway:
             app.router.add_post("/control/replicas", set_replicas)
             app.router.add_get("/fleet/targets", targets)
         port = self.base_port + index if self.base_port else 0
-        runner, bound = await self._start_gateway(app, self.host, port, **self.runner_kwargs)
+        runner, bound = await start_gateway(app, self.host, port, **self.runner_kwargs)
         self.listeners[index] = (runner, bound)
         if index:
             log.info("replica %d listening on http://%s:%d", index, self.host, bound)
@@ -183,7 +182,7 @@ async def set_replicas(request: web.Request) -> web.Response:
     """POST {"model"?, "replicas": N}: add or drain replicas live; answers every replica
     of the model(s) with its port (new ports are already open)."""
     fleet = request.app[FLEET]
-    body = await _read_body(request, request.app[STATE].max_body_bytes)
+    body = await read_json_body(request, request.app[STATE].max_body_bytes)
     update = decode(_replicas_decoder, body, "replicas update",
                     'expected {"model"?: string, "replicas": integer >= 0}')
     rows = await fleet.client.set_replicas(update.model, update.replicas)

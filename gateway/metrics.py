@@ -8,8 +8,9 @@ server exports them). The counts are plain numbers; their text
 is rendered by prometheus-client once per set of label values (a new route or status
 renders it again), and a scrape only fills in the numbers (common.exposition). The
 process's series are one text for every port of the process, rendered again when it is
-older than PROCESS_MAX_AGE_S (listing /proc/self/fd and formatting them was ~30 % of a
-replica scrape's gateway CPU; eight ports scraped every 50 ms share one render).
+older than PROCESS_MAX_AGE_S (listing /proc/self/fd and formatting them is a large share
+of what a replica scrape costs the gateway; the ports of a fleet, each scraped often,
+share one render).
 
 Does not know: the engine's series (the app puts them in front), routes or HTTP.
 """

@@ -24,6 +24,11 @@ as they do for GetMetrics). Answers None when it cannot answer (no feed within t
 deadline, an engine without WatchMetrics, a replica the engine never pushed): the caller
 asks GetMetrics then.
 
+`EngineMetrics` is how the engine client reads the engine's expositions: GetMetrics and
+WatchMetrics over a channel of their own (a scrape on the Session's channel would wait
+behind the token batches the gateway has not read yet), the feed's copy first for a
+replica's, GetMetrics when the copy cannot answer.
+
 Does not know: HTTP, what a series means, the Session (the caller passes the version).
 """
 
@@ -36,9 +41,20 @@ from typing import Any, Callable
 
 import grpc
 
+from inference_lab.gateway.channel import CHANNEL_OPTIONS
+from inference_lab.gateway.errors import ErrorKind, from_grpc_error
+from inference_lab.v1 import engine_pb2 as pb
+from inference_lab.v1 import engine_pb2_grpc as pb_grpc
+
 log = logging.getLogger("inference_lab.gateway.metrics_feed")
 
 IDLE_S = 10.0  # no scrape for this long: the feed stops (the next scrape starts it again)
+# The scrape channel: the Session channel's options, but with a window that takes a whole
+# push of every replica's series at once (a message larger than the window waits for
+# window updates, a round trip each between two busy processes).
+SCRAPE_CHANNEL_OPTIONS = tuple(o for o in CHANNEL_OPTIONS
+                               if o[0] not in ("grpc.http2.bdp_probe", "grpc.http2.lookahead_bytes")
+                               ) + (("grpc.http2.lookahead_bytes", 16 * 1024 * 1024),)
 
 
 class MetricsFeed:
@@ -174,3 +190,64 @@ class MetricsFeed:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+
+class EngineMetrics:
+    """The engine's expositions as this gateway reads them, over the scrape channel.
+    `finished_seq(replica)`: the engine's metrics version once the last request this
+    gateway saw finish on the replica was counted (0: none)."""
+
+    def __init__(self, target: str, timeout: float,
+                 finished_seq: Callable[[int], int]) -> None:
+        self.target = target
+        self._timeout = timeout
+        self._finished_seq = finished_seq
+        self._channel: grpc.aio.Channel | None = None  # GetMetrics, WatchMetrics
+        self.feed = MetricsFeed(self._watch, timeout)
+
+    def _stub(self) -> pb_grpc.EngineStub:
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self.target, options=SCRAPE_CHANNEL_OPTIONS)
+        return pb_grpc.EngineStub(self._channel)
+
+    def _watch(self):
+        return self._stub().WatchMetrics(pb.WatchMetricsRequest(), wait_for_ready=False)
+
+    async def text(self, models: list[str] | None = None,
+                   engines: list[int] | None = None) -> bytes:
+        """GetMetrics of `models` on the engines (replicas) `engines` (None: all); empty
+        when no model has those replicas."""
+        request = pb.GetMetricsRequest(models=models or (), engines=engines or ())
+        stub = self._stub()
+        try:
+            resp = await stub.GetMetrics(request, timeout=self._timeout, wait_for_ready=False)
+        except grpc.aio.AioRpcError as exc:
+            err = from_grpc_error(exc)
+            if err.kind is ErrorKind.MODEL_NOT_FOUND:  # NOT_FOUND: no such replica (any more)
+                return b""
+            if err.kind is ErrorKind.ENGINE_UNAVAILABLE:  # the next scrape connects afresh
+                channel, self._channel = self._channel, None
+                self.feed.stop()
+                if channel is not None:
+                    await channel.close(grace=None)
+            raise err from None
+        return resp.text
+
+    async def replica(self, replica: int) -> bytes:
+        """Replica `replica`'s exposition from the feed's copy, else from GetMetrics."""
+        text = await self.feed.text(replica, self._finished_seq(replica))
+        if text is None:
+            return await self.text(engines=[replica])
+        return text
+
+    def replica_now(self, replica: int) -> bytes | None:
+        """`replica` when its copy is here already (no wait, no call); else None."""
+        return self.feed.ready(replica, self._finished_seq(replica))
+
+    def copy_waits(self, replica: int) -> int:
+        return self.feed.waits.get(replica, 0)
+
+    async def close(self) -> None:
+        await self.feed.close()
+        if self._channel is not None:
+            await self._channel.close(grace=None)
+            self._channel = None

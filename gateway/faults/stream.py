@@ -26,7 +26,7 @@ from inference_lab.gateway.engine_client import ClientGone, RequestStream
 from inference_lab.gateway.faults.directive import FaultMode, FaultSpec
 from inference_lab.gateway.protocols.base import DONE_FRAME, PLACEHOLDER_TOKEN, json_encode
 from inference_lab.gateway.protocols.generate import SSE_HEADERS, Pump, finish_error
-from inference_lab.gateway.protocols.openai import Completion
+from inference_lab.gateway.protocols.openai.render import Completion
 
 log = logging.getLogger("inference_lab.gateway.faults")
 

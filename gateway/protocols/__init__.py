@@ -3,7 +3,7 @@
 - `base`: the contract (`Dialect` parses a body into a `Generation` with its `Reply`,
   which renders the response bytes), the lab's tokenizer, SSE framing.
 - `openai`: chat completions (a forced tool call: `ChatToolCall`) and completions (`n`
-  choices, `echo`).
+  choices, `echo`): its request `schemas` apart from its response `render`ing.
 - `anthropic`: the Anthropic Messages API, with Anthropic's error envelope.
 - `responses`: the OpenAI Responses API (text or a forced function call, typed stream events).
 - `stored_responses`: GET / DELETE `/v1/responses/{id}` of the Responses API's store.

@@ -23,7 +23,7 @@ from aiohttp import web
 from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.protocols.base import decode, json_encode
-from inference_lab.gateway.protocols.openai import ChatMessage, chat_prompt, completion_prompt
+from inference_lab.gateway.protocols.openai.schemas import ChatMessage, chat_prompt, completion_prompt
 
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)]
 

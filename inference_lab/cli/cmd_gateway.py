@@ -1,6 +1,6 @@
 """`inference-lab gateway`: the OpenAI-compatible HTTP gateway alone, in front of an engine.
 
-Knows: the subcommand's flags and how to run `gateway.server.run_gateway` (on asyncio's
+Knows: the subcommand's flags and how to run `gateway.run.run_gateway` (on asyncio's
 loop, or uvloop with `--event-loop uvloop`) until Ctrl-C or SIGTERM.
 
 Does not know: anything about HTTP routes or the engine protocol (package `gateway`).
@@ -208,7 +208,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from inference_lab.gateway.server import run_gateway
+    from inference_lab.gateway.run import run_gateway
     from inference_lab.cli import UsageError
 
     for flag in LENGTH_FLAGS:

@@ -153,7 +153,7 @@ async def serve(args: argparse.Namespace, gateway_kwargs: dict) -> None:
 
 
 async def _serve(args: argparse.Namespace, gateway_kwargs: dict, state_dir: str) -> None:
-    from inference_lab.gateway.server import run_gateway
+    from inference_lab.gateway.run import run_gateway
 
     engine = EngineProcess(args, args.engine_port or free_port(), state_dir)
     await engine.start()

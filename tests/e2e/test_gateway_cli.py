@@ -12,7 +12,8 @@ from inference_lab.cli import build_parser
 from inference_lab.common.ports import free_port
 from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.gateway import create_app
-from inference_lab.gateway.server import RUNNER_KWARGS, run_gateway, start_gateway
+from inference_lab.gateway.run import run_gateway
+from inference_lab.gateway.server import RUNNER_KWARGS, start_gateway
 from inference_lab.testing.fake_engine import FAKE_MODEL
 from inference_lab.testing.launch import command
 

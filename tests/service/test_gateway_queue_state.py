@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from hardening_helpers import exchange as raw_exchange
-from inference_lab.gateway import app as gateway_app
+from inference_lab.gateway import generation as gateway_app
 from inference_lab.gateway import create_app
 from inference_lab.gateway.app import STATE
 from inference_lab.gateway.server import start_gateway

@@ -18,10 +18,10 @@ from inference_lab.gateway.errors import (
 )
 from inference_lab.common.tokenizer import ByteTokenizer
 from inference_lab.gateway.protocols.base import Outcome, random_id
-from inference_lab.gateway.protocols.openai import (
-    COMPLETIONS,
+from inference_lab.gateway.protocols.openai import COMPLETIONS
+from inference_lab.gateway.protocols.openai.render import Completion
+from inference_lab.gateway.protocols.openai.schemas import (
     ChatMessage,
-    Completion,
     ContentPart,
     chat_prompt,
     completion_prompt,
@@ -267,7 +267,7 @@ def test_the_process_series_are_one_render_shared_by_every_port_until_it_is_too_
 async def test_a_batchs_relay_writes_a_chunk_per_loop_iteration_so_other_work_goes_between():
     import asyncio
 
-    from inference_lab.gateway import engine_client
+    from inference_lab.gateway import streams as relay
 
     order: list = []
 
@@ -278,10 +278,10 @@ async def test_a_batchs_relay_writes_a_chunk_per_loop_iteration_so_other_work_go
         def _relay(self) -> None:
             order.append(self.i)
 
-    chunk = engine_client.RELAY_CHUNK
+    chunk = relay.RELAY_CHUNK
     streams = [Stream(i) for i in range(2 * chunk + 5)]
     loop = asyncio.get_running_loop()
-    loop.call_soon(engine_client._relay_all, streams)
+    loop.call_soon(relay.relay_all, streams)
     loop.call_soon(order.append, "other")  # e.g. a scrape's handler, ready meanwhile
     await asyncio.sleep(0)
     await asyncio.sleep(0)
@@ -305,7 +305,8 @@ async def test_the_lane_acknowledges_only_once_every_overlapping_relay_is_writte
     window moves only after the last write of both, not when the first relay ends."""
     import asyncio
 
-    from inference_lab.gateway import engine_client
+    from inference_lab.gateway.streams import RELAY_CHUNK
+    from inference_lab.gateway.transport.lane import LaneSession
     from inference_lab.v1 import engine_pb2 as pb
 
     written: list[int] = []
@@ -336,8 +337,8 @@ async def test_the_lane_acknowledges_only_once_every_overlapping_relay_is_writte
             written.append(self.tag)
 
     link = Link()
-    session = engine_client._LaneSession(link, lambda s: None)
-    n = engine_client.RELAY_CHUNK + 4
+    session = LaneSession(link, lambda s: None)
+    n = RELAY_CHUNK + 4
     for tag in range(2 * n):
         session.routes[tag] = Stream(tag)
     for first in (0, n):  # two batches read before the loop runs the first relay

@@ -82,3 +82,67 @@ async def test_a_session_reports_sequences_under_tag_plus_index_and_admits_once(
         await until(lambda: server.runtimes[0].core.num_running == 0)
         core = server.runtimes[0].core
         assert core.scheduler.free_blocks == core.total_blocks
+
+
+async def test_in_a_full_span_a_request_of_n_sequences_gets_the_engines_own_529_or_400():
+    # The gateway refuses on the engine's word only what the engine's figure for one
+    # sequence decides (max_request_tokens); a request of n > 1 sequences goes on to the
+    # engine even while the gateway holds a "full" span, and gets the engine's answers:
+    # its 529 (the queue is full) and its 400 (n sequences that cannot fit its KV cache,
+    # checked before its queue).
+    import asyncio
+
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from inference_lab.gateway import create_app
+    from inference_lab.gateway.engine_client import EngineClient, Probe
+
+    model = "gpt-oss-20b"
+    opened: list[int] = []
+
+    class Opens(Probe):
+        def on_open(self, tag: int) -> None:
+            opened.append(tag)
+
+    def completion(**fields) -> dict:
+        return {"model": model, "prompt": "x", **fields}  # a prompt of one token
+
+    async with running_engine(max_waiting=1, max_num_seqs=64) as server:
+        core = server.runtimes[0].core
+        client = EngineClient(f"127.0.0.1:{server.port}", probe=Opens())
+        waiting = None
+        try:
+            async with TestServer(create_app(f"127.0.0.1:{server.port}", engine=client)) as gw, \
+                    aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{gw.port}/v1/completions"
+                # 64 sequences hold every running place; the next request waits: full
+                running = await http.post(url, json=completion(n=64, max_tokens=20000,
+                                                               stream=True))
+                assert running.status == 200
+                await until(lambda: core.num_running == 64)
+                waiting = asyncio.ensure_future(http.post(url, json=completion(max_tokens=4)))
+                await until(lambda: core.num_waiting == 1)
+                await until(lambda: client._session is not None
+                            and model in client._session.saturated)
+                sent = len(opened)
+                two = await http.post(url, json=completion(n=2, max_tokens=4))
+                assert two.status == 529
+                error = (await two.json())["error"]
+                assert error["code"] == "queue_saturated"
+                assert error["message"].startswith("Server is at capacity: 1 requests waiting")
+                # 64 sequences of 1 + 131,000 tokens: 2,047 blocks of 64 tokens each (the
+                # prompt has no full block to share), more than the 101,502 of the cache
+                too_large = await http.post(url, json=completion(n=64, max_tokens=131_000))
+                assert too_large.status == 400
+                message = (await too_large.json())["error"]["message"]
+                assert "64 sequences of 131001 tokens need 131008 KV blocks" in message
+                assert len(opened) == sent + 2  # both were the engine's to answer
+                running.close()
+                waiting.cancel()
+                await until(lambda: core.num_running == 0 and core.num_waiting == 0)
+        finally:
+            if waiting is not None:
+                waiting.cancel()
+                await asyncio.gather(waiting, return_exceptions=True)
+            await client.close()

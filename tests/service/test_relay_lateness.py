@@ -16,7 +16,8 @@ import pytest
 from engine_helpers import engine_stub, running_engine, submit_request
 from inference_lab.testing.lane_client import RawLane
 from inference_lab.common.clock import CLOCK_METADATA, clock_id
-from inference_lab.gateway.engine_client import LAG_REPORT, EngineClient
+from inference_lab.gateway.engine_client import EngineClient
+from inference_lab.gateway.transport.session import LAG_REPORT
 from inference_lab.testing.fake_engine import FAKE_MODEL, FakeEngine
 from inference_lab.v1 import engine_pb2 as pb
 

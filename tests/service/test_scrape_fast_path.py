@@ -14,7 +14,7 @@ from engine_helpers import running_engine
 from hardening_helpers import exchange
 from metrics_helpers import sample
 from inference_lab.common.ports import free_port_run
-from inference_lab.gateway import app as gateway_app
+from inference_lab.gateway import control as gateway_app
 from inference_lab.gateway.fleet import FleetGateway
 from inference_lab.testing.poll import until
 

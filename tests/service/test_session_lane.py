@@ -1,4 +1,4 @@
-"""The Session over the engine's same-host lane (engine.service.lane, gateway.session_lane),
+"""The Session over the engine's same-host lane (engine.service.lane, gateway.transport.lane),
 with the real engine, real sockets and the real EngineClient: which transport the gateway
 chooses and why, what a broken lane does to requests in flight, and what a misbehaving
 lane client gets (closed, while the engine serves everyone else)."""

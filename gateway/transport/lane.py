@@ -1,4 +1,4 @@
-"""The gateway's end of the engine's Session lane: connect, say hello, then frames.
+"""The Session over the engine's same-host lane: connect, say hello, then frames.
 
 When the engine runs on this host (its `SessionLane` answer names our own clock_id), the
 gateway carries its Session over the lane's plain socket instead of the gRPC stream: the
@@ -9,20 +9,28 @@ dispatch synchronously: no grpc.aio poller thread, no task per batch.
 `connect_lane` opens the connection, sends the hello (the engine's token and our clock)
 and waits for the engine's hello, all within a short timeout; any failure (refused: the
 engine is in another network namespace; a wrong token: closed; silence) raises
-LaneUnavailable and the gateway keeps the gRPC Session.
+LaneUnavailable and the gateway keeps the gRPC Session. `LaneSession` is the Session over
+a link that passed the hello: the actions queued in one turn of the loop leave as one
+frame, and what it has read is acknowledged for the engine's flow-control window.
 
-Knows: the lane's framing and hello. Does not know Session semantics (engine_client).
+Knows: the lane's framing, hello and acknowledgements. Does not know what the actions
+mean (gateway.transport.session), gRPC, HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 from google.protobuf.message import DecodeError
 
+from inference_lab.gateway.backlog import Backlog
+from inference_lab.gateway.transport.session import HOLD_DUE, LAG_DUE, Probe, Session
 from inference_lab.lane.frames import FrameProtocol
 from inference_lab.v1 import engine_pb2 as pb
+
+log = logging.getLogger("inference_lab.gateway.engine_client")  # the engine client's one logger
 
 CONNECT_TIMEOUT_S = 0.5  # connect + hello + the engine's answer, or the gRPC Session
 
@@ -111,3 +119,75 @@ async def connect_lane(info: pb.SessionLaneInfo, clock: str) -> LaneLink:
         link.close()
         raise
     return link
+
+
+class LaneSession(Session):
+    """The Session over the engine's same-host lane (`connect_lane`): each batch is
+    dispatched from the socket's data_received, with no task or queue in between; the
+    actions queued in one turn of the loop leave as one frame. `task` only waits for the
+    end (cancelling it closes the Session, as the gRPC dispatcher's)."""
+
+    transport = "lane"
+
+    def __init__(self, link: LaneLink, on_broken: Callable[["Session"], None],
+                 probe: Probe | None = None, backlog: Backlog | None = None) -> None:
+        super().__init__(on_broken, probe, backlog)
+        self._link = link
+        self._pending: list[pb.SessionAction] = []
+        self._flush_due = False
+        self._ended: asyncio.Future[None] = self._loop.create_future()
+        self.task = self._loop.create_task(self._wait(), name="engine-session-lane")
+        link.start(self._on_frame, self.close)
+
+    def hold_moved(self, first: bool) -> None:
+        if first:  # a first request read: the engine must not decide past it meanwhile
+            self._flush()  # (with what is queued: the hold counts it as sent)
+        else:
+            self._post(HOLD_DUE)
+
+    def _post(self, item: pb.SessionAction | None) -> None:
+        if item is not LAG_DUE and item is not HOLD_DUE and item is not None:
+            self._pending.append(item)
+        if not self._flush_due and not self.broken:
+            self._flush_due = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        actions, self._pending = self._pending, []
+        if self.broken:
+            return
+        message = self._message(actions)
+        if message is not None:
+            self._link.write(message.SerializeToString())
+
+    def _on_frame(self, payload: bytes) -> None:
+        if self.broken:
+            return
+        try:
+            self._on_batch(pb.ProgressBatch.FromString(payload))
+        except Exception as exc:  # a bug or a bad frame must not leave requests hanging
+            log.exception("engine session dispatcher failed")
+            self.close(f"session dispatcher failed: {exc!r}")
+            return
+        # Acknowledged once this batch's writes are done (the relay's last chunk, else
+        # the callbacks it woke, which run first): the engine's window then paces it by
+        # what the gateway can write, as gRPC's did.
+        if not self._relaying and self._link.ack_due():
+            self._loop.call_soon(self._link.acknowledge_read)
+
+    def _relayed(self) -> None:
+        super()._relayed()
+        if not self._relaying and self._link.ack_due():
+            self._link.acknowledge_read()
+
+    def _stop(self) -> None:
+        self._link.close()
+        if not self._ended.done():
+            self._ended.set_result(None)
+
+    async def _wait(self) -> None:
+        try:
+            await self._ended
+        finally:
+            self.close("the gateway is shutting down")  # (cancelled; else already closed)

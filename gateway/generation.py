@@ -1,0 +1,162 @@
+"""The generation routes' handler, and its 529 as the edge writes it.
+
+Knows: the one handler of every generation route (one per API dialect of
+gateway.protocols.ROUTES): the body read and parsed by the route's dialect (a bad body is
+its 400 before any 529), the request's arrival stamp (gateway.edge), fault directives
+(gateway.faults: scripted replies, or a fault inside the real stream), the refusal on the
+engine's word answered without raising (`saturated_response`: the same 529, byte for byte),
+and the engine path of one prompt or several (gateway.protocols.generate, .batch). And
+`fast_refusal`: the same 529 from a read's headers and body, for the edge to write on a
+kept-alive connection without aiohttp's request objects (gateway.edge FAST_POSTS).
+
+Does not know: routes other than generation (gateway.control), the edge middleware
+(gateway.middleware), gRPC (gateway.engine_client).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Awaitable
+
+from aiohttp import web
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE
+
+from inference_lab.gateway.edge import arrival_stamp
+from inference_lab.gateway.engine_client import EngineClient
+from inference_lab.gateway.errors import ErrorKind, GatewayError, saturated_body, saturated_response
+from inference_lab.gateway.faults import HEADER as FAULT_HEADER
+from inference_lab.gateway.faults import DirectiveError, FaultSpec, directive_for
+from inference_lab.gateway.faults import control as fault_control
+from inference_lab.gateway.faults import stream as fault_stream
+from inference_lab.gateway.middleware import json_media, read_json_body
+from inference_lab.gateway.protocols import Dialect
+from inference_lab.gateway.protocols.base import Batch, Generation, random_id
+from inference_lab.gateway.protocols.batch import batch_refusal, generate_batch
+from inference_lab.gateway.protocols.generate import generate
+from inference_lab.gateway.protocols.openai.render import Completion
+from inference_lab.gateway.state import GatewayState
+
+
+def generation_handler(dialect: Dialect, state: GatewayState,
+                       faults: fault_control.FaultControl):
+    """The route handler of one API dialect in the app of `state` and `faults`."""
+    render = dialect.error_body
+
+    async def handler(request: web.Request, faulted: bool = False) -> web.StreamResponse:
+        if not faulted and faults.state.active:  # injected errors, retry hints (529s too)
+            return await fault_control.with_faults(request, faulted_handler, faults)
+        body = await read_json_body(request, state.max_body_bytes)
+        arrived = arrival_stamp(request)  # the request is read: the engine books it here
+        gen = dialect.parse(body, state.tokenizer)  # a bad body gets its 400 before a 529
+        fault = _fault_for(request, state, gen)
+        pump = None
+        client = state.client
+        if fault is not None:
+            if fault.after_tokens is None:  # scripted: the engine is not asked
+                client.backlog.clear(request.protocol)
+                await client.resolve_model(gen.model)
+                return await fault_stream.serve_scripted(request, gen.reply, fault,
+                                                         gen.prompt_tokens)
+            pump = fault_stream.pump_until_fault(fault)  # fires inside the real stream
+        elif not faulted:
+            # The check `generate` would make in EngineClient.open, answered without raising
+            # the 529 through the handler and the edge (the same response, byte for byte;
+            # with faults set it is raised as before, for the hints to go on it). It
+            # refuses only a model in the client's cache: `generate`'s resolve_model (a 404
+            # first for an unknown one) would have passed without waiting.
+            refused = _refusal(client, gen, state.replica, arrived)
+            if refused is not None:
+                return saturated_response(refused, request, render)
+        if isinstance(gen, Batch):  # several prompts: one engine request each
+            return await generate_batch(request, gen, client, state.inflight,
+                                        replica=state.replica, arrived=arrived)
+        return await generate(request, gen, client, state.inflight, pump,
+                              replica=state.replica, arrived=arrived)
+
+    def faulted_handler(request: web.Request) -> Awaitable[web.StreamResponse]:
+        return handler(request, True)
+
+    handler.__name__ = dialect.name.replace(".", "_")
+    return handler
+
+
+# The 529 as aiohttp writes `saturated_response` on a kept-alive HTTP/1.1 connection (its
+# reason phrase for 529, headers in its order, then `echo_request_id`'s), for the edge.
+_REFUSAL_HEAD = (b"HTTP/1.1 529 " + web.Response(status=529).reason.encode()
+                 + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\nDate: %s"
+                 b"\r\nServer: " + SERVER_SOFTWARE.encode() + b"\r\nx-request-id: %s\r\n\r\n")
+_FAULT_HEADER = FAULT_HEADER.lower().encode()
+
+
+def fast_refusal(path: str, dialect: Dialect, state: GatewayState,
+                 faults: fault_control.FaultControl):
+    """The generation route `path`'s 529 as its handler answers it (the same bytes and
+    counts), for the edge to write without aiohttp's request machinery (gateway.edge
+    FAST_POSTS): from the request's headers and body, parsed by the route's dialect as the
+    handler parses them. None (aiohttp's handler then answers, from the same bytes)
+    unless the engine's client refuses the request: a bad body (its 400), one that is not
+    refused, and whatever the handler would treat otherwise (an API key to check, faults,
+    a fault header, a Content-Type or size it refuses) are the handler's."""
+    render = dialect.error_body
+    parse = dialect.parse
+
+    def where() -> str:
+        return f"POST {path}"
+
+    def answer(headers: dict[bytes, bytes], body: bytes, stamp: float | None) -> tuple | None:
+        started = time.perf_counter()
+        client = state.engine
+        if (client is None or not client.may_refuse(stamp) or state.api_key is not None
+                or faults.state.active or state.static_faults or _FAULT_HEADER in headers
+                or len(body) > state.max_body_bytes):
+            return None
+        media = headers.get(b"content-type")
+        if media is not None and not json_media(media.decode("ascii")):
+            return None
+        try:
+            gen = parse(body, state.tokenizer)
+        except Exception:  # (a 400, or worse: the handler's to answer)
+            return None
+        message = _refusal(client, gen, state.replica, stamp)
+        if message is None:
+            return None
+        out = saturated_body(message, render, where)
+        head = _REFUSAL_HEAD % (len(out), rfc822_formatted_time().encode(),
+                                headers.get(b"x-request-id") or random_id().encode())
+        state.metrics.observe(path, 529, time.perf_counter() - started)
+        return head, out
+
+    return answer
+
+
+def _refusal(client: EngineClient, gen: Generation | Batch, replica: int | None,
+             arrived: float | None) -> str | None:
+    """The engine's saturation message when `open` would refuse the request (every prompt
+    of a batch), which arrived at `arrived`, at once, else None."""
+    if isinstance(gen, Batch):
+        return batch_refusal(client, gen, replica, arrived)
+    return client.refusal(gen.model, gen.prompt_tokens, gen.max_tokens, gen.n, replica, arrived)
+
+
+def _fault_for(request: web.Request, state: GatewayState,
+               gen: Generation | Batch) -> FaultSpec | None:
+    """The fault directive (header or the model's static mode) a request gets; faults speak
+    OpenAI chat and completions text streams, one prompt and one choice (a forced tool
+    call gets none)."""
+    header = request.headers.get(FAULT_HEADER)
+    if header is None and not state.static_faults:
+        return None  # (the common case, decided without building the reply)
+    if not isinstance(gen.reply, Completion) or gen.n != 1:
+        if header is not None:
+            raise GatewayError(ErrorKind.INVALID_FAULT_DIRECTIVE,
+                               f"Invalid fault directive: {FAULT_HEADER} applies to text "
+                               "replies of /v1/chat/completions and /v1/completions with one "
+                               "prompt and n = 1 only (not to a forced tool call)")
+        return None
+    try:
+        return directive_for(header, gen.stream, gen.model, state.enable_directives,
+                             state.static_faults)
+    except DirectiveError as exc:
+        raise GatewayError(ErrorKind.INVALID_FAULT_DIRECTIVE,
+                           f"Invalid fault directive: {exc}") from None

@@ -1,0 +1,155 @@
+"""What every request of a gateway app passes: the edge middleware, and the JSON body.
+
+Knows: the API key (a Bearer token or `x-api-key`, on /v1/*) and the control token (on
+/control/*), errors in the envelope of the route's dialect (gateway.protocols.ROUTES),
+metrics by route and status, a client who left (499 in the metrics), `x-request-id` on
+every response (the client's own when it sent one), and what a JSON body must be to be
+read (its Content-Type, the size limit).
+
+Does not know: what the handlers do, the error table itself (gateway.errors), gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiohttp import web
+
+from inference_lab.common.auth import bearer_ok
+from inference_lab.gateway import cors
+from inference_lab.gateway.edge import read_body
+from inference_lab.gateway.engine_client import ClientGone
+from inference_lab.gateway.errors import ErrorKind, GatewayError, error_response, from_http_exception
+from inference_lab.gateway.errors import envelope as openai_envelope
+from inference_lab.gateway.protocols import ROUTES
+from inference_lab.gateway.protocols.base import random_id
+from inference_lab.gateway.state import STATE
+
+log = logging.getLogger("inference_lab.gateway.app")  # the app's lines
+
+CLIENT_CLOSED_STATUS = 499  # recorded in metrics when the client left before the response
+
+
+def _route_label(request: web.BaseRequest) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+def _under(request: web.BaseRequest, prefix: str) -> bool:
+    """The path, or the route it matched, is under `prefix`."""
+    return request.path.startswith(prefix) or _route_label(request).startswith(prefix)
+
+
+def _api_key_ok(request: web.BaseRequest, api_key: str) -> bool:
+    """`Authorization: Bearer KEY` (OpenAI's clients) or `x-api-key: KEY` (Anthropic's)."""
+    x_api_key = request.headers.get("x-api-key")
+    if x_api_key is not None and bearer_ok("Bearer " + x_api_key, api_key):
+        return True
+    return bearer_ok(request.headers.get("Authorization"), api_key)
+
+
+def _envelope_for(request: web.BaseRequest):
+    """The error body renderer of the route's API dialect (OpenAI's by default)."""
+    dialect = ROUTES.get(_route_label(request))
+    if dialect is None and request.path.startswith("/v1/messages"):
+        dialect = ROUTES["/v1/messages"]  # e.g. an unknown sub-route: Anthropic's clients
+    return dialect.error_body if dialect is not None else openai_envelope
+
+
+def _error_response(err: GatewayError, request: web.BaseRequest) -> web.Response:
+    """`err` in the envelope of the request's route (looked up only when there is one)."""
+    return error_response(err, request, _envelope_for(request))
+
+
+@web.middleware
+async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
+    state = request.app[STATE]
+    started = time.perf_counter()
+    status = 500
+    try:
+        if state.api_key is not None and _under(request, "/v1/") and not cors.is_preflight(request):
+            if not _api_key_ok(request, state.api_key):
+                raise GatewayError(ErrorKind.UNAUTHORIZED, "Invalid or missing API key.")
+        elif state.control_token is not None and _under(request, "/control/"):
+            if not bearer_ok(request.headers.get("Authorization"), state.control_token):
+                raise GatewayError(ErrorKind.CONTROL_UNAUTHORIZED,
+                                   "Invalid or missing control token.")
+        try:
+            resp = await handler(request)
+        except GatewayError as err:
+            resp = _error_response(err, request)
+        except web.HTTPException as exc:
+            if exc.status < 400:  # redirects pass through
+                status = exc.status
+                raise
+            resp = _error_response(from_http_exception(exc), request)
+        except ClientGone:
+            log.debug("%s %s: client went away; engine request cancelled",
+                      request.method, request.path)
+            resp = web.Response(status=CLIENT_CLOSED_STATUS)
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED_STATUS
+            raise
+        except Exception:
+            log.exception("unhandled error in %s %s", request.method, request.path)
+            resp = _error_response(GatewayError(ErrorKind.INTERNAL, "Internal server error."),
+                                   request)
+        status = resp.status
+        return resp
+    except GatewayError as err:  # refused before the handler (auth)
+        resp = _error_response(err, request)
+        status = resp.status
+        return resp
+    finally:
+        engine = state.engine
+        if engine is not None:  # (a generation request not sent: answered here)
+            engine.backlog.clear(request.protocol)
+        state.metrics.observe(_route_label(request), status, time.perf_counter() - started)
+
+
+# Bodies read as JSON besides application/*+json: unlabelled ones, and curl's default for
+# `-d` (so `curl -d '{...}'` works without `-H content-type:`). Anything else is a 415.
+_UNLABELLED = ("octet-stream", "x-www-form-urlencoded")
+
+
+def _may_be_json(request: web.BaseRequest) -> bool:
+    """application/json or application/*+json, or no Content-Type, or an unlabelled one
+    (parameters ignored). Text, multipart, XML and garbage are refused."""
+    return json_media(request.headers.get("Content-Type"))
+
+
+def json_media(header: str | None) -> bool:
+    """`_may_be_json` of a Content-Type header's value."""
+    if header is None or header == "application/json":
+        return True
+    maintype, _, subtype = header.partition(";")[0].strip().lower().partition("/")
+    return maintype == "application" and "/" not in subtype and (
+        subtype == "json" or subtype.endswith("+json") or subtype in _UNLABELLED)
+
+
+async def read_json_body(request: web.Request, limit: int) -> bytes:
+    """The request's body, if it may be JSON and is within `limit` bytes (else the 415 or
+    413 as a GatewayError)."""
+    if not _may_be_json(request):
+        raise GatewayError(ErrorKind.UNSUPPORTED_MEDIA_TYPE,
+                           f"Unsupported Content-Type {request.headers['Content-Type']!r}: "
+                           "send a JSON body with Content-Type: application/json.")
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(limit)
+    try:
+        return await read_body(request)
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(limit) from None
+
+
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError(ErrorKind.BODY_TOO_LARGE,
+                        f"Request body too large: the limit is {limit} bytes.")
+
+
+async def echo_request_id(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """Every response carries `x-request-id`: the client's own when it sent one."""
+    if "x-request-id" not in response.headers:
+        response.headers["x-request-id"] = request.headers.get("x-request-id") or random_id()
