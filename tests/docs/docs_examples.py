@@ -4,9 +4,10 @@ A block's language (the fence's first word) says what is done with it:
 
 - `bash`, `sh`: run as one script (`set -eo pipefail`), so every command must succeed;
   `curl` fails on an HTTP status of 400 or more (`--fail-with-body`);
-- `console`: `$ ` commands (`> ` continues one), each run alone and its output compared
-  with the lines shown under it, `...` matching anything; a command exits 0 unless the
-  output ends with curl's own error line, `curl: (N) ...`, which says its exit status;
+- `console`: `$ ` commands (`> ` continues one), each run alone and its output (stdout
+  and stderr, as a terminal shows them) compared with the lines shown under it: `...`
+  matches any text in a line, a line of just `...` any lines; a command exits 0 unless the
+  output shows curl's own error line, `curl: (N) ...`, which says its exit status;
 - `python`: executed in one namespace per page, in order (later blocks use earlier names);
 - `pycon`: `>>> ` sessions run as doctests in that namespace, outputs compared (`...`
   matches anything);
@@ -164,12 +165,17 @@ def console_commands(text: str) -> list[tuple[str, list[str]]]:
 
 
 def output_matches(expected: list[str], actual: str) -> bool:
-    """Line by line, trailing blanks ignored, runs of spaces equal, `...` any text (also
-    across lines)."""
-    want = "\n".join(line.rstrip() for line in expected).strip("\n")
-    got = "\n".join(line.rstrip() for line in actual.splitlines()).strip("\n")
-    pattern = ".*?".join(re.sub(r" +", " +", re.escape(part)) for part in want.split("..."))
-    return re.fullmatch(pattern, got, re.DOTALL) is not None
+    """Line by line, trailing blanks ignored and runs of spaces equal; `...` matches any
+    text within a line, and a line of just `...` any number of lines (none too)."""
+    pattern = ""
+    for line in "\n".join(line.rstrip() for line in expected).strip("\n").split("\n"):
+        if line == "...":
+            pattern += r"(?:[^\n]*\n)*?"
+        else:
+            parts = (re.sub(r" +", " +", re.escape(part)) for part in line.split("..."))
+            pattern += "[^\n]*?".join(parts) + "\n"
+    got = "\n".join(line.rstrip() for line in actual.splitlines()).strip("\n") + "\n"
+    return re.fullmatch(pattern, got) is not None
 
 
 class Page:
