@@ -65,7 +65,8 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
+        page = self.page.relative_to(ROOT) if self.page.is_relative_to(ROOT) else self.page
+        return f"{page}:{self.line}"
 
 
 def pages() -> list[Path]:
@@ -87,7 +88,7 @@ def blocks(page: Path) -> list[Block]:
             body.append(lines[j][indent:] if lines[j][:indent].strip() == "" else lines[j])
             j += 1
         if j == len(lines):
-            raise AssertionError(f"{page.relative_to(ROOT)}:{i + 1}: the fence is never closed")
+            raise AssertionError(f"{page}:{i + 1}: the fence is never closed")
         found.append(Block(page, i + 1, info[0] if info else "", tuple(info[1:]), "\n".join(body) + "\n"))
         i = j + 1
     return found

@@ -6,7 +6,9 @@ only. How a block is run: `docs_examples`."""
 
 from __future__ import annotations
 
+import http.server
 import re
+import threading
 
 import pytest
 
@@ -123,3 +125,72 @@ def test_the_readme_is_a_short_front_door_with_the_test_command():
     linked = {target.partition("#")[0] for _, target in links(ROOT / "README.md")}
     docs = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
     assert docs - linked == set(), "docs pages the README's topics do not link"
+
+
+WRONG = """\
+```bash
+true
+false
+true
+```
+
+```console
+$ echo one; echo two
+one
+three
+```
+
+```console
+$ echo hello
+h...o
+```
+
+```bash
+curl localhost:8080/missing
+```
+
+```pycon
+>>> 1 + 1
+3
+```
+
+```console
+$ curl -s -o /dev/null -w '%{http_code}' localhost:8080/missing
+404
+```
+"""
+
+
+def test_the_runner_fails_a_failing_command_a_wrong_output_and_a_4xx(tmp_path):
+    """The runner itself, on a page of blocks that must fail (and two that must pass),
+    against a loopback server that answers 404 (nothing else is started)."""
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    page = tmp_path / "page.md"
+    page.write_text(WRONG)
+    outcomes = []
+    (tmp_path / "run").mkdir()
+    with Page(page, tmp_path / "run") as run:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", run.ports.http), NotFound)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            for block in blocks(page):
+                try:
+                    run.run(block)
+                    outcomes.append("passed")
+                except AssertionError as exc:
+                    outcomes.append(str(exc).splitlines()[0])
+        finally:
+            server.shutdown()
+            server.server_close()
+    assert outcomes[0] == f"{page}:1: exit status 1"  # `false` in the middle of a script
+    assert outcomes[1].startswith(f"{page}:7: `echo one; echo two` exited 0")  # two, not three
+    assert outcomes[2] == "passed"  # h...o matches hello
+    assert outcomes[3] == f"{page}:18: exit status 22"  # curl --fail-with-body on the 404
+    assert outcomes[4].startswith(f"{page}:22:")  # the doctest's 3
+    assert outcomes[5] == "passed"  # the console shows the 404 it expects
