@@ -116,6 +116,7 @@ class Ports:
 
 
 PRELUDE = """\
+python() { "$DOCS_PYTHON" "$@"; }  # the interpreter the lab is installed in
 inference-lab() {
   case "${1-}" in
     serve|engine|gateway) "$DOCS_PYTHON" -P "$DOCS_LAUNCHER" "$@" ;;
