@@ -14,7 +14,7 @@ modelled value, and the gateway's CPU-seconds per 1,000 delivered tokens. Routes
 - chat-n4: /v1/chat/completions with n = 4 (4 sequences of 200 tokens; 809 events)
 
 and, with --routes, each API's forced tool call (one tool, `tool_choice` forcing it; the
-arguments grow one fragment per token, README "Tool calls"):
+arguments grow one fragment per token, docs/protocols.md "Forced tool calls"):
 
 - chat-tool: 204 events (the call's head, 200 fragments, the closing fragment, the final
   chunk, [DONE])

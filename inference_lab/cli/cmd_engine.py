@@ -53,7 +53,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "vLLM's flag is: e.g. '{\"enable_kv_cache_events\": true, \"endpoint\": "
                         "\"tcp://127.0.0.1:5557\", \"replay_endpoint\": \"tcp://127.0.0.1:5558\", "
                         "\"topic\": \"kv@{model}\"}'; replica k publishes on the ports + k "
-                        "(README: 'KV-cache events')")
+                        "(docs/kv-events.md)")
 
 
 def _lora_module(text: str) -> str:
@@ -174,7 +174,7 @@ def add_pacing_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-scale", type=time_scale, default=1.0, metavar="K",
                    help="run the modelled clock K times faster than the wall clock (step times "
                         "scaled by 1/K on the wall; reported times stay modelled). The CPU "
-                        "bounds K: see README, 'Faster than real time' (default 1)")
+                        "bounds K: see docs/experiments.md, 'Faster than real time' (default 1)")
 
 
 def add_session_lane_argument(p: argparse.ArgumentParser) -> None:

@@ -26,7 +26,7 @@ from inference_lab.v1 import engine_pb2_grpc
 
 MODEL = "gpt-oss-20b"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-BOUND_S = 0.05  # README: a copy is at most ~50 ms old (40 ms interval + delivery)
+BOUND_S = 0.05  # docs/metrics.md: a copy is at most ~50 ms old (40 ms interval + delivery)
 
 
 @pytest.fixture
