@@ -23,13 +23,12 @@ from typing import Annotated, AsyncIterator, Awaitable, Callable
 
 import msgspec
 from aiohttp import web
-from aiohttp.helpers import rfc822_formatted_time
-from aiohttp.http import SERVER_SOFTWARE
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from inference_lab.common.auth import bearer_ok
 from inference_lab.common.tokenizer import Tokenizer, load_tokenizer
 from inference_lab.gateway import cors
+from inference_lab.gateway.aiohttp_gate import http_date, response_head
 from inference_lab.gateway import lora as lora_routes
 from inference_lab.gateway.engine_client import ClientGone, EngineClient, RequestStream
 from inference_lab.gateway.metrics import GatewayMetrics
@@ -264,9 +263,7 @@ def _generation_handler(dialect: Dialect, state: GatewayState,
 
 # The 529 as aiohttp writes `saturated_response` on a kept-alive HTTP/1.1 connection (its
 # reason phrase for 529, headers in its order, then `_echo_request_id`'s), for the edge.
-_REFUSAL_HEAD = (b"HTTP/1.1 529 " + web.Response(status=529).reason.encode()
-                 + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\nDate: %s"
-                 b"\r\nServer: " + SERVER_SOFTWARE.encode() + b"\r\nx-request-id: %s\r\n\r\n")
+_REFUSAL_HEAD = response_head(529, b"application/json")
 _FAULT_HEADER = FAULT_HEADER.lower().encode()
 
 
@@ -303,7 +300,7 @@ def _fast_refusal(path: str, dialect: Dialect, state: GatewayState,
         if message is None:
             return None
         out = saturated_body(message, render, where)
-        head = _REFUSAL_HEAD % (len(out), rfc822_formatted_time().encode(),
+        head = _REFUSAL_HEAD % (len(out), http_date().encode(),
                                 headers.get(b"x-request-id") or random_id().encode())
         state.metrics.observe(path, 529, time.perf_counter() - started)
         return head, out
@@ -440,9 +437,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-_METRICS_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: " + CONTENT_TYPE_LATEST.encode()
-                 + b"\r\nContent-Length: %d\r\nDate: %s\r\nServer: "
-                 + SERVER_SOFTWARE.encode() + b"\r\nx-request-id: %s\r\n\r\n")
+_METRICS_HEAD = response_head(200, CONTENT_TYPE_LATEST.encode())
 
 
 def _fast_metrics(state: GatewayState) -> Callable[[bytes | None], tuple | None]:
@@ -459,7 +454,7 @@ def _fast_metrics(state: GatewayState) -> Callable[[bytes | None], tuple | None]
         state.metrics.copy_waits = client.copy_waits(state.replica)
         state.metrics.engine_up = 1
         own = state.metrics.exposition()
-        head = _METRICS_HEAD % (len(engine) + len(own), rfc822_formatted_time().encode(),
+        head = _METRICS_HEAD % (len(engine) + len(own), http_date().encode(),
                                 request_id or random_id().encode())
         state.metrics.observe("/metrics", 200, time.perf_counter() - started)
         return head, engine, own  # written as they are (no copy of the ~150 KB)
