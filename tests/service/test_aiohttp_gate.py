@@ -6,6 +6,7 @@ answers, 529s before any byte in every dialect's envelope, on kept-alive connect
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import json
@@ -24,7 +25,46 @@ from inference_lab.gateway.protocols import generate
 from inference_lab.gateway.server import start_gateway
 
 MODEL = "gpt-oss-20b"
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+ROOT = Path(__file__).resolve().parents[2]
+PYPROJECT = ROOT / "pyproject.toml"
+
+
+# ---- one gate -----------------------------------------------------------------------------------
+
+# aiohttp's private names the gate reads or writes, and others of its objects (the relay
+# reads the protocol's public `writing_paused`, which the gate checks is there)
+_PRIVATE = {name for name in (*aiohttp_gate._CONNECTION_STATE, *aiohttp_gate._RESPONSE_STATE)
+            if name.startswith("_")} | {"_sock", "_make_server", "_kwargs", "_headers_buf",
+                                        "_compress", "_on_chunk_sent", "_protocol", "_parser",
+                                        "_transport", "_paused"}
+
+
+def _sources() -> list[Path]:
+    """The lab's modules (the gateway's, the rest of the package's) that name aiohttp, but
+    the gate."""
+    paths = list((ROOT / "gateway").rglob("*.py"))
+    for sub in (ROOT / "inference_lab").iterdir():  # (its gateway and engine are links)
+        if sub.is_dir() and sub.name not in ("gateway", "engine"):
+            paths += sub.rglob("*.py")
+    return sorted(p for p in paths if p.name != "aiohttp_gate.py" and "aiohttp" in p.read_text())
+
+
+def test_only_the_gate_imports_aiohttps_internal_modules_or_reads_its_private_state():
+    checked = 0
+    for path in _sources():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("aiohttp."):
+                assert node.module == "aiohttp.web" or node.module.startswith("aiohttp.test_utils"), \
+                    f"{path}: from {node.module} import"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert not alias.name.startswith("aiohttp.") or alias.name == "aiohttp.web", \
+                        f"{path}: import {alias.name}"
+            elif isinstance(node, ast.Attribute) and node.attr in _PRIVATE:
+                raise AssertionError(f"{path}:{node.lineno}: .{node.attr}")
+        checked += 1
+    assert checked >= 10
 
 
 # ---- the decision ------------------------------------------------------------------------------
