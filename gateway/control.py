@@ -18,10 +18,9 @@ from typing import Annotated, Callable
 
 import msgspec
 from aiohttp import web
-from aiohttp.helpers import rfc822_formatted_time
-from aiohttp.http import SERVER_SOFTWARE
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from inference_lab.gateway.aiohttp_gate import http_date, response_head
 from inference_lab.gateway.errors import ErrorKind, GatewayError, engine_unavailable
 from inference_lab.gateway.middleware import read_json_body
 from inference_lab.gateway.protocols import vllm as vllm_api
@@ -127,9 +126,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-_METRICS_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: " + CONTENT_TYPE_LATEST.encode()
-                 + b"\r\nContent-Length: %d\r\nDate: %s\r\nServer: "
-                 + SERVER_SOFTWARE.encode() + b"\r\nx-request-id: %s\r\n\r\n")
+_METRICS_HEAD = response_head(200, CONTENT_TYPE_LATEST.encode())
 
 
 def fast_metrics(state: GatewayState) -> Callable[[bytes | None], tuple | None]:
@@ -146,7 +143,7 @@ def fast_metrics(state: GatewayState) -> Callable[[bytes | None], tuple | None]:
         state.metrics.copy_waits = client.copy_waits(state.replica)
         state.metrics.engine_up = 1
         own = state.metrics.exposition()
-        head = _METRICS_HEAD % (len(engine) + len(own), rfc822_formatted_time().encode(),
+        head = _METRICS_HEAD % (len(engine) + len(own), http_date().encode(),
                                 request_id or random_id().encode())
         state.metrics.observe("/metrics", 200, time.perf_counter() - started)
         return head, engine, own  # written as they are (no copy of the engine's text)

@@ -1,30 +1,35 @@
 """The gateway's connections before there is a request: malformed HTTP and slow headers.
 
-Knows: aiohttp's connection protocol (`web_protocol.RequestHandler`), subclassed in two
-places. (1) `handle_error`, which aiohttp calls for what its HTTP parser refuses (a bad
-request line, an invalid header, too many headers, a header line over 8190 bytes, bad
-chunked framing of a body): the answer is the OpenAI error envelope
-(`invalid_request_error` / `bad_http_request`, aiohttp's own reason as the message) instead
-of aiohttp's plain text, with the same status, and the connection is closed as aiohttp
-does. (2) A header-read timeout: a connection must deliver a complete header block within
-`header_timeout` seconds of being accepted, and of the first byte of each later request on
-it; otherwise it gets a 408 in the same envelope and is closed. (3) `read_body`: a body
-must arrive within BODY_TIMEOUT_S, and bad framing inside it is a 400, not a hang. Without this a client that
-opens thousands of connections and sends half a header each holds a file descriptor per
-connection for aiohttp's keep-alive timeout (75 s under AppRunner, an hour by default).
-(4) `received_at`: the time.monotonic() of the connection's latest bytes, which
-`arrival_stamp` turns into a request's arrival instant (inference_lab.common.clock): the
-kernel's receive instant where the listener gives it (gateway.stamps), else the read's.
-(5) `FAST_GETS`: GET paths the app answers synchronously (a replica port's /metrics, every
-50 ms per scraper), written here without aiohttp's request, task and response objects when
-the read is exactly one plain GET of such a path on an idle kept-alive connection whose
-output is flushed; anything else is aiohttp's, as it came. (6) `FAST_POSTS`: the same for
-POST paths whose app may answer a request from its headers and body alone (the generation
-routes' 529 while the model is saturated): the read must be exactly one POST of such a path
-with a Content-Length body, plain headers (no Transfer-Encoding, Content-Encoding, Expect,
-Upgrade or Origin, a Connection header only as keep-alive, no header twice); the app's
-answer of None (not a refusal, a 400, anything unusual) hands the read to aiohttp
-unchanged.
+Knows: the gateway's connection protocol (`EdgeRequestHandler`, built on aiohttp's through
+gateway.aiohttp_gate, which alone touches aiohttp's private state, and served by `runner`
+only while the gate's fast paths are on). (1) `handle_error`, which aiohttp calls for what
+its HTTP parser refuses (a bad request line, an invalid header, too many headers, a header
+line over 8190 bytes, bad chunked framing of a body): the answer is the OpenAI error
+envelope (`invalid_request_error` / `bad_http_request`, aiohttp's own reason as the
+message) instead of aiohttp's plain text, with the same status, and the connection is
+closed as aiohttp does. (2) A header-read timeout: a connection must deliver a complete
+header block within `header_timeout` seconds of being accepted, and of the first byte of
+each later request on it; otherwise it gets a 408 in the same envelope and is closed. (3)
+`read_body`: a body must arrive within BODY_TIMEOUT_S, and bad framing inside it is a 400,
+not a hang. Without this a client that opens thousands of connections and sends half a
+header each holds a file descriptor per connection for aiohttp's keep-alive timeout (75 s
+under AppRunner, an hour by default). (4) `received_at`: the time.monotonic() of the
+connection's latest bytes, which `arrival_stamp` turns into a request's arrival instant
+(inference_lab.common.clock): the kernel's receive instant where the listener gives it
+(gateway.stamps), else the read's. (5) `FAST_GETS`: GET paths the app answers
+synchronously (a replica port's /metrics, every 50 ms per scraper), written here without
+aiohttp's request, task and response objects when the read is exactly one plain GET of
+such a path on an idle kept-alive connection whose output is flushed; anything else is
+aiohttp's, as it came. (6) `FAST_POSTS`: the same for POST paths whose app may answer a
+request from its headers and body alone (the generation routes' 529 while the model is
+saturated): the read must be exactly one POST of such a path with a Content-Length body,
+plain headers (no Transfer-Encoding, Content-Encoding, Expect, Upgrade or Origin, a
+Connection header only as keep-alive, no header twice); the app's answer of None (not a
+refusal, a 400, anything unusual) hands the read to aiohttp unchanged.
+
+With the fast paths off (gateway.aiohttp_gate) `runner` is aiohttp's own AppRunner: none of
+(1), (2), (4), (5), (6) and no backlog marks; `read_body` and `arrival_stamp` (the handler's
+read instant) work the same under any server.
 
 Where aiohttp does not allow the envelope, it is not sent: a parse error after the
 response has begun (the connection is only closed), a connection reset, and a TLS or
@@ -36,17 +41,18 @@ Does not know: routes or the engine (gateway.app).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
 
+from inference_lab.gateway import aiohttp_gate
+from inference_lab.gateway.aiohttp_gate import HttpProcessingError
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.protocols.base import json_encode
-from inference_lab.gateway.stamps import StampedSocket, stamped_socket
+from inference_lab.gateway.stamps import StampedSocket
 
 log = logging.getLogger("inference_lab.gateway.edge")
 
@@ -74,10 +80,6 @@ _POST_HEAD_MAX = 4096  # (within aiohttp's 8190-byte line limits: a longer head 
 _NAME, _VALUE = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+", rb"[!-~](?:[ \t!-~]*[!-~])?"
 _HEADER = re.compile(rb"(%s):[ \t]*(%s)[ \t]*\r\n" % (_NAME, _VALUE))
 _HEADERS = re.compile(rb"(?:%s:[ \t]*%s[ \t]*\r\n)*" % (_NAME, _VALUE))
-# aiohttp's connection state the fast answer reads (private: an aiohttp without one of them
-# gets no fast answers, every request is aiohttp's)
-_FAST_NEEDS = ("_request_count", "_messages", "_current_request", "_payload_parser",
-               "_force_close", "_waiter", "_keepalive_timeout", "_next_keepalive_close_time")
 BODY_TIMEOUT_S = 30.0  # a request body (at most 1 MiB) must arrive within this
 _CODES = {400: "bad_http_request", 408: "request_timeout", 413: "request_too_large",
           431: "headers_too_large", 500: "internal_error", 501: "not_implemented",
@@ -119,12 +121,7 @@ async def read_body(request: web.BaseRequest, timeout: float | None = None) -> b
                            f"Bad HTTP request body: {exc.message}") from None
 
 
-def fast_answers_supported(handler: object) -> bool:
-    """Whether this aiohttp's connection handler has the state `_answered_fast` reads."""
-    return all(hasattr(handler, name) for name in _FAST_NEEDS)
-
-
-class EdgeRequestHandler(RequestHandler):
+class EdgeRequestHandler(aiohttp_gate.Connection):
     """One HTTP connection (aiohttp's protocol) with JSON refusals and a header deadline."""
 
     __slots__ = ("_header_timeout", "_header_timer", "received_at", "_fast", "_fast_gets",
@@ -138,24 +135,25 @@ class EdgeRequestHandler(RequestHandler):
         self._header_timer: asyncio.TimerHandle | None = None
         self.received_at: float | None = None  # time.monotonic() of the latest bytes read
         self._stamped: StampedSocket | None = None  # reads with kernel receive stamps
-        supported = fast_answers_supported(self)
-        self._fast_gets = fast if fast and supported else None  # FAST_GETS
-        self._fast_posts = fast_posts if fast_posts and supported else None  # FAST_POSTS
+        self._fast_gets = fast or None  # FAST_GETS
+        self._fast_posts = fast_posts or None  # FAST_POSTS
         self._fast = self._fast_gets is not None or self._fast_posts is not None
         # (paths, Backlog): generation requests read are marked until sent or answered
-        self._backlog = arrivals[1] if arrivals and supported else None
+        self._backlog = arrivals[1] if arrivals else None
         self._arrival_paths = arrivals[0] if self._backlog is not None else frozenset()
         self._body_awaited = None  # a marked route's body still on its way (its payload)
 
     # ---- the header deadline -------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._stamped = stamped_socket(transport)
+        raw = aiohttp_gate.raw_socket(transport)
+        self._stamped = raw if isinstance(raw, StampedSocket) else None
         self._arm()
 
     def _arm(self) -> None:
         if self._header_timeout > 0 and self._header_timer is None:
-            self._header_timer = self._loop.call_later(self._header_timeout, self._headers_late)
+            self._header_timer = self.event_loop.call_later(self._header_timeout,
+                                                            self._headers_late)
 
     def _disarm(self) -> None:
         if self._header_timer is not None:
@@ -167,15 +165,15 @@ class EdgeRequestHandler(RequestHandler):
         self.received_at = time.monotonic() if stamped is None else stamped.received_at
         if self._fast and self._answered_fast(data):
             return
-        parsed = self._request_count
+        parsed = self.requests_parsed
         super().data_received(data)
         if self._backlog is not None:
-            self._mark_arrivals(self._request_count - parsed)
-        if self._request_count > parsed:
+            self._mark_arrivals(self.requests_parsed - parsed)
+        if self.requests_parsed > parsed:
             self._disarm()  # a complete header block: the deadline is met
-            self._fail_body_in_flight()
-        elif data and self._header_timer is None and self._payload_parser is None \
-                and not self._messages and self._waiter is not None:
+            if self.body_error_to_handler(HttpProcessingError):
+                self.close()  # (the handler answers 400; then the connection goes)
+        elif data and self._header_timer is None and self.between_requests():
             self._arm()  # the first bytes of a later request on a kept-alive connection
 
     def _mark_arrivals(self, new: int) -> None:
@@ -188,10 +186,8 @@ class EdgeRequestHandler(RequestHandler):
             self._backlog.mark(self, self.received_at)
         if not new:
             return
-        messages = self._messages
-        for i in range(max(len(messages) - new, 0), len(messages)):
-            message, payload = messages[i]
-            if getattr(message, "method", None) == "POST" and message.path in self._arrival_paths:
+        for method, path, payload in self.last_parsed(new):
+            if method == "POST" and path in self._arrival_paths:
                 if payload.is_eof():
                     self._backlog.mark(self, self.received_at)
                 else:
@@ -205,11 +201,8 @@ class EdgeRequestHandler(RequestHandler):
         and handles none) and whose output is flushed, for `data` that is exactly one
         complete request the app answers fast (FAST_GETS, FAST_POSTS). Anything else (and
         an answer of None) goes to aiohttp as it came."""
-        if (not self._request_count or self._header_timer is not None or self._messages
-                or self._current_request is not None or self._payload_parser is not None
-                or self._force_close or self._waiter is None or self.transport is None
-                or self.transport.get_write_buffer_size()):  # (a client that does not read
-            return False  # gets aiohttp, whose handler waits for the drain)
+        if self._header_timer is not None or not self.idle():
+            return False
         if data.startswith(b"GET /"):
             response = self._fast_get(data) if self._fast_gets is not None else None
         elif data.startswith(b"POST /"):
@@ -218,8 +211,7 @@ class EdgeRequestHandler(RequestHandler):
             return False
         if response is None:
             return False
-        self.transport.writelines(response)
-        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+        self.answered(response)
         return True
 
     def _fast_get(self, data: bytes):
@@ -279,22 +271,6 @@ class EdgeRequestHandler(RequestHandler):
             return None
         return answer(headers, data[body_at:], self.received_at)
 
-    def _fail_body_in_flight(self) -> None:
-        """aiohttp queues a parse error in a body it is still receiving (bad chunked
-        framing) as the *next* message, while the handler waits for the body forever:
-        hand the error to that body instead (the handler answers 400) and close the
-        connection once it has answered."""
-        request = self._current_request
-        if request is None or not self._messages:
-            return
-        message, _ = self._messages[-1]
-        exc = getattr(message, "exc", None)
-        if not isinstance(exc, HttpProcessingError):
-            return
-        self._messages.pop()
-        request.content.set_exception(exc)
-        self.close()
-
     def _headers_late(self) -> None:
         self._header_timer = None
         transport = self.transport
@@ -330,37 +306,22 @@ class EdgeRequestHandler(RequestHandler):
         return out
 
 
-class EdgeServer(web.Server):
-    """aiohttp's low-level server whose connections are EdgeRequestHandlers."""
+def runner(app: web.Application, *, header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
+           **kwargs) -> web.AppRunner:
+    """The AppRunner serving `app` (aiohttp's `kwargs`): through EdgeRequestHandlers with
+    the app's FAST_GETS, FAST_POSTS and ARRIVALS while the fast paths are on
+    (gateway.aiohttp_gate), else aiohttp's own."""
+    if not aiohttp_gate.fast_paths():
+        return web.AppRunner(app, **kwargs)
 
-    header_timeout = DEFAULT_HEADER_TIMEOUT_S
-
-    fast: dict | None = None
-    fast_posts: dict | None = None
-    arrivals: tuple | None = None  # (paths, Backlog), from the app's ARRIVALS
-
-    def __call__(self) -> RequestHandler:
-        return EdgeRequestHandler(self, loop=self._loop, header_timeout=self.header_timeout,
-                                  fast=self.fast, fast_posts=self.fast_posts,
-                                  arrivals=self.arrivals, **self._kwargs)
-
-
-class EdgeAppRunner(web.AppRunner):
-    """An AppRunner serving through EdgeServer."""
-
-    def __init__(self, app: web.Application, *,
-                 header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, **kwargs) -> None:
-        super().__init__(app, **kwargs)
-        self._header_timeout = header_timeout
-
-    async def _make_server(self) -> web.Server:
-        server = await super()._make_server()
-        server.__class__ = EdgeServer  # the same object, whose factory makes our protocol
-        server.header_timeout = self._header_timeout
-        server.fast = self.app.get(FAST_GETS) or None
-        server.fast_posts = self.app.get(FAST_POSTS) or None
-        arrivals = self.app.get(ARRIVALS)  # (after the app's start-up: its backlog exists)
+    def connections(started: web.Application):
+        arrivals = started.get(ARRIVALS)  # (after the app's start-up: its backlog exists)
         if arrivals is not None:
             paths, backlog = arrivals[0], arrivals[1]()
-            server.arrivals = (paths, backlog) if backlog is not None else None
-        return server
+            arrivals = (paths, backlog) if backlog is not None else None
+        return functools.partial(EdgeRequestHandler, header_timeout=header_timeout,
+                                 fast=started.get(FAST_GETS) or None,
+                                 fast_posts=started.get(FAST_POSTS) or None,
+                                 arrivals=arrivals)
+
+    return aiohttp_gate.ConnectionRunner(app, connections, **kwargs)

@@ -19,9 +19,8 @@ import time
 from typing import Awaitable
 
 from aiohttp import web
-from aiohttp.helpers import rfc822_formatted_time
-from aiohttp.http import SERVER_SOFTWARE
 
+from inference_lab.gateway.aiohttp_gate import http_date, response_head
 from inference_lab.gateway.edge import arrival_stamp
 from inference_lab.gateway.engine_client import EngineClient
 from inference_lab.gateway.errors import ErrorKind, GatewayError, saturated_body, saturated_response
@@ -83,9 +82,7 @@ def generation_handler(dialect: Dialect, state: GatewayState,
 
 # The 529 as aiohttp writes `saturated_response` on a kept-alive HTTP/1.1 connection (its
 # reason phrase for 529, headers in its order, then `echo_request_id`'s), for the edge.
-_REFUSAL_HEAD = (b"HTTP/1.1 529 " + web.Response(status=529).reason.encode()
-                 + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\nDate: %s"
-                 b"\r\nServer: " + SERVER_SOFTWARE.encode() + b"\r\nx-request-id: %s\r\n\r\n")
+_REFUSAL_HEAD = response_head(529, b"application/json")
 _FAULT_HEADER = FAULT_HEADER.lower().encode()
 
 
@@ -122,7 +119,7 @@ def fast_refusal(path: str, dialect: Dialect, state: GatewayState,
         if message is None:
             return None
         out = saturated_body(message, render, where)
-        head = _REFUSAL_HEAD % (len(out), rfc822_formatted_time().encode(),
+        head = _REFUSAL_HEAD % (len(out), http_date().encode(),
                                 headers.get(b"x-request-id") or random_id().encode())
         state.metrics.observe(path, 529, time.perf_counter() - started)
         return head, out

@@ -17,8 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
-from inference_lab.gateway import stamps
-from inference_lab.gateway.edge import DEFAULT_HEADER_TIMEOUT_S, EdgeAppRunner
+from inference_lab.gateway import aiohttp_gate, edge, stamps
+from inference_lab.gateway.edge import DEFAULT_HEADER_TIMEOUT_S
 
 # Runner settings the gateway relies on; use them when serving `create_app` elsewhere.
 RUNNER_KWARGS: dict[str, Any] = {"handler_cancellation": True, "access_log": None}
@@ -36,12 +36,13 @@ async def start_gateway(
     (useful with port 0). Connections answer malformed HTTP with the JSON envelope and must
     send a complete header block within `header_timeout` seconds (gateway.edge); a
     request's arrival is its bytes' kernel receive instant where the host gives it
-    (gateway.stamps). `backlog`: the listening socket's accept queue."""
-    runner = EdgeAppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-                           header_timeout=header_timeout, **RUNNER_KWARGS)
+    (gateway.stamps); both while aiohttp's fast paths are on (gateway.aiohttp_gate).
+    `backlog`: the listening socket's accept queue."""
+    runner = edge.runner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+                         header_timeout=header_timeout, **RUNNER_KWARGS)
     await runner.setup()
     try:
-        sock = stamps.listen(host, port, backlog)
+        sock = stamps.listen(host, port, backlog) if aiohttp_gate.fast_paths() else None
         site = (web.TCPSite(runner, host, port, backlog=backlog) if sock is None
                 else web.SockSite(runner, sock, backlog=backlog))
         await site.start()

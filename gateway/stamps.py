@@ -15,7 +15,8 @@ that does not read through the socket object, such as uvloop), `received_at` sta
 and the edge stamps the read instead (gateway.edge): the same behaviour as before, never
 an error.
 
-Does not know: HTTP (gateway.edge), routes (gateway.app).
+Does not know: HTTP (gateway.edge), routes (gateway.app), or how to find the socket under a
+transport (gateway.aiohttp_gate `raw_socket`, the edge's).
 """
 
 from __future__ import annotations
@@ -116,10 +117,3 @@ def _plain(sock: socket.socket) -> None:
     log.debug("no kernel receive timestamps here: arrivals are stamped when read")
     sock.close()
     return None
-
-
-def stamped_socket(transport) -> StampedSocket | None:
-    """The StampedSocket under an asyncio transport, if it reads through one."""
-    wrapper = transport.get_extra_info("socket") if transport is not None else None
-    raw = getattr(wrapper, "_sock", None)  # (asyncio's TransportSocket; uvloop has none)
-    return raw if isinstance(raw, StampedSocket) else None

@@ -7,6 +7,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from inference_lab.gateway import create_app
 from inference_lab.testing.fake_engine import FakeEngine
+from system_tools import check_marks
+
+
+def pytest_runtest_setup(item):
+    check_marks(item)  # @pytest.mark.tools(...): skip, or fail under INFERENCE_LAB_REQUIRE_TOOLS=1
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Awaitable, Callable
 
 from aiohttp import web
-from aiohttp.http_writer import StreamWriter
 
+from inference_lab.gateway import aiohttp_gate
 from inference_lab.gateway.engine_client import ClientGone, EngineClient, RequestStream
 from inference_lab.gateway.errors import (
     ErrorKind, GatewayError, engine_unavailable, from_rejected, log_error,
@@ -171,8 +171,9 @@ class _Relay:
     bytes without waiting: when its transport pushes back (or is gone) it returns False
     and the handler's pump writes, and waits, as usual. An error is kept for the pump to
     raise. Once the headers are out (the first write is aiohttp's), each later write is
-    one HTTP chunk written to the transport directly (`_plain_chunks`: ~12 % of the
-    gateway's CPU per token at 24 streams went to aiohttp's writer coroutine and framing)."""
+    one HTTP chunk written to the transport directly (aiohttp_gate `direct_chunks`: the
+    writer's coroutine and framing are a sizeable share of the gateway's CPU per token).
+    Installed by the pump only while aiohttp's fast paths are on (gateway.aiohttp_gate)."""
 
     __slots__ = ("resp", "reply", "protocol", "head", "streamed", "error", "chunks")
 
@@ -198,46 +199,21 @@ class _Relay:
             data = self.reply.tokens(0, new)
             if not data:  # (tokens not shown: max_tokens 0) an empty chunk ends the body
                 return True
-            transport = protocol.transport
-            if transport.is_closing():
-                self.chunks = None  # (the pump's write raises aiohttp's error)
+            if not aiohttp_gate.write_chunk(writer, protocol.transport, data):
+                self.chunks = None  # (closing: the pump's write raises aiohttp's error)
                 self.streamed -= new
                 return False
-            chunk = b"%x\r\n%b\r\n" % (len(data), data)
-            writer.output_size += len(chunk)
-            writer.buffer_size += len(chunk)
-            transport.write(chunk)
             return True
-        write = self.resp.write(self.head + self.reply.tokens(0, new))
-        try:
-            write.send(None)  # not paused: aiohttp writes to the transport, no await
-        except StopIteration:
-            self.head = b""
-            self.chunks = _plain_chunks(self.resp)
-            return True
+        try:  # not paused: aiohttp writes to the transport, no await
+            done = aiohttp_gate.write_now(self.resp, self.head + self.reply.tokens(0, new))
         except Exception as exc:  # never into the dispatcher: the pump raises it
             self.error = exc
             return False
         self.head = b""
-        write.close()  # it waited for a drain after all: the bytes are out; the pump drains
-        return False
-
-
-def _plain_chunks(resp: web.StreamResponse):
-    """`resp`'s payload writer when a body chunk may be written to the transport without
-    it (~3 us of coroutine and framing calls per write): its headers are out, the body is
-    chunked, uncompressed, unbounded and nobody listens to its writes; else None. The
-    writer's byte counts are kept as its own writes keep them."""
-    writer = getattr(resp, "_payload_writer", None)  # (aiohttp's, private: checked in full)
-    if (type(writer) is not StreamWriter or not getattr(writer, "chunked", False)
-            or getattr(writer, "_compress", 0) is not None or getattr(writer, "length", 0) is not None
-            or getattr(writer, "_on_chunk_sent", 0) is not None
-            or getattr(writer, "on_body_write", 0) is not None
-            or getattr(writer, "_headers_buf", 0) is not None or getattr(resp, "_eof_sent", True)
-            or not isinstance(getattr(writer, "output_size", None), int)
-            or not isinstance(getattr(writer, "buffer_size", None), int)):
-        return None
-    return writer
+        if done:
+            self.chunks = aiohttp_gate.direct_chunks(self.resp)
+            return True
+        return False  # it waited for a drain after all: the bytes are out; the pump drains
 
 
 async def _pump(request: web.Request, stream: RequestStream, reply: Reply,
@@ -247,6 +223,7 @@ async def _pump(request: web.Request, stream: RequestStream, reply: Reply,
     dispatcher writes them itself (`_Relay`) whenever it can; the last tokens go out with
     the closing, in one write."""
     relay = _Relay(request, resp, reply)
+    relaying = aiohttp_gate.fast_paths()
     try:
         while True:
             finished = None
@@ -274,7 +251,7 @@ async def _pump(request: web.Request, stream: RequestStream, reply: Reply,
             if out:
                 head, relay.head = relay.head, b""
                 await resp.write(head + out)
-            if stream.writer is None:
+            if stream.writer is None and relaying:
                 stream.writer = relay  # the dispatcher writes what it can
             events = await stream.next_events()
     finally:

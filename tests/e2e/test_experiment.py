@@ -15,7 +15,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
+from system_tools import tool
+
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,6 +118,7 @@ def test_summary_scores_the_fixed_controller_at_the_oracle_concurrency_near_one(
                             summary["phases"][0]["oracle"]["goodput_tok_s"])
 
 
+@pytest.mark.tools("chromium")
 def test_the_report_renders_in_headless_chromium_with_its_images(run_dir, tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -126,7 +128,7 @@ def test_the_report_renders_in_headless_chromium_with_its_images(run_dir, tmp_pa
     assert text.count("data:image/png;base64,") == 4
     errors: list[str] = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=tool("chromium"), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)

@@ -8,7 +8,6 @@ terminator), 56 (CURLE_RECV_ERROR: connection reset by peer), 28 (CURLE_OPERATIO
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -19,7 +18,7 @@ import pytest
 
 from inference_lab.testing.launch import serve
 
-pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+pytestmark = pytest.mark.tools("curl")
 
 MODEL = "gpt-oss-20b"
 CHAT = {"model": MODEL, "stream": True, "stream_options": {"include_usage": True},

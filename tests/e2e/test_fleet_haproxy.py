@@ -9,7 +9,6 @@ import contextlib
 import http.client
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -20,16 +19,15 @@ import pytest
 
 from inference_lab.common.ports import free_port
 from inference_lab.testing.launch import serve
+from system_tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
-HAPROXY = shutil.which("haproxy")
 SATURATED = {"error": {
     "message": "Server is at capacity: 1 requests waiting (max_waiting = 1). "
                "Retry with reduced concurrency.",
     "type": "overloaded_error", "code": "queue_saturated"}}
-pytestmark = [pytest.mark.skipif(HAPROXY is None, reason="haproxy not installed (apt install haproxy)"),
-              pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.tools("haproxy"), pytest.mark.timeout(120)]
 
 
 def post(port: int, body: dict, timeout: float = 30) -> tuple[int, dict, bytes]:
@@ -65,7 +63,7 @@ def haproxy(front: int, base: int):
     env = {**os.environ, "FRONT_PORT": str(front), "LAB_HOST": "127.0.0.1",
            **{f"REPLICA{i}_PORT": str(base + i) for i in range(3)}}
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(CONFIG)], env=env, stdout=log,
+    proc = subprocess.Popen([tool("haproxy"), "-db", "-f", str(CONFIG)], env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 20

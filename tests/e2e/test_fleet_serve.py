@@ -17,7 +17,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from metrics_helpers import PROMTOOL, promtool_check, sample
+from metrics_helpers import promtool_check, sample
 from inference_lab.testing.launch import serve
 from inference_lab.testing.poll import wait_until
 
@@ -95,7 +95,7 @@ def histograms(text: str) -> dict[tuple, tuple[list[float], float]]:
     return {k: v for k, v in found.items() if v[0]}
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
+@pytest.mark.tools("promtool")
 def test_each_replica_metrics_carry_only_its_own_series_and_pass_promtool(fleet):
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{fleet.port + 1}/v1", api_key="x",
                            max_retries=0)

@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +36,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from metrics_helpers import promtool_check
+from system_tools import tool
 from inference_lab.common.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,13 +46,9 @@ PROMETHEUS_YML = DEPLOY / "prometheus" / "prometheus.yml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "inference-lab.json"
 DATASOURCES = DEPLOY / "grafana" / "provisioning" / "datasources"
 
-DOCKER_COMPOSE = shutil.which("docker-compose")
-PROMTOOL = shutil.which("promtool")
-PROMETHEUS = shutil.which("prometheus")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool not installed (apt-get install prometheus)")
-needs_prometheus = pytest.mark.skipif(
-    PROMETHEUS is None, reason="prometheus not installed (apt-get install prometheus)")
+needs_promtool = pytest.mark.tools("promtool")
+needs_prometheus = pytest.mark.tools("prometheus")
+needs_compose = pytest.mark.tools("docker-compose")
 
 MAX_WAITING = 4
 STARTUP_TIMEOUT_S = 45.0   # a cold Python start on a busy 2-core CI machine
@@ -182,15 +178,13 @@ def prom_query(base: str, expr: str, timeout: float = 5.0) -> dict:
 def prometheus(stack, tmp_path_factory):
     """A real Prometheus scraping the test stack every second; yields its base URL once both
     targets have been scraped successfully."""
-    if PROMETHEUS is None:
-        pytest.skip("prometheus not installed (apt-get install prometheus)")
     work = tmp_path_factory.mktemp("prometheus")
     config = work / "prometheus.yml"
     config.write_text(prometheus_config(stack))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     process = Process("prometheus", [
-        PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
+        tool("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
         f"--web.listen-address=127.0.0.1:{port}"], work)
     try:
         process.wait_ready(lambda: http_get(f"{base}/-/ready", 2)[0] == 200, "/-/ready")
@@ -287,19 +281,18 @@ def test_promql_metric_name_extraction():
 # ---- static checks ------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(DOCKER_COMPOSE is None,
-                    reason="docker-compose (v1) not installed (apt-get install docker-compose)")
+@needs_compose
 def test_docker_compose_config_validates():
     env = {k: v for k, v in os.environ.items() if k != "HARDWARE"}
-    run = subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config"], cwd=ROOT, env=env,
+    run = subprocess.run([tool("docker-compose"), "-f", str(COMPOSE_FILE), "config"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert re.search(r"- --hardware\s+- b200\s", run.stdout)  # ${HARDWARE:-b200}
-    services = subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config", "--services"],
+    services = subprocess.run([tool("docker-compose"), "-f", str(COMPOSE_FILE), "config", "--services"],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert services.returncode == 0, services.stderr
     assert set(services.stdout.split()) == {"engine", "gateway", "prometheus", "grafana"}
-    h200 = subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config"], cwd=ROOT,
+    h200 = subprocess.run([tool("docker-compose"), "-f", str(COMPOSE_FILE), "config"], cwd=ROOT,
                           env=dict(env, HARDWARE="h200"), capture_output=True, text=True,
                           timeout=120)
     assert h200.returncode == 0 and re.search(r"- --hardware\s+- h200\s", h200.stdout)
@@ -311,7 +304,7 @@ def load_yaml(text: str):
     try:
         import yaml
     except ImportError:
-        shebang = Path(DOCKER_COMPOSE).read_text(errors="replace").splitlines()[0]
+        shebang = Path(tool("docker-compose")).read_text(errors="replace").splitlines()[0]
         if not shebang.startswith("#!") or "python" not in shebang:
             pytest.skip("PyYAML not importable and docker-compose is not a Python script")
         convert = subprocess.run(
@@ -323,10 +316,9 @@ def load_yaml(text: str):
     return yaml.safe_load(text)
 
 
-@pytest.mark.skipif(DOCKER_COMPOSE is None,
-                    reason="docker-compose (v1) not installed (apt-get install docker-compose)")
+@needs_compose
 def test_docker_compose_services_are_wired_as_documented():
-    run = subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config"], cwd=ROOT,
+    run = subprocess.run([tool("docker-compose"), "-f", str(COMPOSE_FILE), "config"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     services = load_yaml(run.stdout)["services"]
@@ -362,7 +354,7 @@ def test_dockerfile_runs_any_subcommand_with_baked_configs():
 
 @needs_promtool
 def test_promtool_check_config():
-    run = subprocess.run([PROMTOOL, "check", "config", str(PROMETHEUS_YML)],
+    run = subprocess.run([tool("promtool"), "check", "config", str(PROMETHEUS_YML)],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "SUCCESS" in run.stdout + run.stderr
@@ -550,11 +542,10 @@ async def test_saturation_is_visible_in_prometheus(stack, prometheus):
     assert error["error"]["type"] == "overloaded_error"
 
 
-@pytest.mark.skipif(DOCKER_COMPOSE is None,
-                    reason="docker-compose (v1) not installed (apt-get install docker-compose)")
+@needs_compose
 def test_docker_compose_runs_several_replicas_and_prometheus_discovers_each():
     env = dict(os.environ, REPLICAS="4", GATEWAY_PORTS="8080-8083")
-    run = subprocess.run([DOCKER_COMPOSE, "-f", str(COMPOSE_FILE), "config"], cwd=ROOT, env=env,
+    run = subprocess.run([tool("docker-compose"), "-f", str(COMPOSE_FILE), "config"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     services = load_yaml(run.stdout)["services"]

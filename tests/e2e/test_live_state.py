@@ -11,6 +11,8 @@ import sys
 import urllib.error
 import urllib.request
 
+import pytest
+
 from inference_lab.testing.launch import serve
 from inference_lab.testing.poll import wait_until
 
@@ -42,6 +44,7 @@ def healthy(base: str) -> bool:
         return False
 
 
+@pytest.mark.tools("curl")
 def test_sigkill_of_the_engine_mid_experiment_keeps_live_capacity_and_faults():
     with serve() as lab:  # no --state-dir: serve keeps a directory for its own lifetime
         assert call(lab.base, "/control/capacity", {"max_num_seqs": 8, "max_waiting": 5})[0] == 200

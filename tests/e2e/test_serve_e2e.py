@@ -4,7 +4,6 @@ commands, 529 before any stream, 503 while the engine is down, and disconnects."
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -17,8 +16,8 @@ from engine_helpers import engine_rejections
 from hardening_helpers import json_request
 from inference_lab.common.ports import free_port
 from inference_lab.testing.launch import serve
+from system_tools import tool
 
-CURL = shutil.which("curl")
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +43,9 @@ def reset_capacity(request):
 
 def curl_json(base: str, method: str, path: str, body=None) -> tuple[int, dict | list]:
     """The reference page's curl commands, run with real curl when it is installed."""
-    if CURL:
-        cmd = [CURL, "-s", "-w", "\n%{http_code}", "-X", method, base + path]
+    curl = tool("curl", optional=True)
+    if curl:
+        cmd = [curl, "-s", "-w", "\n%{http_code}", "-X", method, base + path]
         if body is not None:
             cmd += ["-H", "content-type: application/json", "-d", json.dumps(body)]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout

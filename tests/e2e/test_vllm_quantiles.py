@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -21,10 +20,9 @@ import pytest
 
 from inference_lab.common.ports import free_port
 from inference_lab.testing.launch import serve
+from system_tools import tool
 
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(PROMETHEUS is None,
-                                reason="prometheus not installed (apt-get install prometheus)")
+pytestmark = pytest.mark.tools("prometheus")
 MODEL = "gpt-oss-20b"
 CLIENTS, ROUNDS, TOKENS = 24, 2, 200
 
@@ -60,7 +58,7 @@ def lab(tmp_path_factory):
             f"scrape_configs:\n  - job_name: lab\n    static_configs:\n"
             f"      - targets: [\"{target}\"]\n")
         proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={work / 'prometheus.yml'}",
+            [tool("prometheus"), f"--config.file={work / 'prometheus.yml'}",
              f"--storage.tsdb.path={work / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         base = f"http://127.0.0.1:{port}"

@@ -14,7 +14,8 @@ import grpc
 import pytest
 
 from engine_helpers import engine_stub, running_engine
-from metrics_helpers import PROMTOOL, promtool_check, sample
+from metrics_helpers import promtool_check, sample
+from system_tools import tool
 from inference_lab.common.ports import free_port_run
 from inference_lab.engine.service import metrics_feed, rpc
 from inference_lab.engine.service.metrics_feed import Watchers
@@ -103,7 +104,7 @@ async def test_scrapes_come_from_the_copy_and_show_a_finished_request_at_once(
             await until(lambda: scrape_starts_with(http, urls[1],
                                                    engine.metrics.render(None, [1]).decode()),
                         timeout=2, interval=0.01, what="the copy equal to the engine's render")
-        if PROMTOOL is not None:
+        if tool("promtool", optional=True) is not None:
             assert promtool_check(await scrape(http, urls[1]))[1] == []
     finally:
         await closed()

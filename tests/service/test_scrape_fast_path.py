@@ -123,14 +123,3 @@ async def test_a_request_split_across_reads_is_aiohttps(replica_port):
         assert len(calls) == 2
     finally:
         writer.close()
-
-
-def test_an_aiohttp_without_the_state_it_reads_gets_no_fast_answers():
-    from types import SimpleNamespace
-
-    from inference_lab.gateway.edge import _FAST_NEEDS, fast_answers_supported
-
-    full = SimpleNamespace(**{name: None for name in _FAST_NEEDS})
-    assert fast_answers_supported(full)
-    del full._next_keepalive_close_time  # (an aiohttp that keeps its keep-alive otherwise)
-    assert not fast_answers_supported(full)
