@@ -271,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
     from inference_lab.engine.sim.lora import LoraError
 
     try:
-        try:  # uvloop: ~10 % less CPU per pacer wake-up (BENCHMARKS.md, "Stream cadence")
+        try:  # uvloop: less CPU per pacer wake-up (BENCHMARKS.md, "Stream cadence")
             import uvloop
         except ImportError:
             asyncio.run(run_until_signal(server, args.grace))

@@ -25,9 +25,9 @@ MAX_FRAME = 64 * 1024 * 1024
 # updates, and times the wait as the reader's lateness) instead of the kernel's socket
 # buffers queueing tens of ms of batches. 512 bytes: every 256-stream batch (~800 bytes)
 # waits for the gateway to have written the one before, while 24 streams' (~150 bytes)
-# rarely wait; at 256 streams 1 / 2 KB windows measured 5-10 ms TTFT overhead against
-# 3 ms (BENCHMARKS.md, "Session lane"). A small TCP window instead (SO_RCVBUF 2 KB)
-# measured 19 ms: TCP's window updates lag the reads.
+# rarely wait; at 256 streams larger windows measured a higher TTFT overhead, and a small
+# TCP window instead (SO_RCVBUF) a higher one still: TCP's window updates lag the reads
+# (BENCHMARKS.md, "Session lane").
 WINDOW = 512
 WRITE_HIGH_WATER = 64 * 1024  # bytes queued in the transport before it pushes back
 
