@@ -5,13 +5,15 @@ import openai
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from inference_lab.gateway import create_app
+from inference_lab.gateway import aiohttp_gate, create_app
 from inference_lab.testing.fake_engine import FakeEngine
 from system_tools import check_marks
 
 
 def pytest_runtest_setup(item):
     check_marks(item)  # @pytest.mark.tools(...): skip, or fail under INFERENCE_LAB_REQUIRE_TOOLS=1
+    if item.get_closest_marker("fast_paths") is not None and not aiohttp_gate.fast_paths():
+        pytest.skip("aiohttp's fast paths are off (gateway.aiohttp_gate)")
 
 
 @pytest.fixture

@@ -92,6 +92,7 @@ def idle(served) -> bool:
     return all(m["waiting"] == 0 and m["running"] == 0 for m in served.capacity())
 
 
+@pytest.mark.fast_paths  # (the arrival stamps and the backlog's hold make it exact)
 @pytest.mark.parametrize("kept", [False, True], ids=["new-connections", "kept-alive"])
 def test_a_burst_is_admitted_as_the_modelled_engine_admits_it(kept):
     with serve("--max-waiting", str(MAX_WAITING)) as served:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import tomllib
 from pathlib import Path
 
@@ -112,12 +113,16 @@ def test_the_installed_aiohttp_has_every_name_the_gate_reads():
 @pytest.fixture
 def fast_paths_off(monkeypatch, caplog):
     """The fast paths forced off for the test (and decided afresh after it)."""
+    before = os.environ.get(aiohttp_gate.ENV)
     monkeypatch.setenv(aiohttp_gate.ENV, "off")
     with caplog.at_level(logging.WARNING, logger="inference_lab.gateway.aiohttp_gate"):
         assert not aiohttp_gate.decide_again()
         assert not aiohttp_gate.fast_paths()  # (decided once: one log line)
     yield caplog
-    monkeypatch.delenv(aiohttp_gate.ENV)
+    if before is None:
+        monkeypatch.delenv(aiohttp_gate.ENV)
+    else:
+        monkeypatch.setenv(aiohttp_gate.ENV, before)
     aiohttp_gate.decide_again()
 
 

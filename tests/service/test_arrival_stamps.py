@@ -75,6 +75,7 @@ async def test_the_gateway_stamps_each_request_when_read_and_names_its_clock(fak
     assert (CLOCK_METADATA, clock_id()) in tuple(context.invocation_metadata())
 
 
+@pytest.mark.fast_paths
 @pytest.mark.skipif(not stamps.SUPPORTED, reason="needs Linux receive timestamps")
 async def test_a_request_read_late_by_a_busy_gateway_is_stamped_when_its_bytes_came(fake):
     """The gateway's loop is busy for 100 ms while a request arrives: its stamp is the

@@ -99,6 +99,7 @@ async def chat(session: aiohttp.ClientSession, base: str, body: dict = CHAT) -> 
         return resp.status
 
 
+@pytest.mark.fast_paths
 async def test_a_request_is_held_from_its_read_until_its_open_goes_with_the_release(recorded):
     seen = recorded
     async with lane_lab() as (base, _), aiohttp.ClientSession() as session:
@@ -112,6 +113,7 @@ async def test_a_request_is_held_from_its_read_until_its_open_goes_with_the_rele
     assert opened == ("open", 2) and released == ("hold", 0.0)  # the Open's message: none held
 
 
+@pytest.mark.fast_paths
 async def test_requests_refused_here_or_malformed_release_the_hold_too(recorded):
     seen = recorded
     async with lane_lab(max_waiting=1, max_num_seqs=1) as (base, core), \
@@ -133,6 +135,7 @@ async def test_requests_refused_here_or_malformed_release_the_hold_too(recorded)
     assert seen[0][1] > 0 and seen[2][1] > seen[0][1]
 
 
+@pytest.mark.fast_paths
 async def test_a_body_still_on_its_way_holds_nothing_until_it_is_in(recorded):
     seen = recorded
     async with lane_lab() as (base, _), aiohttp.ClientSession() as session:

@@ -57,6 +57,7 @@ def response(raw: bytes) -> tuple[int, dict[str, str], dict]:
 MANY_HEADERS = b"".join(b"X-%d: y\r\n" % i for i in range(200))
 
 
+@pytest.mark.fast_paths
 @pytest.mark.parametrize("raw, named", [
     (b"GARBAGE\r\n\r\n", "Invalid method"),
     (b"GET /health HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", "Invalid header token"),
@@ -73,6 +74,7 @@ async def test_what_the_http_parser_refuses_gets_the_json_envelope(gateway, raw,
     assert body["error"]["code"] == "bad_http_request" and named in body["error"]["message"]
 
 
+@pytest.mark.fast_paths
 async def test_bad_chunked_framing_after_the_headers_is_a_400_not_a_hang(gateway, fake):
     _, port = gateway
     head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -83,6 +85,7 @@ async def test_bad_chunked_framing_after_the_headers_is_a_400_not_a_hang(gateway
     assert took < 2 and fake.opened.items == []
 
 
+@pytest.mark.fast_paths
 async def test_half_sent_headers_get_a_408_after_the_header_timeout(gateway):
     _, port = gateway
     out, took = await exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\n")
@@ -91,6 +94,7 @@ async def test_half_sent_headers_get_a_408_after_the_header_timeout(gateway):
     assert HEADER_TIMEOUT <= took < HEADER_TIMEOUT + 1.5  # and the server closed it
 
 
+@pytest.mark.fast_paths
 async def test_a_silent_connection_and_a_half_sent_second_request_are_cut_off_too(gateway):
     _, port = gateway
     out, took = await exchange(port)  # connects, sends nothing
@@ -100,6 +104,7 @@ async def test_a_silent_connection_and_a_half_sent_second_request_are_cut_off_to
     assert out.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 408" in out  # kept alive, then cut
 
 
+@pytest.mark.fast_paths
 async def test_hundreds_of_slowloris_connections_are_all_released(gateway):
     runner, port = gateway
     n = 300

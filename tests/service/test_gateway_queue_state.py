@@ -292,6 +292,7 @@ def _same_second(raw: bytes, fresh_id: bool) -> bytes:
     return raw
 
 
+@pytest.mark.fast_paths
 async def test_the_edge_writes_every_dialects_529_byte_for_byte_as_aiohttp_and_counts_it(edge, fake):
     # The first request on a connection is aiohttp's (its handler's saturated_response);
     # the next ones on the kept-alive connection are answered at the edge, and must be the
@@ -327,6 +328,7 @@ async def test_the_edge_writes_every_dialects_529_byte_for_byte_as_aiohttp_and_c
     assert len(fake.opened.items) == 1  # none reached the engine
 
 
+@pytest.mark.fast_paths
 async def test_pipelined_split_and_first_requests_are_aiohttps_and_answered_right(edge):
     port, state, slow = edge
     path, body, expected = DIALECT_CASES[0]
@@ -355,6 +357,7 @@ async def test_pipelined_split_and_first_requests_are_aiohttps_and_answered_righ
     assert state.metrics.requests[(path, 529)] == 7
 
 
+@pytest.mark.fast_paths
 async def test_what_the_handler_would_not_refuse_is_aiohttps(edge, fake):
     # On a kept-alive connection, where the edge would answer a refusal: a bad body gets
     # its dialect's 400, one only the engine can judge (too long) goes to the engine, an
@@ -410,6 +413,7 @@ async def test_what_the_handler_would_not_refuse_is_aiohttps(edge, fake):
         writer.close()
 
 
+@pytest.mark.fast_paths
 @pytest.mark.parametrize("options, key, body, answer", [
     # (the edge checks no keys: without one a kept-alive request is a 401, not a 529)
     ({"api_key": "sk-test"}, b"Authorization: Bearer sk-test\r\n", CHAT,
@@ -435,6 +439,7 @@ async def test_a_key_and_the_body_limit_are_checked_by_aiohttp(fake, monkeypatch
             writer.close()
 
 
+@pytest.mark.fast_paths
 async def test_the_openai_and_anthropic_sdks_get_the_edges_529(edge):
     # What a user's client meets: httpx keeps the connection alive (and says so in a
     # Connection header), so after its first request the refusals are the edge's.

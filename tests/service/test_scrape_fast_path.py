@@ -48,6 +48,7 @@ async def replica_port(monkeypatch):
 GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
+@pytest.mark.fast_paths
 async def test_kept_alive_scrapes_are_answered_at_the_edge_as_the_handler_answers(replica_port):
     port, calls = replica_port
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -108,6 +109,7 @@ async def test_anything_else_is_aiohttps(replica_port, raw, answers):
         writer.close()
 
 
+@pytest.mark.fast_paths
 async def test_a_request_split_across_reads_is_aiohttps(replica_port):
     port, calls = replica_port
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
