@@ -11,6 +11,8 @@ source of truth for queue depth and capacity. Modules:
   one engine path they share (`protocols.generate`).
 - `app`: the aiohttp application factory, routes, metrics and lifecycles.
 - `server`: `run_gateway`, running the app until cancelled.
+- `aiohttp_gate`: every read or write of aiohttp's private state (the edge's answers, the
+  relay's writes, receive stamps), on only for the aiohttp releases it was tested on.
 """
 
 from inference_lab.gateway.app import create_app
