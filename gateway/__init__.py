@@ -12,6 +12,8 @@ source of truth for queue depth and capacity. Modules:
 - `app`: the aiohttp application factory, routes, metrics and lifecycles.
 - `server`: `start_gateway`, serving one app; `fleet`: one app per engine replica;
   `run`: `run_gateway`, running them until cancelled.
+- `aiohttp_gate`: every read or write of aiohttp's private state (the edge's answers, the
+  relay's writes, receive stamps), on only for the aiohttp releases it was tested on.
 """
 
 from inference_lab.gateway.app import create_app

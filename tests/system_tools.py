@@ -24,6 +24,7 @@ PACKAGES = {
     "haproxy": "haproxy",
     "prometheus": "prometheus",
     "promtool": "prometheus",
+    "ss": "iproute2",
 }
 
 

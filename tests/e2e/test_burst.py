@@ -23,6 +23,7 @@ from inference_lab.engine.sim.config import default_deployments
 from inference_lab.engine.sim.core import EngineCore
 from inference_lab.testing.launch import serve
 from inference_lab.testing.poll import wait_until
+from system_tools import tool
 
 MAX_WAITING, MAX_NUM_SEQS, N = 16, 48, 200
 BODY = {"model": "gpt-oss-20b", "stream": True, "max_tokens": 4000,
@@ -117,9 +118,13 @@ def test_a_burst_is_admitted_as_the_modelled_engine_admits_it(kept):
 
 
 def listen_backlog(port: int) -> int | None:
-    """The accept queue the kernel gives a listening socket (`ss`: Send-Q), if `ss` runs."""
+    """The accept queue the kernel gives a listening socket (`ss`: Send-Q), if `ss` is
+    here (system_tools: CI requires it) and runs."""
+    ss = tool("ss", optional=True)
+    if ss is None:
+        return None
     try:
-        out = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True,
+        out = subprocess.run([ss, "-Hltn", f"sport = :{port}"], capture_output=True,
                              text=True, timeout=10).stdout.split()
     except (OSError, subprocess.SubprocessError):
         return None
