@@ -6,10 +6,15 @@ endpoint, replay_endpoint, buffer_steps, hwm, topic) and its wire format, as vLL
 
 - a PUB socket sends one 3-frame message per engine step that changed the cache:
   (topic, sequence number as 8 bytes big-endian, payload);
-- the payload is a msgpack array `[ts, [event, ...], data_parallel_rank]`, each event an
-  array whose first item names it: `["BlockStored", block_hashes, parent_block_hash,
-  token_ids, block_size, lora_id, medium]`, `["BlockRemoved", block_hashes, medium]`,
-  `["AllBlocksCleared"]` (block hashes are unsigned 64-bit integers, medium "GPU");
+- the payload is a msgpack array `[ts, [event, ...], data_parallel_rank]`, each event a
+  map tagged by its `type` (vLLM's msgspec structs: the batch `array_like`, the events
+  not): `{"type": "BlockStored", "block_hashes", "parent_block_hash", "token_ids",
+  "block_size", "lora_id", "medium", "lora_name"}`, `{"type": "BlockRemoved",
+  "block_hashes", "medium"}`, `{"type": "AllBlocksCleared"}` (block hashes are unsigned
+  64-bit integers, vLLM's `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES` form; medium "GPU";
+  an adapter's blocks carry its `lora_id` and `lora_name`; the fields vLLM gives
+  defaults, such as `extra_keys` and `group_idx`, are left out as its encoder leaves
+  them out when unset);
 - an optional ROUTER socket (`replay_endpoint`) answers a request `(b"", seq as 8 bytes
   big-endian)` with every buffered batch from that sequence number on, each as
   `(b"", seq, payload)`, then `(b"", -1 as 8 signed bytes, b"")`.
@@ -34,6 +39,7 @@ import time
 from array import array
 from collections import deque
 from dataclasses import dataclass, fields
+from typing import Callable
 
 import msgspec
 import zmq
@@ -124,8 +130,8 @@ def _binds(endpoint: str) -> bool:
             or host in ("127.0.0.1", "localhost", "[::1]"))
 
 
-# ---- the wire types (vLLM's layout: msgpack arrays, the event's name first) ------------
-class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+# ---- the wire types (vLLM's: the batch a msgpack array, each event a map tagged "type") --
+class _Event(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
     pass
 
 
@@ -136,6 +142,7 @@ class BlockStored(_Event):
     block_size: int
     lora_id: int | None
     medium: str | None
+    lora_name: str | None
 
 
 class BlockRemoved(_Event):
@@ -153,8 +160,10 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     data_parallel_rank: int | None = None
 
 
-def wire_events(recorded: list[tuple], block_size: int) -> list:
-    """The core's recorded events (engine.sim.prefix_cache) as wire events."""
+def wire_events(recorded: list[tuple], block_size: int,
+                lora_names: Callable[[int], str | None] = lambda _: None) -> list:
+    """The core's recorded events (engine.sim.prefix_cache) as wire events;
+    `lora_names(id)` is the adapter name of a LoRA id (vLLM sends both)."""
     out: list = []
     for event in recorded:
         kind = event[0]
@@ -163,7 +172,7 @@ def wire_events(recorded: list[tuple], block_size: int) -> list:
             ids = array("I")
             ids.frombytes(tokens)
             out.append(BlockStored(list(hashes), parent, ids.tolist(), block_size, lora_id,
-                                   MEDIUM_GPU))
+                                   MEDIUM_GPU, None if lora_id is None else lora_names(lora_id)))
         elif kind == REMOVED:
             out.append(BlockRemoved(list(event[1]), MEDIUM_GPU))
         elif kind == CLEARED:
@@ -216,11 +225,13 @@ class ZmqEventPublisher:
     def topic_for(self, model: str) -> bytes:
         return self.config.topic.replace("{model}", model).encode()
 
-    def publish(self, model: str, recorded: list[tuple], block_size: int) -> None:
+    def publish(self, model: str, recorded: list[tuple], block_size: int,
+                lora_names: Callable[[int], str | None] = lambda _: None) -> None:
         """One step's events of one model as one batch (nothing when there are none)."""
         if not recorded:
             return
-        batch = KVEventBatch(time.time(), wire_events(recorded, block_size), self.replica)
+        batch = KVEventBatch(time.time(), wire_events(recorded, block_size, lora_names),
+                             self.replica)
         payload = self._encode(batch)
         seq = self._seq
         self._seq += 1

@@ -11,6 +11,7 @@ import random
 import socket
 
 import msgpack
+import msgspec
 import pytest
 import zmq
 import zmq.asyncio
@@ -41,7 +42,7 @@ class Follower:
         self.rank = rank  # the replica whose events these must be
         self.blocks: set[int] = set()
         self.next_seq = 0
-        self.layouts: set[tuple[str, int]] = set()  # (event name, item count) seen
+        self.layouts: set[tuple[str, tuple]] = set()  # (event type, its keys) seen
 
     def apply(self, seq: int, payload: bytes) -> None:
         if seq < self.next_seq:
@@ -50,19 +51,20 @@ class Follower:
         self.next_seq = seq + 1
         ts, events, rank = msgpack.unpackb(payload)
         assert isinstance(ts, float) and rank == self.rank
-        for event in events:
-            self.layouts.add((event[0], len(event)))
-            if event[0] == "BlockStored":
-                _, hashes, parent, token_ids, block_size, lora_id, medium = event
-                assert block_size == 64 and len(token_ids) == 64 * len(hashes)
-                assert lora_id is None and medium == "GPU"
+        for event in events:  # maps tagged by "type", as vLLM's msgspec structs encode them
+            self.layouts.add((event["type"], tuple(sorted(event))))
+            if event["type"] == "BlockStored":
+                hashes, parent = event["block_hashes"], event["parent_block_hash"]
+                assert event["block_size"] == 64 and len(event["token_ids"]) == 64 * len(hashes)
+                assert event["lora_id"] is None and event["lora_name"] is None
+                assert event["medium"] == "GPU"
                 assert parent is None or parent in self.blocks
                 self.blocks.update(hashes)
-            elif event[0] == "BlockRemoved":
-                _, hashes, medium = event
-                assert set(hashes) <= self.blocks
+            elif event["type"] == "BlockRemoved":
+                hashes = event["block_hashes"]
+                assert event["medium"] == "GPU" and set(hashes) <= self.blocks
                 self.blocks.difference_update(hashes)
-            elif event[0] == "AllBlocksCleared":
+            elif event["type"] == "AllBlocksCleared":
                 self.blocks.clear()
 
 
@@ -134,8 +136,10 @@ async def test_a_subscriber_rebuilds_the_cached_block_set_exactly():
     for seq, payload in batches:
         follower.apply(seq, payload)
     assert follower.next_seq == batches[-1][0] + 1
-    assert ("BlockRemoved", 3) in follower.layouts  # the small cache evicted
-    assert ("BlockStored", 7) in follower.layouts
+    # vLLM's fields and no others (those it gives defaults are left out when unset)
+    assert ("BlockRemoved", ("block_hashes", "medium", "type")) in follower.layouts  # evicted
+    assert ("BlockStored", ("block_hashes", "block_size", "lora_id", "lora_name", "medium",
+                            "parent_block_hash", "token_ids", "type")) in follower.layouts
     assert follower.blocks == expected and len(expected) > 0
 
 
@@ -212,3 +216,21 @@ def test_replicas_offset_the_port_as_vllm_offsets_data_parallel_ranks():
 def test_a_bad_kv_events_config_names_what_is_wrong(text, message):
     with pytest.raises(KVEventsConfigError, match=message):
         KVEventsConfig.parse(text)
+
+
+def test_an_adapters_blocks_carry_its_id_and_name_and_the_batch_stays_an_array():
+    from inference_lab.engine.service.kv_events import KVEventBatch, wire_events
+    from inference_lab.engine.sim.prefix_cache import REMOVED, STORED
+
+    tokens = bytes(range(8)) * 2  # four uint32 token IDs
+    recorded = [(STORED, [11, 12], 10, tokens, 3), (STORED, [13], None, tokens[:8], None),
+                (REMOVED, [11])]
+    events = wire_events(recorded, 2, {3: "sql-lora"}.get)
+    ts, (adapter, base, removed), rank = msgpack.unpackb(
+        msgspec.msgpack.encode(KVEventBatch(1.5, events, 2)))
+    assert (ts, rank) == (1.5, 2)
+    assert adapter == {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": 10,
+                       "token_ids": [0x03020100, 0x07060504, 0x03020100, 0x07060504],
+                       "block_size": 2, "lora_id": 3, "medium": "GPU", "lora_name": "sql-lora"}
+    assert (base["lora_id"], base["lora_name"], base["token_ids"]) == (None, None, [0x03020100, 0x07060504])
+    assert removed == {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"}
