@@ -23,7 +23,9 @@ Each replica has a publisher of its own (`ReplicaPublishers`), as each data-para
 of vLLM has: its own sockets, sequence numbers and replay buffer, shared by the models
 served at that replica index. `data_parallel_rank` carries the replica index (plus the
 engine's `--engine-index`), and, as vLLM does for data-parallel ranks, index k > 0 offsets
-the endpoints' TCP port by k (an `_dp<k>` suffix on ipc/inproc names). A replica's
+the endpoints' TCP port by k (an `_dp<k>` suffix on ipc/inproc names), by k times a
+larger stride when the publish and replay ports are too close for that
+(`replica_stride`: no two replicas' ports ever meet). A replica's
 publisher opens with the replica and closes once it is drained. The topic may contain
 `{model}`, replaced by the served model's name (an engine may serve several models; vLLM
 serves one). Does not know the cache itself: the core records the events
@@ -45,6 +47,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from inference_lab.engine.fleet.replicas import MAX_REPLICAS
 from inference_lab.engine.sim.prefix_cache import CLEARED, REMOVED, STORED
 
 log = logging.getLogger(__name__)
@@ -109,17 +112,57 @@ class KVEventsConfig:
         return config
 
 
-def offset_endpoint(endpoint: str | None, index: int) -> str | None:
-    """Replica `index`'s endpoint: the TCP port plus index, or an `_dp<index>` suffix on
-    ipc/inproc names (as vLLM offsets data-parallel ranks); index 0 keeps it, and so does
-    every replica of a tcp endpoint on any free port (`:0` or `:*`: port + index would be
-    a fixed low port, a privileged one)."""
+def replica_stride(config: "KVEventsConfig") -> int:
+    """How far replica k + 1's TCP ports are from replica k's. 1, as vLLM offsets
+    data-parallel ranks, unless the publish and replay ports are fewer than MAX_REPLICAS
+    apart: then replica k's publish port would be replica k + d's replay port (vLLM's own
+    5557 / 5558 collide from two ranks on), so the stride is twice their distance d,
+    which no difference of replica indices times it can equal: no two replicas' ports
+    ever meet, however many there are."""
+    pub, replay = _tcp_port(config.endpoint), _tcp_port(config.replay_endpoint)
+    if not pub or not replay or abs(replay - pub) >= MAX_REPLICAS:
+        return 1
+    return 2 * abs(replay - pub)
+
+
+def offset_endpoint(endpoint: str | None, index: int, stride: int = 1) -> str | None:
+    """Replica `index`'s endpoint: the TCP port plus index x stride (`replica_stride`), or
+    an `_dp<index>` suffix on ipc/inproc names (as vLLM offsets data-parallel ranks);
+    index 0 keeps it, and so does every replica of a tcp endpoint on any free port (`:0`
+    or `:*`: port + index would be a fixed low port, a privileged one)."""
     if not endpoint or index == 0:
         return endpoint
     if endpoint.startswith("tcp://"):
         base, _, port = endpoint.rpartition(":")
-        return f"{base}:{int(port) + index}" if port.isdigit() and int(port) else endpoint
+        return f"{base}:{int(port) + index * stride}" if port.isdigit() and int(port) else endpoint
     return f"{endpoint}_dp{index}"
+
+
+def bound_ports(config: "KVEventsConfig", replicas: int, engine_index: int = 0
+                ) -> list[tuple[str, int]]:
+    """(what, port) of every fixed TCP port the publishers of replicas 0 .. replicas - 1
+    bind (a connected endpoint binds nothing here; a free port is no fixed port), for a
+    start-up to check against each other and the other ports before binding any."""
+    if not config.enabled:
+        return []
+    stride = replica_stride(config)
+    out = []
+    for replica in range(replicas):
+        index = engine_index + replica
+        for what, endpoint in (("KV event", config.endpoint), ("KV replay", config.replay_endpoint)):
+            endpoint = offset_endpoint(endpoint, index, stride)
+            port = _tcp_port(endpoint)
+            if port and _binds(endpoint):
+                out.append((f"replica {replica}'s {what} port", port))
+    return out
+
+
+def _tcp_port(endpoint: str | None) -> int | None:
+    """The fixed port of a tcp:// endpoint (None for ipc/inproc, `:0` or `:*`)."""
+    if not endpoint or not endpoint.startswith("tcp://"):
+        return None
+    port = endpoint.rpartition(":")[2]
+    return int(port) if port.isdigit() and int(port) else None
 
 
 def _binds(endpoint: str) -> bool:
@@ -192,8 +235,9 @@ class ZmqEventPublisher:
         without them the publisher has its own."""
         self.config = config
         self.replica = replica
-        self.endpoint = offset_endpoint(config.endpoint, replica)
-        self.replay_endpoint = offset_endpoint(config.replay_endpoint, replica)
+        stride = replica_stride(config)
+        self.endpoint = offset_endpoint(config.endpoint, replica, stride)
+        self.replay_endpoint = offset_endpoint(config.replay_endpoint, replica, stride)
         self._own_contexts = contexts is None
         # the PUB socket is written without awaiting (a plain context)
         self._ctx, self._actx = contexts or (zmq.Context(), None)
