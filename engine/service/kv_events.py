@@ -351,6 +351,10 @@ class ReplicaPublishers:
         entry = self._open.get(replica)
         return entry[0] if entry else None
 
+    def publishers(self) -> list[tuple[int, ZmqEventPublisher]]:
+        """(replica index, its publisher) of every open one, by index."""
+        return sorted((replica, entry[0]) for replica, entry in self._open.items())
+
     def close(self) -> None:
         for publisher, _ in self._open.values():
             publisher.close()
