@@ -52,7 +52,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="publish KV-cache events over ZMQ in vLLM's wire format, configured as "
                         "vLLM's flag is: e.g. '{\"enable_kv_cache_events\": true, \"endpoint\": "
                         "\"tcp://127.0.0.1:5557\", \"replay_endpoint\": \"tcp://127.0.0.1:5558\", "
-                        "\"topic\": \"kv@{model}\"}'; replica k publishes on the ports + k "
+                        "\"topic\": \"kv@{model}\"}'; replica k publishes on the ports + k, or + 2dk "
+                        "when the two are d < 64 apart, so that no two replicas' ports meet "
                         "(docs/kv-events.md)")
 
 
