@@ -141,15 +141,19 @@ def http_date() -> str:
     return _http_date()
 
 
-def response_head(status: int, content_type: bytes) -> bytes:
+def response_head(status: int, content_type: bytes, first: bytes = b"", last: bytes = b"") -> bytes:
     """A response head as aiohttp writes one on a kept-alive HTTP/1.1 connection (its
     reason phrase for `status`, its header order) with a body's length, Date and
-    x-request-id left as the three `%` slots (%d, %s, %s) of the returned bytes."""
+    x-request-id left as the three `%` slots (%d, %s, %s) of the returned bytes. `first`
+    and `last`: header lines (each ending in CRLF, `%` slots of their own kept as they are)
+    before Content-Type and after x-request-id, where aiohttp puts the headers a handler
+    set before and after its own."""
     reason = web.Response(status=status).reason or ""
-    fixed = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n" % (status, reason.encode(), content_type)
+    fixed = b"HTTP/1.1 %d %s\r\n" % (status, reason.encode())
     server = SERVER_SOFTWARE.encode().replace(b"%", b"%%")
-    return (fixed.replace(b"%", b"%%") + b"Content-Length: %d\r\nDate: %s\r\nServer: "
-            + server + b"\r\nx-request-id: %s\r\n\r\n")
+    return (fixed.replace(b"%", b"%%") + first + b"Content-Type: "
+            + content_type.replace(b"%", b"%%") + b"\r\nContent-Length: %d\r\nDate: %s\r\nServer: "
+            + server + b"\r\nx-request-id: %s\r\n" + last + b"\r\n")
 
 
 # ---- the connection ------------------------------------------------------------------------

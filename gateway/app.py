@@ -5,7 +5,8 @@ completions, completions and Responses, Anthropic Messages; /v1/models, /health,
 /control/capacity, and the routes of vLLM's API, token counting, stored responses, LoRA
 adapters, faults and CORS preflights), and which part answers each: the edge middleware
 every request passes (gateway.middleware), the generation handler (gateway.generation),
-the control routes (gateway.control), the app's start and stop (gateway.lifecycle), and
+the control routes (gateway.control), what routers read (gateway.routing: load, render,
+server info, KV-event sources), the app's start and stop (gateway.lifecycle), and
 the answers the connection-level edge may write itself (gateway.edge FAST_POSTS,
 FAST_GETS).
 
@@ -21,10 +22,11 @@ from typing import Callable
 from aiohttp import web
 
 from inference_lab.common.tokenizer import Tokenizer, load_tokenizer
-from inference_lab.gateway import control, cors, generation, lifecycle, middleware
+from inference_lab.gateway import control, cors, generation, lifecycle, middleware, routing
 from inference_lab.gateway import lora as lora_routes
 from inference_lab.gateway.edge import ARRIVALS, FAST_GETS, FAST_POSTS
 from inference_lab.gateway.engine_client import EngineClient
+from inference_lab.gateway.errors import SATURATED_529, Saturation
 from inference_lab.gateway.faults import FaultSpec
 from inference_lab.gateway.faults import control as fault_control
 from inference_lab.gateway.faults import replica as fault_replica
@@ -52,6 +54,8 @@ def create_app(
     replica: int | None = None,
     engine: EngineClient | None = None,
     session_lane: str | None = None,
+    saturation: Saturation | None = None,
+    served_by: bool = True,
 ) -> web.Application:
     """The gateway application for the engine at `engine_target` ("host:port").
 
@@ -69,7 +73,9 @@ def create_app(
     replica, /health/ready and /v1/models answer 200 only while it is ready, /metrics adds
     its engine series; `engine` is then the fleet's one shared EngineClient.
     `session_lane` ("auto" or "off") is the EngineClient's: whether its Session may take the
-    engine's same-host lane.
+    engine's same-host lane. `saturation` is how a saturated model's refusal is answered
+    (default: 529, no Retry-After); `served_by` names the replica and model on every
+    generation response (headers x-inference-lab-replica, x-inference-lab-model).
     """
     state = GatewayState(
         engine_target=engine_target,
@@ -83,6 +89,8 @@ def create_app(
         tokenizer=tokenizer or load_tokenizer(None),
         replica=replica,
         shared_engine=engine,
+        saturation=saturation or SATURATED_529,
+        served_by=served_by,
     )
     app = web.Application(client_max_size=max_body_bytes,
                           middlewares=[middleware.edge_middleware])
@@ -110,6 +118,7 @@ def create_app(
     vllm_api.add_routes(app, lambda: state.client, lambda: state.tokenizer, read_body)
     count_tokens.add_routes(app, lambda: state.client, lambda: state.tokenizer, read_body)
     stored_responses.add_routes(app)
+    routing.add_routes(app)  # what a router reads: load, render, server info, KV-event sources
     lora_routes.add_routes(app, lambda: state.client, read_body)
     app.router.add_get("/health", control.health)
     app.router.add_get("/ping", control.health)  # (vLLM's, for SageMaker-style probes: /health's answer)

@@ -250,6 +250,19 @@ class EngineClient:
             self._rpc_timeout)
         return list(resp.models)
 
+    async def kv_event_sources(self, replica: int | None = None) -> list[pb.KvEventSource]:
+        """The engine's KV-event publishers as bound (one replica's when given; none when
+        events are off)."""
+        stub = self._connection.stub()
+        try:
+            resp = await stub.GetKvEventSources(pb.GetKvEventSourcesRequest(replica=replica),
+                                                timeout=self._rpc_timeout, wait_for_ready=False)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:  # an engine without KV events
+                return []
+            raise from_grpc_error(exc) from None
+        return list(resp.sources)
+
     async def load_lora_adapter(self, name: str, path: str, base: str = "") -> str:
         """Register a LoRA adapter in the engine; the model list is refreshed."""
         resp = await self._unary("LoadLoraAdapter", pb.LoadLoraAdapterRequest(

@@ -135,20 +135,73 @@ _KIND_BY_GRPC_INT: dict[int, ErrorKind] = {
 
 
 class GatewayError(Exception):
-    """A failure with a kind from the table and a human-readable message."""
+    """A failure with a kind from the table and a human-readable message (`spec`: the
+    table's row unless one is given, as a saturation setting gives its own)."""
 
     def __init__(self, kind: ErrorKind, message: str,
                  headers: Mapping[str, str] | None = None,
-                 details: Mapping[str, object] | None = None) -> None:
+                 details: Mapping[str, object] | None = None,
+                 spec: ErrorSpec | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.headers = dict(headers) if headers else None  # extra response headers
         self.details = dict(details) if details else None  # Anthropic's `error.details`
+        self._spec = spec
 
     @property
     def spec(self) -> ErrorSpec:
-        return ERRORS[self.kind]
+        return self._spec or ERRORS[self.kind]
+
+
+# What a saturated model may answer instead of the 529 (`Saturation`): 503 and 429 are
+# what other servers and simulators send when they are full. The code stays
+# queue_saturated, so a client can tell a full queue from a liveness failure (503
+# engine_unavailable) or an injected rate limit (429 rate_limit_exceeded); the Anthropic
+# type follows Anthropic's documented types (its SDK picks the exception by status:
+# 503 ServiceUnavailableError, 429 RateLimitError).
+SATURATED_SPECS: dict[int, ErrorSpec] = {
+    529: ERRORS[ErrorKind.QUEUE_SATURATED],
+    503: ErrorSpec(503, "overloaded_error", "queue_saturated",
+                   grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded_error"),
+    429: ErrorSpec(429, "overloaded_error", "queue_saturated",
+                   grpc.StatusCode.RESOURCE_EXHAUSTED, "rate_limit_error"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Saturation:
+    """How a saturated model's refusal is answered: its status (529, the default; 503 or
+    429) and, when set, a `Retry-After` of that many whole seconds."""
+
+    status: int = 529
+    retry_after: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in SATURATED_SPECS:
+            raise ValueError(f"the saturated status must be one of "
+                             f"{', '.join(map(str, SATURATED_SPECS))}, got {self.status}")
+        if self.retry_after is not None and not 0 <= self.retry_after <= 86_400:
+            raise ValueError(f"retry-after must be 0..86400 seconds, got {self.retry_after}")
+
+    @property
+    def spec(self) -> ErrorSpec:
+        return SATURATED_SPECS[self.status]
+
+    def headers(self) -> dict[str, str] | None:
+        return None if self.retry_after is None else {"Retry-After": str(self.retry_after)}
+
+    def apply(self, err: GatewayError) -> GatewayError:
+        """A QUEUE_SATURATED error as this setting answers it (headers already on it, a
+        fault's retry hints, win); any other error unchanged."""
+        if err.kind is not ErrorKind.QUEUE_SATURATED or err._spec is not None or (
+                self.status == 529 and self.retry_after is None):
+            return err
+        headers = {**(self.headers() or {}), **(err.headers or {})}
+        return GatewayError(err.kind, err.message, headers, err.details, self.spec)
+
+
+SATURATED_529 = Saturation()
 
 
 def engine_unavailable(detail: str = "") -> GatewayError:
@@ -247,20 +300,21 @@ def error_response(err: GatewayError, request: web.BaseRequest | None = None,
                         headers=headers or None)
 
 
-_SATURATED_BODIES: dict[tuple[Callable[[GatewayError], bytes], str], bytes] = {}
+_SATURATED_BODIES: dict[tuple[Callable[[GatewayError], bytes], str, int], bytes] = {}
 _SATURATED_CACHE_MAX = 64  # envelopes x the engine's messages (one per capacity setting)
 
 
 def saturated_body(message: str, render: Callable[[GatewayError], bytes],
-                   where: Callable[[], str]) -> bytes:
+                   where: Callable[[], str], saturation: Saturation = SATURATED_529) -> bytes:
     """The body `error_response` renders for GatewayError(QUEUE_SATURATED, message) with
-    `render`, logged as its one line when DEBUG is enabled (`where()`: "METHOD /path"): the
-    hot path of a saturated model (up to thousands a second), rendered once per envelope
-    and message (the engine's message changes only with the capacity)."""
-    key = (render, message)
+    `render` under `saturation`, logged as its one line when DEBUG is enabled (`where()`:
+    "METHOD /path"): the hot path of a saturated model (up to thousands a second),
+    rendered once per envelope, message and status (the engine's message changes only
+    with the capacity)."""
+    key = (render, message, saturation.status)
     body = _SATURATED_BODIES.get(key)
     if body is None or log.isEnabledFor(logging.DEBUG):
-        err = GatewayError(ErrorKind.QUEUE_SATURATED, message)
+        err = GatewayError(ErrorKind.QUEUE_SATURATED, message, spec=saturation.spec)
         if log.isEnabledFor(logging.DEBUG):
             log_error(err, where())
         if body is None:
@@ -271,12 +325,15 @@ def saturated_body(message: str, render: Callable[[GatewayError], bytes],
 
 
 def saturated_response(message: str, request: web.BaseRequest | None = None,
-                       render: Callable[[GatewayError], bytes] = envelope) -> web.Response:
-    """The 529 that `error_response` makes of GatewayError(QUEUE_SATURATED, message),
-    byte for byte, built without the exception (`saturated_body`)."""
+                       render: Callable[[GatewayError], bytes] = envelope,
+                       saturation: Saturation = SATURATED_529) -> web.Response:
+    """The refusal (529 unless `saturation` says otherwise) that `error_response` makes of
+    GatewayError(QUEUE_SATURATED, message) under `saturation`, byte for byte, built
+    without the exception (`saturated_body`)."""
     body = saturated_body(message, render, lambda: f"{request.method} {request.path}"
-                          if request is not None else "-")
-    return web.Response(status=529, body=body, content_type="application/json")
+                          if request is not None else "-", saturation)
+    return web.Response(status=saturation.status, body=body, content_type="application/json",
+                        headers=saturation.headers())
 
 
 def sse_error_frame(err: GatewayError) -> bytes:

@@ -2,12 +2,15 @@
 
 Knows: the one handler of every generation route (one per API dialect of
 gateway.protocols.ROUTES): the body read and parsed by the route's dialect (a bad body is
-its 400 before any 529), the request's arrival stamp (gateway.edge), fault directives
+its 400 before any 529), the request's arrival stamp (gateway.edge), the replica it runs
+on (its port's, or on the base port the one vLLM's X-data-parallel-rank header names),
+which the response names with the model (unless told not to), fault directives
 (gateway.faults: scripted replies, or a fault inside the real stream), the refusal on the
-engine's word answered without raising (`saturated_response`: the same 529, byte for byte),
-and the engine path of one prompt or several (gateway.protocols.generate, .batch). And
-`fast_refusal`: the same 529 from a read's headers and body, for the edge to write on a
-kept-alive connection without aiohttp's request objects (gateway.edge FAST_POSTS).
+engine's word answered without raising (`saturated_response`: the same 529, or the
+app's saturation status, byte for byte), and the engine path of one prompt or several
+(gateway.protocols.generate, .batch). And `fast_refusal`: the same refusal from a read's
+headers and body, for the edge to write on a kept-alive connection without aiohttp's
+request objects (gateway.edge FAST_POSTS).
 
 Does not know: routes other than generation (gateway.control), the edge middleware
 (gateway.middleware), gRPC (gateway.engine_client).
@@ -28,13 +31,21 @@ from inference_lab.gateway.faults import HEADER as FAULT_HEADER
 from inference_lab.gateway.faults import DirectiveError, FaultSpec, directive_for
 from inference_lab.gateway.faults import control as fault_control
 from inference_lab.gateway.faults import stream as fault_stream
-from inference_lab.gateway.middleware import json_media, read_json_body
+from inference_lab.gateway.middleware import (
+    MODEL_HEADER, REPLICA_HEADER, SERVED_BY, json_media, read_json_body,
+)
 from inference_lab.gateway.protocols import Dialect
 from inference_lab.gateway.protocols.base import Batch, Generation, random_id
 from inference_lab.gateway.protocols.batch import batch_refusal, generate_batch
 from inference_lab.gateway.protocols.generate import generate
 from inference_lab.gateway.protocols.openai.render import Completion
 from inference_lab.gateway.state import GatewayState
+
+
+# vLLM's header naming the data-parallel rank a request runs on (vllm-router's DP-aware
+# mode sends it): here the replica, on the base port, which fronts the engine as vLLM's
+# API server fronts its ranks.
+RANK_HEADER = "X-data-parallel-rank"
 
 
 def generation_handler(dialect: Dialect, state: GatewayState,
@@ -48,6 +59,9 @@ def generation_handler(dialect: Dialect, state: GatewayState,
         body = await read_json_body(request, state.max_body_bytes)
         arrived = arrival_stamp(request)  # the request is read: the engine books it here
         gen = dialect.parse(body, state.tokenizer)  # a bad body gets its 400 before a 529
+        replica = _replica_for(request, state)
+        if state.served_by:  # named on the response, whatever it is (middleware)
+            request[SERVED_BY] = (str(replica or 0), gen.model)
         fault = _fault_for(request, state, gen)
         pump = None
         client = state.client
@@ -64,14 +78,14 @@ def generation_handler(dialect: Dialect, state: GatewayState,
             # with faults set it is raised as before, for the hints to go on it). It
             # refuses only a model in the client's cache: `generate`'s resolve_model (a 404
             # first for an unknown one) would have passed without waiting.
-            refused = _refusal(client, gen, state.replica, arrived)
+            refused = _refusal(client, gen, replica, arrived)
             if refused is not None:
-                return saturated_response(refused, request, render)
+                return saturated_response(refused, request, render, state.saturation)
         if isinstance(gen, Batch):  # several prompts: one engine request each
             return await generate_batch(request, gen, client, state.inflight,
-                                        replica=state.replica, arrived=arrived)
+                                        replica=replica, arrived=arrived)
         return await generate(request, gen, client, state.inflight, pump,
-                              replica=state.replica, arrived=arrived)
+                              replica=replica, arrived=arrived)
 
     def faulted_handler(request: web.Request) -> Awaitable[web.StreamResponse]:
         return handler(request, True)
@@ -80,10 +94,22 @@ def generation_handler(dialect: Dialect, state: GatewayState,
     return handler
 
 
-# The 529 as aiohttp writes `saturated_response` on a kept-alive HTTP/1.1 connection (its
-# reason phrase for 529, headers in its order, then `echo_request_id`'s), for the edge.
-_REFUSAL_HEAD = response_head(529, b"application/json")
+def _refusal_head(state: GatewayState) -> bytes:
+    """The refusal's head as aiohttp writes `saturated_response` on a kept-alive HTTP/1.1
+    connection (the status and aiohttp's reason phrase for it, Retry-After when set, its
+    headers in its order, then `echo_request_id`'s), for the edge; %-holes for the
+    length, the date, the request id and, when named, the model (bytes, %-escaped)."""
+    saturation = state.saturation
+    first = (b"" if saturation.retry_after is None
+             else b"Retry-After: %d\r\n" % saturation.retry_after)
+    last = (b"" if not state.served_by
+            else REPLICA_HEADER.encode() + b": " + str(state.replica or 0).encode()
+            + b"\r\n" + MODEL_HEADER.encode() + b": %s\r\n")
+    return response_head(saturation.status, b"application/json", first, last)
+
+
 _FAULT_HEADER = FAULT_HEADER.lower().encode()
+_RANK_HEADER = RANK_HEADER.lower().encode()
 
 
 def fast_refusal(path: str, dialect: Dialect, state: GatewayState,
@@ -97,6 +123,7 @@ def fast_refusal(path: str, dialect: Dialect, state: GatewayState,
     a fault header, a Content-Type or size it refuses) are the handler's."""
     render = dialect.error_body
     parse = dialect.parse
+    head = _refusal_head(state)
 
     def where() -> str:
         return f"POST {path}"
@@ -106,7 +133,7 @@ def fast_refusal(path: str, dialect: Dialect, state: GatewayState,
         client = state.engine
         if (client is None or not client.may_refuse(stamp) or state.api_key is not None
                 or faults.state.active or state.static_faults or _FAULT_HEADER in headers
-                or len(body) > state.max_body_bytes):
+                or _RANK_HEADER in headers or len(body) > state.max_body_bytes):
             return None
         media = headers.get(b"content-type")
         if media is not None and not json_media(media.decode("ascii")):
@@ -118,13 +145,36 @@ def fast_refusal(path: str, dialect: Dialect, state: GatewayState,
         message = _refusal(client, gen, state.replica, stamp)
         if message is None:
             return None
-        out = saturated_body(message, render, where)
-        head = _REFUSAL_HEAD % (len(out), http_date().encode(),
-                                headers.get(b"x-request-id") or random_id().encode())
-        state.metrics.observe(path, 529, time.perf_counter() - started)
-        return head, out
+        out = saturated_body(message, render, where, state.saturation)
+        holes = (len(out), http_date().encode(),
+                 headers.get(b"x-request-id") or random_id().encode())
+        if state.served_by:
+            holes += (gen.model.encode(),)
+        state.metrics.observe(path, state.saturation.status, time.perf_counter() - started)
+        return head % holes, out
 
     return answer
+
+
+def _replica_for(request: web.Request, state: GatewayState) -> int | None:
+    """The replica a request runs on: its port's, or on the base port (replica 0's, or a
+    lone gateway's) the one X-data-parallel-rank names. Elsewhere the header may only
+    name the port's own replica (a 400 otherwise, as is a header that is no index)."""
+    header = request.headers.get(RANK_HEADER)
+    if header is None:
+        return state.replica
+    try:
+        rank = int(header)
+    except ValueError:
+        rank = -1
+    if not 0 <= rank < 2**32:
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           f"Invalid {RANK_HEADER}: {header!r} is not a replica index")
+    if state.replica and rank != state.replica:
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           f"{RANK_HEADER}: {rank}: this port serves replica {state.replica} "
+                           "only; the base port serves every replica")
+    return rank
 
 
 def _refusal(client: EngineClient, gen: Generation | Batch, replica: int | None,

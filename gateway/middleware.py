@@ -2,9 +2,10 @@
 
 Knows: the API key (a Bearer token or `x-api-key`, on /v1/*) and the control token (on
 /control/*), errors in the envelope of the route's dialect (gateway.protocols.ROUTES),
-metrics by route and status, a client who left (499 in the metrics), `x-request-id` on
-every response (the client's own when it sent one), and what a JSON body must be to be
-read (its Content-Type, the size limit).
+a saturated model's refusal with the app's status (errors.Saturation), metrics by route
+and status, a client who left (499 in the metrics), `x-request-id` on every response (the
+client's own when it sent one) and the replica and model on a generation response, and
+what a JSON body must be to be read (its Content-Type, the size limit).
 
 Does not know: what the handlers do, the error table itself (gateway.errors), gRPC.
 """
@@ -59,7 +60,9 @@ def _envelope_for(request: web.BaseRequest):
 
 
 def _error_response(err: GatewayError, request: web.BaseRequest) -> web.Response:
-    """`err` in the envelope of the request's route (looked up only when there is one)."""
+    """`err` in the envelope of the request's route (looked up only when there is one); a
+    saturated model's refusal with the app's saturation status."""
+    err = request.app[STATE].saturation.apply(err)
     return error_response(err, request, _envelope_for(request))
 
 
@@ -150,6 +153,18 @@ def _too_large(limit: int) -> GatewayError:
 
 
 async def echo_request_id(request: web.BaseRequest, response: web.StreamResponse) -> None:
-    """Every response carries `x-request-id`: the client's own when it sent one."""
+    """Every response carries `x-request-id`: the client's own when it sent one; a
+    generation response the replica and model that answered it (`SERVED_BY`)."""
     if "x-request-id" not in response.headers:
         response.headers["x-request-id"] = request.headers.get("x-request-id") or random_id()
+    served = request.get(SERVED_BY)
+    if served is not None:
+        response.headers[REPLICA_HEADER], response.headers[MODEL_HEADER] = served
+
+
+# A generation request's (replica, model), set by its handler once the body is parsed
+# (unless the app was told not to: --no-served-by-headers), named on its response.
+SERVED_BY = (web.RequestKey("served_by", tuple) if hasattr(web, "RequestKey")  # aiohttp >= 3.12
+             else "inference_lab.served_by")
+REPLICA_HEADER = "x-inference-lab-replica"
+MODEL_HEADER = "x-inference-lab-model"

@@ -1,7 +1,8 @@
 """The gateway app's state: one typed value per app (aiohttp's `web.AppKey`).
 
 Knows: what an app of the gateway is configured with (the engine's address, body limit,
-API key, control token, faults, tokenizer, the replica it fronts), its engine client
+API key, control token, faults, tokenizer, the replica it fronts, how a saturated model
+answers, whether responses name their replica), its engine client
 while it runs (gateway.lifecycle), the engine requests in flight with their HTTP requests,
 and the gateway's own series (gateway.metrics).
 
@@ -16,7 +17,7 @@ from aiohttp import web
 
 from inference_lab.common.tokenizer import Tokenizer, load_tokenizer
 from inference_lab.gateway.engine_client import EngineClient, RequestStream
-from inference_lab.gateway.errors import engine_unavailable
+from inference_lab.gateway.errors import SATURATED_529, Saturation, engine_unavailable
 from inference_lab.gateway.faults import FaultSpec
 from inference_lab.gateway.metrics import GatewayMetrics
 
@@ -36,6 +37,8 @@ class GatewayState:
     # engine's default replica, with no readiness checks (a lone gateway, as before replicas).
     replica: int | None = None
     shared_engine: EngineClient | None = None  # owned by the caller (gateway.fleet), not the app
+    saturation: Saturation = SATURATED_529  # a saturated model's status and Retry-After
+    served_by: bool = True  # generation responses name their replica and model (headers)
     inflight: dict[RequestStream, web.BaseRequest] = field(default_factory=dict)
     metrics: GatewayMetrics = field(init=False)
     engine: EngineClient | None = None

@@ -75,7 +75,15 @@ class ModelRuntime:
         """A retired step: metrics, then the cache's events of the step as one batch."""
         self.metrics.on_step(result)
         core = self.core
-        self.kv_events.publish(core.name, core.prefix_cache.take_events(), core.block_size)
+        self.kv_events.publish(core.name, core.prefix_cache.take_events(), core.block_size,
+                               self._lora_name)
+
+    def _lora_name(self, lora_id: int) -> str | None:
+        """The name of this core's adapter of `lora_id` (KV events carry both, as vLLM's)."""
+        for name, adapter in self.adapters.items():
+            if adapter.id == lora_id:
+                return name
+        return None
 
     def check_queue(self) -> None:
         """Called wherever the queue or its bound may have moved (admissions, steps,

@@ -1,5 +1,5 @@
 """The control RPCs: capacity, replicas, replica faults, the models served and their LoRA
-adapters.
+adapters, the KV-event publishers.
 
 Knows the request and response messages of those calls, the control token they require
 (`authorization: Bearer <token>` when one is set) and how each acts on the fleet
@@ -38,13 +38,14 @@ log = logging.getLogger(__name__)
 
 class ControlRpcs:
     """GetCapacity, SetCapacity, SetReplicas, InjectFault, GetFaultState, ListModels,
-    LoadLoraAdapter and UnloadLoraAdapter over the servicer's fleet."""
+    LoadLoraAdapter, UnloadLoraAdapter and GetKvEventSources over the servicer's fleet."""
 
     def __init__(self, control_token: str | None = None) -> None:
         # LoRA name -> (base model, path, rank); every replica of the base loads it
         self.adapters: dict[str, tuple[str, str, int]] = {}
         self.on_capacity_change: Callable[[], None] | None = None  # after every SetCapacity
         self.replica_faults: ReplicaFaults | None = None  # set by the server once started
+        self.kv_events = None  # the server's ReplicaPublishers, when KV events are on
         # The control calls require metadata `authorization: Bearer <token>` when set.
         self._control_token = control_token.encode() if control_token else None
 
@@ -180,6 +181,16 @@ class ControlRpcs:
 
     async def GetFaultState(self, request: pb.GetFaultStateRequest, context):
         return self._fault_state(await self._fault_target(request, context))
+
+    async def GetKvEventSources(self, request: pb.GetKvEventSourcesRequest, context):
+        publishers = self.kv_events.publishers() if self.kv_events is not None else []
+        if request.HasField("replica"):
+            publishers = [(i, p) for i, p in publishers if i == request.replica]
+        return pb.KvEventSources(sources=[
+            pb.KvEventSource(replica=i, data_parallel_rank=p.replica, endpoint=p.endpoint,
+                             replay_endpoint=p.replay_endpoint or "", topic=p.config.topic,
+                             hwm=p.config.hwm, buffer_steps=p.config.buffer_steps)
+            for i, p in publishers])
 
     def _max_request_tokens(self, deployment) -> int:
         """The largest request the model takes: every replica of a model has the same rules,

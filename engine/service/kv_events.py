@@ -6,10 +6,15 @@ endpoint, replay_endpoint, buffer_steps, hwm, topic) and its wire format, as vLL
 
 - a PUB socket sends one 3-frame message per engine step that changed the cache:
   (topic, sequence number as 8 bytes big-endian, payload);
-- the payload is a msgpack array `[ts, [event, ...], data_parallel_rank]`, each event an
-  array whose first item names it: `["BlockStored", block_hashes, parent_block_hash,
-  token_ids, block_size, lora_id, medium]`, `["BlockRemoved", block_hashes, medium]`,
-  `["AllBlocksCleared"]` (block hashes are unsigned 64-bit integers, medium "GPU");
+- the payload is a msgpack array `[ts, [event, ...], data_parallel_rank]`, each event a
+  map tagged by its `type` (vLLM's msgspec structs: the batch `array_like`, the events
+  not): `{"type": "BlockStored", "block_hashes", "parent_block_hash", "token_ids",
+  "block_size", "lora_id", "medium", "lora_name"}`, `{"type": "BlockRemoved",
+  "block_hashes", "medium"}`, `{"type": "AllBlocksCleared"}` (block hashes are unsigned
+  64-bit integers, vLLM's `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES` form; medium "GPU";
+  an adapter's blocks carry its `lora_id` and `lora_name`; the fields vLLM gives
+  defaults, such as `extra_keys` and `group_idx`, are left out as its encoder leaves
+  them out when unset);
 - an optional ROUTER socket (`replay_endpoint`) answers a request `(b"", seq as 8 bytes
   big-endian)` with every buffered batch from that sequence number on, each as
   `(b"", seq, payload)`, then `(b"", -1 as 8 signed bytes, b"")`.
@@ -18,7 +23,9 @@ Each replica has a publisher of its own (`ReplicaPublishers`), as each data-para
 of vLLM has: its own sockets, sequence numbers and replay buffer, shared by the models
 served at that replica index. `data_parallel_rank` carries the replica index (plus the
 engine's `--engine-index`), and, as vLLM does for data-parallel ranks, index k > 0 offsets
-the endpoints' TCP port by k (an `_dp<k>` suffix on ipc/inproc names). A replica's
+the endpoints' TCP port by k (an `_dp<k>` suffix on ipc/inproc names), by k times a
+larger stride when the publish and replay ports are too close for that
+(`replica_stride`: no two replicas' ports ever meet). A replica's
 publisher opens with the replica and closes once it is drained. The topic may contain
 `{model}`, replaced by the served model's name (an engine may serve several models; vLLM
 serves one). Does not know the cache itself: the core records the events
@@ -34,11 +41,13 @@ import time
 from array import array
 from collections import deque
 from dataclasses import dataclass, fields
+from typing import Callable
 
 import msgspec
 import zmq
 import zmq.asyncio
 
+from inference_lab.engine.fleet.replicas import MAX_REPLICAS
 from inference_lab.engine.sim.prefix_cache import CLEARED, REMOVED, STORED
 
 log = logging.getLogger(__name__)
@@ -103,17 +112,57 @@ class KVEventsConfig:
         return config
 
 
-def offset_endpoint(endpoint: str | None, index: int) -> str | None:
-    """Replica `index`'s endpoint: the TCP port plus index, or an `_dp<index>` suffix on
-    ipc/inproc names (as vLLM offsets data-parallel ranks); index 0 keeps it, and so does
-    every replica of a tcp endpoint on any free port (`:0` or `:*`: port + index would be
-    a fixed low port, a privileged one)."""
+def replica_stride(config: "KVEventsConfig") -> int:
+    """How far replica k + 1's TCP ports are from replica k's. 1, as vLLM offsets
+    data-parallel ranks, unless the publish and replay ports are fewer than MAX_REPLICAS
+    apart: then replica k's publish port would be replica k + d's replay port (vLLM's own
+    5557 / 5558 collide from two ranks on), so the stride is twice their distance d,
+    which no difference of replica indices times it can equal: no two replicas' ports
+    ever meet, however many there are."""
+    pub, replay = _tcp_port(config.endpoint), _tcp_port(config.replay_endpoint)
+    if not pub or not replay or abs(replay - pub) >= MAX_REPLICAS:
+        return 1
+    return 2 * abs(replay - pub)
+
+
+def offset_endpoint(endpoint: str | None, index: int, stride: int = 1) -> str | None:
+    """Replica `index`'s endpoint: the TCP port plus index x stride (`replica_stride`), or
+    an `_dp<index>` suffix on ipc/inproc names (as vLLM offsets data-parallel ranks);
+    index 0 keeps it, and so does every replica of a tcp endpoint on any free port (`:0`
+    or `:*`: port + index would be a fixed low port, a privileged one)."""
     if not endpoint or index == 0:
         return endpoint
     if endpoint.startswith("tcp://"):
         base, _, port = endpoint.rpartition(":")
-        return f"{base}:{int(port) + index}" if port.isdigit() and int(port) else endpoint
+        return f"{base}:{int(port) + index * stride}" if port.isdigit() and int(port) else endpoint
     return f"{endpoint}_dp{index}"
+
+
+def bound_ports(config: "KVEventsConfig", replicas: int, engine_index: int = 0
+                ) -> list[tuple[str, int]]:
+    """(what, port) of every fixed TCP port the publishers of replicas 0 .. replicas - 1
+    bind (a connected endpoint binds nothing here; a free port is no fixed port), for a
+    start-up to check against each other and the other ports before binding any."""
+    if not config.enabled:
+        return []
+    stride = replica_stride(config)
+    out = []
+    for replica in range(replicas):
+        index = engine_index + replica
+        for what, endpoint in (("KV event", config.endpoint), ("KV replay", config.replay_endpoint)):
+            endpoint = offset_endpoint(endpoint, index, stride)
+            port = _tcp_port(endpoint)
+            if port and _binds(endpoint):
+                out.append((f"replica {replica}'s {what} port", port))
+    return out
+
+
+def _tcp_port(endpoint: str | None) -> int | None:
+    """The fixed port of a tcp:// endpoint (None for ipc/inproc, `:0` or `:*`)."""
+    if not endpoint or not endpoint.startswith("tcp://"):
+        return None
+    port = endpoint.rpartition(":")[2]
+    return int(port) if port.isdigit() and int(port) else None
 
 
 def _binds(endpoint: str) -> bool:
@@ -124,8 +173,8 @@ def _binds(endpoint: str) -> bool:
             or host in ("127.0.0.1", "localhost", "[::1]"))
 
 
-# ---- the wire types (vLLM's layout: msgpack arrays, the event's name first) ------------
-class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+# ---- the wire types (vLLM's: the batch a msgpack array, each event a map tagged "type") --
+class _Event(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
     pass
 
 
@@ -136,6 +185,7 @@ class BlockStored(_Event):
     block_size: int
     lora_id: int | None
     medium: str | None
+    lora_name: str | None
 
 
 class BlockRemoved(_Event):
@@ -153,8 +203,10 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     data_parallel_rank: int | None = None
 
 
-def wire_events(recorded: list[tuple], block_size: int) -> list:
-    """The core's recorded events (engine.sim.prefix_cache) as wire events."""
+def wire_events(recorded: list[tuple], block_size: int,
+                lora_names: Callable[[int], str | None] = lambda _: None) -> list:
+    """The core's recorded events (engine.sim.prefix_cache) as wire events;
+    `lora_names(id)` is the adapter name of a LoRA id (vLLM sends both)."""
     out: list = []
     for event in recorded:
         kind = event[0]
@@ -163,7 +215,7 @@ def wire_events(recorded: list[tuple], block_size: int) -> list:
             ids = array("I")
             ids.frombytes(tokens)
             out.append(BlockStored(list(hashes), parent, ids.tolist(), block_size, lora_id,
-                                   MEDIUM_GPU))
+                                   MEDIUM_GPU, None if lora_id is None else lora_names(lora_id)))
         elif kind == REMOVED:
             out.append(BlockRemoved(list(event[1]), MEDIUM_GPU))
         elif kind == CLEARED:
@@ -183,8 +235,9 @@ class ZmqEventPublisher:
         without them the publisher has its own."""
         self.config = config
         self.replica = replica
-        self.endpoint = offset_endpoint(config.endpoint, replica)
-        self.replay_endpoint = offset_endpoint(config.replay_endpoint, replica)
+        stride = replica_stride(config)
+        self.endpoint = offset_endpoint(config.endpoint, replica, stride)
+        self.replay_endpoint = offset_endpoint(config.replay_endpoint, replica, stride)
         self._own_contexts = contexts is None
         # the PUB socket is written without awaiting (a plain context)
         self._ctx, self._actx = contexts or (zmq.Context(), None)
@@ -216,11 +269,13 @@ class ZmqEventPublisher:
     def topic_for(self, model: str) -> bytes:
         return self.config.topic.replace("{model}", model).encode()
 
-    def publish(self, model: str, recorded: list[tuple], block_size: int) -> None:
+    def publish(self, model: str, recorded: list[tuple], block_size: int,
+                lora_names: Callable[[int], str | None] = lambda _: None) -> None:
         """One step's events of one model as one batch (nothing when there are none)."""
         if not recorded:
             return
-        batch = KVEventBatch(time.time(), wire_events(recorded, block_size), self.replica)
+        batch = KVEventBatch(time.time(), wire_events(recorded, block_size, lora_names),
+                             self.replica)
         payload = self._encode(batch)
         seq = self._seq
         self._seq += 1
@@ -295,6 +350,10 @@ class ReplicaPublishers:
     def publisher(self, replica: int) -> ZmqEventPublisher | None:
         entry = self._open.get(replica)
         return entry[0] if entry else None
+
+    def publishers(self) -> list[tuple[int, ZmqEventPublisher]]:
+        """(replica index, its publisher) of every open one, by index."""
+        return sorted((replica, entry[0]) for replica, entry in self._open.items())
 
     def close(self) -> None:
         for publisher, _ in self._open.values():

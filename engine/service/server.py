@@ -137,6 +137,7 @@ class EngineServer:
         self.service = None
         self.fleet.scale("", self.replicas)
         self.service = EngineService(self.fleet, self.metrics, self.control_token, self.holds)
+        self.service.kv_events = self.kv_events
         if self.max_loras:
             self._enable_lora()
         if self.state_path is not None:

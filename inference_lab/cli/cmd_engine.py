@@ -52,7 +52,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="publish KV-cache events over ZMQ in vLLM's wire format, configured as "
                         "vLLM's flag is: e.g. '{\"enable_kv_cache_events\": true, \"endpoint\": "
                         "\"tcp://127.0.0.1:5557\", \"replay_endpoint\": \"tcp://127.0.0.1:5558\", "
-                        "\"topic\": \"kv@{model}\"}'; replica k publishes on the ports + k "
+                        "\"topic\": \"kv@{model}\"}'; replica k publishes on the ports + k, or + 2dk "
+                        "when the two are d < 64 apart, so that no two replicas' ports meet "
                         "(docs/kv-events.md)")
 
 
@@ -246,9 +247,25 @@ async def run_until_signal(server, grace: float) -> None:
     await server.stop(grace)
 
 
+def check_ports(args: argparse.Namespace, named: list[tuple[str, int]]) -> None:
+    """Refuse (a UsageError naming them) fixed ports that clash, before anything binds:
+    `named` and every replica's KV event ports (--kv-events-config)."""
+    from inference_lab.cli import UsageError
+    from inference_lab.common.ports import port_clashes
+    from inference_lab.engine.service.kv_events import KVEventsConfig, bound_ports
+
+    if args.kv_events_config:
+        named = named + bound_ports(KVEventsConfig.parse(args.kv_events_config), args.replicas)
+    problems = port_clashes(named)
+    if problems:
+        raise UsageError("the ports clash, nothing was started: " + "; ".join(problems))
+
+
 def run(args: argparse.Namespace) -> int:
     from inference_lab.engine.service.server import EngineServer
 
+    check_ports(args, [(what, p) for what, p in (("the engine's gRPC port", args.port),
+                                                  ("the metrics port", args.metrics_port)) if p])
     deployments = load_deployments(args)
     lengths = output_lengths(args)
     token = control_token(args)

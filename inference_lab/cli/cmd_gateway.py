@@ -15,7 +15,7 @@ import logging
 import signal
 from pathlib import Path
 
-from inference_lab.cli.flag_types import port, seconds
+from inference_lab.cli.flag_types import number, port, seconds
 from inference_lab.cli.auth_flags import (
     add_api_key_argument,
     add_control_token_argument,
@@ -123,6 +123,23 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         "at 24 streams here), for about the same gateway CPU "
         "(BENCHMARKS.md, 'Arrivals at the kernel's receive instant')",
     )
+    parser.add_argument(
+        "--saturated-status", type=int, choices=(529, 503, 429), default=529,
+        help="the status a saturated model's refusal carries, before any byte of a response: "
+        "529 overloaded_error (default), or 503 / 429 as other servers and simulators answer; "
+        "the code stays queue_saturated, the envelope the route's (docs/routers.md)",
+    )
+    parser.add_argument(
+        "--saturated-retry-after", type=number(int, lambda v: 0 <= v <= 86_400,
+                                               "whole seconds in 0..86400"),
+        default=None, metavar="S",
+        help="add `Retry-After: S` to every refusal of a saturated model (default: none)",
+    )
+    parser.add_argument(
+        "--no-served-by-headers", dest="served_by", action="store_false",
+        help="generation responses do not name the replica and model that answered them "
+        "(x-inference-lab-replica, x-inference-lab-model): the headers vLLM sends and no other",
+    )
     add_api_key_argument(parser)
     add_control_token_argument(
         parser, "/control/* as `Authorization: Bearer TOKEN`, and send it to the engine "
@@ -162,9 +179,13 @@ def fault_kwargs(config: Path | None, state_dir: Path | None) -> dict:
 def gateway_app_kwargs(args: argparse.Namespace, config: Path | None = None) -> dict:
     """create_app keyword arguments from the parsed gateway flags (secrets from the
     environment when their flags are absent)."""
+    from inference_lab.gateway.errors import Saturation
+
     kwargs = {"api_key": api_key(args), "control_token": control_token(args),
               "enable_directives": args.enable_directives,
               "tokenizer": args.tokenizer, "session_lane": args.session_lane,
+              "saturation": Saturation(args.saturated_status, args.saturated_retry_after),
+              "served_by": args.served_by,
               **fault_kwargs(config if config is not None else getattr(args, "config", None),
                              args.state_dir)}
     _log_exposure(args.host, kwargs["api_key"], kwargs["control_token"])

@@ -19,7 +19,8 @@ import tempfile
 
 from inference_lab.cli.auth_flags import CONTROL_TOKEN_ENV, control_token
 from inference_lab.cli.cmd_engine import (
-    add_model_arguments, add_run_arguments, load_deployments, lora_argv, output_lengths,
+    add_model_arguments, add_run_arguments, check_ports, load_deployments, lora_argv,
+    output_lengths,
 )
 from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs, loop_runner
 from inference_lab.cli.flag_types import port
@@ -188,6 +189,11 @@ async def _serve(args: argparse.Namespace, gateway_kwargs: dict, state_dir: str)
 def run(args: argparse.Namespace) -> int:
     from inference_lab.cli import UsageError
 
+    named = [(what, p) for what, p in (("the engine's gRPC port", args.engine_port),
+                                        ("the engine's metrics port", args.metrics_port)) if p]
+    if args.port:  # replica i on --port + i
+        named += [(f"replica {i}'s HTTP port", args.port + i) for i in range(args.replicas)]
+    check_ports(args, named)  # clashing ports: refused before anything is bound
     load_deployments(args)  # refuse a bad config or workload before starting anything
     output_lengths(args)
     gateway_kwargs = gateway_app_kwargs(args)  # [fault] tables and saved state checked too

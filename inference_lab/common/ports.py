@@ -1,4 +1,5 @@
-"""Free TCP ports on the loopback interface (for `serve`'s engine child, tests, benchmarks).
+"""Free TCP ports on the loopback interface (for `serve`'s engine child, tests, benchmarks),
+and the check of a start-up's fixed ports before any is bound.
 
 Both pick below the kernel's ephemeral range: a port the OS hands out for `bind(0)` (an
 engine's `--metrics-port 0`, a client connection) can never be one picked here, so a
@@ -43,3 +44,18 @@ def free_port_run(count: int) -> int:
             for s in sockets:
                 s.close()
     raise RuntimeError(f"no run of {count} free ports found")
+
+
+def port_clashes(named: list[tuple[str, int]]) -> list[str]:
+    """What is wrong with a start-up's fixed ports, given as (what, port): one sentence per
+    port outside 1..65535 and per port two things would bind (empty when none), so that
+    a command can refuse before it binds any."""
+    problems = [f"{what} would be {port}, outside 1..65535" for what, port in named
+                if not 0 < port < 65536]
+    first: dict[int, str] = {}
+    for what, port in named:
+        if port in first:
+            problems.append(f"port {port} is both {first[port]} and {what}")
+        else:
+            first[port] = what
+    return problems

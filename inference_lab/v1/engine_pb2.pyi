@@ -437,3 +437,33 @@ class EngineFaultState(_message.Message):
     slow_for_s: float
     replica: int
     def __init__(self, stalled_for_s: _Optional[float] = ..., slow_factor: _Optional[float] = ..., slow_for_s: _Optional[float] = ..., replica: _Optional[int] = ...) -> None: ...
+
+class GetKvEventSourcesRequest(_message.Message):
+    __slots__ = ("replica",)
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    replica: int
+    def __init__(self, replica: _Optional[int] = ...) -> None: ...
+
+class KvEventSource(_message.Message):
+    __slots__ = ("replica", "data_parallel_rank", "endpoint", "replay_endpoint", "topic", "hwm", "buffer_steps")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    DATA_PARALLEL_RANK_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    HWM_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    replica: int
+    data_parallel_rank: int
+    endpoint: str
+    replay_endpoint: str
+    topic: str
+    hwm: int
+    buffer_steps: int
+    def __init__(self, replica: _Optional[int] = ..., data_parallel_rank: _Optional[int] = ..., endpoint: _Optional[str] = ..., replay_endpoint: _Optional[str] = ..., topic: _Optional[str] = ..., hwm: _Optional[int] = ..., buffer_steps: _Optional[int] = ...) -> None: ...
+
+class KvEventSources(_message.Message):
+    __slots__ = ("sources",)
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    sources: _containers.RepeatedCompositeFieldContainer[KvEventSource]
+    def __init__(self, sources: _Optional[_Iterable[_Union[KvEventSource, _Mapping]]] = ...) -> None: ...

@@ -99,6 +99,11 @@ class EngineStub:
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.GetFaultStateRequest.SerializeToString,
                 response_deserializer=inference__lab_dot_v1_dot_engine__pb2.EngineFaultState.FromString,
                 _registered_method=True)
+        self.GetKvEventSources = channel.unary_unary(
+                '/inference_lab.v1.Engine/GetKvEventSources',
+                request_serializer=inference__lab_dot_v1_dot_engine__pb2.GetKvEventSourcesRequest.SerializeToString,
+                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.KvEventSources.FromString,
+                _registered_method=True)
 
 
 class EngineServicer:
@@ -241,6 +246,14 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetKvEventSources(self, request, context):
+        """The KV-cache event publishers (--kv-events-config) as bound: every replica's, or with
+        `replica` that replica's alone (none when events are off or the replica has none).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -308,6 +321,11 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.GetFaultState,
                     request_deserializer=inference__lab_dot_v1_dot_engine__pb2.GetFaultStateRequest.FromString,
                     response_serializer=inference__lab_dot_v1_dot_engine__pb2.EngineFaultState.SerializeToString,
+            ),
+            'GetKvEventSources': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetKvEventSources,
+                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.GetKvEventSourcesRequest.FromString,
+                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.KvEventSources.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -661,6 +679,33 @@ class Engine:
             '/inference_lab.v1.Engine/GetFaultState',
             inference__lab_dot_v1_dot_engine__pb2.GetFaultStateRequest.SerializeToString,
             inference__lab_dot_v1_dot_engine__pb2.EngineFaultState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetKvEventSources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference_lab.v1.Engine/GetKvEventSources',
+            inference__lab_dot_v1_dot_engine__pb2.GetKvEventSourcesRequest.SerializeToString,
+            inference__lab_dot_v1_dot_engine__pb2.KvEventSources.FromString,
             options,
             channel_credentials,
             insecure,

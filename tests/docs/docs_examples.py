@@ -100,7 +100,10 @@ class Ports:
     def __init__(self) -> None:
         self.http = free_port_run(REPLICAS)
         self.engine, self.metrics = free_port(), free_port()
-        self.kv, self.kv_replay = free_port(), free_port()
+        # 5557 / 5558 of the examples: replica k's on kv + 2k and kv + 1 + 2k (the stride
+        # of ports one apart), every one inside this run
+        self.kv = free_port_run(2 * REPLICAS)
+        self.kv_replay = self.kv + 1
 
     def localize(self, text: str) -> str:
         text = re.sub(r"\blocalhost:(?=\d)", "127.0.0.1:", text)

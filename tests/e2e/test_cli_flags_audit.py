@@ -29,6 +29,9 @@ def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     (("gateway", "--engine", "127.0.0.1:0"), "argument --engine: expected HOST:PORT"),
     (("serve", "--backlog", "0"), "argument --backlog: must be from 1 to 65535, got 0"),
     (("gateway", "--backlog", "many"), "argument --backlog: must be a whole number of connections"),
+    (("serve", "--saturated-status", "500"), "argument --saturated-status: invalid choice: 500"),
+    (("gateway", "--saturated-retry-after", "-1"),
+     "argument --saturated-retry-after: expected whole seconds in 0..86400, got '-1'"),
 ])
 def test_an_out_of_range_flag_is_refused_before_anything_starts(args, message):
     out = cli(*args)

@@ -33,3 +33,20 @@ def test_the_engine_refuses_a_malformed_lora_module_at_start_up():
     assert run.returncode == 2
     assert "--lora-modules" in run.stderr and "expected name=path" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_clashing_ports_are_refused_before_anything_is_bound():
+    """The KV replay port on replica 1's HTTP port: said at once, with both names, and the
+    engine is never started (nothing listens on the engine port asked for)."""
+    from inference_lab.common.ports import free_port, free_port_run
+
+    http, engine = free_port_run(3), free_port()
+    config = ('{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:%d", '
+              '"replay_endpoint": "tcp://127.0.0.1:%d"}' % (free_port(), http + 1))
+    run = subprocess.run([sys.executable, "-P", "-m", "inference_lab", "serve", "--port", str(http),
+                          "--engine-port", str(engine), "--replicas", "3",
+                          "--kv-events-config", config], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2, run.stderr
+    assert (f"port {http + 1} is both replica 1's HTTP port and replica 0's KV replay port"
+            in run.stderr), run.stderr
+    assert "engine started" not in run.stdout and "Traceback" not in run.stderr

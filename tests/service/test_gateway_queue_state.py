@@ -20,6 +20,7 @@ from hardening_helpers import exchange as raw_exchange
 from inference_lab.gateway import generation as gateway_app
 from inference_lab.gateway import create_app
 from inference_lab.gateway.app import STATE
+from inference_lab.gateway.errors import Saturation
 from inference_lab.gateway.server import start_gateway
 from inference_lab.testing.fake_engine import FAKE_MODEL, saturated_state
 from inference_lab.v1 import engine_pb2 as pb
@@ -218,8 +219,11 @@ async def test_every_dialect_refuses_in_its_own_envelope_with_the_same_headers(c
         assert await resp.read() == expected, path
         names = [name.lower() for name, _ in resp.raw_headers]
         assert names == [b"content-type", b"content-length", b"date", b"server",
-                         b"x-request-id"], path
+                         b"x-request-id", b"x-inference-lab-replica",
+                         b"x-inference-lab-model"], path
         assert resp.headers["x-request-id"] == "r-" + path
+        assert (resp.headers["x-inference-lab-replica"],
+                resp.headers["x-inference-lab-model"]) == ("0", FAKE_MODEL)
         assert state.metrics.requests[(path, 529)] - before == 1
         # bad input in the same dialect still gets its 400 first
         assert (await client.post(path, json={"model": FAKE_MODEL})).status == 400, path
@@ -238,9 +242,9 @@ async def serving(fake, monkeypatch, key: bytes = b"", **app_kwargs):
     slow: list[str] = []
     original = gateway_app.saturated_response
 
-    def counted(message, request=None, render=None):
+    def counted(message, request=None, render=None, saturation=None):
         slow.append(request.path)
-        return original(message, request, render)
+        return original(message, request, render, saturation)
 
     monkeypatch.setattr(gateway_app, "saturated_response", counted)
     app = create_app(fake.target, **app_kwargs)
@@ -465,3 +469,60 @@ async def test_the_openai_and_anthropic_sdks_get_the_edges_529(edge):
     assert slow == ["/v1/chat/completions", "/v1/messages"]  # each SDK's first alone
     assert state.metrics.requests[("/v1/chat/completions", 529)] == 3
     assert state.metrics.requests[("/v1/messages", 529)] == 3
+
+
+# ---- the saturated status as a setting ---------------------------------------------------
+
+_ANTHROPIC_429 = _ANTHROPIC_529.replace(b'"overloaded_error"', b'"rate_limit_error"')
+
+
+@pytest.mark.parametrize("status, retry_after, served_by, line, anthropic", [
+    (503, 2, True, b"HTTP/1.1 503 Service Unavailable", _ANTHROPIC_529),
+    (429, None, False, b"HTTP/1.1 429 Too Many Requests", _ANTHROPIC_429),
+])
+async def test_the_saturated_status_is_a_setting_the_edge_writes_as_aiohttp(
+        fake, monkeypatch, status, retry_after, served_by, line, anthropic):
+    # The handler's refusal (the first on a connection) and the edge's (the next ones) are
+    # the same bytes: the status asked for, its Retry-After, the names of the replica and
+    # model only when asked for; the envelope is the route's, the code queue_saturated.
+    saturation = Saturation(status, retry_after)
+    async with serving(fake, monkeypatch, saturation=saturation, served_by=served_by) as (
+            port, state, slow):
+        for path, body, expected in [DIALECT_CASES[0], (*DIALECT_CASES[3][:2], anthropic)]:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                answers = []
+                for _ in range(3):
+                    answers += await exchange(writer, reader, post(path, body))
+            finally:
+                writer.close()
+            first = answers[0][2]
+            assert first.startswith(line + b"\r\n") and first.endswith(b"\r\n\r\n" + expected)
+            for _, headers, raw in answers:
+                assert _same_second(raw, True) == _same_second(first, True), path
+                assert headers.get("retry-after") == (str(retry_after) if retry_after else None)
+                assert headers.get("x-inference-lab-model") == (FAKE_MODEL if served_by else None)
+            assert state.metrics.requests[(path, status)] == 3
+        assert 529 not in {s for (_, s) in state.metrics.requests}
+        assert len(slow) == 2  # one per connection: the others were the edge's
+        # a refusal raised through the edge middleware (faults set) gets the status too,
+        # and a fault's retry hint wins over the setting's Retry-After
+        assert (await _post_json(port, "/control/faults", {"retry_after": 7}))[0] == 200
+        got, headers = await _post_json(port, "/v1/chat/completions", CHAT)
+        assert (got, headers.get("retry-after")) == (status, "7")
+
+
+async def _post_json(port: int, path: str, body: dict) -> tuple[int, dict]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        [(status, headers, _)] = await exchange(writer, reader, post(path, body))
+    finally:
+        writer.close()
+    return int(status.split()[1]), headers
+
+
+def test_a_saturated_status_outside_the_three_is_refused():
+    with pytest.raises(ValueError, match="one of 529, 503, 429"):
+        Saturation(500)
+    with pytest.raises(ValueError, match="0..86400"):
+        Saturation(503, -1)

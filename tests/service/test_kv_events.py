@@ -11,17 +11,21 @@ import random
 import socket
 
 import msgpack
+import msgspec
 import pytest
 import zmq
 import zmq.asyncio
 from engine_helpers import engine_stub, running_engine
 
 from inference_lab.testing.poll import until
-from inference_lab.engine.service.kv_events import KVEventsConfig, KVEventsConfigError, offset_endpoint
+from inference_lab.engine.fleet.replicas import MAX_REPLICAS
+from inference_lab.engine.service.kv_events import (
+    KVEventsConfig, KVEventsConfigError, bound_ports, offset_endpoint, replica_stride,
+)
 from inference_lab.engine.sim.config import default_deployments
 from inference_lab.engine.sim.kv import bytes_per_token
 from inference_lab.v1 import engine_pb2 as pb
-from inference_lab.common.ports import free_port, free_port_run
+from inference_lab.common.ports import free_port, free_port_run, port_clashes
 
 BLOCKS = 96  # a small KV cache, so that the workload evicts
 
@@ -41,7 +45,7 @@ class Follower:
         self.rank = rank  # the replica whose events these must be
         self.blocks: set[int] = set()
         self.next_seq = 0
-        self.layouts: set[tuple[str, int]] = set()  # (event name, item count) seen
+        self.layouts: set[tuple[str, tuple]] = set()  # (event type, its keys) seen
 
     def apply(self, seq: int, payload: bytes) -> None:
         if seq < self.next_seq:
@@ -50,19 +54,20 @@ class Follower:
         self.next_seq = seq + 1
         ts, events, rank = msgpack.unpackb(payload)
         assert isinstance(ts, float) and rank == self.rank
-        for event in events:
-            self.layouts.add((event[0], len(event)))
-            if event[0] == "BlockStored":
-                _, hashes, parent, token_ids, block_size, lora_id, medium = event
-                assert block_size == 64 and len(token_ids) == 64 * len(hashes)
-                assert lora_id is None and medium == "GPU"
+        for event in events:  # maps tagged by "type", as vLLM's msgspec structs encode them
+            self.layouts.add((event["type"], tuple(sorted(event))))
+            if event["type"] == "BlockStored":
+                hashes, parent = event["block_hashes"], event["parent_block_hash"]
+                assert event["block_size"] == 64 and len(event["token_ids"]) == 64 * len(hashes)
+                assert event["lora_id"] is None and event["lora_name"] is None
+                assert event["medium"] == "GPU"
                 assert parent is None or parent in self.blocks
                 self.blocks.update(hashes)
-            elif event[0] == "BlockRemoved":
-                _, hashes, medium = event
-                assert set(hashes) <= self.blocks
+            elif event["type"] == "BlockRemoved":
+                hashes = event["block_hashes"]
+                assert event["medium"] == "GPU" and set(hashes) <= self.blocks
                 self.blocks.difference_update(hashes)
-            elif event[0] == "AllBlocksCleared":
+            elif event["type"] == "AllBlocksCleared":
                 self.blocks.clear()
 
 
@@ -134,20 +139,23 @@ async def test_a_subscriber_rebuilds_the_cached_block_set_exactly():
     for seq, payload in batches:
         follower.apply(seq, payload)
     assert follower.next_seq == batches[-1][0] + 1
-    assert ("BlockRemoved", 3) in follower.layouts  # the small cache evicted
-    assert ("BlockStored", 7) in follower.layouts
+    # vLLM's fields and no others (those it gives defaults are left out when unset)
+    assert ("BlockRemoved", ("block_hashes", "medium", "type")) in follower.layouts  # evicted
+    assert ("BlockStored", ("block_hashes", "block_size", "lora_id", "lora_name", "medium",
+                            "parent_block_hash", "token_ids", "type")) in follower.layouts
     assert follower.blocks == expected and len(expected) > 0
 
 
 async def test_each_replica_publishes_its_own_events_on_its_own_port():
     replicas = 3
-    pub, replay = free_port_run(replicas), free_port_run(replicas)
+    pub = free_port_run(2 * replicas)  # and replay = pub + 1: replica i on pub + 2i, pub + 1 + 2i
+    replay = pub + 1
     ctx = zmq.asyncio.Context()
     subs = []
     for i in range(replicas):  # one subscriber per replica, on the base port + i
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(f"tcp://127.0.0.1:{pub + i}")
+        sub.connect(f"tcp://127.0.0.1:{pub + 2 * i}")
         subs.append(sub)
     try:
         async with running_engine(deployments=small_cache_deployments(), replicas=replicas,
@@ -155,7 +163,7 @@ async def test_each_replica_publishes_its_own_events_on_its_own_port():
             async with engine_stub(engine) as stub:  # a different workload on each
                 await asyncio.gather(*(workload(stub, 10 + i, i) for i in range(replicas)))
             expected = {rt.replica: set(rt.core.prefix_cache.refs) for rt in engine.runtimes}
-            batches = [await received(ctx, subs[i], replay + i, b"kv@lab@gpt-oss-20b")
+            batches = [await received(ctx, subs[i], replay + 2 * i, b"kv@lab@gpt-oss-20b")
                        for i in range(replicas)]
             assert sorted(engine.kv_events._open) == list(range(replicas))
         assert engine.kv_events is None  # every publisher closed with the engine
@@ -172,17 +180,17 @@ async def test_each_replica_publishes_its_own_events_on_its_own_port():
 
 
 async def test_a_drained_replica_closes_its_publisher():
-    pub = free_port_run(2)
+    pub = free_port_run(4)
     async with running_engine(deployments=small_cache_deployments(), replicas=2,
-                              kv_events=events_config(pub, free_port_run(2))) as engine:
-        assert engine.kv_events.publisher(1).endpoint == f"tcp://127.0.0.1:{pub + 1}"
+                              kv_events=events_config(pub, pub + 1)) as engine:
+        assert engine.kv_events.publisher(1).endpoint == f"tcp://127.0.0.1:{pub + 2}"
         async with engine_stub(engine) as stub:
             await stub.SetReplicas(pb.SetReplicasRequest(replicas=1))
         await until(lambda: engine.kv_events.publisher(1) is None, what="replica 1's publisher closed")
         def port_free() -> bool:  # ZMQ's I/O thread closes the socket a moment later
             with socket.socket() as s:
                 try:
-                    s.bind(("127.0.0.1", pub + 1))
+                    s.bind(("127.0.0.1", pub + 2))
                 except OSError:
                     return False
                 return True
@@ -194,10 +202,44 @@ async def test_a_drained_replica_closes_its_publisher():
 def test_replicas_offset_the_port_as_vllm_offsets_data_parallel_ranks():
     assert offset_endpoint("tcp://127.0.0.1:5557", 0) == "tcp://127.0.0.1:5557"
     assert offset_endpoint("tcp://127.0.0.1:5557", 2) == "tcp://127.0.0.1:5559"
+    assert offset_endpoint("tcp://127.0.0.1:5557", 2, stride=2) == "tcp://127.0.0.1:5561"
     assert offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
     # any free port stays any free port for every replica (0 + 1 would bind port 1)
     assert offset_endpoint("tcp://127.0.0.1:0", 1) == "tcp://127.0.0.1:0"
     assert offset_endpoint("tcp://127.0.0.1:*", 3) == "tcp://127.0.0.1:*"
+
+
+def config(endpoint: str, replay: str | None) -> KVEventsConfig:
+    return KVEventsConfig(enable_kv_cache_events=True, endpoint=endpoint, replay_endpoint=replay)
+
+
+@pytest.mark.parametrize("pub, replay, stride", [
+    (5557, 5558, 2),  # vLLM's documented pair: 5557 + 1 would be replica 0's replay port
+    (5558, 5557, 2), (5557, 5560, 6), (5557, 5557 + 63, 126),
+    (5557, 5557 + 64, 1), (5557, 6557, 1),  # 64 apart or more: vLLM's offsets, unchanged
+])
+def test_no_two_replicas_ports_ever_meet_up_to_the_most_replicas(pub, replay, stride):
+    cfg = config(f"tcp://*:{pub}", f"tcp://*:{replay}")
+    assert replica_stride(cfg) == stride
+    ports = [port for _, port in bound_ports(cfg, MAX_REPLICAS)]
+    assert len(ports) == 2 * MAX_REPLICAS and len(set(ports)) == len(ports)
+    assert ports[:4] == [pub, replay, pub + stride, replay + stride]
+
+
+def test_only_fixed_bound_tcp_ports_are_checked():
+    assert bound_ports(config("tcp://127.0.0.1:0", "tcp://127.0.0.1:5558"), 3) == [
+        ("replica 0's KV replay port", 5558), ("replica 1's KV replay port", 5559),
+        ("replica 2's KV replay port", 5560)]
+    assert bound_ports(config("tcp://10.0.0.5:5557", None), 3) == []  # connected, not bound
+    assert bound_ports(config("ipc:///tmp/kv", "ipc:///tmp/replay"), 3) == []
+    off = KVEventsConfig(enable_kv_cache_events=False, endpoint="tcp://*:5557")
+    assert bound_ports(off, 3) == []
+
+
+def test_clashing_ports_are_named_and_out_of_range_ones_too():
+    assert port_clashes([("a", 8080), ("b", 8081)]) == []
+    assert port_clashes([("a", 8080), ("b", 8081), ("c", 8080), ("d", 70000)]) == [
+        "d would be 70000, outside 1..65535", "port 8080 is both a and c"]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -212,3 +254,21 @@ def test_replicas_offset_the_port_as_vllm_offsets_data_parallel_ranks():
 def test_a_bad_kv_events_config_names_what_is_wrong(text, message):
     with pytest.raises(KVEventsConfigError, match=message):
         KVEventsConfig.parse(text)
+
+
+def test_an_adapters_blocks_carry_its_id_and_name_and_the_batch_stays_an_array():
+    from inference_lab.engine.service.kv_events import KVEventBatch, wire_events
+    from inference_lab.engine.sim.prefix_cache import REMOVED, STORED
+
+    tokens = bytes(range(8)) * 2  # four uint32 token IDs
+    recorded = [(STORED, [11, 12], 10, tokens, 3), (STORED, [13], None, tokens[:8], None),
+                (REMOVED, [11])]
+    events = wire_events(recorded, 2, {3: "sql-lora"}.get)
+    ts, (adapter, base, removed), rank = msgpack.unpackb(
+        msgspec.msgpack.encode(KVEventBatch(1.5, events, 2)))
+    assert (ts, rank) == (1.5, 2)
+    assert adapter == {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": 10,
+                       "token_ids": [0x03020100, 0x07060504, 0x03020100, 0x07060504],
+                       "block_size": 2, "lora_id": 3, "medium": "GPU", "lora_name": "sql-lora"}
+    assert (base["lora_id"], base["lora_name"], base["token_ids"]) == (None, None, [0x03020100, 0x07060504])
+    assert removed == {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"}

@@ -1,0 +1,177 @@
+"""What a router reads of a replica besides generation and /metrics, in the shapes vLLM and
+vllm-router's workers answer: load, the render API, server info, KV-event sources.
+
+Knows: `GET /load` (vLLM's, `{"server_load": N}`) and `GET /get_load` (what vllm-router's
+power_of_two polls, `{"load": N}`), N being this replica's requests waiting and running in
+the engine now (summed over the models it serves); `POST /v1/chat/completions/render` and
+`POST /v1/completions/render` (vLLM's render API: a request's prompt as the token IDs the
+engine receives, after the chat template, in vLLM's `GenerateRequest` shape, one for chat,
+a list for completions); `GET /get_server_info` (what vllm-router's kv_aware discovery
+reads: the model, this replica's instance id, the KV block size) and `GET
+/kv_event_sources` (this replica's KV-event publisher, keyed by the data-parallel rank its
+batches carry, with the wire declarations vllm-router checks). Bodies are read and checked
+as the generation routes read them (gateway.protocols.openai.schemas): the same 400s.
+
+Does not know: generation (gateway.generation), the edge middleware, the engine's
+internals: every answer comes from the engine's live state through the EngineClient.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from inference_lab.gateway.errors import ErrorKind, GatewayError
+from inference_lab.gateway.middleware import read_json_body
+from inference_lab.gateway.protocols.base import json_encode, random_id
+from inference_lab.gateway.protocols.openai.schemas import (
+    ChatCompletionRequest, chat_prompt, completion_prompts, decode_request, prompt_ids,
+)
+from inference_lab.gateway.state import STATE, GatewayState
+
+# vllm-router accepts a source only with these declarations (its events_enabled check):
+# vLLM's publisher kind, the payload encoding and the wire schema's version.
+WIRE = {"publisher": "zmq", "encoding": "msgpack", "schema_version": 1}
+HOST = socket.gethostname()
+
+
+def _json(obj: object) -> web.Response:
+    return web.Response(body=json_encode(obj), content_type="application/json")
+
+
+async def _load(state: GatewayState) -> int:
+    """Requests this port's replica holds now (every replica's, for a lone gateway)."""
+    rows = await state.client.get_capacity(replica=state.replica)
+    return sum(row.waiting + row.running for row in rows)
+
+
+async def load(request: web.Request) -> web.Response:
+    """vLLM's GET /load. (vLLM counts its API server's requests in flight, and only with
+    --enable-server-load-tracking; here the engine's count, always.)"""
+    return _json({"server_load": await _load(request.app[STATE])})
+
+
+async def get_load(request: web.Request) -> web.Response:
+    """GET /get_load, as vllm-router's power_of_two reads it: `{"load": N}`."""
+    return _json({"load": await _load(request.app[STATE])})
+
+
+async def _served(state: GatewayState):
+    """The models this port's replica serves, base models first (the engine's order)."""
+    models = await state.client.list_models()
+    if state.replica is not None:
+        rows = await state.client.get_capacity(replica=state.replica)
+        served = {row.model for row in rows}
+        models = [m for m in models if m.name in served]
+    if not models:
+        raise GatewayError(ErrorKind.REPLICA_UNAVAILABLE, "no model has this replica")
+    return models
+
+
+def _instance_id(request: web.Request) -> str:
+    """This listener's identity, the same on every call and distinct per port and host."""
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    port = sockname[1] if sockname else request.url.port
+    return f"inference-lab@{HOST}:{port}"
+
+
+async def server_info(request: web.Request) -> web.Response:
+    """GET /get_server_info: the fields vllm-router's KV index discovery reads (its
+    ServerInfo; the block size as `kv_block_size` only: it also takes `block_size` as an
+    alias, and both at once would be a duplicate field to it)."""
+    state = request.app[STATE]
+    model = (await _served(state))[0]
+    return _json({"model_id": model.name, "model_path": model.name,
+                  "instance_id": _instance_id(request), "kv_block_size": model.block_size,
+                  "max_model_len": model.max_model_len,
+                  "data_parallel_rank": state.replica or 0})
+
+
+async def kv_event_sources(request: web.Request) -> web.Response:
+    """GET /kv_event_sources: this replica's publisher, keyed by the data-parallel rank its
+    batches carry (`{}` when KV events are off): its endpoints as bound, the topic of the
+    model /get_server_info names, and vLLM's KVEventsConfig keys."""
+    state = request.app[STATE]
+    model = (await _served(state))[0]
+    sources = await state.client.kv_event_sources(replica=state.replica or 0)
+    return _json({str(s.data_parallel_rank): {
+        "endpoint": s.endpoint, "replay_endpoint": s.replay_endpoint or None,
+        "topic": s.topic.replace("{model}", model.name), "hwm": s.hwm,
+        "buffer_steps": s.buffer_steps, "enable_kv_cache_events": True, **WIRE}
+        for s in sources})
+
+
+# ---- vLLM's render API ------------------------------------------------------------------
+
+
+def _sampling_params(req, max_tokens: int) -> dict:
+    """vLLM's SamplingParams as its render API returns them: the request's, else vLLM's
+    defaults."""
+    stop = req.stop if isinstance(req.stop, list) else [req.stop] if req.stop else []
+
+    def given(value, default):
+        return default if value is None else value
+
+    return {"n": req.n or 1, "presence_penalty": given(req.presence_penalty, 0.0),
+            "frequency_penalty": given(req.frequency_penalty, 0.0),
+            "repetition_penalty": given(req.repetition_penalty, 1.0),
+            "temperature": given(req.temperature, 1.0), "top_p": given(req.top_p, 1.0),
+            "top_k": given(req.top_k, 0), "min_p": given(req.min_p, 0.0), "seed": req.seed,
+            "stop": stop, "stop_token_ids": [], "ignore_eos": False, "max_tokens": max_tokens,
+            "min_tokens": 0, "logprobs": None, "prompt_logprobs": None,
+            "skip_special_tokens": True, "spaces_between_special_tokens": True,
+            "include_stop_str_in_output": False}
+
+
+def _generate_request(prefix: str, req, ids: Sequence[int], max_model_len: int) -> dict:
+    """One rendered prompt in vLLM's GenerateRequest shape. Without a cap, max_tokens is
+    what the context leaves (vLLM's get_max_tokens)."""
+    cap = req.max_completion_tokens or req.max_tokens
+    if len(ids) > max_model_len:
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           f"This model's maximum context length is {max_model_len} tokens. "
+                           f"However, your request has {len(ids)} input tokens.")
+    stream = bool(req.stream)
+    return {"request_id": f"{prefix}-{random_id()}", "token_ids": list(ids), "features": None,
+            "sampling_params": _sampling_params(req, cap or max(max_model_len - len(ids), 1)),
+            "model": req.model, "stream": stream,
+            "stream_options": ({"include_usage": req.include_usage,
+                                "continuous_usage_stats": req.continuous_usage}
+                               if stream and req.stream_options is not None else None),
+            "cache_salt": None, "priority": req.priority, "kv_transfer_params": None}
+
+
+async def _render(request: web.Request, chat: bool):
+    state = request.app[STATE]
+    req = decode_request(await read_json_body(request, state.max_body_bytes), chat)
+    info = await state.client.resolve_model(req.model)  # 404 for a model not served
+    tok = state.tokenizer
+    if isinstance(req, ChatCompletionRequest):
+        prompts = [chat_prompt(tok, req.messages, req.tools)]
+    else:
+        given = completion_prompts(req.prompt)
+        prompts = [prompt_ids(tok, p, f"$.prompt[{i}]" if len(given) > 1 else "$.prompt")
+                   for i, p in enumerate(given)]
+    prefix = "chatcmpl" if chat else "cmpl"
+    return [_generate_request(prefix, req, ids, info.max_model_len) for ids in prompts]
+
+
+async def render_chat(request: web.Request) -> web.Response:
+    """POST /v1/chat/completions/render: the conversation after the chat template."""
+    return _json((await _render(request, chat=True))[0])
+
+
+async def render_completion(request: web.Request) -> web.Response:
+    """POST /v1/completions/render: one GenerateRequest per prompt."""
+    return _json(await _render(request, chat=False))
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/load", load)
+    app.router.add_get("/get_load", get_load)
+    app.router.add_get("/get_server_info", server_info)
+    app.router.add_get("/kv_event_sources", kv_event_sources)
+    app.router.add_post("/v1/chat/completions/render", render_chat)
+    app.router.add_post("/v1/completions/render", render_completion)

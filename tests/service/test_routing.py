@@ -1,0 +1,200 @@
+"""What a router reads of each replica, over real HTTP on every replica's port of the real
+gateway in front of the real engine (3 replicas, KV events on): the load from the
+replica's live queue, vLLM's render API giving exactly the token IDs the engine caches
+(checked against the replica's own KV events), the server info and KV-event sources
+vllm-router's discovery reads, the replica and model named on every generation
+response, and vLLM's X-data-parallel-rank header on the base port."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import msgpack
+import pytest
+import zmq
+import zmq.asyncio
+
+from engine_helpers import running_engine
+from inference_lab.common.ports import free_port_run
+from inference_lab.engine.service.kv_events import KVEventsConfig
+from inference_lab.gateway.fleet import FleetGateway
+from inference_lab.testing.poll import until
+
+MODEL = "gpt-oss-20b"
+SYSTEM = "You answer briefly and exactly. " * 40  # 1,280 bytes: several 64-token blocks
+
+
+@pytest.fixture
+async def lab():
+    """(engine, http session, replica URLs, KV base port): 3 replicas, replica i's HTTP
+    port base + i, its KV events on kv + 2i (replays on kv + 1 + 2i)."""
+    kv = free_port_run(6)
+    config = KVEventsConfig.parse(json.dumps({
+        "enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{kv}",
+        "replay_endpoint": f"tcp://127.0.0.1:{kv + 1}", "topic": "kv@lab@{model}"}))
+    async with running_engine(replicas=3, kv_events=config) as engine:
+        base = free_port_run(3)
+        gateway = FleetGateway(f"127.0.0.1:{engine.port}", "127.0.0.1", base)
+        await gateway.start()
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+                urls = [f"http://127.0.0.1:{base + i}" for i in range(3)]
+
+                async def open_() -> bool:
+                    try:
+                        async with http.get(urls[2] + "/health") as resp:
+                            return resp.status == 200
+                    except aiohttp.ClientConnectionError:
+                        return False
+
+                await until(open_, timeout=10, interval=0.05, what="replica 2's port open")
+                yield engine, http, urls, kv
+        finally:
+            await gateway.stop()
+
+
+async def get(http, url: str) -> dict:
+    async with http.get(url) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+def chat(content: str, **extra) -> dict:
+    return {"model": MODEL, "max_tokens": 2, **extra,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]}
+
+
+async def test_the_load_is_the_replicas_requests_waiting_and_running_now(lab):
+    _, http, urls, _ = lab
+    body = {"model": MODEL, "prompt": "tell me", "max_tokens": 100_000, "stream": True}
+    async with http.post(urls[2] + "/v1/completions", json=body) as held:
+        assert held.status == 200
+        await held.content.readline()  # streaming: the request runs on replica 2
+        loads = [(await get(http, u + "/get_load"))["load"] for u in urls]
+        assert loads == [0, 0, 1]
+        assert (await get(http, urls[2] + "/load")) == {"server_load": 1}  # vLLM's shape
+    await until(lambda: _load_is(http, urls[2], 0), what="replica 2's load back to 0")
+
+
+async def _load_is(http, url: str, n: int) -> bool:
+    return (await get(http, url + "/get_load"))["load"] == n
+
+
+async def test_render_gives_the_token_ids_the_replica_caches_and_its_events_carry(lab):
+    _, http, urls, kv = lab
+    ctx = zmq.asyncio.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{kv + 2}")  # replica 1's publisher
+    try:
+        async with http.post(urls[1] + "/v1/chat/completions/render", json=chat("hi")) as resp:
+            assert resp.status == 200
+            rendered = await resp.json()
+        assert set(rendered) == {"request_id", "token_ids", "features", "sampling_params",
+                                 "model", "stream", "stream_options", "cache_salt",
+                                 "priority", "kv_transfer_params"}
+        assert rendered["request_id"].startswith("chatcmpl-") and rendered["model"] == MODEL
+        assert rendered["sampling_params"]["max_tokens"] == 2 and rendered["features"] is None
+        ids = rendered["token_ids"]
+        assert len(ids) > 3 * 64
+        stored = []
+        for attempt in range(20):  # bounded: a PUB socket drops what precedes the subscription
+            async with http.post(urls[1] + "/v1/chat/completions", json=chat("hi")) as resp:
+                assert resp.status == 200
+                assert resp.headers["x-inference-lab-replica"] == "1"
+                assert resp.headers["x-inference-lab-model"] == MODEL
+            while await sub.poll(300):
+                _, _, payload = await sub.recv_multipart()
+                _, events, rank = msgpack.unpackb(payload)
+                assert rank == 1
+                stored += [e for e in events if e["type"] == "BlockStored"]
+            if stored:
+                break
+        else:
+            pytest.fail("no BlockStored from replica 1")
+        cached = [t for e in stored for t in e["token_ids"]]
+        # the blocks the engine cached are the rendered prompt's, token for token
+        assert cached == ids[:len(cached)] and len(cached) == len(ids) // 64 * 64
+    finally:
+        sub.close(0)
+        ctx.term()
+
+
+async def test_completions_render_is_one_request_per_prompt_and_bad_input_is_a_4xx(lab):
+    _, http, urls, _ = lab
+    body = {"model": MODEL, "prompt": [[5, 6], [7, 8, 9]], "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": True}, "temperature": 0.5}
+    async with http.post(urls[0] + "/v1/completions/render", json=body) as resp:
+        assert resp.status == 200
+        items = await resp.json()
+    assert [item["token_ids"] for item in items] == [[5, 6], [7, 8, 9]]  # as given
+    assert all(item["stream"] and item["stream_options"]["include_usage"] for item in items)
+    assert items[0]["sampling_params"]["temperature"] == 0.5
+    for body, status, words in [({"model": MODEL}, 400, "prompt"),
+                                ({"model": "nope", "prompt": "x"}, 404, "does not exist"),
+                                ({"model": MODEL, "prompt": "x", "n": 0}, 400, "$.n")]:
+        async with http.post(urls[0] + "/v1/completions/render", json=body) as resp:
+            assert resp.status == status
+            assert words in (await resp.json())["error"]["message"]
+
+
+async def test_each_port_names_its_own_publisher_and_instance(lab):
+    _, http, urls, kv = lab
+    infos = [await get(http, u + "/get_server_info") for u in urls]
+    assert [i["kv_block_size"] for i in infos] == [64] * 3
+    assert {i["model_id"] for i in infos} == {MODEL}
+    assert len({i["instance_id"] for i in infos}) == 3  # one identity per port
+    for rank, url in enumerate(urls):
+        sources = await get(http, url + "/kv_event_sources")
+        assert sources == {str(rank): {
+            "endpoint": f"tcp://127.0.0.1:{kv + 2 * rank}",
+            "replay_endpoint": f"tcp://127.0.0.1:{kv + 1 + 2 * rank}",
+            "topic": f"kv@lab@{MODEL}", "hwm": 100_000, "buffer_steps": 10_000,
+            "enable_kv_cache_events": True, "publisher": "zmq", "encoding": "msgpack",
+            "schema_version": 1}}
+
+
+async def test_x_data_parallel_rank_picks_the_replica_on_the_base_port_only(lab):
+    _, http, urls, _ = lab
+    body = {"model": MODEL, "prompt": "tell me", "max_tokens": 100_000, "stream": True}
+    async with http.post(urls[0] + "/v1/completions", json=body,
+                         headers={"X-data-parallel-rank": "2"}) as held:
+        assert held.status == 200 and held.headers["x-inference-lab-replica"] == "2"
+        await held.content.readline()
+        assert [(await get(http, u + "/get_load"))["load"] for u in urls] == [0, 0, 1]
+    cases = [(urls[1], "2", 400, "serves replica 1 only"), (urls[0], "two", 400, "not a replica"),
+             (urls[0], "9", 404, "replica 9")]
+    for url, rank, status, words in cases:
+        async with http.post(url + "/v1/completions", json={**body, "stream": False},
+                             headers={"X-data-parallel-rank": rank}) as resp:
+            assert resp.status == status, await resp.text()
+            assert words in (await resp.json())["error"]["message"]
+    async with http.post(urls[1] + "/v1/completions", json={**body, "max_tokens": 1},
+                         headers={"X-data-parallel-rank": "1"}) as resp:  # its own: fine
+        assert resp.status == 200 and resp.headers["x-inference-lab-replica"] == "1"
+
+
+async def test_the_names_are_on_every_generation_response_and_off_by_a_flag(fake):
+    """Streamed, whole, every dialect; with served_by off (--no-served-by-headers) none."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from inference_lab.gateway import create_app
+    from inference_lab.testing.fake_engine import FAKE_MODEL
+
+    bodies = {"/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
+              "/v1/completions": {"prompt": "hi"}, "/v1/responses": {"input": "hi"},
+              "/v1/messages": {"messages": [{"role": "user", "content": "hi"}]}}
+    for served_by in (True, False):
+        async with TestClient(TestServer(create_app(fake.target, served_by=served_by))) as c:
+            for path, body in bodies.items():
+                for stream in (False, True):
+                    resp = await c.post(path, json={"model": FAKE_MODEL, "max_tokens": 3,
+                                                    "stream": stream, **body})
+                    assert resp.status == 200, await resp.text()
+                    await resp.read()
+                    named = (resp.headers.get("x-inference-lab-replica"),
+                             resp.headers.get("x-inference-lab-model"))
+                    assert named == (("0", FAKE_MODEL) if served_by else (None, None)), path
+            health = await c.get("/health")  # not a generation response: never named
+            assert "x-inference-lab-replica" not in health.headers
