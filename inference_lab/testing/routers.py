@@ -118,7 +118,7 @@ async def loaded_replica(http: aiohttp.ClientSession, replicas: list[str], route
                          streams: int = 8, routed: int = 24, at_once: int = 6,
                          max_tokens: int = 64) -> list[str | None]:
     """`streams` endless streams sent straight to replicas[0] (not through the router);
-    once the router has polled that replica's GET /get_load since it showed them, `routed`
+    once the router has taken a round of GET /get_load polls that showed them, `routed`
     chat requests through the router, `at_once` at a time. Where each was served."""
     polls = replicas[0] + "/metrics"
     async with held_streams(http, replicas[0], streams):
@@ -126,8 +126,11 @@ async def loaded_replica(http: aiohttp.ClientSession, replicas: list[str], route
                     what=f"{streams} streams running on replica 0")
         seen = await metric(http, polls, "inference_lab_gateway_http_requests_total",
                             route="/get_load")
-        await until(lambda: _polled_since(http, polls, seen), timeout=30, interval=0.05,
-                    what="the router's next GET /get_load of replica 0")
+        # The router polls every worker in turn, then takes the round's loads: the first
+        # poll answered from here on saw the streams, and the one after it starts the next
+        # round, once that round's loads are taken.
+        await until(lambda: _polled_since(http, polls, seen + 1), timeout=30, interval=0.05,
+                    what="two more GET /get_load of replica 0 by the router")
         bodies = [{"model": MODEL, "max_tokens": max_tokens,
                    "messages": [{"role": "user", "content": f"question {i}"}]}
                   for i in range(routed)]

@@ -90,20 +90,20 @@ def dp_aware(replicas: list[str], kv: int) -> list[str]:
 async def test_kv_aware_keeps_each_prefix_group_together_and_spreads_the_groups(lab):
     # DP-aware: one worker, the base port, its three replicas as ranks (X-data-parallel-
     # rank), every replica's publisher given. The first request of each of 3 groups (800-
-    # token system prompts), all at once, cold everywhere: the router spreads them by
-    # load. Then 3 more of each group, one at a time: each credited on the replica that
-    # holds its group's prefix (its KV events), and served there.
+    # token system prompts), all at once and long enough to overlap, cold everywhere: the
+    # router spreads them by load. Then 3 more of each group, one at a time: each credited
+    # on the replica that holds its group's prefix (its KV events), and served there.
     replicas, kv = lab
     with vllm_router([replicas[0]], "kv_aware", *dp_aware(replicas, kv)) as router:
         url = f"http://127.0.0.1:{router.port}"
 
-        def body(group: int, i: int) -> dict:
-            return {"model": MODEL, "max_tokens": 8, "messages": [
+        def body(group: int, i: int, max_tokens: int = 8) -> dict:
+            return {"model": MODEL, "max_tokens": max_tokens, "messages": [
                 {"role": "system", "content": system_prompt(group, 800)},
                 {"role": "user", "content": f"question {i}"}]}
 
-        async with session() as http:
-            first = await through(http, url, [body(g, 0) for g in range(3)], at_once=3)
+        async with session() as http:  # the first three last ~0.5 s: they overlap
+            first = await through(http, url, [body(g, 0, 300) for g in range(3)], at_once=3)
             homes = [replica_of(resp) for resp in first]
             later = await through(http, url, [body(g, i) for i in range(1, 4) for g in range(3)],
                                   at_once=1)
