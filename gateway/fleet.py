@@ -75,6 +75,7 @@ class FleetGateway:
         ports open as soon as the engine says they exist."""
         self.client = EngineClient(self.engine_target,
                                    control_token=self.app_kwargs.get("control_token"),
+                                   api_key=self.app_kwargs.get("api_key"),
                                    session_lane=self.app_kwargs.get("session_lane"))
         await self._open(0)
         self._spawn(self._discover())

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import logging
 import signal
 from pathlib import Path
@@ -21,6 +20,7 @@ from inference_lab.cli.auth_flags import (
     add_control_token_argument,
     api_key,
     control_token,
+    warn_exposure,
 )
 from inference_lab.cli.cmd_engine import LENGTH_FLAGS
 
@@ -172,18 +172,12 @@ def gateway_app_kwargs(args: argparse.Namespace, config: Path | None = None) -> 
 
 
 def _log_exposure(host: str, key: str | None, token: str | None) -> None:
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
     if key:
         log.info("/v1/* requires the API key")
     if token:
         log.info("/control/* requires the control token")
     missing = [flag for flag, value in (("--api-key", key), ("--control-token", token)) if not value]
-    if missing and not loopback:
-        log.warning("listening on %s without %s: anyone who can reach the port may use it",
-                    host, " or ".join(missing))
+    warn_exposure(log, host, "the gateway", missing)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
