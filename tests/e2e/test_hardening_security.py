@@ -76,7 +76,7 @@ async def test_the_engine_refuses_set_capacity_without_its_control_token():
 @contextlib.asynccontextmanager
 async def engine_with_secrets(key: str | None, token: str | None):
     server = EngineServer(default_deployments("b200"), "127.0.0.1", 0, 0, control_token=token,
-                          api_key=key)
+                          **({"api_key": key} if key else {}))
     await server.start()
     try:
         yield server
