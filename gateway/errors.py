@@ -198,8 +198,14 @@ def _error_info_reason(exc: grpc.aio.AioRpcError) -> str:
 
 
 def from_grpc_error(exc: grpc.aio.AioRpcError) -> GatewayError:
-    """A unary call's failure status as a GatewayError (a replica refusal by its reason)."""
+    """A unary call's failure status as a GatewayError (a replica refusal by its reason).
+    A failure the table does not know (an engine bug: UNKNOWN, INTERNAL) is logged here
+    and answered without its text, which may be an exception's."""
     kind = _KIND_BY_GRPC.get(exc.code(), ErrorKind.INTERNAL)
+    if kind is ErrorKind.INTERNAL:
+        log.error("the engine failed a call: %s: %s", exc.code().name, exc.details())
+        return GatewayError(kind, "Internal server error (the engine failed the call; its "
+                                  "log and the gateway's have the details).")
     details = exc.details() or exc.code().name
     if kind in (ErrorKind.MODEL_NOT_FOUND, ErrorKind.ENGINE_UNAVAILABLE):
         replica_kind = _REPLICA_REASONS.get(_error_info_reason(exc))

@@ -135,6 +135,7 @@ def fault_kwargs(config: Path | None, state_dir: Path | None) -> dict:
     from inference_lab.common.state_file import StateFileError, read_state, write_state
     from inference_lab.gateway.faults.config import load_fault_tables
     from inference_lab.gateway.faults.injection import FaultState
+    from inference_lab.gateway.faults.saving import FaultSaver
     from inference_lab.cli import UsageError
 
     settings, static = load_fault_tables(config) if config is not None else ({}, {})
@@ -151,11 +152,13 @@ def fault_kwargs(config: Path | None, state_dir: Path | None) -> dict:
         if saved is not None:
             log.info("restored live fault settings from %s: %s", path, state.snapshot())
 
-        def save(st: FaultState) -> None:
+        def write(snapshot: dict) -> None:  # (in a worker thread: gateway.faults.saving)
             try:
-                write_state(path, st.snapshot())
+                write_state(path, snapshot)
             except OSError as exc:
                 log.error("cannot save the fault settings to %s: %s", path, exc)
+
+        save = FaultSaver(write)
     return {"faults": state, "save_faults": save, "static_faults": static}
 
 

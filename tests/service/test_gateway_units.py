@@ -351,3 +351,17 @@ async def test_the_lane_acknowledges_only_once_every_overlapping_relay_is_writte
     assert acks == [2 * n]
     session.routes.clear()
     session.close("test over", shutdown=True)
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
+                                  grpc.StatusCode.DATA_LOSS])
+def test_an_engine_failure_outside_the_table_is_a_500_without_its_text(code):
+    from grpc.aio import AioRpcError, Metadata
+
+    from inference_lab.gateway.errors import from_grpc_error
+
+    exc = AioRpcError(code, Metadata(), Metadata(),
+                      details="Unexpected <class 'LoraError'>: secret internals")
+    err = from_grpc_error(exc)
+    assert err.kind is ErrorKind.INTERNAL and err.spec.status == 500
+    assert "LoraError" not in err.message and "internals" not in err.message
