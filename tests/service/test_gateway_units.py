@@ -365,3 +365,22 @@ def test_an_engine_failure_outside_the_table_is_a_500_without_its_text(code):
     err = from_grpc_error(exc)
     assert err.kind is ErrorKind.INTERNAL and err.spec.status == 500
     assert "LoraError" not in err.message and "internals" not in err.message
+
+
+def test_the_stored_responses_cap_counts_what_is_stored_tools_included():
+    """30 responses each echoing 180 KB of tools once grew the gateway by 119 MB while the
+    cap counted conversation text only: now the stored JSON itself is counted."""
+    from inference_lab.gateway.protocols.responses import ResponseStore
+
+    tools = [{"type": "function", "name": f"f{i}", "description": "x" * 1000,
+              "parameters": {"type": "object", "properties": {}}} for i in range(180)]
+    store = ResponseStore(1 << 20)  # 1 MiB
+    for i in range(30):
+        store.put(f"resp_{i}", [("user", "hi"), ("assistant", " token")],
+                  {"id": f"resp_{i}", "tools": tools, "instructions": "be brief"})
+    held = [i for i in range(30) if store.response(f"resp_{i}") is not None]
+    assert held == list(range(25, 30))  # five of ~185 KB fit in 1 MiB: the newest
+    assert json.loads(store.response("resp_29"))["tools"] == tools  # as GET answers it
+    assert store.get("resp_29") == [("user", "hi"), ("assistant", " token")]
+    assert store.delete("resp_29") and not store.delete("resp_29")
+    assert store.response("resp_29") is None
