@@ -152,6 +152,11 @@ class EngineServer:
             ("grpc.max_concurrent_streams", 100_000),
             ("grpc.so_reuseport", 0),
             ("grpc.keepalive_permit_without_calls", 1),
+            # A connection that never completes its HTTP/2 handshake, or that carries no
+            # call for five minutes, is closed (the gateway's Session is a call; its
+            # channel reconnects by itself).
+            ("grpc.server_handshake_timeout_ms", 10_000),
+            ("grpc.max_connection_idle_ms", 300_000),
         ])
         engine_pb2_grpc.add_EngineServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
