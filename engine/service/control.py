@@ -108,7 +108,7 @@ class ControlRpcs:
         except REFUSED as exc:
             await abort(context, exc)
         try:
-            self.fleet.check_count(request.replicas)
+            self.fleet.check_count(request.replicas, request.model)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return pb.CapacityResponse(models=self._capacity(self.fleet.scale(request.model,
