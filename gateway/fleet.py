@@ -31,7 +31,7 @@ from inference_lab.gateway.app import STATE, create_app
 from inference_lab.gateway.engine_client import EngineClient
 from inference_lab.gateway.errors import GatewayError
 from inference_lab.gateway.middleware import read_json_body
-from inference_lab.gateway.protocols.base import decode, json_encode
+from inference_lab.gateway.protocols.base import decode, json_encode, query_text
 from inference_lab.gateway.server import start_gateway
 from inference_lab.v1 import engine_pb2 as pb
 
@@ -175,7 +175,7 @@ class FleetGateway:
 
 async def get_replicas(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
-    rows = await fleet.client.get_capacity(request.query.get("model") or None)
+    rows = await fleet.client.get_capacity(query_text(request.query, "model"))
     return web.Response(body=fleet.rows_json(rows), content_type="application/json")
 
 

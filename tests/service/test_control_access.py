@@ -68,3 +68,18 @@ async def test_with_an_api_key_alone_the_control_routes_need_it(fake):
         ok = await client.post("/control/faults", json={"rate": 0.5},
                                headers={"Authorization": "Bearer sk-a"})
         assert ok.status == 200 and (await ok.json())["defaults"]["rate"] == 0.5
+
+
+@pytest.mark.parametrize("query", ["replica=%C2%B2", "replica=99999999999999", "replica=-1",
+                                   "replica=1e3", "replica=%EF%BC%91", "replica=" + "9" * 400])
+async def test_a_replica_query_that_is_not_an_index_is_a_400_never_a_500(client, query):
+    from yarl import URL
+
+    resp = await client.get(URL("/control/faults/replica?" + query, encoded=True))
+    assert resp.status == 400
+    assert "?replica" in (await resp.json())["error"]["message"]
+
+
+async def test_a_model_query_too_long_is_a_400(client):
+    resp = await client.get("/control/capacity", params={"model": "m" * 5000})
+    assert resp.status == 400 and "?model" in (await resp.json())["error"]["message"]
