@@ -384,3 +384,18 @@ def test_the_stored_responses_cap_counts_what_is_stored_tools_included():
     assert store.get("resp_29") == [("user", "hi"), ("assistant", " token")]
     assert store.delete("resp_29") and not store.delete("resp_29")
     assert store.response("resp_29") is None
+
+
+@pytest.mark.parametrize("prompts, n, ok", [(1024, 1, True), (8, 128, True), (1, 128, True),
+                                            (1024, 2, False), (9, 128, False),
+                                            (1024, 128, False)])
+def test_a_request_asks_for_at_most_1024_sequences_prompts_times_n(prompts, n, ok):
+    """1,024 prompts x n = 128 was 131,072 sequences from one request."""
+    body = json.dumps({"model": "m", "prompt": [[1, 2]] * prompts, "n": n,
+                       "max_tokens": 1}).encode()
+    if ok:
+        COMPLETIONS.parse(body, ByteTokenizer())
+    else:
+        with pytest.raises(GatewayError) as info:
+            COMPLETIONS.parse(body, ByteTokenizer())
+        assert info.value.spec.status == 400 and "at most 1024" in info.value.message
