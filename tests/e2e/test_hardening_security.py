@@ -245,6 +245,19 @@ def test_help_never_shows_a_secret_from_the_environment(sub):
     assert KEY not in out.stdout and TOKEN not in out.stdout
 
 
+@pytest.mark.parametrize("secrets", [{}, {"INFERENCE_LAB_CONTROL_TOKEN": TOKEN}])
+def test_an_engine_beyond_loopback_without_secrets_logs_a_warning(secrets):
+    unset = {"INFERENCE_LAB_API_KEY": "", "INFERENCE_LAB_CONTROL_TOKEN": ""}  # empty: unset
+    proc = Proc(command("engine", "--host", "0.0.0.0", "--port", str(free_port()),
+                        "--metrics-port", "0"), env={**unset, **secrets})
+    try:
+        proc.wait_for_log(r"engine ready")
+        warned = "the engine listening on 0.0.0.0 without --api-key or --control-token"
+        assert (warned in proc.log()) == (not secrets)
+    finally:
+        proc.close()
+
+
 def test_serve_gateway_and_engine_listen_on_loopback_by_default():
     parser = build_parser()
     assert parser.parse_args(["serve"]).host == "127.0.0.1"
