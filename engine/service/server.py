@@ -54,7 +54,7 @@ class EngineServer:
                  update_rate: float = DEFAULT_UPDATE_RATE, time_scale: float = 1.0,
                  coalesce_when_late: bool = True,
                  engine_index: int = 0, state_dir: str | Path | None = None,
-                 kv_events: KVEventsConfig | None = None,
+                 kv_events: KVEventsConfig | None = None, kv_events_expose_replay: bool = False,
                  lora_modules: list[LoraModule] | None = None, max_loras: int = 0,
                  replicas: int = 1, startup_delay: float | str = 0.0,
                  lengths: OutputLength | None = None, session_lane: str = "auto") -> None:
@@ -80,6 +80,7 @@ class EngineServer:
         self.metrics_port = metrics_port
         self.engine_index = engine_index  # the `engine` label of every metric
         self.kv_events_config = kv_events  # vLLM's --kv-events-config, when given
+        self.kv_events_expose_replay = kv_events_expose_replay  # replays beyond loopback
         self.kv_events: ReplicaPublishers | None = None  # one publisher per replica
         # LoRA: max_loras > 0 enables adapters on every model (vLLM's --enable-lora)
         self.lora_modules = list(lora_modules or [])
@@ -134,7 +135,8 @@ class EngineServer:
     async def start(self) -> None:
         events = self.kv_events_config is not None and self.kv_events_config.enabled
         if events:
-            self.kv_events = ReplicaPublishers(self.kv_events_config, self.engine_index)
+            self.kv_events = ReplicaPublishers(self.kv_events_config, self.engine_index,
+                                               self.kv_events_expose_replay)
         self.metrics = EngineMetrics(engine_index=self.engine_index)
         setting = self.startup_delay
         self.fleet = Fleet(self.deployments, self._make_runtime,

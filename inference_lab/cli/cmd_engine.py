@@ -55,6 +55,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "\"tcp://127.0.0.1:5557\", \"replay_endpoint\": \"tcp://127.0.0.1:5558\", "
                         "\"topic\": \"kv@{model}\"}'; replica k publishes on the ports + k "
                         "(docs/kv-events.md)")
+    p.add_argument("--kv-events-expose-replay", action="store_true",
+                   help="bind the KV events' replay_endpoint on the host it names; without it "
+                        "the replay socket binds 127.0.0.1 (same port), since a replay hands "
+                        "any caller the recent prompts' token IDs (docs/security.md)")
 
 
 def _lora_module(text: str) -> str:
@@ -265,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
                           update_rate=args.max_update_rate, time_scale=args.time_scale,
                           coalesce_when_late=args.coalesce_when_late,
                           state_dir=args.state_dir, kv_events=kv_events,
+                          kv_events_expose_replay=args.kv_events_expose_replay,
                           lora_modules=[parse_lora_module(m) for m in args.lora_modules or ()],
                           max_loras=(args.max_loras or 1) if (args.enable_lora or args.lora_modules
                                                               or args.max_loras) else 0,

@@ -78,6 +78,8 @@ class EngineProcess:
             self.argv += ["--max-waiting", str(args.max_waiting)]
         if args.kv_events_config:
             self.argv += ["--kv-events-config", args.kv_events_config]
+        if args.kv_events_expose_replay:
+            self.argv.append("--kv-events-expose-replay")
         self.argv += lora_argv(args)
         for directory in args.catalog:
             self.argv += ["--catalog", str(directory)]
