@@ -44,7 +44,10 @@ async def _preflight(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     """Register after every other route: each route's path answers OPTIONS too (an unknown
-    path stays a 404)."""
-    app.on_response_prepare.append(_allow_origin)
+    path stays a 404). Again after adding routes later (gateway.fleet): only the new
+    paths are added."""
+    if _allow_origin not in app.on_response_prepare:
+        app.on_response_prepare.append(_allow_origin)
     for resource in list(app.router.resources()):
-        resource.add_route("OPTIONS", _preflight)
+        if not any(route.method == "OPTIONS" for route in resource):
+            resource.add_route("OPTIONS", _preflight)

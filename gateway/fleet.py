@@ -27,6 +27,7 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
+from inference_lab.gateway import cors
 from inference_lab.gateway.app import STATE, create_app
 from inference_lab.gateway.engine_client import EngineClient
 from inference_lab.gateway.errors import GatewayError
@@ -121,6 +122,7 @@ class FleetGateway:
             app.router.add_get("/control/replicas", get_replicas)
             app.router.add_post("/control/replicas", set_replicas)
             app.router.add_get("/fleet/targets", targets)
+            cors.add_routes(app)  # the base port's own paths answer preflights too
         port = self.base_port + index if self.base_port else 0
         runner, bound = await start_gateway(app, self.host, port, **self.runner_kwargs)
         self.listeners[index] = (runner, bound)
