@@ -2,9 +2,9 @@
 
 Knows: the routes' access kinds (inference_lab.common.auth `Access`): the control routes
 (`/control/*`, and vLLM's LoRA load and unload, which change what the engine serves) need
-the control token (when none is set, the API key stands in); the rest of `/v1/*` the API key alone (as vLLM guards
-`/v1`); everything else is open (probes, scrapers, vLLM's `/tokenize`,
-`/detokenize` and `/version`). A control route also answers no browser: a request that
+the control token (when none is set, the API key stands in); the rest of `/v1/*` the API
+key alone (as vLLM guards `/v1`); everything else is open (probes, scrapers, vLLM's
+`/tokenize`, `/detokenize` and `/version`). A control route also answers no browser: a request that
 carries an `Origin` header (every cross-origin request has one, and every POST a browser
 makes) is refused, and its body must be labelled `application/json` (or `+json`), which a
 page cannot send without a preflight.
