@@ -31,6 +31,7 @@ from inference_lab.gateway.faults import FaultSpec
 from inference_lab.gateway.faults import control as fault_control
 from inference_lab.gateway.faults import replica as fault_replica
 from inference_lab.gateway.faults.injection import FaultState
+from inference_lab.gateway.faults.saving import FaultSaver
 from inference_lab.gateway.protocols import ROUTES
 from inference_lab.gateway.protocols import count_tokens, stored_responses
 from inference_lab.gateway.protocols import vllm as vllm_api
@@ -49,7 +50,7 @@ def create_app(
     enable_directives: bool = False,
     static_faults: dict[str, FaultSpec] | None = None,
     faults: FaultState | None = None,
-    save_faults: Callable[[FaultState], None] | None = None,
+    save_faults: FaultSaver | Callable[[dict], None] | None = None,
     tokenizer: Tokenizer | None = None,
     replica: int | None = None,
     engine: EngineClient | None = None,
@@ -67,7 +68,9 @@ def create_app(
     `enable_directives` honours `x-inference-lab-fault` headers (else they are a 400);
     `static_faults` maps a model to the fault every streaming request of it gets.
     `faults` is the initial state of injected errors and retry hints (live through
-    /control/faults; `save_faults` is called after every change).
+    /control/faults; `save_faults` saves it after every change: a FaultSaver, shared by
+    every app of the state, or a callable it wraps in one, which gets the state's snapshot
+    in a worker thread).
     `tokenizer` turns prompts into token IDs (default: the built-in byte-level one).
     `replica` makes it the app of one replica's port (gateway.fleet): requests run on that
     replica, /health/ready and /v1/models answer 200 only while it is ready, /metrics adds
@@ -102,8 +105,12 @@ def create_app(
     def read_body(request: web.Request):
         return middleware.read_json_body(request, state.max_body_bytes)
 
+    if save_faults is not None and not isinstance(save_faults, FaultSaver):
+        save_faults = FaultSaver(save_faults)
     controls = app[fault_control.FAULTS] = fault_control.FaultControl(
         faults or FaultState(), max_body_bytes, served_models, save_faults)
+    if save_faults is not None:
+        app.on_cleanup.append(lambda _: save_faults.flush())
     app.cleanup_ctx.append(lifecycle.engine_ctx)
     app.on_response_prepare.append(middleware.echo_request_id)
     for path, dialect in ROUTES.items():

@@ -97,8 +97,10 @@ class Connection:
     def __init__(self, target: str, *, connect_timeout: float, session_lane: str | None,
                  probe: Probe | None, backlog: Backlog,
                  prepare: Callable[[], Awaitable[int]],
-                 on_metrics: Callable[[pb.MetricsPush], None]) -> None:
+                 on_metrics: Callable[[pb.MetricsPush], None],
+                 metadata: tuple[tuple[str, str], ...] | None = None) -> None:
         self.target = target
+        self._metadata = metadata  # the secret sent with Session and SessionLane, if any
         # "auto": the Session over the engine's same-host lane when it offers one, else
         # gRPC; "off": gRPC always. None: $INFERENCE_LAB_SESSION_LANE, else "auto".
         self.session_lane = session_lane or os.environ.get(SESSION_LANE_ENV) or "auto"
@@ -171,7 +173,7 @@ class Connection:
             self.session.on_metrics = self._on_metrics
         else:
             self.session = GrpcSession(self.stub(), self._on_session_broken,
-                                       self._probe, self.backlog)
+                                       self._probe, self.backlog, self._metadata)
         log.info("engine session open to %s (%d models) over %s", self.target,
                  models, "the session lane" if link is not None else "gRPC")
 
@@ -181,7 +183,8 @@ class Connection:
         mine = clock_id()
         try:
             info = await self.stub().SessionLane(
-                pb.SessionLaneRequest(), timeout=self._connect_timeout, wait_for_ready=False)
+                pb.SessionLaneRequest(), timeout=self._connect_timeout, wait_for_ready=False,
+                metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             reason = (f"the engine has no session lane ({exc.code().name})"
                       if exc.code() is grpc.StatusCode.UNIMPLEMENTED

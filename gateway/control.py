@@ -24,7 +24,8 @@ from inference_lab.gateway.aiohttp_gate import http_date, response_head
 from inference_lab.gateway.errors import ErrorKind, GatewayError, engine_unavailable
 from inference_lab.gateway.middleware import read_json_body
 from inference_lab.gateway.protocols import vllm as vllm_api
-from inference_lab.gateway.protocols.base import NESTED_TOO_DEEPLY, invalid, json_encode, random_id
+from inference_lab.gateway.protocols.base import (NESTED_TOO_DEEPLY, invalid, json_encode,
+                                                  query_text, random_id)
 from inference_lab.gateway.state import STATE, GatewayState
 from inference_lab.v1 import engine_pb2 as pb
 
@@ -178,7 +179,7 @@ def _capacity_body(models: list[pb.ModelCapacity]) -> web.Response:
 
 async def get_capacity(request: web.Request) -> web.Response:
     state = request.app[STATE]
-    return _capacity_body(await state.client.get_capacity(request.query.get("model") or None,
+    return _capacity_body(await state.client.get_capacity(query_text(request.query, "model"),
                                                           replica=state.replica))
 
 

@@ -6,8 +6,8 @@ engine's same-host lane or gRPC; gateway.channel opens it and replaces a broken 
 `open()` sends `Open(tag, request)` with a gateway-unique tag and returns a
 `RequestStream` (gateway.streams) that the Session's dispatcher fills; `cancel()` sends
 `Cancel(tag)`. Unary wrappers cover ListModels (cached; refreshed on reconnect and on an
-unknown model), GetCapacity and SetCapacity (with the control token as `authorization`
-metadata when one is set), LoRA adapters, replicas, faults, the engine's expositions
+unknown model), GetCapacity and SetCapacity (with the gateway's secrets as `authorization`
+metadata, as on the Session and every call that changes state), LoRA adapters, replicas, faults, the engine's expositions
 (gateway.metrics_feed: a replica's from the copy the engine keeps pushed here) and the
 engine's gRPC health (`serving()`: NOT_SERVING while it drains for shutdown).
 
@@ -61,14 +61,15 @@ class EngineClient:
     def __init__(
         self, target: str, *, connect_timeout: float = 1.0, rpc_timeout: float = 5.0,
         control_token: str | None = None, probe: Probe | None = None,
-        session_lane: str | None = None,
+        session_lane: str | None = None, api_key: str | None = None,
     ) -> None:
         self.target = target
         self._probe = probe  # an observer of the Session pipe (diagnostics), usually None
-        # Sent with SetCapacity, which an engine started with a control token requires.
-        self._control_metadata = (
-            (("authorization", f"Bearer {control_token}"),) if control_token else None
-        )
+        # Every secret the gateway holds, one `authorization` entry each: sent with the
+        # engine's calls that change state and with the Session and SessionLane, which an
+        # engine with secrets requires (engine.service.access: it takes whichever it knows).
+        self._control_metadata = tuple(("authorization", f"Bearer {secret}")
+                                       for secret in (control_token, api_key) if secret) or None
         self._connect_timeout = connect_timeout
         self._rpc_timeout = rpc_timeout
         self._tags = itertools.count(1)
@@ -82,6 +83,7 @@ class EngineClient:
         # one, else gRPC; "off": gRPC always. None: $INFERENCE_LAB_SESSION_LANE, else "auto".
         self._connection = Connection(
             target, connect_timeout=connect_timeout, session_lane=session_lane, probe=probe,
+            metadata=self._control_metadata,
             backlog=self.backlog, prepare=self._fetch_models, on_metrics=self._metrics.feed.take)
         self.session_lane = self._connection.session_lane
 
@@ -310,7 +312,7 @@ class EngineClient:
     # ---- replicas -----------------------------------------------------------------------
 
     async def set_replicas(self, model: str | None, replicas: int) -> list[pb.ModelCapacity]:
-        """Add or drain replicas live (SetReplicas, with the control token)."""
+        """Add or drain replicas live (SetReplicas, with the gateway's secrets)."""
         resp = await self._unary(
             "SetReplicas", pb.SetReplicasRequest(model=model or "", replicas=replicas),
             self._rpc_timeout, metadata=self._control_metadata)
@@ -350,7 +352,7 @@ class EngineClient:
 
     async def inject_fault(self, kind: int, seconds: float = 0.0, factor: float = 0.0,
                            replica: int | None = None) -> pb.EngineFaultState:
-        """InjectFault (with the control token): crash, stall, slow down or clear, of the
+        """InjectFault (with the gateway's secrets): crash, stall, slow down or clear, of the
         whole engine or of one replica (REPLICA_NOT_FOUND when no model has it)."""
         return await self._unary(
             "InjectFault", pb.InjectFaultRequest(kind=kind, seconds=seconds, factor=factor,

@@ -41,6 +41,7 @@ class ErrorKind(enum.StrEnum):
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UNAUTHORIZED = "unauthorized"
     CONTROL_UNAUTHORIZED = "control_unauthorized"
+    CROSS_ORIGIN_FORBIDDEN = "cross_origin_forbidden"
     ROUTE_NOT_FOUND = "route_not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     INTERNAL = "internal"
@@ -64,7 +65,7 @@ class ErrorSpec:
 # `error.details.error_code`, its other key): 529 OverloadedError,
 # 503 ServiceUnavailableError, 500 InternalServerError (both are InternalServerError
 # subclasses), 404 NotFoundError, 413 ContentTooLargeError, 401 AuthenticationError,
-# 400 BadRequestError; 405 and 415 are plain APIStatusError.
+# 403 PermissionDeniedError, 400 BadRequestError; 405 and 415 are plain APIStatusError.
 ERRORS: dict[ErrorKind, ErrorSpec] = {
     ErrorKind.QUEUE_SATURATED: ErrorSpec(
         529, "overloaded_error", "queue_saturated", grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -103,6 +104,10 @@ ERRORS: dict[ErrorKind, ErrorSpec] = {
     ErrorKind.CONTROL_UNAUTHORIZED: ErrorSpec(
         401, "authentication_error", "invalid_control_token", grpc.StatusCode.UNAUTHENTICATED,
         "authentication_error",
+    ),
+    # A control route asked from a web page (a request with an Origin header).
+    ErrorKind.CROSS_ORIGIN_FORBIDDEN: ErrorSpec(
+        403, "permission_error", "cross_origin_forbidden", None, "permission_error"
     ),
     ErrorKind.ROUTE_NOT_FOUND: ErrorSpec(
         404, "invalid_request_error", "not_found", None, "not_found_error"
@@ -246,8 +251,14 @@ def _error_info_reason(exc: grpc.aio.AioRpcError) -> str:
 
 
 def from_grpc_error(exc: grpc.aio.AioRpcError) -> GatewayError:
-    """A unary call's failure status as a GatewayError (a replica refusal by its reason)."""
+    """A unary call's failure status as a GatewayError (a replica refusal by its reason).
+    A failure the table does not know (an engine bug: UNKNOWN, INTERNAL) is logged here
+    and answered without its text, which may be an exception's."""
     kind = _KIND_BY_GRPC.get(exc.code(), ErrorKind.INTERNAL)
+    if kind is ErrorKind.INTERNAL:
+        log.error("the engine failed a call: %s: %s", exc.code().name, exc.details())
+        return GatewayError(kind, "Internal server error (the engine failed the call; its "
+                                  "log and the gateway's have the details).")
     details = exc.details() or exc.code().name
     if kind in (ErrorKind.MODEL_NOT_FOUND, ErrorKind.ENGINE_UNAVAILABLE):
         replica_kind = _REPLICA_REASONS.get(_error_info_reason(exc))

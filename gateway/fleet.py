@@ -27,11 +27,12 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
+from inference_lab.gateway import cors
 from inference_lab.gateway.app import STATE, create_app
 from inference_lab.gateway.engine_client import EngineClient
 from inference_lab.gateway.errors import GatewayError
 from inference_lab.gateway.middleware import read_json_body
-from inference_lab.gateway.protocols.base import decode, json_encode
+from inference_lab.gateway.protocols.base import decode, json_encode, query_text
 from inference_lab.gateway.server import start_gateway
 from inference_lab.v1 import engine_pb2 as pb
 
@@ -75,6 +76,7 @@ class FleetGateway:
         ports open as soon as the engine says they exist."""
         self.client = EngineClient(self.engine_target,
                                    control_token=self.app_kwargs.get("control_token"),
+                                   api_key=self.app_kwargs.get("api_key"),
                                    session_lane=self.app_kwargs.get("session_lane"))
         await self._open(0)
         self._spawn(self._discover())
@@ -120,6 +122,7 @@ class FleetGateway:
             app.router.add_get("/control/replicas", get_replicas)
             app.router.add_post("/control/replicas", set_replicas)
             app.router.add_get("/fleet/targets", targets)
+            cors.add_routes(app)  # the base port's own paths answer preflights too
         port = self.base_port + index if self.base_port else 0
         runner, bound = await start_gateway(app, self.host, port, **self.runner_kwargs)
         self.listeners[index] = (runner, bound)
@@ -174,7 +177,7 @@ class FleetGateway:
 
 async def get_replicas(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
-    rows = await fleet.client.get_capacity(request.query.get("model") or None)
+    rows = await fleet.client.get_capacity(query_text(request.query, "model"))
     return web.Response(body=fleet.rows_json(rows), content_type="application/json")
 
 

@@ -24,6 +24,7 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE]
     state.engine = state.shared_engine or EngineClient(state.engine_target,
                                                        control_token=state.control_token,
+                                                       api_key=state.api_key,
                                                        session_lane=state.session_lane)
     state.engine.connect_soon()
     watchdog = asyncio.get_running_loop().create_task(_disconnect_watchdog(state))

@@ -1,11 +1,12 @@
 """What every request of a gateway app passes: the edge middleware, and the JSON body.
 
-Knows: the API key (a Bearer token or `x-api-key`, on /v1/*) and the control token (on
-/control/*), errors in the envelope of the route's dialect (gateway.protocols.ROUTES),
-a saturated model's refusal with the app's status (errors.Saturation), metrics by route
-and status, a client who left (499 in the metrics), `x-request-id` on every response (the
-client's own when it sent one) and the replica and model on a generation response, and
-what a JSON body must be to be read (its Content-Type, the size limit).
+Knows: the API key (a Bearer token or `x-api-key`, on /v1/*), the control token (on the
+control routes, which also refuse browsers and bodies not labelled JSON: gateway.access),
+errors in the envelope of the route's dialect (gateway.protocols.ROUTES), a saturated
+model's refusal with the app's status (errors.Saturation), metrics by route and status, a
+client who left (499 in the metrics), `x-request-id` on every response (the client's own
+when it sent one) and the replica and model on a generation response, and what a JSON body
+must be to be read (its Content-Type, the size limit).
 
 Does not know: what the handlers do, the error table itself (gateway.errors), gRPC.
 """
@@ -18,8 +19,9 @@ import time
 
 from aiohttp import web
 
-from inference_lab.common.auth import bearer_ok
+from inference_lab.common.auth import Access, accepted, bearer_ok
 from inference_lab.gateway import cors
+from inference_lab.gateway.access import json_labelled, route_access
 from inference_lab.gateway.edge import read_body
 from inference_lab.gateway.engine_client import ClientGone
 from inference_lab.gateway.errors import ErrorKind, GatewayError, error_response, from_http_exception
@@ -38,9 +40,38 @@ def _route_label(request: web.BaseRequest) -> str:
     return resource.canonical if resource is not None else "unmatched"
 
 
-def _under(request: web.BaseRequest, prefix: str) -> bool:
-    """The path, or the route it matched, is under `prefix`."""
-    return request.path.startswith(prefix) or _route_label(request).startswith(prefix)
+_RANK = {Access.OPEN: 0, Access.GENERATE: 1, Access.CONTROL: 2}
+_BODILESS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _access(request: web.BaseRequest) -> Access:
+    """The access of the route the request matched, or of its path (the stricter)."""
+    return max(route_access(request.path), route_access(_route_label(request)), key=_RANK.get)
+
+
+def _check_access(request: web.BaseRequest, api_key: str | None,
+                  control_token: str | None) -> None:
+    """Raise the 401, 403 or 415 an access rule gives this request (gateway.access)."""
+    access = _access(request)
+    if access is Access.GENERATE:
+        if api_key is not None and not cors.is_preflight(request) \
+                and not _api_key_ok(request, api_key):
+            raise GatewayError(ErrorKind.UNAUTHORIZED, "Invalid or missing API key.")
+    elif access is Access.CONTROL:
+        if "Origin" in request.headers:  # a web page's request (a preflight too)
+            raise GatewayError(ErrorKind.CROSS_ORIGIN_FORBIDDEN,
+                               "Control routes answer no cross-origin request.")
+        secrets = accepted(Access.CONTROL, api_key, control_token)
+        authorization = request.headers.get("Authorization")
+        if secrets and not any([bearer_ok(authorization, secret) for secret in secrets]):
+            raise GatewayError(ErrorKind.CONTROL_UNAUTHORIZED, "Invalid or missing control token."
+                               if control_token else "Invalid or missing control token (this "
+                               "server has none: its API key stands in).")
+        if request.method not in _BODILESS and not json_labelled(
+                request.headers.get("Content-Type")):
+            raise GatewayError(ErrorKind.UNSUPPORTED_MEDIA_TYPE,
+                               "A control route takes a JSON body with Content-Type: "
+                               "application/json.")
 
 
 def _api_key_ok(request: web.BaseRequest, api_key: str) -> bool:
@@ -72,13 +103,7 @@ async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
     started = time.perf_counter()
     status = 500
     try:
-        if state.api_key is not None and _under(request, "/v1/") and not cors.is_preflight(request):
-            if not _api_key_ok(request, state.api_key):
-                raise GatewayError(ErrorKind.UNAUTHORIZED, "Invalid or missing API key.")
-        elif state.control_token is not None and _under(request, "/control/"):
-            if not bearer_ok(request.headers.get("Authorization"), state.control_token):
-                raise GatewayError(ErrorKind.CONTROL_UNAUTHORIZED,
-                                   "Invalid or missing control token.")
+        _check_access(request, state.api_key, state.control_token)
         try:
             resp = await handler(request)
         except GatewayError as err:

@@ -24,8 +24,9 @@ from inference_lab.engine.sim.specs import Deployment
 
 log = logging.getLogger(__name__)
 
-# The most replicas one model may have in one engine process (each also needs a gateway
-# port: base port + index).
+# The most replicas one model may hold in one engine process, draining ones included:
+# replica indices run 0 .. MAX_REPLICAS - 1 (each index also needs a gateway port: base
+# port + index).
 MAX_REPLICAS = 64
 
 
@@ -128,17 +129,40 @@ class Fleet:
         return chosen
 
     # ---- changing ---------------------------------------------------------------------
-    def check_count(self, replicas: int) -> None:
+    def _new_indices(self, name: str, count: int) -> list[int]:
+        """The indices `_add(name, count)` takes: the lowest free ones (a draining replica
+        keeps its index, and its port, until it has closed)."""
+        current, out, index = self.replicas[name], [], 0
+        while len(out) < count:
+            if index not in current:
+                out.append(index)
+            index += 1
+        return out
+
+    def check_count(self, replicas: int, model: str = "") -> None:
+        """ValueError unless `model` (every model when empty; KeyError for an unknown one)
+        can have `replicas` active replicas, every replica it holds counted: scaling up
+        while some still drain takes new indices, and no index reaches max_replicas."""
         if not 0 <= replicas <= self.max_replicas:
             raise ValueError(f"replicas must be between 0 and {self.max_replicas}, got {replicas}")
+        for name in [model] if model else list(self.replicas):
+            current = self.replicas[name]
+            active = sum(not r.draining for r in current.values())
+            new = self._new_indices(name, max(replicas - active, 0))
+            if new and new[-1] >= self.max_replicas:
+                raise ValueError(
+                    f"{name} holds {len(current)} replicas ({len(current) - active} draining): "
+                    f"{replicas} active would need replica index {new[-1]}, and at most "
+                    f"{self.max_replicas} replicas may be held at once (indices 0 to "
+                    f"{self.max_replicas - 1}); retry once the draining ones have closed")
 
     def scale(self, model: str, replicas: int) -> list[Replica]:
         """Give `model` (every model when empty; KeyError for an unknown one) `replicas`
         active replicas; returns the selected models' replicas afterwards."""
-        self.check_count(replicas)
         names = [model] if model else list(self.replicas)
         for name in names:
             self.replicas[name]  # KeyError before any change
+        self.check_count(replicas, model)
         for name in names:
             current = self.replicas[name]
             active = sorted(i for i, r in current.items() if not r.draining)
@@ -153,10 +177,7 @@ class Fleet:
         deployment = self.deployments[name]
         current = self.replicas[name]
         delay = self._delay(deployment)
-        index = 0
-        for _ in range(count):
-            while index in current:
-                index += 1
+        for index in self._new_indices(name, count):
             runtime = self._make(deployment, index)
             runtime.start()
             current[index] = Replica(name, index, runtime, self.now() + delay)

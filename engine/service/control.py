@@ -1,10 +1,11 @@
 """The control RPCs: capacity, replicas, replica faults, the models served and their LoRA
 adapters, the KV-event publishers.
 
-Knows the request and response messages of those calls, the control token they require
-(`authorization: Bearer <token>` when one is set) and how each acts on the fleet
+Knows the request and response messages of those calls and how each acts on the fleet
 (engine.fleet), the replica faults (engine.service.replica_faults) and the replicas'
-cores. Does not know admission, Sessions or metrics RPCs (engine.service.rpc).
+cores. Does not know admission, Sessions or metrics RPCs (engine.service.rpc), nor the
+secrets the calls need: the server's interceptor checks them before any handler runs
+(engine.service.access).
 
 `ControlRpcs` is mixed into the servicer (engine.service.rpc.EngineService), which
 provides `fleet`, `metrics` and `accepting`; the mixin keeps the state of its own calls.
@@ -18,19 +19,17 @@ from collections.abc import Callable
 
 import grpc
 
-from inference_lab.common.auth import bearer_ok
 from inference_lab.common.fault_names import MAX_FAULT_SECONDS, MAX_SLOW_FACTOR
 from inference_lab.engine.fleet.replicas import ReplicaNotFound
 from inference_lab.engine.fleet.runtime import ModelRuntime
 from inference_lab.engine.service.lora_modules import read_rank
 from inference_lab.engine.service.messages import queue_state_pb
-from inference_lab.engine.service.refusals import (REFUSED, ShuttingDown, Unauthenticated,
-                                                   UnknownModel, abort)
+from inference_lab.engine.service.refusals import REFUSED, ShuttingDown, UnknownModel, abort
 from inference_lab.engine.service.replica_faults import ReplicaFaults
 from inference_lab.engine.sim.capacity import require_change
 from inference_lab.engine.sim.core import EngineCore
 from inference_lab.engine.sim.kv import total_blocks
-from inference_lab.engine.sim.lora import LoraError
+from inference_lab.engine.sim.lora import MAX_ADAPTERS, LoraError, check_adapter_name, shown
 from inference_lab.v1 import engine_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -40,14 +39,12 @@ class ControlRpcs:
     """GetCapacity, SetCapacity, SetReplicas, InjectFault, GetFaultState, ListModels,
     LoadLoraAdapter, UnloadLoraAdapter and GetKvEventSources over the servicer's fleet."""
 
-    def __init__(self, control_token: str | None = None) -> None:
+    def __init__(self) -> None:
         # LoRA name -> (base model, path, rank); every replica of the base loads it
         self.adapters: dict[str, tuple[str, str, int]] = {}
         self.on_capacity_change: Callable[[], None] | None = None  # after every SetCapacity
         self.replica_faults: ReplicaFaults | None = None  # set by the server once started
         self.kv_events = None  # the server's ReplicaPublishers, when KV events are on
-        # The control calls require metadata `authorization: Bearer <token>` when set.
-        self._control_token = control_token.encode() if control_token else None
 
     # ---- capacity and models ------------------------------------------------------------
     def _capacity(self, replicas) -> list[pb.ModelCapacity]:
@@ -74,15 +71,6 @@ class ControlRpcs:
         except REFUSED as exc:
             await abort(context, exc)
 
-    def _check_control(self, context, call: str = "SetCapacity") -> None:
-        """Constant-time check of `authorization: Bearer <control token>`, when one is set."""
-        if self._control_token is None:
-            return
-        for key, value in context.invocation_metadata() or ():
-            if key == "authorization" and bearer_ok(value, self._control_token):
-                return
-        raise Unauthenticated(f"{call} needs metadata `authorization: Bearer <control token>`")
-
     async def SetCapacity(self, request: pb.SetCapacityRequest, context):
         try:
             return self._set_capacity(request, context)
@@ -90,7 +78,6 @@ class ControlRpcs:
             await abort(context, exc)
 
     def _set_capacity(self, request: pb.SetCapacityRequest, context) -> pb.SetCapacityResponse:
-        self._check_control(context)
         seqs = request.max_num_seqs if request.HasField("max_num_seqs") else None
         waiting = request.max_waiting if request.HasField("max_waiting") else None
         require_change(seqs, waiting)  # before the model: a request with nothing is invalid
@@ -115,7 +102,6 @@ class ControlRpcs:
 
     async def SetReplicas(self, request: pb.SetReplicasRequest, context):
         try:
-            self._check_control(context, "SetReplicas")
             if not self.accepting:
                 raise ShuttingDown()
             if request.model and request.model not in self.fleet.deployments:
@@ -123,7 +109,7 @@ class ControlRpcs:
         except REFUSED as exc:
             await abort(context, exc)
         try:
-            self.fleet.check_count(request.replicas)
+            self.fleet.check_count(request.replicas, request.model)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return pb.CapacityResponse(models=self._capacity(self.fleet.scale(request.model,
@@ -149,10 +135,6 @@ class ControlRpcs:
         return request.replica
 
     async def InjectFault(self, request: pb.InjectFaultRequest, context):
-        try:
-            self._check_control(context, "InjectFault")
-        except Unauthenticated as exc:
-            await abort(context, exc)
         replica = await self._fault_target(request, context)
         faults, kind, seconds = self.replica_faults, request.kind, request.seconds
         if not math.isfinite(seconds) or not 0 <= seconds <= MAX_FAULT_SECONDS:
@@ -216,7 +198,9 @@ class ControlRpcs:
     # ---- LoRA adapters -------------------------------------------------------------------
     def load_adapter(self, name: str, path: str, base: str, rank: int) -> str:
         """Register an adapter on every replica of its base (LoraError / KeyError for the
-        caller to map); replicas added later load it too (`adapt`)."""
+        caller to map); replicas added later load it too (`adapt`). Every replica's
+        registry is asked first (name, rank, room under its limit), so a refused adapter
+        is registered nowhere."""
         deployments = self.fleet.deployments
         base = base or (next(iter(deployments)) if len(deployments) == 1 else "")
         if base not in deployments:
@@ -225,8 +209,15 @@ class ControlRpcs:
         if any(r.runtime.core.loras is None for r in replicas):
             raise LoraError(f"LoRA is not enabled for {base} (start the engine with "
                             "--enable-lora or --lora-modules)")
+        check_adapter_name(name)
         if name in deployments or name in self.adapters:
             raise LoraError(f"The lora adapter '{name}' has already been loaded.")
+        held = sum(1 for b, _, _ in self.adapters.values() if b == base)
+        if held >= MAX_ADAPTERS:  # (counted here too: a model scaled to 0 has no registry)
+            raise LoraError(f"{base} has {held} LoRA adapters loaded, the most it may hold "
+                            f"({MAX_ADAPTERS}); unload one first")
+        for r in replicas:
+            r.runtime.core.loras.check(name, rank)
         self.adapters[name] = (base, path, rank)
         for r in replicas:
             self.adapt(r.runtime)
@@ -241,10 +232,7 @@ class ControlRpcs:
 
     async def LoadLoraAdapter(self, request: pb.LoadLoraAdapterRequest, context):
         try:
-            self._check_control(context, "LoadLoraAdapter")
-        except Unauthenticated as exc:
-            await abort(context, exc)
-        try:
+            check_adapter_name(request.lora_name)
             rank = read_rank(request.lora_path)
             message = self.load_adapter(request.lora_name, request.lora_path,
                                         request.base_model_name, rank)
@@ -256,14 +244,10 @@ class ControlRpcs:
         return pb.LoraAdapterResponse(message=message)
 
     async def UnloadLoraAdapter(self, request: pb.UnloadLoraAdapterRequest, context):
-        try:
-            self._check_control(context, "UnloadLoraAdapter")
-        except Unauthenticated as exc:
-            await abort(context, exc)
         entry = self.adapters.pop(request.lora_name, None)
         if entry is None:
             await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"The lora adapter '{request.lora_name}' cannot be found.")
+                                f"The lora adapter '{shown(request.lora_name)}' cannot be found.")
         for r in self.fleet.select(entry[0], None):
             if r.runtime.adapters.pop(request.lora_name, None) is not None:
                 r.runtime.core.loras.unload(request.lora_name)

@@ -30,6 +30,13 @@ publisher opens with the replica and closes once it is drained. The topic may co
 `{model}`, replaced by the served model's name (an engine may serve several models; vLLM
 serves one). Does not know the cache itself: the core records the events
 (engine.sim.prefix_cache), and the service hands each step's to `publish`.
+
+Exposure: ZMQ has no authentication here (nor in vLLM), and a BlockStored event carries
+the block's token IDs, so anyone who reaches the PUB endpoint reads every prompt (with
+the built-in tokenizer the IDs are the prompt's bytes), and the replay endpoint hands out
+the last `buffer_steps` batches to any caller. So an endpoint beyond loopback is logged
+as a warning, and the replay endpoint binds on 127.0.0.1 (its port kept) whatever host it
+names unless `expose_replay` is set (the engine's --kv-events-expose-replay).
 """
 
 from __future__ import annotations
@@ -165,6 +172,24 @@ def _tcp_port(endpoint: str | None) -> int | None:
     return int(port) if port.isdigit() and int(port) else None
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+def on_loopback(endpoint: str) -> bool:
+    """A tcp endpoint on a loopback host, or an ipc/inproc one (this machine only)."""
+    if not endpoint.startswith("tcp://"):
+        return True
+    host = endpoint[6:].rpartition(":")[0]
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+def to_loopback(endpoint: str) -> str:
+    """A tcp endpoint moved to 127.0.0.1, its port kept (others as they are)."""
+    if on_loopback(endpoint):
+        return endpoint
+    return "tcp://127.0.0.1:" + endpoint.rpartition(":")[2]
+
+
 def _binds(endpoint: str) -> bool:
     """vLLM binds a wildcard or ipc/inproc endpoint and connects to others; the lab also
     binds a loopback address (it listens on 127.0.0.1 unless told otherwise)."""
@@ -230,14 +255,18 @@ class ZmqEventPublisher:
     `hwm`; the replay buffer is how a subscriber recovers)."""
 
     def __init__(self, config: KVEventsConfig, replica: int = 0,
-                 contexts: tuple[zmq.Context, zmq.asyncio.Context] | None = None) -> None:
+                 contexts: tuple[zmq.Context, zmq.asyncio.Context] | None = None,
+                 expose_replay: bool = False) -> None:
         """`contexts` (a plain and an asyncio ZMQ context) are the caller's to terminate;
-        without them the publisher has its own."""
+        without them the publisher has its own. Without `expose_replay` the replay
+        endpoint binds on loopback whatever host it names."""
         self.config = config
         self.replica = replica
         stride = replica_stride(config)
         self.endpoint = offset_endpoint(config.endpoint, replica, stride)
         self.replay_endpoint = offset_endpoint(config.replay_endpoint, replica, stride)
+        if self.replay_endpoint is not None and not expose_replay:
+            self.replay_endpoint = to_loopback(self.replay_endpoint)
         self._own_contexts = contexts is None
         # the PUB socket is written without awaiting (a plain context)
         self._ctx, self._actx = contexts or (zmq.Context(), None)
@@ -317,9 +346,12 @@ class ReplicaPublishers:
     models served at that index: opened by the first of them, closed with the last. The
     ZMQ contexts (and their I/O thread) are shared by all."""
 
-    def __init__(self, config: KVEventsConfig, engine_index: int = 0) -> None:
+    def __init__(self, config: KVEventsConfig, engine_index: int = 0,
+                 expose_replay: bool = False) -> None:
         self.config = config
         self.engine_index = engine_index  # added to every replica index (rank and port)
+        self.expose_replay = expose_replay  # the replay endpoint beyond loopback, if it says so
+        self._warned: set[str] = set()  # the warnings given (once per engine)
         self._contexts = (zmq.Context(), zmq.asyncio.Context())
         self._open: dict[int, tuple[ZmqEventPublisher, set]] = {}  # index -> (pub, users)
 
@@ -328,14 +360,34 @@ class ReplicaPublishers:
         entry = self._open.get(replica)
         if entry is None:
             publisher = ZmqEventPublisher(self.config, self.engine_index + replica,
-                                          self._contexts)
+                                          self._contexts, self.expose_replay)
             publisher.start()
             entry = self._open[replica] = (publisher, set())
             log.info("KV cache events of replica %d on %s%s", replica, publisher.endpoint,
                      f" (replay on {publisher.replay_endpoint})"
                      if publisher.replay_endpoint else "")
+            self._warn(publisher)
         entry[1].add(user)
         return entry[0]
+
+    def _warn(self, publisher: ZmqEventPublisher) -> None:
+        """Once per engine: what an endpoint beyond loopback hands out, and a replay
+        endpoint kept on loopback."""
+        configured = self.config.replay_endpoint
+        if configured is not None and not self.expose_replay and not on_loopback(configured) \
+                and "replay" not in self._warned:
+            self._warned.add("replay")
+            log.warning("KV cache event replays on 127.0.0.1, not %s: a replay hands any "
+                        "caller the recent prompts' token IDs (--kv-events-expose-replay "
+                        "binds it as configured; docs/security.md)", configured)
+        exposed = [e for e in (publisher.endpoint, publisher.replay_endpoint)
+                   if e is not None and not on_loopback(e)]
+        if exposed and "exposed" not in self._warned:
+            self._warned.add("exposed")
+            log.warning("KV cache events on %s, beyond loopback and without authentication: "
+                        "whoever reaches it reads every prompt's token IDs (with the "
+                        "built-in tokenizer, the prompt's bytes; docs/security.md)",
+                        " and ".join(exposed))
 
     def release(self, replica: int, user: object) -> None:
         """`user` is gone (a drained replica); the last one closes the publisher."""

@@ -529,15 +529,23 @@ class EngineMetrics:
         return {index: tuple(key) for index, key in keys.items()}
 
 
+# A connection of the metrics endpoint that sends nothing for this long is closed (a
+# scrape takes milliseconds; each open connection holds a thread until then).
+METRICS_SOCKET_TIMEOUT_S = 5.0
+
+
 def serve_metrics(metrics: EngineMetrics, host: str, port: int) -> ThreadingHTTPServer:
     """GET /metrics in the classic text format, whatever the Accept header asks.
 
     prometheus-client's OpenMetrics output rewrites `vllm:` sample names to `vllm_`
     (client_python#1177), which would break every vLLM-compatible query. The text format
-    keeps the colons.
+    keeps the colons. A connection idle for METRICS_SOCKET_TIMEOUT_S is closed, so idle
+    connections cannot pile up threads.
     """
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = METRICS_SOCKET_TIMEOUT_S  # socket timeout of every read and write
+
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             if self.path.split("?", 1)[0] not in ("/metrics", "/"):
                 self.send_error(404, "only /metrics is served here")

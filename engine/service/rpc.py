@@ -79,8 +79,8 @@ class EngineService(ControlRpcs, engine_pb2_grpc.EngineServicer):
     (ControlRpcs)."""
 
     def __init__(self, fleet: Fleet, metrics: EngineMetrics | None = None,
-                 control_token: str | None = None, holds: Holds | None = None) -> None:
-        ControlRpcs.__init__(self, control_token)
+                 holds: Holds | None = None) -> None:
+        ControlRpcs.__init__(self)
         self.fleet = fleet
         self.holds = holds if holds is not None else Holds()  # what the pacers may decide
         self.holds.on_moved = self._holds_moved

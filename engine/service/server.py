@@ -32,6 +32,7 @@ from inference_lab.engine.fleet.startup import startup_delay
 from inference_lab.engine.service.rpc import EngineService
 from inference_lab.engine.sim.specs import Deployment
 from inference_lab.engine.service.wire_guard import DecodeGuard
+from inference_lab.engine.service.access import AccessGuard
 from inference_lab.v1 import engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -49,10 +50,11 @@ SERVICE_NAME = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
 class EngineServer:
     def __init__(self, deployments: list[Deployment], host: str = "127.0.0.1", port: int = 50051,
                  metrics_port: int | None = DEFAULT_METRICS_PORT, control_token: str | None = None,
+                 api_key: str | None = None,
                  update_rate: float = DEFAULT_UPDATE_RATE, time_scale: float = 1.0,
                  coalesce_when_late: bool = True,
                  engine_index: int = 0, state_dir: str | Path | None = None,
-                 kv_events: KVEventsConfig | None = None,
+                 kv_events: KVEventsConfig | None = None, kv_events_expose_replay: bool = False,
                  lora_modules: list[LoraModule] | None = None, max_loras: int = 0,
                  replicas: int = 1, startup_delay: float | str = 0.0,
                  lengths: OutputLength | None = None, session_lane: str = "auto") -> None:
@@ -69,12 +71,16 @@ class EngineServer:
         # (one file per engine index, so replicas sharing a directory keep their own)
         name = CAPACITY_STATE_FILE if not engine_index else f"capacity-{engine_index}.json"
         self.state_path = Path(state_dir) / name if state_dir else None
-        self.control_token = control_token  # required by SetCapacity when set
+        # The secrets the RPCs need (engine.service.access): the control token for calls
+        # that change state, either for those that generate; neither set: no check.
+        self.control_token = control_token
+        self.api_key = api_key
         self.host = host
         self.port = port
         self.metrics_port = metrics_port
         self.engine_index = engine_index  # the `engine` label of every metric
         self.kv_events_config = kv_events  # vLLM's --kv-events-config, when given
+        self.kv_events_expose_replay = kv_events_expose_replay  # replays beyond loopback
         self.kv_events: ReplicaPublishers | None = None  # one publisher per replica
         # LoRA: max_loras > 0 enables adapters on every model (vLLM's --enable-lora)
         self.lora_modules = list(lora_modules or [])
@@ -129,24 +135,31 @@ class EngineServer:
     async def start(self) -> None:
         events = self.kv_events_config is not None and self.kv_events_config.enabled
         if events:
-            self.kv_events = ReplicaPublishers(self.kv_events_config, self.engine_index)
+            self.kv_events = ReplicaPublishers(self.kv_events_config, self.engine_index,
+                                               self.kv_events_expose_replay)
         self.metrics = EngineMetrics(engine_index=self.engine_index)
         setting = self.startup_delay
         self.fleet = Fleet(self.deployments, self._make_runtime,
                            lambda d: startup_delay(d, setting), on_change=self._fleet_changed)
         self.service = None
         self.fleet.scale("", self.replicas)
-        self.service = EngineService(self.fleet, self.metrics, self.control_token, self.holds)
+        self.service = EngineService(self.fleet, self.metrics, self.holds)
         self.service.kv_events = self.kv_events
         if self.max_loras:
             self._enable_lora()
         if self.state_path is not None:
             self._restore_capacity()
             self.service.on_capacity_change = self._save_capacity
-        server = grpc.aio.server(interceptors=[DecodeGuard()], options=[
+        server = grpc.aio.server(interceptors=[
+            AccessGuard(self.api_key, self.control_token), DecodeGuard()], options=[
             ("grpc.max_concurrent_streams", 100_000),
             ("grpc.so_reuseport", 0),
             ("grpc.keepalive_permit_without_calls", 1),
+            # A connection that never completes its HTTP/2 handshake, or that carries no
+            # call for five minutes, is closed (the gateway's Session is a call; its
+            # channel reconnects by itself).
+            ("grpc.server_handshake_timeout_ms", 10_000),
+            ("grpc.max_connection_idle_ms", 300_000),
         ])
         engine_pb2_grpc.add_EngineServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

@@ -28,10 +28,29 @@ from inference_lab.engine.sim.specs import BYTES_PER_VALUE, Deployment
 DEFAULT_RANK = 16  # when an adapter's path holds no adapter_config.json
 LOAD_BANDWIDTH = 32e9  # bytes/s host to device (half of PCIe 5.0 x16's 64 GB/s per direction)
 MAX_ADAPTERS = 64  # adapters one base model may have registered (a documented limit)
+MAX_NAME = 256  # characters of an adapter's name (it is a model name in the API and metrics)
+_SHOWN = 80  # characters of a refused name echoed in a message
 
 
 class LoraError(ValueError):
     """A bad adapter request: unknown name, duplicate, beyond the limit, bad rank."""
+
+
+def shown(name: str) -> str:
+    """A name as a message echoes it: printable, at most _SHOWN characters."""
+    text = name if len(name) <= _SHOWN else name[:_SHOWN] + "..."
+    return text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+
+
+def check_adapter_name(name: str) -> None:
+    """An adapter's name is a served model's name: 1..MAX_NAME printable characters, no
+    whitespace (LoraError otherwise)."""
+    if not name:
+        raise LoraError("lora_name must not be empty")
+    if len(name) > MAX_NAME:
+        raise LoraError(f"lora_name is {len(name)} characters long; at most {MAX_NAME}")
+    if not name.isprintable() or any(c.isspace() for c in name):
+        raise LoraError(f"lora_name {shown(name)!r} must be printable, without whitespace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +81,9 @@ class LoraRegistry:
         self.bandwidth = deployment.hardware.hbm_bandwidth
 
     # ---- registration -------------------------------------------------------------------
-    def load(self, name: str, path: str, rank: int = DEFAULT_RANK) -> LoraAdapter:
-        if not name:
-            raise LoraError("lora_name must not be empty")
+    def check(self, name: str, rank: int = DEFAULT_RANK) -> None:
+        """Raise the LoraError `load` would, registering nothing."""
+        check_adapter_name(name)
         if name in self.adapters:
             raise LoraError(f"The lora adapter '{name}' has already been loaded.")
         if len(self.adapters) >= self.max_adapters:
@@ -72,6 +91,9 @@ class LoraRegistry:
                             f"most it may hold ({self.max_adapters}); unload one first")
         if rank < 1:
             raise LoraError(f"the rank of a LoRA adapter must be at least 1, got {rank}")
+
+    def load(self, name: str, path: str, rank: int = DEFAULT_RANK) -> LoraAdapter:
+        self.check(name, rank)
         adapter = LoraAdapter(name, path, rank, self._next_id)
         self._next_id += 1
         self.adapters[name] = adapter

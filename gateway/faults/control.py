@@ -6,8 +6,9 @@ learn a request's model from its body without disturbing the handler (aiohttp ke
 body it read), the injected error as a response (OpenAI's envelope; Anthropic's on
 /v1/messages), the retry hints added to every 429, 503 and 529 of a generation route
 (injected or real), and `GET/POST /control/faults` with its schema (precise 400s naming
-the field and listing what is valid). After every change the state is handed to `save`
-(the state file, when the server has a --state-dir).
+the field and listing what is valid, a script of at most MAX_SCRIPT_STEPS steps). After
+every change the state is handed to `save` (the state file, when the server has a
+--state-dir: gateway.faults.saving, off the event loop).
 
 Does not know: how decisions are made (gateway.faults.injection) or the engine.
 """
@@ -24,6 +25,7 @@ from aiohttp import web
 from inference_lab.gateway.edge import read_body
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.faults.injection import INJECTED, OK, TYPES, ErrorType, FaultState
+from inference_lab.gateway.faults.saving import FaultSaver
 from inference_lab.gateway.protocols.base import decode, invalid, json_encode
 
 log = logging.getLogger("inference_lab.gateway.faults")
@@ -34,7 +36,8 @@ _ANTHROPIC_PATHS = frozenset({"/v1/messages"})
 _ANTHROPIC_TYPE = {429: "rate_limit_error", 401: "authentication_error",
                    400: "invalid_request_error", 404: "not_found_error", 500: "api_error",
                    503: "api_error", 529: "overloaded_error"}
-_MAX_SCRIPT = 1_000_000
+_MAX_SCRIPT = 1_000_000  # requests in one step
+MAX_SCRIPT_STEPS = 1_000  # steps in one script
 
 
 @dataclass(slots=True)
@@ -42,7 +45,7 @@ class FaultControl:
     state: FaultState
     max_body_bytes: int
     models: Callable[[], Awaitable[list[str]]]  # the served model names
-    save: Callable[[FaultState], None] | None = None
+    save: FaultSaver | None = None
 
 
 FAULTS: web.AppKey[FaultControl] = web.AppKey("faults", FaultControl)
@@ -93,7 +96,7 @@ async def with_faults(request: web.Request, handler, control: FaultControl) -> w
     scripted = bool(state.scripts)
     error = state.decide(model)
     if scripted and control.save is not None:
-        control.save(state)  # a script step was used up: a restart must not replay it
+        control.save.changed(state)  # a script step was used up: a restart must not replay it
     if error is not None:
         return injected_response(request, error, model,
                                  state.hints(model, INJECTED[error].status))
@@ -129,7 +132,8 @@ class FaultsUpdate(msgspec.Struct, forbid_unknown_fields=True):
     retry_after_ms: Annotated[int, msgspec.Meta(ge=0, le=86_400_000)] | None | \
         msgspec.UnsetType = msgspec.UNSET
     should_retry: bool | None | msgspec.UnsetType = msgspec.UNSET
-    script: list[ScriptStepIn] | msgspec.UnsetType = msgspec.UNSET
+    script: Annotated[list[ScriptStepIn], msgspec.Meta(max_length=MAX_SCRIPT_STEPS)] | \
+        msgspec.UnsetType = msgspec.UNSET
     seed: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] | msgspec.UnsetType = msgspec.UNSET
     reset: bool = False
 
@@ -183,7 +187,7 @@ async def post_faults(request: web.Request) -> web.Response:
     apply_update(control.state, update)
     log.info("faults now: %s", control.state.snapshot())
     if control.save is not None:
-        control.save(control.state)
+        await control.save.save(control.state)  # saved before the answer
     return await get_faults(request)
 
 

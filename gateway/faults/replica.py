@@ -19,7 +19,7 @@ from aiohttp import web
 from inference_lab.common.fault_names import MAX_FAULT_SECONDS, MAX_SLOW_FACTOR, REPLICA_FAULTS
 from inference_lab.gateway.edge import read_body
 from inference_lab.gateway.protocols.base import decode as decode_json
-from inference_lab.gateway.protocols.base import invalid, json_encode
+from inference_lab.gateway.protocols.base import invalid, json_encode, query_index
 from inference_lab.v1 import engine_pb2 as pb
 
 KINDS = {"crash": pb.ENGINE_FAULT_CRASH, "stall": pb.ENGINE_FAULT_STALL,
@@ -61,11 +61,7 @@ def add_routes(app: web.Application, client) -> None:
     """`client()` is the gateway's EngineClient."""
 
     async def get_replica(request: web.Request) -> web.Response:
-        text = request.query.get("replica")
-        if text is not None and not text.isdigit():
-            raise invalid(f"replica must be a replica index (an integer >= 0), got {text!r} "
-                          "- at `?replica`")
-        return _body(await client().fault_state(None if text is None else int(text)))
+        return _body(await client().fault_state(query_index(request.query, "replica")))
 
     async def post_replica(request: web.Request) -> web.Response:
         fault = decode(await read_body(request))

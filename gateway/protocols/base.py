@@ -59,6 +59,37 @@ def invalid(message: str) -> GatewayError:
     return GatewayError(ErrorKind.INVALID_REQUEST, message)
 
 
+_U32 = 2**32 - 1
+_MAX_QUERY_TEXT = 1024  # characters of a text query parameter (a model name)
+
+
+def query_index(query, name: str, most: int = _U32) -> int | None:
+    """Query parameter `name` as an index (ASCII digits, 0..most), None when absent; a
+    400 naming it otherwise (never a 500: `int()` takes other digits and any size)."""
+    text = query.get(name)
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit()) or len(text) > 20 or int(text) > most:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise invalid(f"{name} must be an integer from 0 to {most}, got {shown!r} - at `?{name}`")
+    return int(text)
+
+
+def query_text(query, name: str) -> str | None:
+    """Query parameter `name` as text (None when absent or empty); a 400 when it is longer
+    than _MAX_QUERY_TEXT or holds what protobuf cannot carry (undecodable bytes)."""
+    text = query.get(name) or None
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid(f"{name} is not valid UTF-8 - at `?{name}`") from None
+    if len(text) > _MAX_QUERY_TEXT:
+        raise invalid(f"{name} must be at most {_MAX_QUERY_TEXT} characters - at `?{name}`")
+    return text
+
+
 def decode(decoder: msgspec.json.Decoder, body: bytes, what: str = "request body",
            expected: str = ""):
     """Parse and validate a body with a msgspec decoder; GatewayError(invalid_request)

@@ -86,37 +86,50 @@ _decoder = msgspec.json.Decoder(ResponsesRequest)
 
 class ResponseStore:
     """The conversations of finished responses (input and output, without instructions,
-    which OpenAI does not carry over), for `previous_response_id`; the oldest go first once
-    more than `max_chars` of text or `max_items` responses are held. In memory: a restart
-    forgets them, as it forgets everything else of a request."""
+    which OpenAI does not carry over), for `previous_response_id`, and each response as
+    GET /v1/responses/{id} answers it (its JSON bytes: what is held is what is counted,
+    tools and instructions included); the oldest go first once more than `max_bytes` or
+    `max_items` responses are held. In memory: a restart forgets them, as it forgets
+    everything else of a request."""
 
-    def __init__(self, max_chars: int = 64 << 20, max_items: int = 100_000) -> None:
-        self.max_chars, self.max_items = max_chars, max_items
-        self._items: OrderedDict[str, tuple[list[tuple[str, str]], int, dict]] = OrderedDict()
-        self._chars = 0
+    ITEM_BYTES = 64  # counted for each conversation message beyond its text (the objects)
+
+    def __init__(self, max_bytes: int = 64 << 20, max_items: int = 100_000) -> None:
+        self.max_bytes, self.max_items = max_bytes, max_items
+        self._items: OrderedDict[str, tuple[list[tuple[str, str]], int, bytes]] = OrderedDict()
+        self.bytes = 0  # counted size of everything held
 
     def put(self, rid: str, conversation: list[tuple[str, str]], response: dict) -> None:
         """Keep a finished response: its conversation and its `response` object (what
-        GET /v1/responses/{id} answers)."""
-        size = sum(len(text) for _, text in conversation) * 2  # the object holds the text too
-        self._items[rid] = (conversation, size, response)
-        self._chars += size
-        while self._items and (self._chars > self.max_chars or len(self._items) > self.max_items):
-            _, (_, old, _) = self._items.popitem(last=False)
-            self._chars -= old
+        GET /v1/responses/{id} answers, kept encoded)."""
+        body = json_encode(response)
+        size = len(body) + sum(len(role) + len(text) + self.ITEM_BYTES
+                               for role, text in conversation)
+        old = self._items.pop(rid, None)
+        if old is not None:
+            self.bytes -= old[1]
+        self._items[rid] = (conversation, size, body)
+        self.bytes += size
+        while self._items and (self.bytes > self.max_bytes or len(self._items) > self.max_items):
+            _, (_, gone, _) = self._items.popitem(last=False)
+            self.bytes -= gone
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def get(self, rid: str) -> list[tuple[str, str]] | None:
         found = self._items.get(rid)
         return None if found is None else found[0]
 
-    def response(self, rid: str) -> dict | None:
+    def response(self, rid: str) -> bytes | None:
+        """The stored response's JSON."""
         found = self._items.get(rid)
         return None if found is None else found[2]
 
     def delete(self, rid: str) -> bool:
         found = self._items.pop(rid, None)
         if found is not None:
-            self._chars -= found[1]
+            self.bytes -= found[1]
         return found is not None
 
 

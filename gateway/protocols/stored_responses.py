@@ -24,7 +24,7 @@ async def retrieve(request: web.Request) -> web.Response:
     response = STORE.response(rid)
     if response is None:
         raise _not_found(rid)
-    return web.Response(body=json_encode(response), content_type="application/json")
+    return web.Response(body=response, content_type="application/json")
 
 
 async def delete(request: web.Request) -> web.Response:

@@ -3,7 +3,8 @@
 Knows: the bidirectional stream: an outbox queue feeding its request iterator (every
 action queued by the time gRPC is ready for the next message goes in it), a dispatcher
 task reading its ProgressBatches into `Session._on_batch`, and the clock id sent as call
-metadata (an engine on this machine books arrivals at our stamps).
+metadata (an engine on this machine books arrivals at our stamps), with the gateway's
+secret when it has one.
 
 Does not know: what the actions mean (gateway.transport.session), the lane, HTTP.
 """
@@ -32,12 +33,14 @@ class GrpcSession(Session):
     transport = "grpc"
 
     def __init__(self, stub: pb_grpc.EngineStub, on_broken: Callable[["Session"], None],
-                 probe: Probe | None = None, backlog: Backlog | None = None) -> None:
+                 probe: Probe | None = None, backlog: Backlog | None = None,
+                 metadata: tuple[tuple[str, str], ...] | None = None) -> None:
         super().__init__(on_broken, probe, backlog)
         self._outbox: asyncio.Queue[pb.SessionAction | None] = asyncio.Queue()
         clock = clock_id()  # an engine on this machine books arrivals at our stamps
+        metadata = (*(((CLOCK_METADATA, clock),) if clock else ()), *(metadata or ()))
         self.call = stub.Session(self._actions(), wait_for_ready=False,
-                                 metadata=((CLOCK_METADATA, clock),) if clock else None)
+                                 metadata=metadata or None)
         self.task = self._loop.create_task(self._dispatch(), name="engine-session")
 
     def _post(self, item: pb.SessionAction | None) -> None:

@@ -10,7 +10,8 @@ import signal
 import sys
 from pathlib import Path
 
-from inference_lab.cli.auth_flags import add_control_token_argument, control_token
+from inference_lab.cli.auth_flags import (add_api_key_argument, add_control_token_argument,
+                                          api_key, control_token, warn_exposure)
 from inference_lab.cli.flag_types import port, positive_int, seconds, time_scale, update_rate
 from inference_lab.cli.catalog_flags import add_catalog_argument, add_timing_argument, build_catalog
 
@@ -55,6 +56,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "\"topic\": \"kv@{model}\"}'; replica k publishes on the ports + k, or + 2dk "
                         "when the two are d < 64 apart, so that no two replicas' ports meet "
                         "(docs/kv-events.md)")
+    p.add_argument("--kv-events-expose-replay", action="store_true",
+                   help="bind the KV events' replay_endpoint on the host it names; without it "
+                        "the replay socket binds 127.0.0.1 (same port), since a replay hands "
+                        "any caller the recent prompts' token IDs (docs/security.md)")
 
 
 def _lora_module(text: str) -> str:
@@ -225,7 +230,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="keep live capacity (SetCapacity) in DIR/capacity.json, written "
                         "atomically after every change, restored and logged at start, so it "
                         "survives a restart")
-    add_control_token_argument(p, "SetCapacity, as gRPC metadata `authorization: Bearer TOKEN`")
+    add_api_key_argument(p, "Submit, Session and SessionLane, as gRPC metadata `authorization: "
+                            "Bearer KEY` (the control token passes too)")
+    add_control_token_argument(p, "SetCapacity, SetReplicas, InjectFault and the LoRA calls, "
+                                  "as gRPC metadata `authorization: Bearer TOKEN`")
     p.set_defaults(func=run)
 
 
@@ -268,22 +276,28 @@ def run(args: argparse.Namespace) -> int:
                                                   ("the metrics port", args.metrics_port)) if p])
     deployments = load_deployments(args)
     lengths = output_lengths(args)
-    token = control_token(args)
+    token, key = control_token(args), api_key(args)
     from inference_lab.engine.service.kv_events import KVEventsConfig
     from inference_lab.engine.service.lora_modules import parse_lora_module
 
     kv_events = KVEventsConfig.parse(args.kv_events_config) if args.kv_events_config else None
     server = EngineServer(deployments, args.host, args.port, args.metrics_port, control_token=token,
+                          api_key=key,
                           update_rate=args.max_update_rate, time_scale=args.time_scale,
                           coalesce_when_late=args.coalesce_when_late,
                           state_dir=args.state_dir, kv_events=kv_events,
+                          kv_events_expose_replay=args.kv_events_expose_replay,
                           lora_modules=[parse_lora_module(m) for m in args.lora_modules or ()],
                           max_loras=(args.max_loras or 1) if (args.enable_lora or args.lora_modules
                                                               or args.max_loras) else 0,
                           replicas=args.replicas, startup_delay=args.startup_delay,
                           lengths=lengths, session_lane=args.session_lane)
     if token:
-        log.info("SetCapacity requires the control token")
+        log.info("the control calls require the control token")
+    if key or token:
+        log.info("Submit, Session and SessionLane require the API key or the control token")
+    warn_exposure(log, args.host, "the engine",
+                  [] if key or token else ["--api-key", "--control-token"])
     from inference_lab.common.state_file import StateFileError
     from inference_lab.engine.sim.lora import LoraError
 

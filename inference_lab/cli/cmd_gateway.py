@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import logging
 import signal
 from pathlib import Path
@@ -21,6 +20,7 @@ from inference_lab.cli.auth_flags import (
     add_control_token_argument,
     api_key,
     control_token,
+    warn_exposure,
 )
 from inference_lab.cli.cmd_engine import LENGTH_FLAGS
 
@@ -152,6 +152,7 @@ def fault_kwargs(config: Path | None, state_dir: Path | None) -> dict:
     from inference_lab.common.state_file import StateFileError, read_state, write_state
     from inference_lab.gateway.faults.config import load_fault_tables
     from inference_lab.gateway.faults.injection import FaultState
+    from inference_lab.gateway.faults.saving import FaultSaver
     from inference_lab.cli import UsageError
 
     settings, static = load_fault_tables(config) if config is not None else ({}, {})
@@ -168,11 +169,13 @@ def fault_kwargs(config: Path | None, state_dir: Path | None) -> dict:
         if saved is not None:
             log.info("restored live fault settings from %s: %s", path, state.snapshot())
 
-        def save(st: FaultState) -> None:
+        def write(snapshot: dict) -> None:  # (in a worker thread: gateway.faults.saving)
             try:
-                write_state(path, st.snapshot())
+                write_state(path, snapshot)
             except OSError as exc:
                 log.error("cannot save the fault settings to %s: %s", path, exc)
+
+        save = FaultSaver(write)
     return {"faults": state, "save_faults": save, "static_faults": static}
 
 
@@ -193,18 +196,12 @@ def gateway_app_kwargs(args: argparse.Namespace, config: Path | None = None) -> 
 
 
 def _log_exposure(host: str, key: str | None, token: str | None) -> None:
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
     if key:
         log.info("/v1/* requires the API key")
     if token:
         log.info("/control/* requires the control token")
     missing = [flag for flag, value in (("--api-key", key), ("--control-token", token)) if not value]
-    if missing and not loopback:
-        log.warning("listening on %s without %s: anyone who can reach the port may use it",
-                    host, " or ".join(missing))
+    warn_exposure(log, host, "the gateway", missing)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -17,7 +17,7 @@ import signal
 import sys
 import tempfile
 
-from inference_lab.cli.auth_flags import CONTROL_TOKEN_ENV, control_token
+from inference_lab.cli.auth_flags import API_KEY_ENV, CONTROL_TOKEN_ENV, api_key, control_token
 from inference_lab.cli.cmd_engine import (
     add_model_arguments, add_run_arguments, check_ports, load_deployments, lora_argv,
     output_lengths,
@@ -79,6 +79,8 @@ class EngineProcess:
             self.argv += ["--max-waiting", str(args.max_waiting)]
         if args.kv_events_config:
             self.argv += ["--kv-events-config", args.kv_events_config]
+        if args.kv_events_expose_replay:
+            self.argv.append("--kv-events-expose-replay")
         self.argv += lora_argv(args)
         for directory in args.catalog:
             self.argv += ["--catalog", str(directory)]
@@ -90,10 +92,12 @@ class EngineProcess:
         self.argv += ["--seed", str(args.seed), "--default-max-tokens", str(args.default_max_tokens)]
         if args.workload is not None:
             self.argv += ["--workload", os.path.abspath(args.workload)]
-        # The engine requires the gateway's control token too; through the environment,
-        # never argv (which any local user can list).
-        token = control_token(args)
-        self.env = {**os.environ, CONTROL_TOKEN_ENV: token} if token else None
+        # The engine requires the gateway's secrets too (engine.service.access); through
+        # the environment, never argv (which any local user can list). A variable set
+        # outside but overridden by a flag, or unset, is not passed on.
+        secrets = {API_KEY_ENV: api_key(args), CONTROL_TOKEN_ENV: control_token(args)}
+        self.env = {**{k: v for k, v in os.environ.items() if k not in secrets},
+                    **{k: v for k, v in secrets.items() if v}}
         self.proc: asyncio.subprocess.Process | None = None
         self.stopping = False
 

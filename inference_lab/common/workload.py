@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -183,10 +184,20 @@ def _parse_dist(t: Table) -> LengthDist:
     return dist
 
 
+# An adapter's name is also a directory's (an experiment writes DIR/adapters/<name>):
+# letters, digits, `.`, `_` and `-`, starting with a letter or a digit, up to 128.
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
 def _parse_adapters(t: Table) -> tuple[tuple[str, float], ...]:
-    """`lora_adapters = { name = fraction, ... }`: fractions in (0, 1] summing to <= 1."""
+    """`lora_adapters = { name = fraction, ... }`: fractions in (0, 1] summing to <= 1,
+    names that are safe as file names (ADAPTER_NAME)."""
     what = "a table of adapter name = fraction of requests (> 0, summing to at most 1)"
     table = t.get("lora_adapters", dict, what, {})
+    for name in table:
+        if not ADAPTER_NAME.fullmatch(name):
+            raise t.error("lora_adapters", "adapter names of letters, digits, `.`, `_` and "
+                          "`-`, starting with a letter or a digit (at most 128)", name)
     pairs = tuple(table.items())
     if any(isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1
            for _, f in pairs) or sum(f for _, f in pairs) > 1 + 1e-9:

@@ -28,8 +28,11 @@ def adapter_dirs(scenario: Scenario, out: Path) -> dict[str, str]:
     adapter_config.json with the load's `lora_rank` (the only file the server reads of an
     adapter): for `serve --lora-modules` and POST /v1/load_lora_adapter."""
     paths = {}
+    root = (out / "adapters").resolve()
     for name, _ in scenario.workload.lora_adapters:
-        where = out / "adapters" / name
+        where = (root / name).resolve()
+        if where.parent != root:  # (the workload's names are checked: common.workload)
+            raise ValueError(f"adapter name {name!r} is not a plain directory name")
         where.mkdir(parents=True, exist_ok=True)
         (where / "adapter_config.json").write_text(json.dumps({"r": scenario.workload.lora_rank}))
         paths[name] = str(where.resolve())

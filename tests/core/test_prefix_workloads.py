@@ -101,3 +101,15 @@ def test_bad_adapter_fractions_are_refused_with_the_key(adapters):
                         "lora_adapters": adapters}}
     with pytest.raises(ConfigError, match="lora_adapters"):
         parse_workload(doc, "w.toml")
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", ".hidden", "", "x" * 129, "é"])
+def test_adapter_names_must_be_plain_file_names(name):
+    from inference_lab.common.workload import ConfigError, parse_workload
+
+    doc = {"workload": {"arrival_pattern": "closed_loop", "num_concurrent_users": 1,
+                        "num_requests": 1, "input_len_dist": {"type": "fixed", "value": 1},
+                        "output_len_dist": {"type": "fixed", "value": 1},
+                        "lora_adapters": {name: 0.5, "sql-v2.1_ok": 0.1}}}
+    with pytest.raises(ConfigError, match="lora_adapters"):
+        parse_workload(doc, "w.toml")

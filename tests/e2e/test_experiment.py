@@ -350,3 +350,18 @@ def test_a_crash_on_the_timeline_restarts_the_engine_and_the_run_carries_on(tmp_
     after = [(t, m) for t, m in zip(server["t"], server["max_num_seqs"]) if t > send[failed].max()]
     assert after and all(m == 8.0 for _, m in after)  # scraped again, capacity restored
     assert json.loads((out / "summary.json").read_text())["phases"][1]["fault"] == "after a crash"
+
+
+@pytest.mark.parametrize("name", ["../../../escaped", "a/b", ".hidden", "/abs", "tab\there"])
+def test_an_adapter_name_that_is_not_a_plain_file_name_is_refused_and_nothing_is_written(
+        tmp_path, name):
+    """An adapter named `../../../x` once wrote its directory outside --out."""
+    scenario = tmp_path / "deep" / "er" / "scenario.toml"
+    scenario.parent.mkdir(parents=True)
+    scenario.write_text(MULTI_TURN.replace("lora_adapters = { sql = 0.5 }",
+                                           f"lora_adapters = {{ {json.dumps(name)} = 0.5 }}"))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    done = experiment(str(scenario), "--serve", "--out", str(tmp_path / "deep" / "er" / "run"))
+    assert done.returncode == 2 and "lora_adapters" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

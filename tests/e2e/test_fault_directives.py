@@ -187,7 +187,8 @@ def test_bad_directives_are_a_400_listing_the_valid_modes(lab, directive, named)
 
 def test_the_models_fault_table_gives_its_retry_hints_to_an_injected_429(lab):
     req = urllib.request.Request(f"{lab.base}/control/faults", data=json.dumps(
-        {"script": [{"error": "rate_limit", "count": 1}]}).encode())
+        {"script": [{"error": "rate_limit", "count": 1}]}).encode(),
+        headers={"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=5) as resp:
         state = json.load(resp)
     assert state["models"][MODEL]["retry_after_ms"] == 123  # from [fault] in its config

@@ -22,6 +22,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from inference_lab.engine.sim.config import default_deployments
 from inference_lab.engine.service.server import EngineServer
 from inference_lab.gateway import create_app
+from inference_lab.gateway.app import STATE
 from inference_lab.testing.launch import Proc, command, engine_process, gateway_process
 from inference_lab.cli import build_parser
 from inference_lab.v1 import engine_pb2 as pb
@@ -70,6 +71,66 @@ async def test_the_engine_refuses_set_capacity_without_its_control_token():
             assert server.runtimes[0].core.max_waiting == 0  # nothing changed
         reply = await set_capacity(server.port, (("authorization", f"Bearer {TOKEN}"),), max_waiting=3)
         assert reply.models[0].max_waiting == 3
+
+
+@contextlib.asynccontextmanager
+async def engine_with_secrets(key: str | None, token: str | None):
+    server = EngineServer(default_deployments("b200"), "127.0.0.1", 0, 0, control_token=token,
+                          **({"api_key": key} if key else {}))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop(grace=0.0)
+
+
+async def submit(port: int, metadata=None) -> list[pb.SubmitEvent]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = engine_pb2_grpc.EngineStub(channel)
+        call = stub.Submit(pb.SubmitRequest(model=MODEL, prompt_tokens=8, max_tokens=2),
+                           metadata=metadata, timeout=10)
+        return [event async for event in call]
+
+
+async def lane_info(port: int, metadata=None) -> pb.SessionLaneInfo:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = engine_pb2_grpc.EngineStub(channel)
+        return await stub.SessionLane(pb.SessionLaneRequest(), metadata=metadata, timeout=5)
+
+
+@pytest.mark.parametrize("key,token", [(KEY, TOKEN), (KEY, None), (None, TOKEN)])
+async def test_with_secrets_the_engine_generates_and_hands_out_its_lane_only_with_one(key, token):
+    async with engine_with_secrets(key, token) as server:
+        for metadata in [None, (("authorization", "Bearer nope"),), (("authorization", KEY or TOKEN),)]:
+            for call in (submit, lane_info):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call(server.port, metadata)
+                assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED, call
+                assert "authorization: Bearer" in info.value.details()
+        for secret in filter(None, (key, token)):  # either secret passes
+            events = await submit(server.port, (("authorization", f"Bearer {secret}"),))
+            assert events[-1].finished.completion_tokens == 2
+            info = await lane_info(server.port, (("authorization", f"Bearer {secret}"),))
+            assert len(info.token) == 32
+        assert server.runtimes[0].metrics is not None
+
+
+async def test_without_secrets_the_engine_generates_for_anyone():
+    async with engine_with_secrets(None, None) as server:
+        assert (await submit(server.port))[-1].finished.completion_tokens == 2
+
+
+@pytest.mark.parametrize("lane", ["auto", "off"])
+async def test_a_gateway_passes_its_own_secret_to_an_engine_that_requires_one(lane):
+    async with engine_with_secrets(KEY, TOKEN) as server:
+        app = create_app(f"127.0.0.1:{server.port}", api_key=KEY, control_token=TOKEN,
+                         session_lane=lane)
+        async with TestClient(TestServer(app)) as client:
+            resp = await client.post("/v1/completions", json={"model": MODEL, "prompt": "a",
+                                                              "max_tokens": 3},
+                                     headers={"Authorization": f"Bearer {KEY}"})
+            assert resp.status == 200 and (await resp.json())["usage"]["completion_tokens"] == 3
+            assert app[STATE].engine._session.transport == ("lane" if lane == "auto" else "grpc")
 
 
 async def test_the_engine_command_takes_the_control_token_from_the_environment():
@@ -137,7 +198,8 @@ async def test_secrets_are_compared_in_constant_time(monkeypatch):
             assert (await client.get("/control/capacity",
                                      headers={"Authorization": f"Bearer {TOKEN}ü"})).status == 401
         await set_capacity(server.port, (("authorization", f"Bearer {TOKEN}"),), max_waiting=1)
-    assert compared == [(bytes, bytes)] * 3
+    # the gateway's two checks and SetCapacity's, besides the engine's of the gateway's Session
+    assert len(compared) >= 3 and set(compared) == {(bytes, bytes)}
 
 
 # ---- the commands ----------------------------------------------------------------------------
@@ -180,9 +242,21 @@ def test_help_never_shows_a_secret_from_the_environment(sub):
     out = subprocess.run(command(sub, "--help"), capture_output=True, text=True, timeout=30,
                          env={**os.environ, "INFERENCE_LAB_API_KEY": KEY,
                               "INFERENCE_LAB_CONTROL_TOKEN": TOKEN})
-    assert out.returncode == 0 and "--control-token" in out.stdout
+    assert out.returncode == 0 and "--control-token" in out.stdout and "--api-key" in out.stdout
     assert KEY not in out.stdout and TOKEN not in out.stdout
-    assert ("--api-key" in out.stdout) == (sub != "engine")
+
+
+@pytest.mark.parametrize("secrets", [{}, {"INFERENCE_LAB_CONTROL_TOKEN": TOKEN}])
+def test_an_engine_beyond_loopback_without_secrets_logs_a_warning(secrets):
+    unset = {"INFERENCE_LAB_API_KEY": "", "INFERENCE_LAB_CONTROL_TOKEN": ""}  # empty: unset
+    proc = Proc(command("engine", "--host", "0.0.0.0", "--port", str(free_port()),
+                        "--metrics-port", "0"), env={**unset, **secrets})
+    try:
+        proc.wait_for_log(r"engine ready")
+        warned = "the engine listening on 0.0.0.0 without --api-key or --control-token"
+        assert (warned in proc.log()) == (not secrets)
+    finally:
+        proc.close()
 
 
 def test_serve_gateway_and_engine_listen_on_loopback_by_default():

@@ -47,7 +47,7 @@ def test_the_chart_lints_clean():
 
 def test_default_values_render_a_deployment_of_engine_and_gateway_pods_behind_a_service():
     objects = render()
-    assert set(objects) == {"ConfigMap", "Deployment", "Service"}
+    assert set(objects) == {"ConfigMap", "Deployment", "Service", "NetworkPolicy"}
     deployment = objects["Deployment"]
     assert deployment["spec"]["replicas"] == 2
     pod = deployment["spec"]["template"]
@@ -66,6 +66,85 @@ def test_default_values_render_a_deployment_of_engine_and_gateway_pods_behind_a_
     assert service["spec"]["ports"][0]["targetPort"] == "http"
 
 
+SECRET_ENV = ("INFERENCE_LAB_API_KEY", "INFERENCE_LAB_CONTROL_TOKEN")
+
+
+def containers(objects: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in objects["Deployment"]["spec"]["template"]["spec"]["containers"]}
+
+
+@pytest.mark.parametrize("values", [{"auth": {"existingSecret": "lab-secrets"}},
+                                    {"auth": {"apiKey": "sk-x", "controlToken": "ct-y"}}])
+def test_both_containers_take_both_secrets_from_a_kubernetes_secret(values):
+    objects = render(values)
+    name = values["auth"].get("existingSecret") or "lab-inference-lab-secrets"
+    for container in containers(objects).values():
+        env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
+        assert env == {"INFERENCE_LAB_API_KEY": {"name": name, "key": "api-key", "optional": True},
+                       "INFERENCE_LAB_CONTROL_TOKEN": {"name": name, "key": "control-token",
+                                                       "optional": True}}
+        assert "sk-x" not in str(container) and "ct-y" not in str(container)  # never inline
+    if "existingSecret" in values["auth"]:
+        assert "Secret" not in objects  # yours, not the chart's
+    else:
+        assert objects["Secret"]["stringData"] == {"api-key": "sk-x", "control-token": "ct-y"}
+    assert all("env" not in c for c in containers(render()).values())  # none: open, no env
+
+
+def test_pods_run_non_root_on_a_read_only_root_without_capabilities():
+    objects = render()
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001  # the image's user
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in containers(objects).values():
+        assert container["securityContext"] == {
+            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]}}
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+
+
+def test_the_network_policy_admits_the_gateway_port_alone():
+    objects = render()
+    policy = objects["NetworkPolicy"]["spec"]
+    assert policy["podSelector"]["matchLabels"] == SELECTOR
+    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+    ports = {p["name"]: p["containerPort"] for c in containers(objects).values()
+             for p in c.get("ports", [])}
+    assert ports["http"] == 8080  # the engine's 50051 and 50052 are not admitted
+    peers = [{"namespaceSelector": {"matchLabels": {"team": "lab"}}}]
+    narrowed = render({"networkPolicy": {"from": peers}})["NetworkPolicy"]["spec"]
+    assert narrowed["ingress"][0]["from"] == peers
+    assert "NetworkPolicy" not in render({"networkPolicy": {"enabled": False}})
+
+
+def test_the_engine_has_startup_and_liveness_probes_of_its_grpc_health():
+    engine = containers(render())["engine"]
+    for probe in ("startupProbe", "livenessProbe"):
+        command = engine[probe]["exec"]["command"]
+        assert command[:2] == ["python", "-c"]
+        assert "127.0.0.1:50051" in command[2] and "HealthStub" in command[2]
+        assert engine[probe]["timeoutSeconds"] == 5
+
+
+def test_the_engine_probe_command_runs_against_a_real_engine():
+    """The probe's Python, run as the kubelet would: exit 0 against a live engine,
+    non-zero once it is gone."""
+    import subprocess
+    import sys
+
+    from inference_lab.testing.launch import engine_process
+
+    command = containers(render())["engine"]["startupProbe"]["exec"]["command"]
+    with engine_process() as engine:
+        code = command[2].replace("127.0.0.1:50051", f"127.0.0.1:{engine.port}")
+        assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True,
+                          timeout=30).returncode != 0
+
+
 def test_model_config_and_hardware_come_from_values():
     objects = render({"hardware": "h200", "modelConfigs": {
         "gpt-oss-20b.toml": None, "llama.toml": 'model = "llama-3.1-8b"\n'}})
@@ -74,7 +153,7 @@ def test_model_config_and_hardware_come_from_values():
     assert objects["ConfigMap"]["data"] == {"llama.toml": 'model = "llama-3.1-8b"\n'}
     baked = render({"modelConfigs": None})  # the configs baked into the image
     assert "ConfigMap" not in baked
-    assert "volumes" not in baked["Deployment"]["spec"]["template"]["spec"]
+    assert [v["name"] for v in baked["Deployment"]["spec"]["template"]["spec"]["volumes"]] == ["tmp"]
 
 
 def test_service_monitor_scrapes_every_pod_metrics():

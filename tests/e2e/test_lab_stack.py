@@ -281,9 +281,21 @@ def test_promql_metric_name_extraction():
 # ---- static checks ------------------------------------------------------------------------
 
 
+# Grafana's admin password is required from the environment the stack starts in.
+COMPOSE_ENV = {**{k: v for k, v in os.environ.items()
+                  if k not in ("HARDWARE", "GRAFANA_ADMIN_PASSWORD")},
+               "GRAFANA_ADMIN_PASSWORD": "gf-lab-example"}
+
+
+def compose_config(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([tool("docker-compose"), "-f", str(COMPOSE_FILE), "config", *args], cwd=ROOT,
+                          env=COMPOSE_ENV if env is None else env, capture_output=True,
+                          text=True, timeout=120)
+
+
 @needs_compose
 def test_docker_compose_config_validates():
-    env = {k: v for k, v in os.environ.items() if k != "HARDWARE"}
+    env = COMPOSE_ENV
     run = subprocess.run([tool("docker-compose"), "-f", str(COMPOSE_FILE), "config"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
@@ -316,15 +328,46 @@ def load_yaml(text: str):
     return yaml.safe_load(text)
 
 
+def published(service: dict) -> set[tuple[str, int]]:
+    """(host address, port) of each port a service publishes, in either of docker-compose
+    config's forms ("HOST:PUBLISHED:TARGET/tcp", or a mapping; no address: every one)."""
+    out = set()
+    for port in service.get("ports", []):
+        if isinstance(port, dict):
+            out.add((port.get("host_ip", "0.0.0.0"), int(port["published"])))
+        else:
+            parts = port.split("/")[0].split(":")
+            host = parts[0] if len(parts) == 3 else "0.0.0.0"
+            out.add((host, int(parts[-2] if len(parts) >= 2 else parts[-1])))
+    return out
+
+
 @needs_compose
-def test_docker_compose_services_are_wired_as_documented():
-    run = subprocess.run([tool("docker-compose"), "-f", str(COMPOSE_FILE), "config"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+def test_docker_compose_publishes_only_on_loopback_and_takes_every_secret_from_the_environment():
+    secrets = {"INFERENCE_LAB_API_KEY": "sk-lab-example", "INFERENCE_LAB_CONTROL_TOKEN": "ct-lab-ex"}
+    run = compose_config(env={**COMPOSE_ENV, **secrets})
     assert run.returncode == 0, run.stderr
     services = load_yaml(run.stdout)["services"]
-    ports = {name: {int(p["published"]) for p in svc.get("ports", [])}
-             for name, svc in services.items()}
-    assert ports == {"engine": {50051}, "gateway": {8080}, "prometheus": {9090}, "grafana": {3000}}
+    for name, service in services.items():
+        assert {host for host, _ in published(service)} == {"127.0.0.1"}, name
+    for name in ("engine", "gateway"):  # the engine checks both (docs/security.md)
+        assert {k: services[name]["environment"][k] for k in secrets} == secrets, name
+    assert services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "gf-lab-example"
+    assert not any("lifecycle" in arg for arg in services["prometheus"]["command"])
+    # Grafana's admin password has no default: the stack refuses to start without one.
+    unset = compose_config(env={k: v for k, v in COMPOSE_ENV.items()
+                                if k != "GRAFANA_ADMIN_PASSWORD"})
+    assert unset.returncode != 0 and "GRAFANA_ADMIN_PASSWORD" in unset.stderr
+
+
+@needs_compose
+def test_docker_compose_services_are_wired_as_documented():
+    run = compose_config()
+    assert run.returncode == 0, run.stderr
+    services = load_yaml(run.stdout)["services"]
+    ports = {name: published(svc) for name, svc in services.items()}
+    assert ports == {"engine": {("127.0.0.1", 50051)}, "gateway": {("127.0.0.1", 8080)},
+                     "prometheus": {("127.0.0.1", 9090)}, "grafana": {("127.0.0.1", 3000)}}
     for name in ("engine", "gateway"):
         assert Path(services[name]["build"]["context"]) == ROOT
         assert services[name]["build"]["dockerfile"] == "deploy/Dockerfile"
@@ -544,14 +587,12 @@ async def test_saturation_is_visible_in_prometheus(stack, prometheus):
 
 @needs_compose
 def test_docker_compose_runs_several_replicas_and_prometheus_discovers_each():
-    env = dict(os.environ, REPLICAS="4", GATEWAY_PORTS="8080-8083")
-    run = subprocess.run([tool("docker-compose"), "-f", str(COMPOSE_FILE), "config"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+    run = compose_config(env=dict(COMPOSE_ENV, REPLICAS="4", GATEWAY_PORTS="8080-8083"))
     assert run.returncode == 0, run.stderr
     services = load_yaml(run.stdout)["services"]
     engine = services["engine"]["command"]
     assert engine[engine.index("--replicas") + 1] == "4"
-    assert {int(p["published"]) for p in services["gateway"]["ports"]} == {8080, 8081, 8082, 8083}
+    assert published(services["gateway"]) == {("127.0.0.1", p) for p in (8080, 8081, 8082, 8083)}
     jobs = {job["job_name"]: job for job in load_yaml(PROMETHEUS_YML.read_text())["scrape_configs"]}
     assert jobs["replicas"]["http_sd_configs"] == [
         {"url": "http://gateway:8080/fleet/targets", "refresh_interval": "5s"}]

@@ -4,6 +4,8 @@ fake engine on a free port); the `[fault]` TOML table."""
 from __future__ import annotations
 
 import math
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from inference_lab.common.toml import ConfigError
 from inference_lab.gateway import create_app
 from inference_lab.gateway.faults.config import load_fault_tables
+from inference_lab.gateway.faults.control import MAX_SCRIPT_STEPS
+from inference_lab.gateway.faults.saving import DEBOUNCE_S
 from inference_lab.gateway.faults.injection import FaultState
 from inference_lab.testing.fake_engine import FAKE_MODEL, FakeEngine
 
@@ -150,7 +154,7 @@ async def test_reset_puts_everything_back(client):
 
 async def test_changes_are_saved_and_restored(fake):
     saved = []
-    app = create_app(fake.target, save_faults=lambda st: saved.append(st.snapshot()))
+    app = create_app(fake.target, save_faults=saved.append)  # (its snapshots)
     async with TestClient(TestServer(app)) as c:
         await post_faults(c, seed=5, retry_after_ms=100,
                           script=[{"error": "overloaded", "count": 2}])
@@ -158,6 +162,33 @@ async def test_changes_are_saved_and_restored(fake):
     restored = FaultState.restore(saved[-1])
     assert restored.seed == 5 and restored.defaults.hints.retry_after_ms == 100
     assert [(s.error, s.count) for s in restored.scripts["*"]] == [("overloaded", 1)]
+
+
+async def test_script_steps_used_up_are_saved_off_the_loop_and_debounced(fake):
+    """A scripted generation request used to rewrite and fsync the whole script on the
+    event loop; now one write covers every step used up within DEBOUNCE_S, in a worker
+    thread, and the last state is written when the server stops."""
+    writes: list[tuple[int, dict]] = []
+    app = create_app(fake.target, save_faults=lambda snapshot: writes.append(
+        (threading.get_ident(), snapshot)))
+    loop_thread = threading.get_ident()
+    async with TestClient(TestServer(app)) as c:
+        await post_faults(c, script=[{"error": "ok", "count": 1000}])
+        assert len(writes) == 1  # the change itself: saved before the answer
+        started = time.monotonic()
+        assert await statuses(c, 50) == [200] * 50
+        elapsed = time.monotonic() - started
+        during = len(writes) - 1
+    assert during <= 1 + elapsed / DEBOUNCE_S  # not one write per request
+    assert all(thread != loop_thread for thread, _ in writes)  # never on the loop
+    assert writes[-1][1]["scripts"]["*"] == [{"error": "ok", "count": 950}]  # the last state
+
+
+async def test_a_script_has_at_most_max_script_steps(client):
+    resp = await client.post("/control/faults", json={
+        "script": [{"error": "ok"}] * (MAX_SCRIPT_STEPS + 1)})
+    assert resp.status == 400 and "$.script" in (await resp.json())["error"]["message"]
+    await post_faults(client, script=[{"error": "ok"}] * MAX_SCRIPT_STEPS)
 
 
 # ---- the [fault] table ---------------------------------------------------------------------

@@ -153,3 +153,29 @@ async def test_a_capacity_file_from_before_replicas_applies_to_every_replica(tmp
             engine_stub(server) as stub:
         now = rows(await stub.GetCapacity(pb.GetCapacityRequest()))
         assert [(now[i].max_num_seqs, now[i].max_waiting) for i in (0, 1)] == [(5, 9), (5, 9)]
+
+
+async def test_the_replica_limit_counts_draining_replicas_and_so_the_ports_they_hold():
+    """Switching between 1 and 2 replicas while each new one holds a stream used to take a
+    new index (and a gateway port) every time, past the limit; every replica held counts."""
+    async with running_engine(replicas=2) as server, engine_stub(server) as stub:
+        server.fleet.max_replicas = 4
+        held, refused = [], None
+        try:
+            for _ in range(6):
+                newest = max(r.index for r in server.fleet if not r.draining)
+                call = stub.Submit(on(newest, max_tokens=100_000))
+                assert (await call.read()).HasField("admitted")
+                held.append(call)
+                await stub.SetReplicas(pb.SetReplicasRequest(replicas=1))  # newest drains
+                try:
+                    await stub.SetReplicas(pb.SetReplicasRequest(replicas=2))
+                except grpc.aio.AioRpcError as exc:
+                    refused = exc
+                    break
+            assert refused is not None and refused.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "draining" in refused.details()
+            assert max(server.fleet.indices()) == 3 and len(list(server.fleet)) == 4
+        finally:
+            for call in held:
+                call.cancel()

@@ -246,7 +246,8 @@ async def test_post_capacity_returns_the_new_state(client):
     (b"{oops", "Invalid JSON"),
 ])
 async def test_post_capacity_validation_is_400(client, body, needle):
-    resp = await client.post("/control/capacity", data=body)
+    resp = await client.post("/control/capacity", data=body,
+                             headers={"Content-Type": "application/json"})
     assert resp.status == 400
     assert needle in (await resp.json())["error"]["message"]
 

@@ -351,3 +351,51 @@ async def test_the_lane_acknowledges_only_once_every_overlapping_relay_is_writte
     assert acks == [2 * n]
     session.routes.clear()
     session.close("test over", shutdown=True)
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
+                                  grpc.StatusCode.DATA_LOSS])
+def test_an_engine_failure_outside_the_table_is_a_500_without_its_text(code):
+    from grpc.aio import AioRpcError, Metadata
+
+    from inference_lab.gateway.errors import from_grpc_error
+
+    exc = AioRpcError(code, Metadata(), Metadata(),
+                      details="Unexpected <class 'LoraError'>: secret internals")
+    err = from_grpc_error(exc)
+    assert err.kind is ErrorKind.INTERNAL and err.spec.status == 500
+    assert "LoraError" not in err.message and "internals" not in err.message
+
+
+def test_the_stored_responses_cap_counts_what_is_stored_tools_included():
+    """30 responses each echoing 180 KB of tools once grew the gateway by 119 MB while the
+    cap counted conversation text only: now the stored JSON itself is counted."""
+    from inference_lab.gateway.protocols.responses import ResponseStore
+
+    tools = [{"type": "function", "name": f"f{i}", "description": "x" * 1000,
+              "parameters": {"type": "object", "properties": {}}} for i in range(180)]
+    store = ResponseStore(1 << 20)  # 1 MiB
+    for i in range(30):
+        store.put(f"resp_{i}", [("user", "hi"), ("assistant", " token")],
+                  {"id": f"resp_{i}", "tools": tools, "instructions": "be brief"})
+    held = [i for i in range(30) if store.response(f"resp_{i}") is not None]
+    assert held == list(range(25, 30))  # five of ~185 KB fit in 1 MiB: the newest
+    assert json.loads(store.response("resp_29"))["tools"] == tools  # as GET answers it
+    assert store.get("resp_29") == [("user", "hi"), ("assistant", " token")]
+    assert store.delete("resp_29") and not store.delete("resp_29")
+    assert store.response("resp_29") is None
+
+
+@pytest.mark.parametrize("prompts, n, ok", [(1024, 1, True), (8, 128, True), (1, 128, True),
+                                            (1024, 2, False), (9, 128, False),
+                                            (1024, 128, False)])
+def test_a_request_asks_for_at_most_1024_sequences_prompts_times_n(prompts, n, ok):
+    """1,024 prompts x n = 128 was 131,072 sequences from one request."""
+    body = json.dumps({"model": "m", "prompt": [[1, 2]] * prompts, "n": n,
+                       "max_tokens": 1}).encode()
+    if ok:
+        COMPLETIONS.parse(body, ByteTokenizer())
+    else:
+        with pytest.raises(GatewayError) as info:
+            COMPLETIONS.parse(body, ByteTokenizer())
+        assert info.value.spec.status == 400 and "at most 1024" in info.value.message

@@ -272,3 +272,30 @@ def test_an_adapters_blocks_carry_its_id_and_name_and_the_batch_stays_an_array()
                        "block_size": 2, "lora_id": 3, "medium": "GPU", "lora_name": "sql-lora"}
     assert (base["lora_id"], base["lora_name"], base["token_ids"]) == (None, None, [0x03020100, 0x07060504])
     assert removed == {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU"}
+
+
+@pytest.mark.parametrize("expose", [False, True])
+async def test_the_replay_socket_binds_loopback_unless_exposed_and_exposure_is_logged(
+        caplog, expose):
+    """A replay hands any caller the recent prompts' token IDs: a replay endpoint on every
+    interface binds 127.0.0.1 (same port) by default, and any endpoint beyond loopback is a
+    warning."""
+    config = KVEventsConfig(enable_kv_cache_events=True, endpoint="tcp://127.0.0.1:0",
+                            replay_endpoint="tcp://*:0")
+    extra = {"kv_events_expose_replay": True} if expose else {}
+    with caplog.at_level("WARNING", logger="inference_lab.engine.service.kv_events"):
+        async with running_engine(kv_events=config, **extra) as engine:
+            replay = engine.kv_events.publisher(0).replay_endpoint
+            assert replay.startswith("tcp://0.0.0.0:" if expose else "tcp://127.0.0.1:")
+            dealer = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+            dealer.linger = 0
+            try:  # the loopback replay answers as before
+                dealer.connect("tcp://127.0.0.1:" + replay.rpartition(":")[2])
+                await dealer.send_multipart((b"", (0).to_bytes(8, "big")))
+                _, seq, _ = await asyncio.wait_for(dealer.recv_multipart(), 5)
+                assert seq == (-1).to_bytes(8, "big", signed=True)  # nothing buffered yet
+            finally:
+                dealer.close()
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert ("beyond loopback and without authentication" in warned) == expose
+    assert ("replays on 127.0.0.1, not tcp://*:0" in warned) == (not expose)

@@ -20,7 +20,7 @@ from inference_lab.gateway.protocols.openai.render import (
     ChatToolCall, Completion, CompletionBatch, echoed,
 )
 from inference_lab.gateway.protocols.openai.schemas import (
-    chat_prompt, completion_prompts, decode_request, prompt_ids,
+    MAX_SEQUENCES, chat_prompt, completion_prompts, decode_request, prompt_ids,
 )
 from inference_lab.gateway.toolcalls import chat_forced
 
@@ -60,6 +60,9 @@ class Completions(Dialect):
         # max_tokens 0: the engine prefills and makes one token, as vLLM does; not shown
         engine_cap = 1 if cap == 0 else cap
         n = req.n or 1
+        if len(given) * n > MAX_SEQUENCES:
+            raise invalid(f"Too many sequences: {len(given)} prompts x n = {n} is "
+                          f"{len(given) * n}; at most {MAX_SEQUENCES} in one request - at `$.n`")
         prompts = [prompt_ids(tokenizer, p, f"$.prompt[{i}]" if len(given) > 1 else "$.prompt")
                    for i, p in enumerate(given)]
         shown = [echoed(tokenizer, p, ids, req.top) if req.echo else (None, None)

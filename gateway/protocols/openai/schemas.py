@@ -5,7 +5,7 @@ Knows: the request bodies of /v1/chat/completions and /v1/completions as msgspec
 parameters checked as vLLM checks them), their prompts as token IDs under the configured
 tokenizer (a conversation's, with its tool calls and tool definitions; a completions
 `prompt` as text or token IDs), and several prompts in one completions request (at most
-MAX_PROMPTS: a batch).
+MAX_PROMPTS: a batch; prompts x n at most MAX_SEQUENCES).
 
 Does not know: responses (gateway.protocols.openai.render), aiohttp, gRPC.
 """
@@ -29,7 +29,10 @@ NonNegativeInt = Annotated[int, msgspec.Meta(ge=0, le=_U31)]
 TopLogprobs = Annotated[int, msgspec.Meta(ge=0, le=20)]  # vLLM's default --max-logprobs
 Priority = Annotated[int, msgspec.Meta(ge=-(2**31), le=_U31)]
 MAX_N = 128  # OpenAI's own bound on `n`
-MAX_PROMPTS = 1024  # prompts in one completions request (a batch)
+MAX_PROMPTS = 1024  # prompts in one completions request (a batch), as vLLM's default
+# Sequences one request may ask for: prompts x n (vLLM bounds each factor alone, so one
+# small request could queue 131,072 sequences).
+MAX_SEQUENCES = 1024
 
 
 class StreamOptions(msgspec.Struct):

@@ -1,0 +1,38 @@
+"""Which secret each HTTP route needs, and what a control route refuses besides.
+
+Knows: the routes' access kinds (inference_lab.common.auth `Access`): the control routes
+(`/control/*`, and vLLM's LoRA load and unload, which change what the engine serves) need
+the control token (when none is set, the API key stands in); the rest of `/v1/*` the API
+key alone (as vLLM guards `/v1`); everything else is open (probes, scrapers, vLLM's
+`/tokenize`, `/detokenize` and `/version`). A control route also answers no browser: a request that
+carries an `Origin` header (every cross-origin request has one, and every POST a browser
+makes) is refused, and its body must be labelled `application/json` (or `+json`), which a
+page cannot send without a preflight.
+
+Does not know: routes' handlers, the secrets themselves (gateway.middleware checks them).
+"""
+
+from __future__ import annotations
+
+from inference_lab.common.auth import Access
+
+CONTROL_PREFIX = "/control/"
+# vLLM's LoRA routes: under /v1 as in vLLM, but they change the engine's models.
+CONTROL_ROUTES = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
+
+
+def route_access(path: str) -> Access:
+    """The access of a route (its canonical path, or the request's path when none matched)."""
+    if path.startswith(CONTROL_PREFIX) or path in CONTROL_ROUTES:
+        return Access.CONTROL
+    if path.startswith("/v1/"):
+        return Access.GENERATE
+    return Access.OPEN
+
+
+def json_labelled(content_type: str | None) -> bool:
+    """`application/json` or `application/<x>+json` (parameters ignored)."""
+    if content_type is None:
+        return False
+    maintype, _, subtype = content_type.partition(";")[0].strip().lower().partition("/")
+    return maintype == "application" and (subtype == "json" or subtype.endswith("+json"))
