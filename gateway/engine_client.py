@@ -225,6 +225,10 @@ class EngineClient:
             await self._fetch_models()
         return list(self._models.values())
 
+    def known_model(self, name: str) -> pb.ModelInfo | None:
+        """The served model called `name` as last listed, without asking the engine."""
+        return self._models.get(name)
+
     async def resolve_model(self, name: str) -> pb.ModelInfo:
         """The served model called `name`; refreshes the cache once if it is unknown."""
         info = self._models.get(name)

@@ -225,6 +225,7 @@ def no_threads() -> GatewayError:
 
 class Messages(Dialect):
     name = "anthropic.messages"
+    api = "Messages"
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode(_decoder, body)

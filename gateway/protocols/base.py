@@ -244,15 +244,28 @@ class Batch(_MadeOnFirstUse):
     n: int = 1
     priority: int = 0
     _reply: BatchReply | None = field(default=None, repr=False)
+    # the field its prompts come from, for the engine's refusal of one of them (`{}`: the
+    # prompt's index)
+    where: str = "$.prompt[{}]"
+    job: object = None  # the dialect's parsed request, for its `check` (pooling routes)
 
 
 class Dialect(ABC):
-    """One client-facing API: parses its request bodies, renders its error bodies."""
+    """One client-facing API: parses its request bodies, renders its error bodies, and
+    checks a parsed request against the model it names (`check`, once the model is known:
+    a generation route refuses a pooling model as vLLM does)."""
 
     name: str
+    api = "Generation"  # as vLLM names the API in "The model does not support ... API"
 
     @abstractmethod
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation | Batch: ...
+
+    def check(self, gen: Generation | Batch, model) -> None:
+        """Raise the 400 vLLM gives when `model` (the engine's ModelInfo) cannot serve
+        `gen`: here, a pooling model on a generation route."""
+        if model.HasField("pooling"):
+            raise invalid(f"The model does not support {self.api} API")
 
     def error_body(self, err: GatewayError) -> bytes:
         return envelope(err)

@@ -366,6 +366,7 @@ class FunctionCallResponse(Response):
 
 class Responses(Dialect):
     name = "openai.responses"
+    api = "Responses"
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode(_decoder, body)

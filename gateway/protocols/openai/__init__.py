@@ -27,6 +27,7 @@ from inference_lab.gateway.toolcalls import chat_forced
 
 class ChatCompletions(Dialect):
     name = "openai.chat"
+    api = "Chat Completions"
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode_request(body, chat=True)
@@ -49,6 +50,7 @@ class ChatCompletions(Dialect):
 
 class Completions(Dialect):
     name = "openai.completions"
+    api = "Completions"
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation | Batch:
         req = decode_request(body, chat=False)
