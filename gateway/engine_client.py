@@ -307,6 +307,16 @@ class EngineClient:
             self._rpc_timeout, metadata=self._control_metadata)
         return list(resp.models)
 
+    async def sleep(self, model: str | None, replica: int | None, level: int = 0,
+                    wake: bool = False, tags: list[str] | None = None) -> list[pb.ModelCapacity]:
+        """Put replicas to sleep at `level`, or `wake` them (restoring `tags`, all when
+        empty): Sleep, with the control token. Every replica acted on, after."""
+        resp = await self._unary(
+            "Sleep", pb.SleepRequest(model=model or "", replica=replica, level=level, wake=wake,
+                                     tags=tags or ()),
+            self._rpc_timeout, metadata=self._control_metadata)
+        return list(resp.models)
+
     # ---- metrics ------------------------------------------------------------------------
 
     async def replica_metrics(self, replica: int) -> bytes:

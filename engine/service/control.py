@@ -57,7 +57,8 @@ class ControlRpcs:
             rows.append(pb.ModelCapacity(
                 model=core.name, max_waiting=core.max_waiting, max_num_seqs=core.max_num_seqs,
                 waiting=core.num_waiting, running=core.num_running, replica=r.index,
-                starting=r.ready_in(now) > 0, draining=r.draining, ready_in_s=r.ready_in(now)))
+                starting=r.ready_in(now) > 0, draining=r.draining, ready_in_s=r.ready_in(now),
+                sleep_level=r.runtime.sleep_level, wake_s=r.runtime.wake_s))
         return rows
 
     def _select(self, model: str, replica: int | None) -> list:

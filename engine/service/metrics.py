@@ -50,7 +50,7 @@ FINISHED_REASON: dict[Status, str] = {
 }
 REJECTION_REASONS = ("QUEUE_SATURATED", "INVALID_REQUEST")  # shown from the start, at 0
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
-SLEEP_STATES = (("awake", 1.0), ("weights_offloaded", 0.0), ("discard_all", 0.0))
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")  # by sleep level 0, 1, 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +67,10 @@ METRICS: dict[str, Spec] = {
     "vllm:num_requests_running": Spec("gauge", "Requests in the running batch."),
     "vllm:num_requests_waiting": Spec("gauge", "Requests waiting to be scheduled."),
     "vllm:kv_cache_usage_perc": Spec("gauge", "Fraction of KV cache blocks in use (1 = full)."),
-    "vllm:engine_sleep_state": Spec("gauge", "Sleep state (the lab never sleeps: awake = 1).",
-                                    ("sleep_state",)),
+    "vllm:engine_sleep_state": Spec("gauge", "Engine sleep state; awake = 0 means engine is "
+                                    "sleeping; awake = 1 means engine is awake; "
+                                    "weights_offloaded = 1 means sleep level 1; "
+                                    "discard_all = 1 means sleep level 2.", ("sleep_state",)),
     # counters
     "vllm:num_preemptions": Spec("counter", "Recompute preemptions."),
     "vllm:prompt_tokens": Spec("counter", "Prompt tokens of requests whose prefill completed."),
@@ -133,6 +135,9 @@ METRICS: dict[str, Spec] = {
     "inference_lab_stream_update_interval_seconds": Spec(
         "gauge", "Least wall time between a running stream's token updates now (0 = every "
         "step; set by lateness, or by --max-update-rate)."),
+    "inference_lab_wake_seconds": Spec(
+        "gauge", "Modelled seconds this replica's last wake from sleep mode took to reload "
+        "what its sleep freed (weights over the host link); 0 until it first wakes."),
     "inference_lab_relay_lag_seconds": Spec(
         "gauge", "How late the gateway relays this engine's token batches now (wall s): "
         "its own report (SessionActions.relay_lag_s) or the mean time a Session write waits "
@@ -211,6 +216,7 @@ class ModelMetrics:
         self._lag = h["inference_lab_pacing_lag_seconds"]
         self._late = h["inference_lab_arrival_booked_late_seconds"]
         self._finish = {key: h[name] for key, name in FINISH_HISTOGRAMS.items()}
+        self.sleep_level = 0  # sleep mode: 0 awake, 1 or 2 the level it sleeps at
 
     # ---- update points ---------------------------------------------------------------
     def on_step(self, result: StepResult) -> None:
@@ -292,6 +298,14 @@ class ModelMetrics:
         c["inference_lab_stream_update_interval_seconds"] = interval
         self._changed()
 
+    def on_sleep(self, level: int, wake_seconds: float | None = None) -> None:
+        """Sleep mode: the replica sleeps at `level` (0: awake); `wake_seconds` is what a
+        wake that just happened took (modelled)."""
+        self.sleep_level = level
+        if wake_seconds is not None:
+            self.counters["inference_lab_wake_seconds"] = wake_seconds
+        self._changed()
+
     def on_relay(self, seconds: float) -> None:
         """The gateway's lateness as the cadence now sees it."""
         self.counters["inference_lab_relay_lag_seconds"] = seconds
@@ -323,7 +337,7 @@ class ModelMetrics:
         if name == "vllm:request_success":
             return [((r,), self.success[r]) for r in FINISHED_REASONS]
         if name == "vllm:engine_sleep_state":
-            return [((s,), v) for s, v in SLEEP_STATES]
+            return [((s,), float(level == self.sleep_level)) for level, s in enumerate(SLEEP_STATES)]
         if name == "vllm:prompt_tokens_by_source":
             c = self.counters
             cached = c["vllm:prompt_tokens_cached"]

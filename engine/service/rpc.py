@@ -5,7 +5,7 @@ Session and the metrics calls. Does not know timing (engine.drivers.pacer) or sc
 (engine.sim.core). Beside it, one module per job: the refusal table
 (engine.service.refusals), core objects as messages (engine.service.messages), a
 Session's batches and their writer (engine.service.session), the control calls
-(engine.service.control, mixed in); each replica's runtime is the fleet's
+(engine.service.control, mixed in), sleep mode (engine.service.sleep, mixed in); each replica's runtime is the fleet's
 (engine.fleet.runtime).
 
 Admission is decided by the pacer in the order of the arrivals' instants (engine.drivers
@@ -26,7 +26,7 @@ import grpc
 from inference_lab.common.clock import same_clock
 from inference_lab.engine.drivers.arrivals import Arrival
 from inference_lab.engine.drivers.pacer import Pacer, Stream
-from inference_lab.engine.fleet.replicas import Fleet
+from inference_lab.engine.fleet.replicas import Fleet, ReplicaUnavailable
 from inference_lab.engine.fleet.runtime import ModelRuntime
 from inference_lab.engine.service.control import ControlRpcs
 from inference_lab.engine.service.holds import Holds
@@ -36,6 +36,7 @@ from inference_lab.engine.service.metrics_feed import Watchers, watch, watch_int
 from inference_lab.engine.service.refusals import (REFUSALS, REFUSED, ShuttingDown,
                                                    UnknownModel, abort, rejected_pb)
 from inference_lab.engine.service.session import SessionSink
+from inference_lab.engine.service.sleep import SleepRpcs
 from inference_lab.engine.sim.core import QueueSaturated, SubmitError
 from inference_lab.engine.sim.request import Request
 from inference_lab.v1 import engine_pb2 as pb
@@ -73,7 +74,7 @@ class SubmitSink:
         pass
 
 
-class EngineService(ControlRpcs, engine_pb2_grpc.EngineServicer):
+class EngineService(ControlRpcs, SleepRpcs, engine_pb2_grpc.EngineServicer):
     """The RPCs over a fleet of ModelRuntimes (one per model and replica index): the
     admission funnel, Submit, the Session and metrics here, the control calls mixed in
     (ControlRpcs)."""
@@ -116,7 +117,12 @@ class EngineService(ControlRpcs, engine_pb2_grpc.EngineServicer):
         name = self._model(model)
         if name is None:
             raise UnknownModel(model, self.fleet.deployments)
-        return self.fleet.lookup(name, replica).runtime  # ReplicaNotFound, ReplicaUnavailable
+        rt = self.fleet.lookup(name, replica).runtime  # ReplicaNotFound, ReplicaUnavailable
+        if rt.sleep_level:
+            raise ReplicaUnavailable(
+                "REPLICA_SLEEPING", f"replica {rt.replica} of {name!r} is sleeping (level "
+                f"{rt.sleep_level}): POST /wake_up first")
+        return rt
 
     def _holds_moved(self) -> None:
         """The senders' hold moved on: the pacers may decide further."""

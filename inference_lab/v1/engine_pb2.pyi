@@ -271,7 +271,7 @@ class SetCapacityRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., max_waiting: _Optional[int] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class ModelCapacity(_message.Message):
-    __slots__ = ("model", "max_waiting", "max_num_seqs", "waiting", "running", "replica", "starting", "draining", "ready_in_s")
+    __slots__ = ("model", "max_waiting", "max_num_seqs", "waiting", "running", "replica", "starting", "draining", "ready_in_s", "sleep_level", "wake_s")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +281,8 @@ class ModelCapacity(_message.Message):
     STARTING_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     READY_IN_S_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    WAKE_S_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_waiting: int
     max_num_seqs: int
@@ -290,7 +292,9 @@ class ModelCapacity(_message.Message):
     starting: bool
     draining: bool
     ready_in_s: float
-    def __init__(self, model: _Optional[str] = ..., max_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., replica: _Optional[int] = ..., starting: _Optional[bool] = ..., draining: _Optional[bool] = ..., ready_in_s: _Optional[float] = ...) -> None: ...
+    sleep_level: int
+    wake_s: float
+    def __init__(self, model: _Optional[str] = ..., max_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., replica: _Optional[int] = ..., starting: _Optional[bool] = ..., draining: _Optional[bool] = ..., ready_in_s: _Optional[float] = ..., sleep_level: _Optional[int] = ..., wake_s: _Optional[float] = ...) -> None: ...
 
 class CapacityResponse(_message.Message):
     __slots__ = ("models",)
@@ -377,6 +381,20 @@ class ListModelsResponse(_message.Message):
     MODELS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
+
+class SleepRequest(_message.Message):
+    __slots__ = ("model", "replica", "level", "wake", "tags")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    WAKE_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    replica: int
+    level: int
+    wake: bool
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., replica: _Optional[int] = ..., level: _Optional[int] = ..., wake: _Optional[bool] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SetReplicasRequest(_message.Message):
     __slots__ = ("model", "replicas")
