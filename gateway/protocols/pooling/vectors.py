@@ -59,7 +59,8 @@ def embedding(model: str, dimensions: int, ids: Sequence[int], size: int | None 
     if len(tokens) > 1:
         pairs = _buckets((tokens[:-1] * _PAIR + tokens[1:]) & _MASK)
         counts += PAIR_WEIGHT * np.bincount(pairs, minlength=BUCKETS).astype(np.float32)
-    vector = counts @ _matrix(model, dimensions) / np.float32(math.sqrt(BUCKETS))
+    # (einsum, not `@`: a BLAS call of this size spends more on its threads than on the sum)
+    vector = np.einsum("i,ij->j", counts, _matrix(model, dimensions)) / np.float32(math.sqrt(BUCKETS))
     if size is not None:
         vector = vector[:size]
     if normalize:
