@@ -95,7 +95,7 @@ class EngineClient:
     async def open(
         self, model: str, prompt: Sequence[int] | int, max_tokens: int | None, *, priority: int = 0,
         request_id: str = "", n: int = 1, replica: int | None = None,
-        arrived: float | None = None, held: object = None,
+        arrived: float | None = None, held: object = None, reasoning: float | None = 0.0,
     ) -> RequestStream:
         """Start one request on the Session (on replica `replica` of the model; None =
         the engine's default, replica 0); its first event is `admitted` or `rejected`.
@@ -106,7 +106,8 @@ class EngineClient:
         reached. `prompt` is the prompt's token IDs (or only its length). `arrived`: when
         the request arrived here (time.monotonic()); an engine on this machine books its
         arrival then (inference_lab.common.clock). `held`: its connection's mark in the
-        backlog, cleared once the request is sent (or refused here)."""
+        backlog, cleared once the request is sent (or refused here). `reasoning`: the share
+        of the reply that comes first as reasoning (None: the engine's default)."""
         prompt_tokens = prompt if isinstance(prompt, int) else len(prompt)
         for _ in range(2):
             session = self._connection.live()
@@ -138,6 +139,8 @@ class EngineClient:
                 req.replica = replica
             if arrived is not None:
                 req.arrival_monotonic_s = arrived
+            if reasoning is not None:
+                req.reasoning_share = reasoning
             session.routes[tag] = stream  # no await between the liveness check and this
             if n > 1:
                 req.n = n

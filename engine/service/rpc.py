@@ -38,6 +38,7 @@ from inference_lab.engine.service.refusals import (REFUSALS, REFUSED, ShuttingDo
 from inference_lab.engine.service.session import SessionSink
 from inference_lab.engine.service.sleep import SleepRpcs
 from inference_lab.engine.sim.core import QueueSaturated, SubmitError
+from inference_lab.engine.sim.reasoning import reasoning_tokens
 from inference_lab.engine.sim.request import Request
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc
@@ -94,6 +95,9 @@ class EngineService(ControlRpcs, SleepRpcs, engine_pb2_grpc.EngineServicer):
         self.accepting = True
         self.relay_lag = 0.0  # the latest Session reader's lateness told to the pacers
         self.lane = None  # engine.service.lane.SessionLane once listening (None: off)
+        # a reasoning model's replies open with reasoning when the request says nothing
+        # (its preset's share; --reasoning), else only when the request asks for it
+        self.reasoning = False
 
     def fleet_changed(self) -> None:
         """The replica set changed: new replicas report to Sessions too."""
@@ -171,6 +175,12 @@ class EngineService(ControlRpcs, SleepRpcs, engine_pb2_grpc.EngineServicer):
             else:
                 if request.stop_at_end:
                     req.eos = True  # ends as "stop" (metrics), not "length"
+                reasoning = rt.core.deployment.model.reasoning
+                if reasoning is not None and not req.pooling:  # a reasoning model's reply
+                    share = (request.reasoning_share if request.HasField("reasoning_share")
+                             else reasoning.share if self.reasoning else 0.0)
+                    if share > 0:
+                        req.reasoning = reasoning_tokens(min(share, 1.0), req.max_tokens)
                 rt.check_queue()
                 if self.metrics is not None:
                     self.metrics.touch()  # its waiting gauge moved (no update point saw it)
@@ -225,7 +235,8 @@ class EngineService(ControlRpcs, SleepRpcs, engine_pb2_grpc.EngineServicer):
             await abort(context, refused)
         try:
             await context.write(pb.SubmitEvent(
-                admitted=pb.Admitted(engine_request_id=req.id, waiting=rt.core.num_waiting)))
+                admitted=pb.Admitted(engine_request_id=req.id, waiting=rt.core.num_waiting,
+                                     reasoning_tokens=req.reasoning)))
             while True:
                 event, last = await sink.queue.get()
                 await context.write(event)
@@ -299,7 +310,8 @@ class EngineService(ControlRpcs, SleepRpcs, engine_pb2_grpc.EngineServicer):
             else:
                 sink.open[tag] = (rt, req)
                 sink.events.append(pb.Progress(tag=tag, admitted=pb.Admitted(
-                    engine_request_id=req.id, waiting=rt.core.num_waiting)))
+                    engine_request_id=req.id, waiting=rt.core.num_waiting,
+                    reasoning_tokens=req.reasoning)))
             sink.flush()
 
         try:

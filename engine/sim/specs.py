@@ -162,6 +162,16 @@ class Pooling:
 
 
 @dataclass(frozen=True, slots=True)
+class Reasoning:
+    """A reasoning model (vLLM's `--reasoning-parser`): each reply's first tokens are its
+    reasoning, `share` of them unless the request says otherwise; `parser` names vLLM's
+    parser of the model (openai_gptoss, deepseek_r1, ...), for display."""
+
+    parser: str
+    share: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
 class Model:
     name: str
     num_layers: int
@@ -174,6 +184,7 @@ class Model:
     activation_bytes: int = 2  # bytes per activation element on the wire
     vocab_size: int = 0  # the LM head's rows (0 = unknown); it is in the last dense stream
     pooling: Pooling | None = None  # a pooling model (embeddings, scores); None = generative
+    reasoning: Reasoning | None = None  # a reasoning model; None = no reasoning output
 
     @property
     def moe_layers(self) -> int:

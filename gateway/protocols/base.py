@@ -175,6 +175,11 @@ class Reply(ABC):
     @abstractmethod
     def error_frame(self, err: GatewayError) -> bytes: ...
 
+    def reasoned(self, tokens: int) -> None:
+        """The engine's word on admission: each sequence's first `tokens` tokens are
+        reasoning (gateway.protocols.reasoning). A reply that shows reasoning keeps it
+        (before its opening); the others never get a reasoning share and ignore it."""
+
 
 class _MadeOnFirstUse:
     """`reply`: made by `make_reply` on first use (a request refused with a 529 needs none:
@@ -204,6 +209,9 @@ class Generation(_MadeOnFirstUse):
     n: int = 1  # sequences to sample (parallel sampling)
     priority: int = 0  # vLLM extension: lower runs first under policy "priority"
     _reply: Reply | None = field(default=None, repr=False)
+    # the share of the reply that is reasoning (SubmitRequest.reasoning_share): 0 none,
+    # None the engine's default (a reasoning model's, with --reasoning)
+    reasoning: float | None = 0.0
 
     @property
     def prompt_tokens(self) -> int:

@@ -199,6 +199,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="vLLM's sleep mode: POST /sleep?level=1|2 and /wake_up put replicas to "
                         "sleep (requests refused, KV and weights freed) and wake them (the "
                         "weights' modelled reload delays the first steps); GET /is_sleeping")
+    p.add_argument("--reasoning", action="store_true",
+                   help="reasoning models (a preset with [reasoning]: gpt-oss, DeepSeek-R1) open "
+                        "each reply with reasoning, their preset's share of it, as vLLM's "
+                        "reasoning parsers separate it (reasoning_content, reasoning items, "
+                        "thinking blocks); without it only a request that asks (reasoning_effort, "
+                        "reasoning.effort, thinking) gets reasoning")
 
 
 def load_deployments(args: argparse.Namespace):
@@ -269,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
                                                               or args.max_loras) else 0,
                           replicas=args.replicas, startup_delay=args.startup_delay,
                           lengths=lengths, session_lane=args.session_lane,
-                          sleep_mode=args.enable_sleep_mode)
+                          sleep_mode=args.enable_sleep_mode, reasoning=args.reasoning)
     if token:
         log.info("SetCapacity requires the control token")
     from inference_lab.common.state_file import StateFileError

@@ -32,7 +32,7 @@ ENGINE_FAULT_SLOW: EngineFaultKind
 ENGINE_FAULT_CLEAR: EngineFaultKind
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id", "prompt_token_ids", "n", "stop_at_end", "replica", "arrival_monotonic_s")
+    __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id", "prompt_token_ids", "n", "stop_at_end", "replica", "arrival_monotonic_s", "reasoning_share")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class SubmitRequest(_message.Message):
     STOP_AT_END_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_MONOTONIC_S_FIELD_NUMBER: _ClassVar[int]
+    REASONING_SHARE_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt_tokens: int
     max_tokens: int
@@ -53,15 +54,18 @@ class SubmitRequest(_message.Message):
     stop_at_end: bool
     replica: int
     arrival_monotonic_s: float
-    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., n: _Optional[int] = ..., stop_at_end: _Optional[bool] = ..., replica: _Optional[int] = ..., arrival_monotonic_s: _Optional[float] = ...) -> None: ...
+    reasoning_share: float
+    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., n: _Optional[int] = ..., stop_at_end: _Optional[bool] = ..., replica: _Optional[int] = ..., arrival_monotonic_s: _Optional[float] = ..., reasoning_share: _Optional[float] = ...) -> None: ...
 
 class Admitted(_message.Message):
-    __slots__ = ("engine_request_id", "waiting")
+    __slots__ = ("engine_request_id", "waiting", "reasoning_tokens")
     ENGINE_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
+    REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     engine_request_id: int
     waiting: int
-    def __init__(self, engine_request_id: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
+    reasoning_tokens: int
+    def __init__(self, engine_request_id: _Optional[int] = ..., waiting: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...
 
 class Tokens(_message.Message):
     __slots__ = ("new_tokens", "total_tokens", "index")

@@ -45,7 +45,7 @@ class ChatCompletions(Dialect):
                         continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
                         cap=cap, top=req.top)
         return Generation(req.model, prompt, cap, bool(req.stream), reply,
-                          n=n, priority=req.priority)
+                          n=n, priority=req.priority, reasoning=req.reasoning)
 
 
 class Completions(Dialect):
