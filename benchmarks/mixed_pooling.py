@@ -80,7 +80,7 @@ def embed_bodies(args, seed: int) -> list[bytes]:
     """--bodies distinct request bodies (random token IDs: no prefix shared), made before
     the run so that the client's own CPU does not pace it; a client cycles through them."""
     rng = np.random.default_rng(seed)
-    return [json.dumps({"model": args.embed_model,
+    return [json.dumps({"model": args.embed_model, "encoding_format": "base64",  # as the SDK asks
                         "input": rng.integers(1, 2**31, (args.inputs, args.input_tokens)).tolist()}).encode()
             for _ in range(args.bodies)]
 

@@ -25,12 +25,13 @@ from functools import lru_cache
 
 import numpy as np
 
-BUCKETS = 1024  # rows of a model's matrix: hashed tokens and token pairs
+BUCKETS = 256  # rows of a model's matrix: hashed tokens and token pairs (few: the sum is
+# the request's main cost, a BUCKETS x dimensions product)
 _GOLDEN = np.uint64(0x9E3779B1)  # Knuth's multiplicative hash (32 bits)
 _PAIR = np.uint64(0x85EBCA77)
 _MASK = np.uint64(0xFFFFFFFF)
-_SHIFT = np.uint64(32 - 10)  # the top 10 bits of the 32-bit hash: one of 1024 buckets
-assert BUCKETS == 1 << 10
+_SHIFT = np.uint64(32 - 8)  # the top 8 bits of the 32-bit hash: one of 256 buckets
+assert BUCKETS == 1 << 8
 PAIR_WEIGHT = np.float32(0.5)  # a pair of neighbours weighs half a token
 
 
@@ -40,7 +41,7 @@ def _seed(*parts: str) -> int:
 
 @lru_cache(maxsize=16)
 def _matrix(model: str, dimensions: int) -> np.ndarray:
-    """The model's fixed random matrix, BUCKETS x dimensions (float32; 4 MB at 1,024)."""
+    """The model's fixed random matrix, BUCKETS x dimensions (float32; 1 MB at 1,024)."""
     rng = np.random.default_rng(_seed("inference-lab embeddings", model))
     return rng.standard_normal((BUCKETS, dimensions), dtype=np.float32)
 
