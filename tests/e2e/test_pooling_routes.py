@@ -207,3 +207,18 @@ def test_the_engine_counts_pooling_requests_as_vllm_does(lab, client):
     with urllib.request.urlopen(lab.base + "/metrics", timeout=5) as r:
         gateway = r.read().decode()
     assert 'route="/v1/embeddings",status="200"' in gateway
+
+
+async def test_the_experiment_client_loads_a_pooling_model_with_embeddings(lab):
+    from inference_lab.experiments.client import Endpoint
+
+    endpoint = Endpoint(lab.base, BGE, pooling=True)
+    conn = await endpoint.connect()
+    try:
+        for serial in (1, 2):  # one keep-alive connection, distinct prompts
+            result = await conn.send(endpoint.request(64, 0, serial))
+            assert result.status == 200 and result.error == ""
+            assert result.completion_tokens == 0 and result.first == 0  # a body, no stream
+            assert set(result.modelled) >= {"queue_time_s", "ttft_s", "e2e_s"}
+    finally:
+        conn.close()
