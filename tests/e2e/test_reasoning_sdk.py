@@ -50,7 +50,8 @@ def test_chat_streams_reasoning_content_first_then_the_content(client):
 
 
 def test_the_sdks_chat_accumulator_and_the_effort_override(client):
-    # no max_tokens: the engine's default length (256), a natural stop the helper accepts
+    # no max_tokens: the engine's default length (256), a natural stop, which the SDK's
+    # stream wrapper accepts (it refuses a "length" finish)
     with client.chat.completions.stream(model=MODEL, messages=HI,
                                         reasoning_effort="high") as stream:
         final = stream.get_final_completion()
@@ -71,7 +72,7 @@ def test_the_sdks_chat_accumulator_and_the_effort_override(client):
 
 def test_responses_streams_a_reasoning_item_before_the_message(client):
     # no max_output_tokens: the engine's default length (256), `completed`, which the
-    # helper needs (its accumulator finishes on response.completed)
+    # SDK's stream wrapper needs (its accumulator finishes on response.completed)
     with client.responses.stream(model=MODEL, input="hi", reasoning={"effort": "low"}) as stream:
         events = [event.type for event in stream]
         final = stream.get_final_response()
