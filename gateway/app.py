@@ -2,9 +2,9 @@
 
 Knows: the HTTP surface (the generation routes of `gateway.protocols.ROUTES`: OpenAI chat
 completions, completions and Responses, Anthropic Messages; /v1/models, /health, /metrics,
-/control/capacity, and the routes of vLLM's API, token counting, stored responses, LoRA
+/control/capacity, vLLM's pooling routes, and the routes of vLLM's API, token counting, stored responses, LoRA
 adapters, faults and CORS preflights), and which part answers each: the edge middleware
-every request passes (gateway.middleware), the generation handler (gateway.generation),
+every request passes (gateway.middleware), the generation handler (gateway.generation), sleep mode (gateway.sleep),
 the control routes (gateway.control), what routers read (gateway.routing: load, render,
 server info, KV-event sources), the app's start and stop (gateway.lifecycle), and
 the answers the connection-level edge may write itself (gateway.edge FAST_POSTS,
@@ -23,6 +23,7 @@ from aiohttp import web
 
 from inference_lab.common.tokenizer import Tokenizer, load_tokenizer
 from inference_lab.gateway import control, cors, generation, lifecycle, middleware, routing
+from inference_lab.gateway import sleep as sleep_mode
 from inference_lab.gateway import lora as lora_routes
 from inference_lab.gateway.edge import ARRIVALS, FAST_GETS, FAST_POSTS
 from inference_lab.gateway.engine_client import EngineClient
@@ -136,6 +137,7 @@ def create_app(
         app[FAST_GETS] = {b"/metrics": control.fast_metrics(state)}
     app.router.add_get("/control/capacity", control.get_capacity)
     app.router.add_post("/control/capacity", control.set_capacity)
+    sleep_mode.add_routes(app)
     fault_control.add_routes(app)
     fault_replica.add_routes(app, lambda: state.client)
     cors.add_routes(app)  # last: every route's path answers a preflight

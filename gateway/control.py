@@ -1,8 +1,9 @@
 """The routes beside generation: models, health, readiness, metrics, capacity control.
 
 Knows: /v1/models (on a replica's port, the models that replica serves), /health and
-vLLM's /ping (the engine answers and serves; a replica's port: not stalled), /health/ready
-(a replica past its start-up delay and not draining), /metrics (the engine's exposition,
+vLLM's /ping (the engine answers and serves; a replica's port: not stalled; which
+replicas sleep, in sleep mode), /health/ready (a replica past its start-up delay, not
+draining and not asleep), /metrics (the engine's exposition,
 a replica's from the gateway's copy, then the gateway's own series; `fast_metrics` is the
 same answer for the edge to write on a kept-alive connection, gateway.edge FAST_GETS), and
 /control/capacity (GetCapacity and SetCapacity, the engine checking the ranges).
@@ -40,6 +41,8 @@ def _not_ready(rows: list[pb.ModelCapacity]) -> str | None:
     for row in rows:
         if row.draining:
             return f"replica {row.replica} of {row.model} is draining"
+        if row.sleep_level:
+            return f"replica {row.replica} of {row.model} is sleeping (level {row.sleep_level})"
         if row.starting:
             return f"replica {row.replica} of {row.model} is starting: ready in {row.ready_in_s:.1f} s"
     return None if rows else "no model has this replica"
@@ -78,6 +81,12 @@ async def health(request: web.Request) -> web.Response:
     if not serving:
         raise engine_unavailable("the engine is not serving (shutting down, or stalled)")
     await _require_not_stalled(state)
+    # sleep mode: alive (200, as vLLM's /health), and saying which replicas sleep
+    asleep = [{"model": r.model, "replica": r.replica, "level": r.sleep_level}
+              for r in await state.client.get_capacity(replica=state.replica) if r.sleep_level]
+    if asleep:
+        return web.Response(body=json_encode({"status": "sleeping", "sleeping": asleep}),
+                            content_type="application/json")
     return web.Response(body=b'{"status":"ok"}', content_type="application/json")
 
 

@@ -97,7 +97,7 @@ class EngineClient:
     async def open(
         self, model: str, prompt: Sequence[int] | int, max_tokens: int | None, *, priority: int = 0,
         request_id: str = "", n: int = 1, replica: int | None = None,
-        arrived: float | None = None, held: object = None,
+        arrived: float | None = None, held: object = None, reasoning: float | None = 0.0,
     ) -> RequestStream:
         """Start one request on the Session (on replica `replica` of the model; None =
         the engine's default, replica 0); its first event is `admitted` or `rejected`.
@@ -108,7 +108,8 @@ class EngineClient:
         reached. `prompt` is the prompt's token IDs (or only its length). `arrived`: when
         the request arrived here (time.monotonic()); an engine on this machine books its
         arrival then (inference_lab.common.clock). `held`: its connection's mark in the
-        backlog, cleared once the request is sent (or refused here)."""
+        backlog, cleared once the request is sent (or refused here). `reasoning`: the share
+        of the reply that comes first as reasoning (None: the engine's default)."""
         prompt_tokens = prompt if isinstance(prompt, int) else len(prompt)
         for _ in range(2):
             session = self._connection.live()
@@ -140,6 +141,8 @@ class EngineClient:
                 req.replica = replica
             if arrived is not None:
                 req.arrival_monotonic_s = arrived
+            if reasoning is not None:
+                req.reasoning_share = reasoning
             session.routes[tag] = stream  # no await between the liveness check and this
             if n > 1:
                 req.n = n
@@ -226,6 +229,10 @@ class EngineClient:
         if refresh or not self._models:
             await self._fetch_models()
         return list(self._models.values())
+
+    def known_model(self, name: str) -> pb.ModelInfo | None:
+        """The served model called `name` as last listed, without asking the engine."""
+        return self._models.get(name)
 
     async def resolve_model(self, name: str) -> pb.ModelInfo:
         """The served model called `name`; refreshes the cache once if it is unknown."""
@@ -315,6 +322,16 @@ class EngineClient:
         """Add or drain replicas live (SetReplicas, with the gateway's secrets)."""
         resp = await self._unary(
             "SetReplicas", pb.SetReplicasRequest(model=model or "", replicas=replicas),
+            self._rpc_timeout, metadata=self._control_metadata)
+        return list(resp.models)
+
+    async def sleep(self, model: str | None, replica: int | None, level: int = 0,
+                    wake: bool = False, tags: list[str] | None = None) -> list[pb.ModelCapacity]:
+        """Put replicas to sleep at `level`, or `wake` them (restoring `tags`, all when
+        empty): Sleep, with the control token. Every replica acted on, after."""
+        resp = await self._unary(
+            "Sleep", pb.SleepRequest(model=model or "", replica=replica, level=level, wake=wake,
+                                     tags=tags or ()),
             self._rpc_timeout, metadata=self._control_metadata)
         return list(resp.models)
 

@@ -34,6 +34,7 @@ class ErrorKind(enum.StrEnum):
     MODEL_NOT_FOUND = "model_not_found"
     REPLICA_NOT_FOUND = "replica_not_found"
     REPLICA_UNAVAILABLE = "replica_unavailable"
+    ENGINE_SLEEPING = "engine_sleeping"
     INVALID_REQUEST = "invalid_request"
     INVALID_FAULT_DIRECTIVE = "invalid_fault_directive"
     REQUEST_TIMEOUT = "request_timeout"
@@ -82,6 +83,8 @@ ERRORS: dict[ErrorKind, ErrorSpec] = {
     ErrorKind.REPLICA_NOT_FOUND: ErrorSpec(404, "invalid_request_error", "replica_not_found", None),
     # The replica exists but admits nothing yet or any more (starting, draining, scaled to 0).
     ErrorKind.REPLICA_UNAVAILABLE: ErrorSpec(503, "server_error", "replica_unavailable", None),
+    # Sleep mode: the replica sleeps (POST /sleep) until POST /wake_up.
+    ErrorKind.ENGINE_SLEEPING: ErrorSpec(503, "server_error", "engine_sleeping", None, "api_error"),
     ErrorKind.INVALID_REQUEST: ErrorSpec(
         400, "invalid_request_error", "invalid_request", grpc.StatusCode.INVALID_ARGUMENT
     ),
@@ -235,6 +238,7 @@ _REPLICA_REASONS = {
     "REPLICA_NOT_FOUND": ErrorKind.REPLICA_NOT_FOUND,
     "REPLICA_NOT_READY": ErrorKind.REPLICA_UNAVAILABLE,
     "REPLICA_DRAINING": ErrorKind.REPLICA_UNAVAILABLE,
+    "REPLICA_SLEEPING": ErrorKind.ENGINE_SLEEPING,
     "NO_REPLICA": ErrorKind.REPLICA_UNAVAILABLE,
 }
 

@@ -1,10 +1,11 @@
 """The generation routes' handler, and its 529 as the edge writes it.
 
-Knows: the one handler of every generation route (one per API dialect of
-gateway.protocols.ROUTES): the body read and parsed by the route's dialect (a bad body is
-its 400 before any 529), the request's arrival stamp (gateway.edge), the replica it runs
-on (its port's, or on the base port the one vLLM's X-data-parallel-rank header names),
-which the response names with the model (unless told not to), fault directives
+Knows: the one handler of every generation and pooling route (one per API dialect of
+gateway.protocols.ROUTES): the body read and parsed by the route's dialect and checked
+against the model it names (a bad body, or a model of the wrong kind, is its 400 before
+any 529), the request's arrival stamp (gateway.edge), the replica it runs on (its port's,
+or on the base port the one vLLM's X-data-parallel-rank header names), which the response
+names with the model (unless told not to), fault directives
 (gateway.faults: scripted replies, or a fault inside the real stream), the refusal on the
 engine's word answered without raising (`saturated_response`: the same 529, or the
 app's saturation status, byte for byte), and the engine path of one prompt or several
@@ -62,9 +63,13 @@ def generation_handler(dialect: Dialect, state: GatewayState,
         replica = _replica_for(request, state)
         if state.served_by:  # named on the response, whatever it is (middleware)
             request[SERVED_BY] = (str(replica or 0), gen.model)
+        client = state.client
+        # the model's kind (a pooling model on a generation route, or the reverse: vLLM's
+        # 400) and what else depends on the model, before a 529 too; an unknown model is
+        # its 404 (asked of the engine once, as `generate` would)
+        dialect.check(gen, client.known_model(gen.model) or await client.resolve_model(gen.model))
         fault = _fault_for(request, state, gen)
         pump = None
-        client = state.client
         if fault is not None:
             if fault.after_tokens is None:  # scripted: the engine is not asked
                 client.backlog.clear(request.protocol)
@@ -124,6 +129,7 @@ def fast_refusal(path: str, dialect: Dialect, state: GatewayState,
     render = dialect.error_body
     parse = dialect.parse
     head = _refusal_head(state)
+    check = dialect.check
 
     def where() -> str:
         return f"POST {path}"
@@ -140,6 +146,10 @@ def fast_refusal(path: str, dialect: Dialect, state: GatewayState,
             return None
         try:
             gen = parse(body, state.tokenizer)
+            model = client.known_model(gen.model)
+            if model is None:
+                return None  # (the handler asks the engine for it)
+            check(gen, model)
         except Exception:  # (a 400, or worse: the handler's to answer)
             return None
         message = _refusal(client, gen, state.replica, stamp)

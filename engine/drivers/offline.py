@@ -231,7 +231,7 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
         rec.step(core, result)
         for req in result.finished:
             rec.input_tokens += req.prompt_len
-            rec.output_tokens += req.max_tokens
+            rec.output_tokens += 0 if req.pooling else req.max_tokens  # (an embedding: none)
             ttft = req.first_token - req.arrival
             e2e = req.finish_time - req.arrival
             rec.ttft.append(ttft)

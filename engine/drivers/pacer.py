@@ -354,13 +354,25 @@ class Pacer:
             self._finish(req)  # completed in simulation: deliver them whole
         self._due_finished.clear()
         self._finishing.clear()
-        for req in list(self._live.values()):
+        self.abort_all()
+
+    def abort_all(self) -> int:
+        """End every live request as aborted now (vLLM's abort of in-flight requests: a
+        replica put to sleep); each sink hears its Finished with the tokens delivered by
+        then. Returns how many there were."""
+        live = list(self._live.values())
+        for req in live:
             now = self.sim_now()
             ended = self._delivered(req, now)
             self.core.cancel(req, now, Status.FINISHED_ABORTED)
             self._live.pop(req.id, None)
             self._finish(req, ended)
         self._flush()
+        if live:
+            self.poke()
+            if self._on_change:
+                self._on_change()
+        return len(live)
 
     async def _run(self) -> None:
         core = self.core

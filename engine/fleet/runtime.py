@@ -1,14 +1,15 @@
 """One replica of one served model at run time: its core, the pacer driving it, and the
 admission state it announces.
 
-Knows: the core (engine.sim) and its pacer (engine.drivers.pacer), the queue state as a
+Knows: the core (engine.sim) and its pacer (engine.drivers.pacer), sleep mode (what a
+sleep frees, what a wake costs: engine.fleet.sleep), the queue state as a
 Session announces it (saturated or not, with the span of arrival instants over which the
 queue is provably full) and a version counting its changes, the replica's LoRA adapters,
 and the lifecycle the fleet (`replicas.Fleet`) orders: start, drained, stop.
 
 Does not know gRPC, messages or Prometheus: the service builds each runtime with its
 metrics (engine.service.metrics.ModelMetrics: `on_step`, `on_lag`, `on_finished`,
-`on_cadence`, `on_late`), an optional KV-event publisher (`publish(model, events,
+`on_cadence`, `on_late`, `on_sleep`), an optional KV-event publisher (`publish(model, events,
 block_size)`) and the senders' hold (`oldest`), and turns the state it announces into
 messages.
 """
@@ -19,6 +20,7 @@ import asyncio
 from collections.abc import Callable
 
 from inference_lab.engine.drivers.pacer import Pacer
+from inference_lab.engine.fleet.sleep import TAGS, wake_seconds
 from inference_lab.engine.sim.core import EngineCore
 
 _NOT_SATURATED = (False, 0, 0, "", 0.0, 0.0)
@@ -64,6 +66,9 @@ class ModelRuntime:
         self._stopped = False
         self.adapters: dict[str, object] = {}  # LoRA name -> this core's LoraAdapter
         self.on_stopped: Callable[[], None] | None = None  # its series leave the metrics
+        self.sleep_level = 0  # sleep mode: 0 awake, else the level it sleeps at
+        self.asleep: set[str] = set()  # the memory tags a sleep freed and no wake restored
+        self.wake_s = 0.0  # what its last wake cost (modelled seconds)
         on_step = metrics.on_step if kv_events is None else self._on_step
         self.pacer = Pacer(core, on_step=on_step, on_lag=metrics.on_lag,
                            on_finished=metrics.on_finished, on_change=self.check_queue,
@@ -96,6 +101,39 @@ class ModelRuntime:
                 self.on_queue_change()
         if self._idle is not None and not self.pacer.open_streams():
             self._idle.set()
+
+    # ---- sleep mode (engine.fleet.sleep) -----------------------------------------------------
+    def sleep(self, level: int) -> int:
+        """Put the replica to sleep at `level` (a deeper level than it sleeps at wins): its
+        requests in flight end aborted (vLLM's default), its KV cache and the prefix cache
+        in it are freed, its weights leave the GPU. Returns how many requests it aborted."""
+        aborted = self.pacer.abort_all()
+        if self.core.prefix_cache is not None:
+            self.core.prefix_cache.clear()
+        self.sleep_level = max(self.sleep_level, level)
+        self.asleep = set(TAGS)
+        self.metrics.on_sleep(self.sleep_level)
+        return aborted
+
+    def wake(self, tags: set[str]) -> float:
+        """Restore `tags` of what its sleep freed; once nothing is left asleep it admits
+        again. Restoring the weights takes their modelled load time: no step starts before
+        it has passed, so the first requests' TTFT holds what is left of it. Returns the
+        modelled seconds this wake costs."""
+        tags = tags & self.asleep
+        if not tags:
+            return 0.0
+        cost = wake_seconds(self.core.deployment, tags)
+        if cost:
+            core = self.core
+            core.clock = max(core.clock, self.pacer.sim_now()) + cost
+            self.wake_s = cost
+        self.asleep -= tags
+        if not self.asleep:
+            self.sleep_level = 0
+        self.metrics.on_sleep(self.sleep_level, cost if cost else None)
+        self.pacer.poke()
+        return cost
 
     # ---- lifecycle (engine.fleet.Fleet) --------------------------------------------------
     def start(self) -> None:

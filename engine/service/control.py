@@ -55,7 +55,8 @@ class ControlRpcs:
             rows.append(pb.ModelCapacity(
                 model=core.name, max_waiting=core.max_waiting, max_num_seqs=core.max_num_seqs,
                 waiting=core.num_waiting, running=core.num_running, replica=r.index,
-                starting=r.ready_in(now) > 0, draining=r.draining, ready_in_s=r.ready_in(now)))
+                starting=r.ready_in(now) > 0, draining=r.draining, ready_in_s=r.ready_in(now),
+                sleep_level=r.runtime.sleep_level, wake_s=r.runtime.wake_s))
         return rows
 
     def _select(self, model: str, replica: int | None) -> list:
@@ -183,11 +184,19 @@ class ControlRpcs:
 
     async def ListModels(self, request, context):
         def info(d, name: str, parent: str = "", rank: int = 0) -> pb.ModelInfo:
-            return pb.ModelInfo(name=name, hardware=d.hardware.name, tp=d.tp,
-                                max_model_len=d.scheduler.max_model_len or d.model.max_seq_len,
-                                kv_blocks=total_blocks(d), block_size=d.scheduler.block_size,
-                                parent=parent, lora_rank=rank,
-                                max_request_tokens=self._max_request_tokens(d))
+            model = pb.ModelInfo(name=name, hardware=d.hardware.name, tp=d.tp,
+                                 max_model_len=d.scheduler.max_model_len or d.model.max_seq_len,
+                                 kv_blocks=total_blocks(d), block_size=d.scheduler.block_size,
+                                 parent=parent, lora_rank=rank,
+                                 max_request_tokens=self._max_request_tokens(d))
+            pooling = d.model.pooling
+            if pooling is not None:
+                model.pooling.CopyFrom(pb.PoolingInfo(
+                    task=pooling.task, dimensions=pooling.dimensions, normalize=pooling.normalize,
+                    matryoshka=pooling.matryoshka,
+                    matryoshka_dimensions=pooling.matryoshka_dimensions,
+                    pooling_type=pooling.pooling_type))
+            return model
 
         deployments = self.fleet.deployments
         models = [info(d, d.name) for d in deployments.values()]

@@ -25,7 +25,7 @@ def finished_pb(req: Request) -> pb.Finished:
 
     return pb.Finished(
         reason=FINISH_REASON_PB[req.status], prompt_tokens=req.prompt_len,
-        completion_tokens=req.num_output, queue_time_s=since_arrival(req.first_scheduled),
+        completion_tokens=0 if req.pooling else req.num_output, queue_time_s=since_arrival(req.first_scheduled),
         ttft_s=since_arrival(req.first_token), e2e_s=since_arrival(req.finish_time),
         preemptions=req.preemptions, cached_tokens=req.cached_tokens, index=req.index)
 

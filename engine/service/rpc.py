@@ -5,7 +5,7 @@ Session and the metrics calls. Does not know timing (engine.drivers.pacer) or sc
 (engine.sim.core). Beside it, one module per job: the refusal table
 (engine.service.refusals), core objects as messages (engine.service.messages), a
 Session's batches and their writer (engine.service.session), the control calls
-(engine.service.control, mixed in); each replica's runtime is the fleet's
+(engine.service.control, mixed in), sleep mode (engine.service.sleep, mixed in); each replica's runtime is the fleet's
 (engine.fleet.runtime).
 
 Admission is decided by the pacer in the order of the arrivals' instants (engine.drivers
@@ -26,7 +26,7 @@ import grpc
 from inference_lab.common.clock import same_clock
 from inference_lab.engine.drivers.arrivals import Arrival
 from inference_lab.engine.drivers.pacer import Pacer, Stream
-from inference_lab.engine.fleet.replicas import Fleet
+from inference_lab.engine.fleet.replicas import Fleet, ReplicaUnavailable
 from inference_lab.engine.fleet.runtime import ModelRuntime
 from inference_lab.engine.service.control import ControlRpcs
 from inference_lab.engine.service.holds import Holds
@@ -36,7 +36,9 @@ from inference_lab.engine.service.metrics_feed import Watchers, watch, watch_int
 from inference_lab.engine.service.refusals import (REFUSALS, REFUSED, ShuttingDown,
                                                    UnknownModel, abort, rejected_pb)
 from inference_lab.engine.service.session import SessionSink
+from inference_lab.engine.service.sleep import SleepRpcs
 from inference_lab.engine.sim.core import QueueSaturated, SubmitError
+from inference_lab.engine.sim.reasoning import reasoning_tokens
 from inference_lab.engine.sim.request import Request
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc
@@ -73,7 +75,7 @@ class SubmitSink:
         pass
 
 
-class EngineService(ControlRpcs, engine_pb2_grpc.EngineServicer):
+class EngineService(ControlRpcs, SleepRpcs, engine_pb2_grpc.EngineServicer):
     """The RPCs over a fleet of ModelRuntimes (one per model and replica index): the
     admission funnel, Submit, the Session and metrics here, the control calls mixed in
     (ControlRpcs)."""
@@ -93,6 +95,9 @@ class EngineService(ControlRpcs, engine_pb2_grpc.EngineServicer):
         self.accepting = True
         self.relay_lag = 0.0  # the latest Session reader's lateness told to the pacers
         self.lane = None  # engine.service.lane.SessionLane once listening (None: off)
+        # a reasoning model's replies open with reasoning when the request says nothing
+        # (its preset's share; --reasoning), else only when the request asks for it
+        self.reasoning = False
 
     def fleet_changed(self) -> None:
         """The replica set changed: new replicas report to Sessions too."""
@@ -116,7 +121,12 @@ class EngineService(ControlRpcs, engine_pb2_grpc.EngineServicer):
         name = self._model(model)
         if name is None:
             raise UnknownModel(model, self.fleet.deployments)
-        return self.fleet.lookup(name, replica).runtime  # ReplicaNotFound, ReplicaUnavailable
+        rt = self.fleet.lookup(name, replica).runtime  # ReplicaNotFound, ReplicaUnavailable
+        if rt.sleep_level:
+            raise ReplicaUnavailable(
+                "REPLICA_SLEEPING", f"replica {rt.replica} of {name!r} is sleeping (level "
+                f"{rt.sleep_level}): POST /wake_up first")
+        return rt
 
     def _holds_moved(self) -> None:
         """The senders' hold moved on: the pacers may decide further."""
@@ -165,6 +175,12 @@ class EngineService(ControlRpcs, engine_pb2_grpc.EngineServicer):
             else:
                 if request.stop_at_end:
                     req.eos = True  # ends as "stop" (metrics), not "length"
+                reasoning = rt.core.deployment.model.reasoning
+                if reasoning is not None and not req.pooling:  # a reasoning model's reply
+                    share = (request.reasoning_share if request.HasField("reasoning_share")
+                             else reasoning.share if self.reasoning else 0.0)
+                    if share > 0:
+                        req.reasoning = reasoning_tokens(min(share, 1.0), req.max_tokens)
                 rt.check_queue()
                 if self.metrics is not None:
                     self.metrics.touch()  # its waiting gauge moved (no update point saw it)
@@ -219,7 +235,8 @@ class EngineService(ControlRpcs, engine_pb2_grpc.EngineServicer):
             await abort(context, refused)
         try:
             await context.write(pb.SubmitEvent(
-                admitted=pb.Admitted(engine_request_id=req.id, waiting=rt.core.num_waiting)))
+                admitted=pb.Admitted(engine_request_id=req.id, waiting=rt.core.num_waiting,
+                                     reasoning_tokens=req.reasoning)))
             while True:
                 event, last = await sink.queue.get()
                 await context.write(event)
@@ -293,7 +310,8 @@ class EngineService(ControlRpcs, engine_pb2_grpc.EngineServicer):
             else:
                 sink.open[tag] = (rt, req)
                 sink.events.append(pb.Progress(tag=tag, admitted=pb.Admitted(
-                    engine_request_id=req.id, waiting=rt.core.num_waiting)))
+                    engine_request_id=req.id, waiting=rt.core.num_waiting,
+                    reasoning_tokens=req.reasoning)))
             sink.flush()
 
         try:

@@ -57,7 +57,8 @@ class EngineServer:
                  kv_events: KVEventsConfig | None = None, kv_events_expose_replay: bool = False,
                  lora_modules: list[LoraModule] | None = None, max_loras: int = 0,
                  replicas: int = 1, startup_delay: float | str = 0.0,
-                 lengths: OutputLength | None = None, session_lane: str = "auto") -> None:
+                 lengths: OutputLength | None = None, session_lane: str = "auto",
+                 sleep_mode: bool = False, reasoning: bool = False) -> None:
         self.deployments = deployments
         self.session_lane = session_lane  # "auto": a same-host Session lane; "off": gRPC only
         self.lane: SessionLane | None = None
@@ -67,6 +68,8 @@ class EngineServer:
         self.update_rate = update_rate  # forced cap on mid-stream token updates/s per model
         self.coalesce_when_late = coalesce_when_late  # group tokens when the pacer is late
         self.time_scale = time_scale  # modelled seconds per wall second (engine.drivers.pacer)
+        self.sleep_mode = sleep_mode  # replicas may sleep and wake (vLLM's --enable-sleep-mode)
+        self.reasoning = reasoning  # reasoning models reason unless a request says otherwise
         # Live capacity is saved here after every SetCapacity and restored at start.
         # (one file per engine index, so replicas sharing a directory keep their own)
         name = CAPACITY_STATE_FILE if not engine_index else f"capacity-{engine_index}.json"
@@ -145,6 +148,8 @@ class EngineServer:
         self.fleet.scale("", self.replicas)
         self.service = EngineService(self.fleet, self.metrics, self.holds)
         self.service.kv_events = self.kv_events
+        self.service.sleep_mode = self.sleep_mode
+        self.service.reasoning = self.reasoning
         if self.max_loras:
             self._enable_lora()
         if self.state_path is not None:

@@ -19,6 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from inference_lab.common.toml import REQUIRED, ConfigError, Table, read_toml
+from inference_lab.engine.sim.pooling import KEYS as POOLING_KEYS
+from inference_lab.engine.sim.pooling import parse_pooling
+from inference_lab.engine.sim.reasoning import KEYS as REASONING_KEYS
+from inference_lab.engine.sim.reasoning import parse_reasoning
 from inference_lab.engine.sim.specs import (
     BYTES_PER_VALUE, LAYER_KINDS, PRECISION_ORDER, Calibration, Hardware, History, LayerClass, Model,
     WeightStream,
@@ -131,7 +135,7 @@ _LINK_KEYS = ("bandwidth", "latency", "in_network_reduction")
 _STORE_KEYS = ("name", "per", "kind", "capacity", "bandwidth", "stripe", "aggregate_bandwidth",
                "latency", "pin")
 _MODEL_KEYS = ("name", "hidden_dim", "num_layers", "max_seq_len", "attention_precision",
-               "activation_bytes", "vocab_size", "weights", "layers")
+               "activation_bytes", "vocab_size", "weights", "layers", "pooling", "reasoning")
 _WEIGHT_KEYS = ("precision", "active_params", "resident_params", "routing")
 _ROUTING_KEYS = ("routed_experts", "experts_per_tok", "moe_layers")
 _LAYER_KEYS = {
@@ -346,7 +350,8 @@ def parse_model(table: Any, where: str, path: str = "", name: str | None = None)
     """A Model from a model table: `name` (else the `name` given), `hidden_dim`,
     `num_layers` (default: the sum of layer counts), `max_seq_len`, `attention_precision`,
     `activation_bytes`, `vocab_size` (the LM head's rows, optional), `[[weights]]` streams and `[[layers]]` classes of kind
-    attention, mla or linear."""
+    attention, mla or linear, and for a pooling model its `[pooling]` table (sim.pooling),
+    for a reasoning model its `[reasoning]` table (sim.reasoning)."""
     t = Table(table, where, path, _MODEL_KEYS)
     own_name = t.get("name", str, "a non-empty string", name, ok=bool)
     if own_name is None:
@@ -360,6 +365,10 @@ def parse_model(table: Any, where: str, path: str = "", name: str | None = None)
     streams = tuple(_parse_weights(w) for w in t.tables("weights", _WEIGHT_KEYS))
     layers = [_parse_layer(layer, attention_precision, attention_precision)
               for layer in t.tables("layers")]
+    pooling_table = t.table("pooling", None, POOLING_KEYS)
+    pooling = parse_pooling(pooling_table, hidden) if pooling_table is not None else None
+    reasoning_table = t.table("reasoning", None, REASONING_KEYS)
+    reasoning = parse_reasoning(reasoning_table) if reasoning_table is not None else None
     t.done()
     if all(cls.kind == "linear" for cls in layers):
         raise ConfigError(where, t.key("layers"), "expected at least one attention or mla layer "
@@ -371,7 +380,8 @@ def parse_model(table: Any, where: str, path: str = "", name: str | None = None)
     return Model(name=own_name, num_layers=num_layers or total, hidden_size=hidden,
                  max_seq_len=max_seq_len, weight_streams=streams, layer_classes=tuple(layers),
                  attention_precision=attention_precision, kv_precision=kv_precision,
-                 activation_bytes=activation_bytes, vocab_size=vocab_size)
+                 activation_bytes=activation_bytes, vocab_size=vocab_size, pooling=pooling,
+                 reasoning=reasoning)
 
 
 # ---- derived facts -------------------------------------------------------------------

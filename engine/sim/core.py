@@ -237,11 +237,12 @@ class EngineCore:
                 "and chunked prefill is off")
 
     def check(self, prompt_len: int, max_tokens: int, n: int = 1) -> None:
-        """Refuse a request that could never run, with the reason."""
+        """Refuse a request that could never run, with the reason (max_tokens 0: a
+        pooling request, which needs room for its prompt alone)."""
         if prompt_len < 1:
             raise SubmitError("prompt must have at least 1 token")
-        if max_tokens < 1:
-            raise SubmitError("max_tokens must be at least 1")
+        if max_tokens < 0:
+            raise SubmitError("max_tokens must be at least 1 (0: a pooling request)")
         if n < 1:
             raise SubmitError("n must be at least 1")
         if n > self.max_num_seqs:
@@ -264,7 +265,8 @@ class EngineCore:
                lora: LoraAdapter | None = None) -> Request:
         """Check and queue in one synchronous step: raises QueueSaturated when
         max_waiting (> 0) requests already wait, SubmitError when it can never run.
-        `max_tokens` None (or, with a workload, any value) is settled by `lengths`.
+        `max_tokens` None (or, with a workload, any value) is settled by `lengths`;
+        0 is a pooling request (vLLM's embeddings and scores): its prefill, nothing kept.
         `token_ids` (packed little-endian uint32, prompt_len of them) lets the request
         use the prefix cache; prompt_len may then be 0 (taken from them). With n > 1 it
         still waits as one request; its siblings appear in the StepResult.spawned of the
@@ -279,17 +281,26 @@ class EngineCore:
                                   f"{count} prompt_token_ids")
             prompt_len = count
         requested = max_tokens
-        max_tokens = self.lengths.choose(max_tokens, prompt_len, self.max_request_tokens)
+        pooling = max_tokens == 0
+        if pooling:  # (an embedding or a score: no length to choose)
+            if n != 1:
+                raise SubmitError("a pooling request (max_tokens 0) samples nothing: n must be 1")
+        else:
+            max_tokens = self.lengths.choose(max_tokens, prompt_len, self.max_request_tokens)
         self.check(prompt_len, max_tokens, n)
         full = self.saturation()
         if full is not None:
             raise full
         if now > self.clock and not self.scheduler.has_work():
             self.clock = now  # idle: the next step starts at this arrival
-        req = Request(next(self._ids), prompt_len, max_tokens, now, priority, tag=tag, n=n,
+        req = Request(next(self._ids), prompt_len, max_tokens or 1, now, priority, tag=tag, n=n,
                       ready=now + self.cost.request_overhead, lora=lora,
                       # a chosen length (no cap, or a draw below it) stands for an EOS
-                      eos=requested is None or max_tokens < requested)
+                      eos=requested is None or max_tokens < requested or pooling,
+                      # vLLM runs a pooling request as one of max_tokens 1 whose prefill's
+                      # output is pooled: it finishes with the step that completes its
+                      # prompt, and the token that step samples is not kept
+                      pooling=pooling)
         if token_ids and self.prefix_cache is not None and prompt_len >= self.block_size:
             req.block_hashes = block_hashes(token_ids, self.block_size,
                                             lora.name.encode() if lora is not None else b"")

@@ -70,6 +70,8 @@ class Request:
     shared_blocks: int = 0  # the family's prompt blocks this sequence uses (not in `blocks`)
     pending_siblings: int = 0  # admitted, not spawned yet: running places held for them
     reserved_blocks: int = 0  # ... and the blocks held for their copies of the last block
+    pooling: bool = False  # a pooling request (embeddings, scores): its prefill, no token kept
+    reasoning: int = 0  # of each sequence's max_tokens, the first this many are reasoning
 
     def __post_init__(self) -> None:
         if self.ready < self.arrival:

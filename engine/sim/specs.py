@@ -138,6 +138,39 @@ class LayerClass:
     state_bytes: float = 0.0
 
 
+POOLING_TASKS = ("embed", "score")  # vLLM's tasks of a pooling runner that the lab serves
+
+
+@dataclass(frozen=True, slots=True)
+class Pooling:
+    """What a pooling model (vLLM's `--runner pooling`) returns instead of tokens.
+
+    embed: one vector of `dimensions` values per input (`normalize`: unit length);
+      `matryoshka` allows fewer dimensions on request (`matryoshka_dimensions`: only
+      those; empty = any from 1 up). score: a cross-encoder, one score per (query,
+      document) pair, in [0, 1] after its sigmoid. `pooling_type` (CLS, LAST, MEAN) and
+      `bidirectional` (an encoder) describe the model; the cost of a request is its
+      prefill whatever they are (engine.sim.core: a pooling request generates nothing)."""
+
+    task: str = "embed"
+    dimensions: int = 0  # embed: the vector's length (the hidden size, unless projected)
+    normalize: bool = True
+    matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] = ()
+    pooling_type: str = "LAST"
+    bidirectional: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """A reasoning model (vLLM's `--reasoning-parser`): each reply's first tokens are its
+    reasoning, `share` of them unless the request says otherwise; `parser` names vLLM's
+    parser of the model (openai_gptoss, deepseek_r1, ...), for display."""
+
+    parser: str
+    share: float = 0.5
+
+
 @dataclass(frozen=True, slots=True)
 class Model:
     name: str
@@ -150,6 +183,8 @@ class Model:
     kv_precision: str = "bf16"  # of the first cache-holding layer (for display)
     activation_bytes: int = 2  # bytes per activation element on the wire
     vocab_size: int = 0  # the LM head's rows (0 = unknown); it is in the last dense stream
+    pooling: Pooling | None = None  # a pooling model (embeddings, scores); None = generative
+    reasoning: Reasoning | None = None  # a reasoning model; None = no reasoning output
 
     @property
     def moe_layers(self) -> int:

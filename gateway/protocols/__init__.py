@@ -10,14 +10,17 @@
 - `count_tokens`: Anthropic's `POST /v1/messages/count_tokens`, with `anthropic`'s prompt.
 - `generate`: the shared engine path: admission (529 before any byte), streaming paced by
   the engine's progress, cancellation when the client leaves.
+- `pooling`: vLLM's pooling routes (embeddings, pooling, score, rerank), each a batch of
+  pooling requests on the same path (`batch`).
 
-`ROUTES` maps each generation route to its dialect; `gateway.app` registers them and
-renders errors on a route in that route's envelope.
+`ROUTES` maps each generation and pooling route to its dialect; `gateway.app` registers
+them and renders errors on a route in that route's envelope.
 """
 
 from inference_lab.gateway.protocols.anthropic import MESSAGES
 from inference_lab.gateway.protocols.base import Dialect
 from inference_lab.gateway.protocols.openai import CHAT, COMPLETIONS
+from inference_lab.gateway.protocols.pooling import POOLING_ROUTES
 from inference_lab.gateway.protocols.responses import RESPONSES
 
 ROUTES: dict[str, Dialect] = {
@@ -25,6 +28,7 @@ ROUTES: dict[str, Dialect] = {
     "/v1/completions": COMPLETIONS,
     "/v1/messages": MESSAGES,
     "/v1/responses": RESPONSES,
+    **POOLING_ROUTES,
 }
 
 __all__ = ["ROUTES", "Dialect"]

@@ -34,6 +34,7 @@ from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
     content_text, conversation_ids, json_encode, random_id, raw_text, with_tools, Fraction,
 )
+from inference_lab.gateway.protocols.reasoning import Split, thinking_share
 from inference_lab.gateway.toolcalls import ForcedCall, messages_forced
 
 
@@ -81,6 +82,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     top_k: Annotated[int, msgspec.Meta(ge=0)] | None = None
     stop_sequences: list[str] | None = None
     thread: Any = None  # server-held conversation state: not held here (Messages.parse)
+    thinking: dict[str, Any] | None = None  # {"type": "enabled", "budget_tokens": N}
 
 
 _decoder = msgspec.json.Decoder(MessagesRequest)
@@ -97,16 +99,42 @@ def messages_prompt(tokenizer: Tokenizer, req: MessagesRequest) -> Sequence[int]
 class AnthropicMessage(Reply):
     """One request's response: a `message` object, or its event stream."""
 
-    __slots__ = ("id", "model", "prompt_tokens", "max_tokens", "_token")
+    __slots__ = ("id", "model", "prompt_tokens", "max_tokens", "_token", "split", "_thought",
+                 "_answering")
 
     def __init__(self, model: str, prompt_tokens: int, max_tokens: int) -> None:
         self.id = "msg_" + random_id()
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
-        self._token = event_frame("content_block_delta", {
-            "type": "content_block_delta", "index": 0,
+        self._token = self._delta(0)
+        # thinking enabled on a reasoning model: a thinking block first (index 0, streamed
+        # in thinking_delta events, closed by its signature), then the text block (index 1)
+        self.split: Split | None = None
+        self._thought = b""
+        self._answering = True  # the text block is open (thinking over, or none)
+
+    @staticmethod
+    def _delta(index: int) -> bytes:
+        return event_frame("content_block_delta", {
+            "type": "content_block_delta", "index": index,
             "delta": {"type": "text_delta", "text": PLACEHOLDER_TOKEN}})
+
+    def reasoned(self, tokens: int) -> None:
+        self.split = Split(tokens)
+        self._answering = False
+        self._token = self._delta(1)
+        self._thought = event_frame("content_block_delta", {
+            "type": "content_block_delta", "index": 0,
+            "delta": {"type": "thinking_delta", "thinking": PLACEHOLDER_TOKEN}})
+
+    def _signature(self) -> str:
+        """The thinking block's signature: opaque, as Anthropic's (a client sends it back)."""
+        return "sig_" + self.id
+
+    def _thinking(self, tokens: int) -> dict:
+        return {"type": "thinking", "thinking": PLACEHOLDER_TOKEN * tokens,
+                "signature": self._signature()}
 
     def _message(self, text: str, stop_reason: str | None, output_tokens: int) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
@@ -119,15 +147,38 @@ class AnthropicMessage(Reply):
 
     def opening(self) -> bytes:
         # Goes out with the first token, which is counted in it.
-        return (event_frame("message_start", {"type": "message_start",
+        start = event_frame("message_start", {"type": "message_start",
                                               "message": self._message("", None, 1)})
-                + event_frame("content_block_start", {
-                    "type": "content_block_start", "index": 0,
-                    "content_block": {"type": "text", "text": ""}})
+        if self.split is not None:
+            return (start + event_frame("content_block_start", {
+                "type": "content_block_start", "index": 0,
+                "content_block": {"type": "thinking", "thinking": "", "signature": ""}})
                 + event_frame("ping", {"type": "ping"}))
+        return (start + self._text_start(0) + event_frame("ping", {"type": "ping"}))
+
+    @staticmethod
+    def _text_start(index: int) -> bytes:
+        return event_frame("content_block_start", {
+            "type": "content_block_start", "index": index,
+            "content_block": {"type": "text", "text": ""}})
+
+    def _thought_done(self) -> bytes:
+        """The thinking block's end: its signature, then its stop; the text block opens."""
+        self._answering = True
+        return (event_frame("content_block_delta", {
+            "type": "content_block_delta", "index": 0,
+            "delta": {"type": "signature_delta", "signature": self._signature()}})
+                + event_frame("content_block_stop", {"type": "content_block_stop", "index": 0})
+                + self._text_start(1))
 
     def tokens(self, index: int, k: int) -> bytes:
-        return self._token * k
+        if self.split is None:
+            return self._token * k
+        thinking, k = self.split.take(0, k)
+        out = self._thought * thinking
+        if k and not self._answering:
+            out += self._thought_done()
+        return out + self._token * k
 
     def closing(self, outcome: Outcome) -> bytes:
         count = outcome.completion_tokens
@@ -136,13 +187,18 @@ class AnthropicMessage(Reply):
                  "usage": {"input_tokens": outcome.prompt_tokens, "output_tokens": count}}
         if outcome.modelled:
             delta["inference_lab"] = outcome.modelled
-        return (event_frame("content_block_stop", {"type": "content_block_stop", "index": 0})
+        head = b"" if self._answering else self._thought_done()  # (thought till the cap)
+        last = 0 if self.split is None else 1
+        return (head + event_frame("content_block_stop", {"type": "content_block_stop", "index": last})
                 + event_frame("message_delta", delta)
                 + event_frame("message_stop", {"type": "message_stop"}))
 
     def body(self, outcome: Outcome) -> bytes:
         count = outcome.completion_tokens
-        message = self._message(PLACEHOLDER_TOKEN * count, self._stop_reason(count), count)
+        thinking = 0 if self.split is None else self.split.of(count)
+        message = self._message(PLACEHOLDER_TOKEN * (count - thinking), self._stop_reason(count), count)
+        if self.split is not None:
+            message["content"].insert(0, self._thinking(thinking))
         message["usage"]["input_tokens"] = outcome.prompt_tokens
         if outcome.modelled:
             message["inference_lab"] = outcome.modelled
@@ -225,6 +281,7 @@ def no_threads() -> GatewayError:
 
 class Messages(Dialect):
     name = "anthropic.messages"
+    api = "Messages"
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode(_decoder, body)
@@ -232,11 +289,13 @@ class Messages(Dialect):
             raise no_threads()
         prompt = messages_prompt(tokenizer, req)
         call = messages_forced(req.tools, req.tool_choice, 0, PLACEHOLDER_TOKEN)
+        share = thinking_share(req.thinking, req.max_tokens)
         if call is not None:
             reply = partial(ToolUseMessage, req.model, len(prompt), req.max_tokens, call)
+            share = 0.0  # (a forced call's reply is the call alone)
         else:
             reply = partial(AnthropicMessage, req.model, len(prompt), req.max_tokens)
-        return Generation(req.model, prompt, req.max_tokens, req.stream, reply)
+        return Generation(req.model, prompt, req.max_tokens, req.stream, reply, reasoning=share)
 
     def error_body(self, err: GatewayError) -> bytes:
         return anthropic_envelope(err)

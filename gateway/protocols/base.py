@@ -206,6 +206,11 @@ class Reply(ABC):
     @abstractmethod
     def error_frame(self, err: GatewayError) -> bytes: ...
 
+    def reasoned(self, tokens: int) -> None:
+        """The engine's word on admission: each sequence's first `tokens` tokens are
+        reasoning (gateway.protocols.reasoning). A reply that shows reasoning keeps it
+        (before its opening); the others never get a reasoning share and ignore it."""
+
 
 class _MadeOnFirstUse:
     """`reply`: made by `make_reply` on first use (a request refused with a 529 needs none:
@@ -235,6 +240,9 @@ class Generation(_MadeOnFirstUse):
     n: int = 1  # sequences to sample (parallel sampling)
     priority: int = 0  # vLLM extension: lower runs first under policy "priority"
     _reply: Reply | None = field(default=None, repr=False)
+    # the share of the reply that is reasoning (SubmitRequest.reasoning_share): 0 none,
+    # None the engine's default (a reasoning model's, with --reasoning)
+    reasoning: float | None = 0.0
 
     @property
     def prompt_tokens(self) -> int:
@@ -275,15 +283,28 @@ class Batch(_MadeOnFirstUse):
     n: int = 1
     priority: int = 0
     _reply: BatchReply | None = field(default=None, repr=False)
+    # the field its prompts come from, for the engine's refusal of one of them (`{}`: the
+    # prompt's index)
+    where: str = "$.prompt[{}]"
+    job: object = None  # the dialect's parsed request, for its `check` (pooling routes)
 
 
 class Dialect(ABC):
-    """One client-facing API: parses its request bodies, renders its error bodies."""
+    """One client-facing API: parses its request bodies, renders its error bodies, and
+    checks a parsed request against the model it names (`check`, once the model is known:
+    a generation route refuses a pooling model as vLLM does)."""
 
     name: str
+    api = "Generation"  # as vLLM names the API in "The model does not support ... API"
 
     @abstractmethod
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation | Batch: ...
+
+    def check(self, gen: Generation | Batch, model) -> None:
+        """Raise the 400 vLLM gives when `model` (the engine's ModelInfo) cannot serve
+        `gen`: here, a pooling model on a generation route."""
+        if model.HasField("pooling"):
+            raise invalid(f"The model does not support {self.api} API")
 
     def error_body(self, err: GatewayError) -> bytes:
         return envelope(err)

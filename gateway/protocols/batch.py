@@ -59,7 +59,7 @@ async def generate_batch(request: web.Request, batch: Batch, client: EngineClien
                                        held=request.protocol if p == last else None)
             streams.append(stream)
             inflight[stream] = request
-        events = await _admit(streams, client)
+        events = await _admit(streams, client, batch.where)
         if batch.stream:
             return await sse_response(
                 request, lambda resp: _pump(streams, reply, resp, events, batch), reply.error_frame)
@@ -71,7 +71,8 @@ async def generate_batch(request: web.Request, batch: Batch, client: EngineClien
                 client.cancel(stream)
 
 
-async def _admit(streams: list[RequestStream], client: EngineClient) -> list[list[pb.Progress]]:
+async def _admit(streams: list[RequestStream], client: EngineClient,
+                 where: str = "$.prompt[{}]") -> list[list[pb.Progress]]:
     """Each prompt's events so far, once the engine admitted every one; the first refusal
     (in prompt order) is raised: the caller's `finally` cancels the admitted ones."""
     admitted = []
@@ -82,7 +83,7 @@ async def _admit(streams: list[RequestStream], client: EngineClient) -> list[lis
             if err.kind is ErrorKind.MODEL_NOT_FOUND:
                 await refresh_models(client)
             if err.kind is ErrorKind.INVALID_REQUEST:  # name the prompt it is about
-                err = GatewayError(err.kind, f"{err.message} - at `$.prompt[{p}]`", err.headers)
+                err = GatewayError(err.kind, f"{err.message} - at `{where.format(p)}`", err.headers)
             raise err
         admitted.append(events)
     return admitted

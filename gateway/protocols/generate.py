@@ -56,7 +56,7 @@ async def generate(request: web.Request, gen: Generation, client: EngineClient,
     reply = gen.reply
     stream = await client.open(gen.model, gen.prompt, gen.max_tokens, priority=gen.priority,
                                request_id=reply.id, n=gen.n, replica=replica, arrived=arrived,
-                               held=request.protocol)
+                               held=request.protocol, reasoning=gen.reasoning)
     inflight[stream] = request
     try:
         events = await stream.next_events()  # Admitted or Rejected comes first
@@ -65,6 +65,8 @@ async def generate(request: web.Request, gen: Generation, client: EngineClient,
             if err.kind is ErrorKind.MODEL_NOT_FOUND:
                 await refresh_models(client)
             raise err
+        if events[0].admitted.reasoning_tokens:
+            reply.reasoned(events[0].admitted.reasoning_tokens)
         if gen.stream:
             if pump is None:
                 pump = _pump if gen.n == 1 else _pump_sequences

@@ -40,6 +40,7 @@ from inference_lab.gateway.protocols.base import (
     _U31, PLACEHOLDER_TOKEN, Dialect, Generation, Outcome, Reply, decode, event_frame,
     content_text, conversation_ids, invalid, json_encode, random_id, with_tools, Fraction, NonNegative,
 )
+from inference_lab.gateway.protocols.reasoning import Split, effort_share
 from inference_lab.gateway.toolcalls import ForcedCall, responses_forced
 
 
@@ -79,6 +80,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     user: str | None = None
     tools: Any = None  # counted in the prompt, as chat templates render them
     tool_choice: str | dict[str, Any] | None = None  # "required" or a named one: a function_call
+    reasoning: dict[str, Any] | None = None  # {"effort": ...}: a reasoning model's share
 
 
 _decoder = msgspec.json.Decoder(ResponsesRequest)
@@ -184,10 +186,10 @@ def _item_message(item: InputItem, i: int) -> tuple[str, str]:
     return item.role or kind, content_text(item.content)
 
 
-def _usage(outcome: Outcome) -> dict:
+def _usage(outcome: Outcome, reasoning: int = 0) -> dict:
     prompt, output = outcome.prompt_tokens, outcome.completion_tokens
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": outcome.cached_tokens},
-            "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": output, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt + output}
 
 
@@ -196,7 +198,7 @@ class Response(Reply):
 
     __slots__ = ("id", "item_id", "created_at", "model", "instructions", "max_output_tokens",
                  "_seq", "_delta_head", "previous_response_id", "conversation", "tools",
-                 "tool_choice")
+                 "tool_choice", "split", "reasoning_id", "_thought_head", "_answering")
 
     def __init__(self, model: str, instructions: str | None, max_output_tokens: int | None,
                  previous_response_id: str | None = None,
@@ -221,6 +223,37 @@ class Response(Reply):
         head = event_frame(delta["type"], delta)
         # Everything up to the sequence number; each delta is head + number + "}\n\n".
         self._delta_head = head[:head.rindex(b"0}")]
+        # a reasoning model's reply: a reasoning item first (output 0, its text streamed
+        # in response.reasoning_text.delta events), then the message (output 1)
+        self.split: Split | None = None
+        self.reasoning_id = ""
+        self._thought_head = b""
+        self._answering = True  # the message item is open (reasoning over, or none)
+
+    def reasoned(self, tokens: int) -> None:
+        self.split = Split(tokens)
+        self.reasoning_id = "rs_" + random_id()
+        self._answering = False
+        self._delta_head = self._head("response.output_text.delta", self.item_id, 1)
+        self._thought_head = self._head("response.reasoning_text.delta", self.reasoning_id, 0)
+
+    @staticmethod
+    def _head(name: str, item_id: str, output_index: int) -> bytes:
+        delta = {"type": name, "item_id": item_id, "output_index": output_index,
+                 "content_index": 0, "delta": PLACEHOLDER_TOKEN, "logprobs": [],
+                 "sequence_number": 0}
+        head = event_frame(name, delta)
+        return head[:head.rindex(b"0}")]
+
+    @property
+    def _index(self) -> int:
+        """The message item's output index (after the reasoning item, when there is one)."""
+        return 0 if self.split is None else 1
+
+    def _thinking(self, tokens: int, status: str) -> dict:
+        return {"type": "reasoning", "id": self.reasoning_id, "summary": [],
+                "content": [{"type": "reasoning_text", "text": PLACEHOLDER_TOKEN * tokens}],
+                "encrypted_content": None, "status": status}
 
     # ---- the object ------------------------------------------------------------------
     def _status(self, count: int) -> str:
@@ -249,8 +282,11 @@ class Response(Reply):
     def _finished(self, outcome: Outcome) -> tuple[str, str, dict]:
         count = outcome.completion_tokens
         status = self._status(count)
-        text = PLACEHOLDER_TOKEN * count
+        text = PLACEHOLDER_TOKEN * (count - self._reasoning(outcome))
         return status, text, self._item(text, status)
+
+    def _reasoning(self, outcome: Outcome) -> int:
+        return 0 if self.split is None else self.split.of(outcome.completion_tokens)
 
     def _keep(self, response: dict, text: str) -> None:
         """Store the finished response (unless the request said store: false)."""
@@ -263,37 +299,79 @@ class Response(Reply):
         return event_frame(name, {"type": name, **fields, "sequence_number": seq})
 
     def opening(self) -> bytes:
-        return (self._event("response.created", {"response": self._response("in_progress", [])})
-                + self._event("response.in_progress",
-                              {"response": self._response("in_progress", [])})
-                + self._event("response.output_item.added",
-                              {"output_index": 0, "item": self._item(None, "in_progress")})
+        out = (self._event("response.created", {"response": self._response("in_progress", [])})
+               + self._event("response.in_progress",
+                             {"response": self._response("in_progress", [])}))
+        if self.split is not None:
+            thought = self._thinking(0, "in_progress")
+            thought["content"] = []
+            return (out + self._event("response.output_item.added",
+                                      {"output_index": 0, "item": thought})
+                    + self._event("response.content_part.added", {
+                        "item_id": self.reasoning_id, "output_index": 0, "content_index": 0,
+                        "part": {"type": "reasoning_text", "text": ""}}))
+        return out + self._answer()
+
+    def _answer(self) -> bytes:
+        """The message item's opening events."""
+        self._answering = True
+        index = self._index
+        return (self._event("response.output_item.added",
+                            {"output_index": index, "item": self._item(None, "in_progress")})
                 + self._event("response.content_part.added",
-                              {"item_id": self.item_id, "output_index": 0, "content_index": 0,
+                              {"item_id": self.item_id, "output_index": index, "content_index": 0,
                                "part": self._part("")}))
 
-    def tokens(self, index: int, k: int) -> bytes:
+    def _thought_done(self) -> bytes:
+        """The reasoning item's closing events (all of it was streamed by now)."""
+        tokens = self.split.reasoning
+        text = PLACEHOLDER_TOKEN * tokens
+        where = {"item_id": self.reasoning_id, "output_index": 0, "content_index": 0}
+        return (self._event("response.reasoning_text.done", {**where, "text": text})
+                + self._event("response.content_part.done",
+                              {**where, "part": {"type": "reasoning_text", "text": text}})
+                + self._event("response.output_item.done",
+                              {"output_index": 0, "item": self._thinking(tokens, "completed")}))
+
+    def _deltas(self, head: bytes, k: int) -> bytes:
         seq = self._seq
         self._seq = seq + k
-        head = self._delta_head
         return b"".join(b"%s%d}\n\n" % (head, s) for s in range(seq, seq + k))
+
+    def tokens(self, index: int, k: int) -> bytes:
+        if self.split is None:
+            return self._deltas(self._delta_head, k)
+        thinking, k = self.split.take(0, k)
+        out = self._deltas(self._thought_head, thinking) if thinking else b""
+        if k and not self._answering:
+            out += self._thought_done() + self._answer()
+        return out + self._deltas(self._delta_head, k) if k else out
 
     def _done(self, outcome: Outcome) -> tuple[str, str, dict, dict]:
         """The finished response (stored unless store: false): its status, text, output
         item and `response` object."""
         status, text, item = self._finished(outcome)
-        response = self._response(status, [item], _usage(outcome))
+        reasoning = self._reasoning(outcome)
+        output = [item] if self.split is None else [
+            self._thinking(reasoning, "completed"), item]
+        response = self._response(status, output, _usage(outcome, reasoning))
         if outcome.modelled:
             response["inference_lab"] = outcome.modelled
         self._keep(response, text)
         return status, text, item, response
 
     def closing(self, outcome: Outcome) -> bytes:
+        head = b""
+        if not self._answering:  # every token was reasoning: close it, open an empty message
+            self.split.reasoning = self.split.of(outcome.completion_tokens)
+            head = self._thought_done() + self._answer()
         status, text, item, response = self._done(outcome)
-        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
-        return (self._event("response.output_text.done", {**where, "text": text, "logprobs": []})
+        index = self._index
+        where = {"item_id": self.item_id, "output_index": index, "content_index": 0}
+        return (head + self._event("response.output_text.done",
+                                   {**where, "text": text, "logprobs": []})
                 + self._event("response.content_part.done", {**where, "part": self._part(text)})
-                + self._event("response.output_item.done", {"output_index": 0, "item": item})
+                + self._event("response.output_item.done", {"output_index": index, "item": item})
                 + self._event(f"response.{status}", {"response": response}))
 
     def body(self, outcome: Outcome) -> bytes:
@@ -379,21 +457,26 @@ class FunctionCallResponse(Response):
 
 class Responses(Dialect):
     name = "openai.responses"
+    api = "Responses"
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode(_decoder, body)
         conversation = input_conversation(req)
         call = responses_forced(req.tools, req.tool_choice, 0, PLACEHOLDER_TOKEN)
         kept = conversation if req.store is not False else None
+        effort = (req.reasoning or {}).get("effort")
+        share = effort_share(effort if isinstance(effort, str) or effort is None else repr(effort),
+                             "$.reasoning.effort")
         if call is not None:
             reply = partial(FunctionCallResponse, req.model, req.instructions,
                             req.max_output_tokens, req.previous_response_id, kept, req.tools,
                             req.tool_choice, call)
+            share = 0.0  # (a forced call's reply is the call alone)
         else:
             reply = partial(Response, req.model, req.instructions, req.max_output_tokens,
                             req.previous_response_id, kept, req.tools, req.tool_choice)
         return Generation(req.model, input_prompt(tokenizer, req, conversation),
-                          req.max_output_tokens, bool(req.stream), reply)
+                          req.max_output_tokens, bool(req.stream), reply, reasoning=share)
 
 
 RESPONSES = Responses()

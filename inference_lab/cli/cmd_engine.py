@@ -201,6 +201,16 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=seconds, default=10.0,
                    help="seconds in-flight requests get to finish on SIGTERM or shutdown "
                         "(default 10)")
+    p.add_argument("--enable-sleep-mode", action="store_true",
+                   help="vLLM's sleep mode: POST /sleep?level=1|2 and /wake_up put replicas to "
+                        "sleep (requests refused, KV and weights freed) and wake them (the "
+                        "weights' modelled reload delays the first steps); GET /is_sleeping")
+    p.add_argument("--reasoning", action="store_true",
+                   help="reasoning models (a preset with [reasoning]: gpt-oss, DeepSeek-R1) open "
+                        "each reply with reasoning, their preset's share of it, as vLLM's "
+                        "reasoning parsers separate it (reasoning_content, reasoning items, "
+                        "thinking blocks); without it only a request that asks (reasoning_effort, "
+                        "reasoning.effort, thinking) gets reasoning")
 
 
 def load_deployments(args: argparse.Namespace):
@@ -291,7 +301,8 @@ def run(args: argparse.Namespace) -> int:
                           max_loras=(args.max_loras or 1) if (args.enable_lora or args.lora_modules
                                                               or args.max_loras) else 0,
                           replicas=args.replicas, startup_delay=args.startup_delay,
-                          lengths=lengths, session_lane=args.session_lane)
+                          lengths=lengths, session_lane=args.session_lane,
+                          sleep_mode=args.enable_sleep_mode, reasoning=args.reasoning)
     if token:
         log.info("the control calls require the control token")
     if key or token:

@@ -69,6 +69,10 @@ class EngineProcess:
                      "--time-scale", repr(args.time_scale)]
         if not args.coalesce_when_late:
             self.argv.append("--no-coalesce-when-late")
+        if args.enable_sleep_mode:
+            self.argv.append("--enable-sleep-mode")
+        if args.reasoning:
+            self.argv.append("--reasoning")
         if args.session_lane == "off":  # (the gateway's flag: no lane on either side)
             self.argv += ["--session-lane", "off"]
         if args.config is not None:

@@ -26,6 +26,9 @@ Knows: the `[workload]` table (or the same keys at the top level of the file):
     lora_adapters = { sql = 0.3, chat = 0.2 }  # a fraction of requests per adapter
     max_loras = 1                # the simulated engine's --max-loras (default 1)
     lora_rank = 16               # the adapters' rank (default 16)
+    pooling = true               # an embedding workload: every request is a pooling
+                                 # request (its prefill, nothing generated); no
+                                 # output_len_dist (default false)
 
 With shared_prefix_len or num_turns, prompts are token IDs built by
 inference_lab.common.conversations (a prompt = prefix + history + a new message of
@@ -74,7 +77,7 @@ _KEYS = ("arrival_pattern", "arrival_rate", "rate_schedule", "num_concurrent_use
          "closed_loop_jitter_secs", "batch_size", "batch_interval", "num_requests",
          "duration_secs", "dataset_path", "seed", "input_len_dist", "output_len_dist",
          "shared_prefix_len", "num_shared_prefixes", "num_turns", "lora_adapters",
-         "max_loras", "lora_rank", *_SESSION_KEYS)
+         "max_loras", "lora_rank", "pooling", *_SESSION_KEYS)
 # The other sections of an inference-lab all-in-one file, ignored beside a [workload] table.
 _OTHER_SECTIONS = ("hardware", "model", "scheduler", "simulation")
 
@@ -159,6 +162,7 @@ class WorkloadSpec:
     lora_adapters: tuple[tuple[str, float], ...] = ()  # (adapter, fraction of requests)
     max_loras: int = 1
     lora_rank: int = 16
+    pooling: bool = False  # every request a pooling request: output length 0
 
     @property
     def structured(self) -> bool:
@@ -264,6 +268,10 @@ def parse_workload(doc: dict, where: str) -> WorkloadSpec:
     if not bounded and "num_requests" not in t.data:
         raise ConfigError(where, t.key("num_requests"), "missing; expected an integer >= 1 "
                           "(or duration_secs or dataset_path to end the run)")
+    pooling = t.get("pooling", bool, "true or false", False)
+    if pooling and "output_len_dist" in t.data:
+        raise ConfigError(where, t.key("output_len_dist"), "a pooling workload generates "
+                          "nothing: leave output_len_dist out")
     spec = WorkloadSpec(
         arrival_pattern=pattern,
         arrival_rate=rate,
@@ -279,7 +287,8 @@ def parse_workload(doc: dict, where: str) -> WorkloadSpec:
         num_requests=t.get("num_requests", int, "an integer >= 1", None, ok=lambda v: v >= 1),
         seed=t.get("seed", int, "an integer >= 0", 0, ok=lambda v: v >= 0),
         input_len_dist=_parse_dist(t.table("input_len_dist", keys=_DIST_KEYS)),
-        output_len_dist=_parse_dist(t.table("output_len_dist", keys=_DIST_KEYS)),
+        output_len_dist=(LengthDist("fixed", value=1) if pooling else
+                         _parse_dist(t.table("output_len_dist", keys=_DIST_KEYS))),
         shared_prefix_len=t.get("shared_prefix_len", int, "an integer >= 0 (tokens)", 0,
                                 ok=lambda v: v >= 0),
         num_shared_prefixes=t.get("num_shared_prefixes", int, "an integer >= 1", 1,
@@ -288,8 +297,12 @@ def parse_workload(doc: dict, where: str) -> WorkloadSpec:
         lora_adapters=_parse_adapters(t),
         max_loras=t.get("max_loras", int, "an integer >= 1", 1, ok=lambda v: v >= 1),
         lora_rank=t.get("lora_rank", int, "an integer >= 1", 16, ok=lambda v: v >= 1),
+        pooling=pooling,
     )
     t.done()
+    if pooling and spec.num_turns > 1:
+        raise ConfigError(where, t.key("num_turns"), "a pooling workload has no replies to "
+                          "carry into a next turn: expected 1")
     return spec
 
 
@@ -327,12 +340,13 @@ def draw_request(spec: WorkloadSpec, rng: random.Random,
     `Dataset(spec.dataset_path).prompts()`) its next prompt and an output length capped
     by the entry's max_tokens; None once the dataset has ended."""
     if dataset is None:
-        return spec.input_len_dist.sample(rng), spec.output_len_dist.sample(rng), b""
+        prompt = spec.input_len_dist.sample(rng)
+        return prompt, 0 if spec.pooling else spec.output_len_dist.sample(rng), b""
     entry = next(dataset, None)
     if entry is None:
         return None
     ids, cap = entry
-    out = min(spec.output_len_dist.sample(rng), cap or DEFAULT_DATASET_MAX_OUTPUT)
+    out = 0 if spec.pooling else min(spec.output_len_dist.sample(rng), cap or DEFAULT_DATASET_MAX_OUTPUT)
     return len(ids) // 4, out, ids
 
 

@@ -54,14 +54,18 @@ class Result:
 
 
 class Endpoint:
-    """Where requests go, and the request bytes for a prompt/output length pair."""
+    """Where requests go, and the request bytes for a prompt/output length pair (with
+    `pooling`, an embeddings request of the prompt: a load of a pooling model)."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None) -> None:
+    def __init__(self, base_url: str, model: str, api_key: str | None = None,
+                 pooling: bool = False) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"expected an http://HOST:PORT URL, got {base_url!r}")
         self.host, self.port = parts.hostname, parts.port or 80
         self.model = model
+        self.pooling = pooling
+        self._field = b'"input":"' if pooling else b'"prompt":"'
         self._auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
         self._cache: dict[tuple[int, int, str], tuple[bytes, int]] = {}
 
@@ -74,19 +78,26 @@ class Endpoint:
         entry = self._cache.get(key)
         if entry is None:
             raw = self.request_text("abcd" * prompt_tokens, max_tokens, model)
-            entry = (raw, raw.index(b'"prompt":"') + 10)
+            entry = (raw, raw.index(self._field) + len(self._field))
             if len(self._cache) < 4096:
                 self._cache[key] = entry
         raw, at = entry
         return raw[:at] + b64encode((serial & 0xFFFFFF).to_bytes(3, "little")) + raw[at + 4:]
 
     def request_text(self, prompt: str, max_tokens: int, model: str = "") -> bytes:
-        """POST /v1/completions as `request`, with this prompt text (not cached)."""
-        body = json.dumps({"model": model or self.model, "prompt": prompt,
-                           "max_tokens": max_tokens, "stream": True,
-                           "stream_options": {"include_usage": True}},
-                          separators=(",", ":")).encode()
-        return (f"POST /v1/completions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+        """POST /v1/completions as `request`, with this prompt text (not cached); with
+        `pooling`, POST /v1/embeddings of it (base64, as the OpenAI SDK asks)."""
+        if self.pooling:
+            path = "/v1/embeddings"
+            body = json.dumps({"model": model or self.model, "input": prompt,
+                               "encoding_format": "base64"}, separators=(",", ":")).encode()
+        else:
+            path = "/v1/completions"
+            body = json.dumps({"model": model or self.model, "prompt": prompt,
+                               "max_tokens": max_tokens, "stream": True,
+                               "stream_options": {"include_usage": True}},
+                              separators=(",", ":")).encode()
+        return (f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                 f"{self._auth}Content-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 

@@ -14,8 +14,8 @@ crash; its seconds divided by K, since the engine times them on the wall) or POS
 a stall or a slowdown is the engine's own timer (the runner only marks it). A run with
 faults clears them all when it ends, so a server given by --url is left as it was found.
 
-Knows: HTTP endpoints (/v1/completions, /control/capacity, /control/faults, /metrics), the scenario and
-the controller interface. Does not know how the server is started (the CLI does) or how
+Knows: HTTP endpoints (/v1/completions, or /v1/embeddings for a pooling load;
+/control/capacity, /control/faults, /metrics), the scenario and the controller interface. Does not know how the server is started (the CLI does) or how
 results are summarised (summary, report).
 """
 
@@ -120,7 +120,8 @@ class Runner:
         self.sc = scenario
         self.adapters = adapters or {}  # LoRA adapter name -> path, loaded when not served
         self.base = base_url.rstrip("/")
-        self.endpoint = Endpoint(self.base, scenario.model, api_key)
+        self.endpoint = Endpoint(self.base, scenario.model, api_key,
+                                 pooling=scenario.workload.pooling)
         self.ctl = controller
         self.rtt_e2e = scenario.rtt not in ("ttft", "per_token")  # the controller's latency sample
         self.k = time_scale
@@ -292,7 +293,7 @@ class Runner:
         its output length."""
         wl = self.sc.workload
         input_len = wl.input_len_dist.sample(self.rng)
-        output = wl.output_len_dist.sample(self.rng)
+        output = 0 if wl.pooling else wl.output_len_dist.sample(self.rng)  # (embeddings)
         prompt = self.prompts.next(user, input_len, output)
         self._serial += 1
         if prompt.text is None:

@@ -32,7 +32,7 @@ ENGINE_FAULT_SLOW: EngineFaultKind
 ENGINE_FAULT_CLEAR: EngineFaultKind
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id", "prompt_token_ids", "n", "stop_at_end", "replica", "arrival_monotonic_s")
+    __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id", "prompt_token_ids", "n", "stop_at_end", "replica", "arrival_monotonic_s", "reasoning_share")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class SubmitRequest(_message.Message):
     STOP_AT_END_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_MONOTONIC_S_FIELD_NUMBER: _ClassVar[int]
+    REASONING_SHARE_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt_tokens: int
     max_tokens: int
@@ -53,15 +54,18 @@ class SubmitRequest(_message.Message):
     stop_at_end: bool
     replica: int
     arrival_monotonic_s: float
-    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., n: _Optional[int] = ..., stop_at_end: _Optional[bool] = ..., replica: _Optional[int] = ..., arrival_monotonic_s: _Optional[float] = ...) -> None: ...
+    reasoning_share: float
+    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., n: _Optional[int] = ..., stop_at_end: _Optional[bool] = ..., replica: _Optional[int] = ..., arrival_monotonic_s: _Optional[float] = ..., reasoning_share: _Optional[float] = ...) -> None: ...
 
 class Admitted(_message.Message):
-    __slots__ = ("engine_request_id", "waiting")
+    __slots__ = ("engine_request_id", "waiting", "reasoning_tokens")
     ENGINE_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
+    REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     engine_request_id: int
     waiting: int
-    def __init__(self, engine_request_id: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
+    reasoning_tokens: int
+    def __init__(self, engine_request_id: _Optional[int] = ..., waiting: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...
 
 class Tokens(_message.Message):
     __slots__ = ("new_tokens", "total_tokens", "index")
@@ -271,7 +275,7 @@ class SetCapacityRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., max_waiting: _Optional[int] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class ModelCapacity(_message.Message):
-    __slots__ = ("model", "max_waiting", "max_num_seqs", "waiting", "running", "replica", "starting", "draining", "ready_in_s")
+    __slots__ = ("model", "max_waiting", "max_num_seqs", "waiting", "running", "replica", "starting", "draining", "ready_in_s", "sleep_level", "wake_s")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +285,8 @@ class ModelCapacity(_message.Message):
     STARTING_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     READY_IN_S_FIELD_NUMBER: _ClassVar[int]
+    SLEEP_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    WAKE_S_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_waiting: int
     max_num_seqs: int
@@ -290,7 +296,9 @@ class ModelCapacity(_message.Message):
     starting: bool
     draining: bool
     ready_in_s: float
-    def __init__(self, model: _Optional[str] = ..., max_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., replica: _Optional[int] = ..., starting: _Optional[bool] = ..., draining: _Optional[bool] = ..., ready_in_s: _Optional[float] = ...) -> None: ...
+    sleep_level: int
+    wake_s: float
+    def __init__(self, model: _Optional[str] = ..., max_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., replica: _Optional[int] = ..., starting: _Optional[bool] = ..., draining: _Optional[bool] = ..., ready_in_s: _Optional[float] = ..., sleep_level: _Optional[int] = ..., wake_s: _Optional[float] = ...) -> None: ...
 
 class CapacityResponse(_message.Message):
     __slots__ = ("models",)
@@ -311,7 +319,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "hardware", "tp", "max_model_len", "kv_blocks", "block_size", "parent", "lora_rank", "max_request_tokens")
+    __slots__ = ("name", "hardware", "tp", "max_model_len", "kv_blocks", "block_size", "parent", "lora_rank", "max_request_tokens", "pooling")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     TP_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +329,7 @@ class ModelInfo(_message.Message):
     PARENT_FIELD_NUMBER: _ClassVar[int]
     LORA_RANK_FIELD_NUMBER: _ClassVar[int]
     MAX_REQUEST_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    POOLING_FIELD_NUMBER: _ClassVar[int]
     name: str
     hardware: str
     tp: int
@@ -330,7 +339,24 @@ class ModelInfo(_message.Message):
     parent: str
     lora_rank: int
     max_request_tokens: int
-    def __init__(self, name: _Optional[str] = ..., hardware: _Optional[str] = ..., tp: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., parent: _Optional[str] = ..., lora_rank: _Optional[int] = ..., max_request_tokens: _Optional[int] = ...) -> None: ...
+    pooling: PoolingInfo
+    def __init__(self, name: _Optional[str] = ..., hardware: _Optional[str] = ..., tp: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., parent: _Optional[str] = ..., lora_rank: _Optional[int] = ..., max_request_tokens: _Optional[int] = ..., pooling: _Optional[_Union[PoolingInfo, _Mapping]] = ...) -> None: ...
+
+class PoolingInfo(_message.Message):
+    __slots__ = ("task", "dimensions", "normalize", "matryoshka", "matryoshka_dimensions", "pooling_type")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    MATRYOSHKA_FIELD_NUMBER: _ClassVar[int]
+    MATRYOSHKA_DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    POOLING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    dimensions: int
+    normalize: bool
+    matryoshka: bool
+    matryoshka_dimensions: _containers.RepeatedScalarFieldContainer[int]
+    pooling_type: str
+    def __init__(self, task: _Optional[str] = ..., dimensions: _Optional[int] = ..., normalize: _Optional[bool] = ..., matryoshka: _Optional[bool] = ..., matryoshka_dimensions: _Optional[_Iterable[int]] = ..., pooling_type: _Optional[str] = ...) -> None: ...
 
 class LoadLoraAdapterRequest(_message.Message):
     __slots__ = ("lora_name", "lora_path", "base_model_name")
@@ -359,6 +385,20 @@ class ListModelsResponse(_message.Message):
     MODELS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
+
+class SleepRequest(_message.Message):
+    __slots__ = ("model", "replica", "level", "wake", "tags")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    WAKE_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    replica: int
+    level: int
+    wake: bool
+    tags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., replica: _Optional[int] = ..., level: _Optional[int] = ..., wake: _Optional[bool] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SetReplicasRequest(_message.Message):
     __slots__ = ("model", "replicas")

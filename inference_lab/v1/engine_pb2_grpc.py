@@ -79,6 +79,11 @@ class EngineStub:
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.SetReplicasRequest.SerializeToString,
                 response_deserializer=inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.FromString,
                 _registered_method=True)
+        self.Sleep = channel.unary_unary(
+                '/inference_lab.v1.Engine/Sleep',
+                request_serializer=inference__lab_dot_v1_dot_engine__pb2.SleepRequest.SerializeToString,
+                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.FromString,
+                _registered_method=True)
         self.GetMetrics = channel.unary_unary(
                 '/inference_lab.v1.Engine/GetMetrics',
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.GetMetricsRequest.SerializeToString,
@@ -198,6 +203,21 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Sleep(self, request, context):
+        """Sleep mode, as vLLM's /sleep and /wake_up (the engine runs with --enable-sleep-mode):
+        puts replicas of a model (or of every model) to sleep at `level` 1 or 2, or wakes
+        them. A sleep aborts the requests in flight and frees the KV cache (its prefix cache
+        too) and the weights; a sleeping replica refuses every request with UNAVAILABLE
+        (reason REPLICA_SLEEPING). A wake restores `tags` (all when empty); restoring the
+        weights costs their modelled load over the host link, during which no step starts.
+        Returns every replica acted on. INVALID_ARGUMENT: sleep mode is off, a level other
+        than 1 or 2, an unknown tag. NOT_FOUND: unknown model or replica. UNAUTHENTICATED: as
+        SetCapacity.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetMetrics(self, request, context):
         """The engine's Prometheus metrics (vLLM's vllm:* series and the lab's inference_lab_*)
         in the text exposition format, for a gateway to serve on its API port as vLLM does.
@@ -300,6 +320,11 @@ def add_EngineServicer_to_server(servicer, server):
             'SetReplicas': grpc.unary_unary_rpc_method_handler(
                     servicer.SetReplicas,
                     request_deserializer=inference__lab_dot_v1_dot_engine__pb2.SetReplicasRequest.FromString,
+                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.SerializeToString,
+            ),
+            'Sleep': grpc.unary_unary_rpc_method_handler(
+                    servicer.Sleep,
+                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.SleepRequest.FromString,
                     response_serializer=inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.SerializeToString,
             ),
             'GetMetrics': grpc.unary_unary_rpc_method_handler(
@@ -570,6 +595,33 @@ class Engine:
             target,
             '/inference_lab.v1.Engine/SetReplicas',
             inference__lab_dot_v1_dot_engine__pb2.SetReplicasRequest.SerializeToString,
+            inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Sleep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference_lab.v1.Engine/Sleep',
+            inference__lab_dot_v1_dot_engine__pb2.SleepRequest.SerializeToString,
             inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.FromString,
             options,
             channel_credentials,

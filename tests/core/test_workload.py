@@ -163,3 +163,20 @@ def test_a_workload_with_bad_toml_is_refused_with_the_file(tmp_path):
     path = write(tmp_path, "[workload\n")
     with pytest.raises(ConfigError, match=r"w\.toml: invalid TOML"):
         load_workload(path)
+
+
+def test_a_pooling_workload_draws_no_output_and_the_simulator_counts_none(tmp_path):
+    from inference_lab.engine.drivers.offline import run_offline
+    from inference_lab.engine.sim.config import load_deployment
+
+    spec = load_workload(WORKLOADS / "embeddings-poisson.toml")
+    assert spec.pooling and all(out == 0 for _, _, out, _ in open_loop_arrivals(spec))
+    small = load_workload(write(tmp_path, POISSON.replace("num_requests = 2000", "num_requests = 50")
+                                .replace('output_len_dist = { type = "fixed", value = 5 }\n', "")
+                                + "pooling = true\n"))
+    deployment = load_deployment(Path(__file__).resolve().parents[2] / "configs" / "bge-base-en-v1.5.toml", "b200")
+    summary = run_offline(deployment, small)
+    assert summary["requests"]["completed"] == 50
+    assert summary["throughput_metrics"]["output_tokens_per_sec"] == 0
+    with pytest.raises(ConfigError, match="output_len_dist.*pooling workload generates nothing"):
+        load_workload(write(tmp_path, POISSON + "pooling = true\n"))

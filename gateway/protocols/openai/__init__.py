@@ -27,6 +27,7 @@ from inference_lab.gateway.toolcalls import chat_forced
 
 class ChatCompletions(Dialect):
     name = "openai.chat"
+    api = "Chat Completions"
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
         req = decode_request(body, chat=True)
@@ -44,11 +45,12 @@ class ChatCompletions(Dialect):
                         continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
                         cap=cap, top=req.top)
         return Generation(req.model, prompt, cap, bool(req.stream), reply,
-                          n=n, priority=req.priority)
+                          n=n, priority=req.priority, reasoning=req.reasoning)
 
 
 class Completions(Dialect):
     name = "openai.completions"
+    api = "Completions"
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation | Batch:
         req = decode_request(body, chat=False)

@@ -24,6 +24,7 @@ from inference_lab.gateway.errors import GatewayError, sse_error_frame
 from inference_lab.gateway.protocols.base import (
     DONE_FRAME, PLACEHOLDER_TOKEN, BatchReply, Outcome, Reply, data_frame, json_encode, random_id,
 )
+from inference_lab.gateway.protocols.reasoning import Split
 from inference_lab.gateway.toolcalls import ForcedCall
 
 UNLIKELY = -9999.0  # the log-probability vLLM reports for -inf: every other token's
@@ -67,11 +68,15 @@ def echoed(tokenizer: Tokenizer, prompt: str | list[int], ids: Sequence[int],
                   "text_offset": offsets}
 
 
-def _usage(outcome: Outcome) -> dict:
+def _usage(outcome: Outcome, split: Split | None = None) -> dict:
     prompt, completion = outcome.prompt_tokens, outcome.completion_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens}}
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion,
+             "total_tokens": prompt + completion,
+             "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens}}
+    if split is not None:  # a reasoning model's reply: how much of it was reasoning
+        usage["completion_tokens_details"] = {
+            "reasoning_tokens": sum(split.of(count) for count in outcome.counts)}
+    return usage
 
 
 class Completion(Reply):
@@ -81,7 +86,7 @@ class Completion(Reply):
 
     __slots__ = ("chat", "id", "created", "model", "include_usage", "n", "echo", "head",
                  "token", "_tokens", "continuous", "prompt_tokens", "emitted", "cap", "top",
-                 "_offsets", "base", "prompt_logprobs", "prompt_only")
+                 "_offsets", "base", "prompt_logprobs", "prompt_only", "split", "_thinking")
 
     def __init__(self, chat: bool, model: str, include_usage: bool = False, n: int = 1,
                  echo: str | None = None, continuous_usage: bool = False,
@@ -115,6 +120,14 @@ class Completion(Reply):
         self.continuous = continuous_usage
         self.prompt_tokens = prompt_tokens
         self.emitted = 0  # tokens streamed so far, every choice
+        # a reasoning model's reply (chat): each choice's first tokens are reasoning, in
+        # `reasoning_content` deltas as vLLM's reasoning parsers stream them
+        self.split: Split | None = None
+        self._thinking: list[bytes] = []  # every choice's per-token reasoning chunk
+
+    def reasoned(self, tokens: int) -> None:
+        if self.chat:
+            self.split = Split(tokens, self.n)
 
     def _running_usage(self) -> dict[str, int]:
         prompt, completion = self.prompt_tokens, self.emitted
@@ -201,6 +214,13 @@ class Completion(Reply):
         self._tokens = [data_frame(self._chunk([self._choice(i, PLACEHOLDER_TOKEN, None)]))
                         for i in range(self.n)]
         self.token = self._tokens[0]
+        if self.split is not None:
+            self._thinking = [data_frame(self._chunk([self._thought(i)])) for i in range(self.n)]
+
+    def _thought(self, index: int) -> dict:
+        """A choice's chunk of one reasoning token."""
+        return {"index": self.base + index, "delta": {"reasoning_content": PLACEHOLDER_TOKEN},
+                "logprobs": None, "finish_reason": None}
 
     def opening(self) -> bytes:
         if self.head is None:
@@ -212,6 +232,22 @@ class Completion(Reply):
             self.start_stream()
         if self.prompt_only:
             return b""  # the engine's one token is not shown (max_tokens 0)
+        if self.split is not None:
+            thinking, k = self.split.take(index, k)
+            if thinking:
+                return self._thoughts(index, thinking) + (self._content(index, k) if k else b"")
+        return self._content(index, k)
+
+    def _thoughts(self, index: int, k: int) -> bytes:
+        if self.continuous:
+            out = []
+            for _ in range(k):
+                self.emitted += 1
+                out.append(data_frame(self._chunk([self._thought(index)])))
+            return b"".join(out)
+        return self._thinking[index] * k
+
+    def _content(self, index: int, k: int) -> bytes:
         if self.continuous or self._offsets is not None:
             out = []
             offsets = self._offsets
@@ -254,7 +290,7 @@ class Completion(Reply):
         """The stream's end: the usage frame if asked for (`outcome`'s), and [DONE]."""
         if self.include_usage:
             usage_chunk = self._chunk([])
-            usage_chunk["usage"] = _usage(self._shown(outcome))
+            usage_chunk["usage"] = _usage(self._shown(outcome), self.split)
             return data_frame(usage_chunk) + DONE_FRAME
         return DONE_FRAME
 
@@ -267,7 +303,12 @@ class Completion(Reply):
             text = PLACEHOLDER_TOKEN * count
             finish_reason = self._finish_reason(count)
             if self.chat:
-                choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                message = {"role": "assistant", "content": text}
+                if self.split is not None:  # reasoning first, then the content (none: null)
+                    thinking = self.split.of(count)
+                    message = {"role": "assistant", "reasoning_content": PLACEHOLDER_TOKEN * thinking,
+                               "content": PLACEHOLDER_TOKEN * (count - thinking) or None}
+                choices.append({"index": i, "message": message,
                                 "logprobs": self._logprobs(count), "finish_reason": finish_reason})
             else:
                 choices.append({"index": i, "text": (self.echo or "") + text,
@@ -286,7 +327,7 @@ class Completion(Reply):
             "created": self.created,
             "model": self.model,
             "choices": choices,
-            "usage": _usage(outcome),
+            "usage": _usage(outcome, self.split),
             **({"inference_lab": modelled} if modelled else {}),
         })
 

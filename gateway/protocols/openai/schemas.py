@@ -22,6 +22,7 @@ from inference_lab.gateway.protocols.base import (
     _U31, Fraction, NonNegative, Penalty, checked_ids, content_text, conversation_ids, decode,
     invalid, text_ids, with_tools,
 )
+from inference_lab.gateway.protocols.reasoning import effort_share
 
 
 PositiveInt = Annotated[int, msgspec.Meta(ge=1, le=_U31)]
@@ -108,6 +109,16 @@ class ChatCompletionRequest(_GenerationRequest, kw_only=True):
     tool_choice: str | dict[str, Any] | None = None  # "required" or a named one: a tool call
     logprobs: bool | None = False
     top_logprobs: TopLogprobs | None = None
+    reasoning_effort: str | None = None  # a reasoning model's share of reasoning
+    chat_template_kwargs: dict[str, Any] | None = None  # `enable_thinking: false`: none
+
+    @property
+    def reasoning(self) -> float | None:
+        """The reply's reasoning share as the engine takes it (None: its default)."""
+        kwargs = self.chat_template_kwargs or {}
+        if kwargs.get("enable_thinking") is False:
+            return 0.0
+        return effort_share(self.reasoning_effort, "$.reasoning_effort")
 
     @property
     def top(self) -> int | None:
