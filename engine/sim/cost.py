@@ -171,7 +171,8 @@ class CostModel:
         # Attention paths by reach: cap -> per stream [decode, prefill, prefill/attended]
         # FLOP coefficients, and the bytes read per attended position (charged to the
         # attention stream, where the KV reads happen).
-        all_terms = layers.terms(model, tp)
+        # KV reads at the cache's precision (--kv-cache-dtype); FLOPs are unchanged.
+        all_terms = layers.terms(layers.with_kv_cache_dtype(model, deployment.scheduler.kv_cache_dtype), tp)
         for term in all_terms:
             group_of(term.precision)
         names = list(groups)

@@ -13,6 +13,12 @@ BYTES_PER_VALUE: dict[str, float] = {"fp4": 0.5, "fp8": 1.0, "bf16": 2.0, "fp16"
 # Precisions from narrowest to widest: a precision the hardware lacks is priced at the
 # next wider one it has.
 PRECISION_ORDER: tuple[str, ...] = ("fp4", "fp8", "bf16", "fp16", "fp32")
+# vLLM's --kv-cache-dtype values -> the precision the cache is stored at ("auto": each
+# layer's own kv_precision, the model's dtype). vLLM spells bf16 "bfloat16" and fp8
+# "fp8_e4m3" / "fp8_e5m2" too: both spellings are taken.
+KV_CACHE_DTYPES: dict[str, str] = {"auto": "", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
+                                   "float16": "fp16", "fp8": "fp8", "fp8_e4m3": "fp8",
+                                   "fp8_e5m2": "fp8"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +179,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True  # vLLM's default: on
     block_size: int = 16
+    kv_cache_dtype: str = "auto"  # a KV_CACHE_DTYPES key: what the paged cache stores
     gpu_memory_utilization: float = 0.9
     kv_cache_capacity: int | None = None  # bytes; None = derived from HBM
     max_model_len: int | None = None  # None = the model's max_seq_len
