@@ -74,6 +74,11 @@ class Catalog:
         """The file a preset comes from."""
         return self._files[kind][name.lower()][0]
 
+    def text(self, kind: str, name: str) -> str:
+        """The TOML text of a preset (for a copy that changes one table)."""
+        self._table(kind, name)  # refuses an unknown name, listing the known ones
+        return self._files[kind][name.lower()][1].read_text(encoding="utf-8")
+
     def _table(self, kind: str, name: str) -> tuple[str, dict[str, Any], str]:
         stem = name.lower() if isinstance(name, str) else ""
         if stem not in self._files[kind]:
