@@ -30,7 +30,7 @@ import argparse
 import statistics
 import sys
 import tomllib
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from inference_lab.calibrate.fitting import PARAMETERS, Evaluator, fit, relative_errors
@@ -108,6 +108,8 @@ def main() -> int:
                              "concurrency)")
     parser.add_argument("--params", default=",".join(PARAMETERS),
                         help="comma-separated [calibration] keys to fit (default: all)")
+    parser.add_argument("--start", default="", metavar="KEY=VALUE,...",
+                        help="start the fit from these [calibration] values instead of the preset's")
     parser.add_argument("--report-only", action="store_true",
                         help="no fit: the error table of the preset's current [calibration]")
     parser.add_argument("--no-roofline", action="store_true", help="leave the roofline column out")
@@ -119,7 +121,8 @@ def main() -> int:
         by_hw.setdefault(row.deployment.hardware.name, []).append(row)
     names = [n.strip() for n in args.params.split(",") if n.strip()]
     for hw, hw_rows in sorted(by_hw.items()):
-        start = catalog.load_hardware(hw).calibration or Calibration()
+        start = replace(catalog.load_hardware(hw).calibration or Calibration(), transferred_from="",
+                        **{k: float(v) for k, v in (kv.split("=") for kv in args.start.split(",") if kv)})
         ev = Evaluator(hw_rows, args.max_requests, args.jobs)
         fit_idx = [i for i, r in enumerate(hw_rows) if not r.holdout]
         print(f"\n== {hw}: {len(fit_idx)} rows fitted, {len(hw_rows) - len(fit_idx)} held out", flush=True)

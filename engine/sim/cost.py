@@ -113,6 +113,7 @@ class CostModel:
         self._sequence_overhead = cal.sequence_overhead if cal else 0.0
         expert_floor = cal.expert_overhead / deployment.ep if cal else 0.0
         self.request_overhead = cal.request_overhead if cal else 0.0
+        self.prompt_token_overhead = cal.prompt_token_overhead if cal else 0.0
         comm = cal.comm_efficiency if cal else 1.0
         if cal:
             self.bandwidth *= cal.bandwidth_efficiency

@@ -37,7 +37,9 @@ class Calibration:
     every expert a step touches expert_overhead per MoE layer (the ramp-up and tail of
     its small weight read and the padding of its token block), on each GPU: per touched
     expert / ep. Host work grows with the batch: sequence_overhead seconds per sequence
-    in the step (input preparation, sampling, detokenisation, output processing). The LM head is charged once per sequence in the step (the position that
+    in the step (input preparation, sampling, detokenisation, output processing), and a
+    request reaches the scheduler prompt_token_overhead seconds per prompt token later
+    still (tokenising and preparing its prompt on the host). The LM head is charged once per sequence in the step (the position that
     samples), not per position (needs the model's vocab_size)."""
 
     flops_efficiency: float = 1.0  # fraction of peak FLOP/s at large steps
@@ -51,6 +53,7 @@ class Calibration:
     expert_overhead: float = 0.0  # seconds per touched expert per MoE layer per step
     mla_layer_overhead: float = 0.0  # seconds per MLA layer per step (its longer kernel chain)
     sequence_overhead: float = 0.0  # seconds per sequence in the step (host work)
+    prompt_token_overhead: float = 0.0  # seconds per prompt token before schedulable (host)
     fit: str = ""  # where the numbers come from
     # "" when fitted on this GPU; else the preset whose fit was carried over by rule
     # (fractions of peak and fixed time costs unchanged: docs/timing.md)

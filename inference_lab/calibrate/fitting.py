@@ -31,7 +31,7 @@ class Parameter:
     name: str
     low: float
     high: float
-    offset: float  # the size below which a change is not felt (0: a fraction, log scale)
+    offset: float  # about the least value that is felt (0: a fraction, log scale)
     what: str
 
     def to_x(self, value: float) -> float:
@@ -48,12 +48,13 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter("moe_flops_efficiency", 0.01, 1.0, 0.0, "fraction of the FLOP peak, expert GEMMs"),
     Parameter("flops_half_tokens", 0.0, 8192.0, 8.0, "tokens per step at half the FLOP fraction"),
     Parameter("comm_efficiency", 0.02, 1.0, 0.0, "fraction of the fabric's collective speed"),
-    Parameter("step_overhead", 0.0, 0.05, 20e-6, "seconds per step"),
-    Parameter("layer_overhead", 0.0, 1e-3, 1e-6, "seconds per layer per step"),
-    Parameter("expert_overhead", 0.0, 1e-4, 0.1e-6, "seconds per touched expert per MoE layer"),
-    Parameter("mla_layer_overhead", 0.0, 1e-3, 5e-6, "seconds per MLA layer per step"),
-    Parameter("sequence_overhead", 0.0, 1e-3, 2e-6, "seconds per sequence per step"),
+    Parameter("step_overhead", 0.0, 0.05, 100e-6, "seconds per step"),
+    Parameter("layer_overhead", 0.0, 1e-3, 5e-6, "seconds per layer per step"),
+    Parameter("expert_overhead", 0.0, 1e-4, 0.2e-6, "seconds per touched expert per MoE layer"),
+    Parameter("mla_layer_overhead", 0.0, 1e-3, 10e-6, "seconds per MLA layer per step"),
+    Parameter("sequence_overhead", 0.0, 1e-3, 10e-6, "seconds per sequence per step"),
     Parameter("request_overhead", 0.0, 1.0, 1e-3, "seconds from arrival to schedulable"),
+    Parameter("prompt_token_overhead", 0.0, 1e-4, 1e-6, "seconds per prompt token before schedulable"),
 )}
 HUBER = 0.15  # |log error| beyond which a residual's weight falls off
 STEP = 0.07  # forward-difference step in x (about 7 % of a parameter)

@@ -2,7 +2,8 @@
 
 Knows five formats, told apart by their content (not their names):
 - CSV with the header `concurrency,input_len,output_len,ttft_ms,tpot_ms` (any order;
-  optional `num_prompts`, `ttft_p50_ms`, `tpot_p50_ms`): one point per line, means in ms;
+  optional `num_prompts` and `ttft_p50_ms`, the median TTFT): one point per line, mean
+  lengths, TTFT and TPOT means in ms;
 - `vllm bench serve --save-result` JSON (`max_concurrency`, `mean_ttft_ms`,
   `median_ttft_ms`, `mean_tpot_ms`, `total_input_tokens`, `completed`, ...);
 - inference-perf lifecycle reports (`summary_lifecycle_metrics.json`,
@@ -47,7 +48,7 @@ class Measurement:
 
 
 CSV_REQUIRED = ("concurrency", "input_len", "output_len", "ttft_ms", "tpot_ms")
-CSV_OPTIONAL = ("num_prompts", "ttft_p50_ms", "tpot_p50_ms")
+CSV_OPTIONAL = ("num_prompts", "ttft_p50_ms")
 
 
 def _number(value: Any, what: str, where: str, integer: bool = False) -> float:
@@ -96,8 +97,9 @@ def read_csv(path: Path, text: str) -> list[Measurement]:
         if len(row) != len(header):
             raise MeasurementError(f"{path}:{line}: {len(row)} values for {len(header)} columns")
         cells = dict(zip(header, (c.strip() for c in row)))
-        metrics = {k: cells[k] for k in ("ttft_ms", "tpot_ms", "ttft_p50_ms", "tpot_p50_ms")
-                   if cells.get(k)}
+        median = cells.get("ttft_p50_ms")
+        metrics = {"ttft_p50_ms": median} if median else {"ttft_ms": cells["ttft_ms"]}
+        metrics["tpot_ms"] = cells["tpot_ms"]
         out.append(_point(f"{path}:{line}", cells["concurrency"], cells["input_len"],
                           cells["output_len"], cells.get("num_prompts"), metrics))
     if not out:
