@@ -66,8 +66,9 @@ def rate_for(hardware: Hardware, precision: str) -> tuple[float, str]:
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
-    """E * (1 - (1 - 1/E)^(T*k)): experts touched by T tokens routed uniformly."""
-    return num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** (tokens * top_k))
+    """E * (1 - (1 - k/E)^T): experts touched by T tokens routed uniformly, each token
+    to k distinct ones (an expert escapes one token with probability 1 - k/E)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
 def all_reduce_seconds(hw: Hardware, group: int, nbytes: float) -> float:
