@@ -78,6 +78,11 @@ class Catalog:
         """The file a preset comes from."""
         return self._files[kind][name.lower()][0]
 
+    def text(self, kind: str, name: str) -> str:
+        """The TOML text of a preset (for a copy that changes one table)."""
+        self._table(kind, name)  # refuses an unknown name, listing the known ones
+        return self._files[kind][name.lower()][1].read_text(encoding="utf-8")
+
     def _table(self, kind: str, name: str) -> tuple[str, dict[str, Any], str]:
         stem = name.lower() if isinstance(name, str) else ""
         if stem not in self._files[kind]:
@@ -129,7 +134,8 @@ _HARDWARE_KEYS = ("name", *(f"flops_{p}" for p in PRECISION_ORDER), "memory_band
                   "memory_capacity", "load_bandwidth", "fabric", "memory", "calibration")
 _CALIBRATION_KEYS = ("flops_efficiency", "moe_flops_efficiency", "flops_half_tokens", "bandwidth_efficiency",
                      "comm_efficiency", "step_overhead", "request_overhead", "layer_overhead",
-                     "expert_overhead", "mla_layer_overhead", "sequence_overhead", "fit",
+                     "expert_overhead", "mla_layer_overhead", "sequence_overhead",
+                     "prompt_token_overhead", "fit",
                      "transferred_from")
 _LINK_KEYS = ("bandwidth", "latency", "in_network_reduction")
 _STORE_KEYS = ("name", "per", "kind", "capacity", "bandwidth", "stripe", "aggregate_bandwidth",
@@ -264,6 +270,8 @@ def _parse_calibration(t: Table) -> Calibration:
                                  ok=lambda v: v >= 0),
         sequence_overhead=t.get("sequence_overhead", float, "a number >= 0 (seconds)", 0.0,
                                 ok=lambda v: v >= 0),
+        prompt_token_overhead=t.get("prompt_token_overhead", float, "a number >= 0 (seconds)", 0.0,
+                                    ok=lambda v: v >= 0),
         fit=t.get("fit", str, "a string", ""),
         transferred_from=t.get("transferred_from", str, "a hardware preset name", ""))
     t.done()

@@ -36,7 +36,9 @@ from inference_lab.common.toml import ConfigError, Table, read_toml
 from inference_lab.engine.sim import catalog as bundled
 from inference_lab.engine.sim.capacity import EXPECTED, out_of_range, seqs_fit_budget
 from inference_lab.engine.sim.catalog import Catalog
-from inference_lab.engine.sim.specs import Deployment, Hardware, Model, SchedulerConfig, TimeCorrection
+from inference_lab.engine.sim.specs import (
+    KV_CACHE_DTYPES, Deployment, Hardware, Model, SchedulerConfig, TimeCorrection,
+)
 from inference_lab.engine.sim.speculative import parse_speculative
 
 __all__ = ["ConfigError", "load_deployment", "load_config_dir", "default_deployments"]
@@ -67,6 +69,8 @@ _SCHEDULER: dict[str, tuple[type, str, Any]] = {
     "enable_chunked_prefill": (bool, "true or false", None),
     "enable_prefix_caching": (bool, "true or false", None),
     "block_size": (int, "a positive integer", lambda v: v >= 1),
+    "kv_cache_dtype": (str, f"one of {', '.join(repr(k) for k in KV_CACHE_DTYPES)}",
+                       lambda v: v in KV_CACHE_DTYPES),
     "gpu_memory_utilization": (float, "a number in (0, 1]", lambda v: 0 < v <= 1),
     "kv_cache_capacity": (float, "a number of bytes >= 0 (0 = derived)", lambda v: v >= 0),
     "max_model_len": (int, "an integer >= 1", lambda v: v >= 1),
@@ -90,6 +94,12 @@ def _check_max_waiting(max_waiting: Any) -> None:
         raise ConfigError("--max-waiting", "", f"expected {EXPECTED['max_waiting']}, got {max_waiting!r}")
     if (expected := out_of_range("max_waiting", max_waiting)) is not None:
         raise ConfigError("--max-waiting", "", f"expected {expected}, got {max_waiting!r}")
+
+
+def _check_kv_cache_dtype(kv_cache_dtype: Any) -> None:
+    if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ConfigError("--kv-cache-dtype", "", f"expected one of "
+                          f"{', '.join(repr(k) for k in KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
 
 
 def _unknown_hardware(name: Any, cat: Catalog) -> ConfigError:
@@ -321,17 +331,20 @@ def _log_transferred(hardware: str, source: str) -> None:
 
 
 def load_deployment(path: str | Path, hardware: str, max_waiting: int | None = None,
-                    catalog: Catalog | None = None, timing: str | None = None) -> Deployment | None:
+                    catalog: Catalog | None = None, timing: str | None = None,
+                    kv_cache_dtype: str | None = None) -> Deployment | None:
     """The deployment of the model in `path` on `hardware`, or None (logged) when the file
     has no [hardware.<hardware>] entry. Every entry is validated either way.
-    `max_waiting`, when not None, replaces the file's value; so does `timing` ('roofline'
-    or 'calibrated') for the entry's. Presets come from `catalog` (default: the bundled one)."""
+    `max_waiting`, when not None, replaces the file's value; so do `timing` ('roofline'
+    or 'calibrated') for the entry's and `kv_cache_dtype` (--kv-cache-dtype) for the
+    scheduler's. Presets come from `catalog` (default: the bundled one)."""
     cat = catalog or bundled.BUNDLED
     if not isinstance(hardware, str):
         raise _unknown_hardware(hardware, cat)
     hw_wanted = hardware.lower()
     _check_max_waiting(max_waiting)
     _check_timing(timing)
+    _check_kv_cache_dtype(kv_cache_dtype)
     where = str(path)
     top = Table(read_toml(path), where, keys=_TOP_KEYS)
     served = top.get("name", str, "a non-empty string", Path(path).stem, ok=bool)
@@ -349,6 +362,8 @@ def load_deployment(path: str | Path, hardware: str, max_waiting: int | None = N
         return None
     if max_waiting is not None:
         dep.scheduler = replace(dep.scheduler, max_waiting=max_waiting)
+    if kv_cache_dtype is not None:
+        dep.scheduler = replace(dep.scheduler, kv_cache_dtype=kv_cache_dtype)
     _apply_timing(dep, timing)
     _log_precision_fallbacks(dep)
     for note in dep.unmodelled:
@@ -357,7 +372,8 @@ def load_deployment(path: str | Path, hardware: str, max_waiting: int | None = N
 
 
 def load_config_dir(path: str | Path, hardware: str, max_waiting: int | None = None,
-                    catalog: Catalog | None = None, timing: str | None = None) -> list[Deployment]:
+                    catalog: Catalog | None = None, timing: str | None = None,
+                    kv_cache_dtype: str | None = None) -> list[Deployment]:
     """Every `*.toml` directly in the directory `path` (sorted by name), or the single file
     `path`, as deployments on `hardware`. Refuses an empty result and duplicate served names."""
     cat = catalog or bundled.BUNDLED
@@ -373,7 +389,7 @@ def load_config_dir(path: str | Path, hardware: str, max_waiting: int | None = N
         raise ConfigError(str(root), "", "no such file or directory")
     deployments: dict[str, Deployment] = {}
     for file in files:
-        dep = load_deployment(file, hardware, max_waiting, cat, timing)
+        dep = load_deployment(file, hardware, max_waiting, cat, timing, kv_cache_dtype)
         if dep is None:
             continue
         if dep.name in deployments:
@@ -386,10 +402,11 @@ def load_config_dir(path: str | Path, hardware: str, max_waiting: int | None = N
 
 
 def default_deployments(hardware: str = "b200", max_waiting: int | None = None,
-                        catalog: Catalog | None = None, timing: str | None = None) -> list[Deployment]:
+                        catalog: Catalog | None = None, timing: str | None = None,
+                        kv_cache_dtype: str | None = None) -> list[Deployment]:
     """The embedded default: gpt-oss-20b, from package data `engine/sim/presets/default.toml`."""
     cat = catalog or bundled.BUNDLED
     if not isinstance(hardware, str) or hardware.lower() not in cat.hardware_names():
         raise _unknown_hardware(hardware, cat)
     with resources.as_file(resources.files("inference_lab.engine.sim") / "presets" / "default.toml") as path:
-        return load_config_dir(path, hardware, max_waiting, cat, timing)
+        return load_config_dir(path, hardware, max_waiting, cat, timing, kv_cache_dtype)

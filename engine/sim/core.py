@@ -294,7 +294,8 @@ class EngineCore:
         if now > self.clock and not self.scheduler.has_work():
             self.clock = now  # idle: the next step starts at this arrival
         req = Request(next(self._ids), prompt_len, max_tokens or 1, now, priority, tag=tag, n=n,
-                      ready=now + self.cost.request_overhead, lora=lora,
+                      ready=now + self.cost.request_overhead
+                      + prompt_len * self.cost.prompt_token_overhead, lora=lora,
                       # a chosen length (no cap, or a draw below it) stands for an EOS
                       eos=requested is None or max_tokens < requested or pooling,
                       # vLLM runs a pooling request as one of max_tokens 1 whose prefill's

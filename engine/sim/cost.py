@@ -66,8 +66,9 @@ def rate_for(hardware: Hardware, precision: str) -> tuple[float, str]:
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
-    """E * (1 - (1 - 1/E)^(T*k)): experts touched by T tokens routed uniformly."""
-    return num_experts * (1.0 - (1.0 - 1.0 / num_experts) ** (tokens * top_k))
+    """E * (1 - (1 - k/E)^T): experts touched by T tokens routed uniformly, each token
+    to k distinct ones (an expert escapes one token with probability 1 - k/E)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
 def all_reduce_seconds(hw: Hardware, group: int, nbytes: float) -> float:
@@ -113,6 +114,7 @@ class CostModel:
         self._sequence_overhead = cal.sequence_overhead if cal else 0.0
         expert_floor = cal.expert_overhead / deployment.ep if cal else 0.0
         self.request_overhead = cal.request_overhead if cal else 0.0
+        self.prompt_token_overhead = cal.prompt_token_overhead if cal else 0.0
         comm = cal.comm_efficiency if cal else 1.0
         if cal:
             self.bandwidth *= cal.bandwidth_efficiency
@@ -171,7 +173,8 @@ class CostModel:
         # Attention paths by reach: cap -> per stream [decode, prefill, prefill/attended]
         # FLOP coefficients, and the bytes read per attended position (charged to the
         # attention stream, where the KV reads happen).
-        all_terms = layers.terms(model, tp)
+        # KV reads at the cache's precision (--kv-cache-dtype); FLOPs are unchanged.
+        all_terms = layers.terms(layers.with_kv_cache_dtype(model, deployment.scheduler.kv_cache_dtype), tp)
         for term in all_terms:
             group_of(term.precision)
         names = list(groups)

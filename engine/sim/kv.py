@@ -4,7 +4,7 @@ Knows the deployment's memory arithmetic, per GPU: the pool is what one GPU keep
 its share of the weights (HBM x gpu_memory_utilization - weights / tp, or the
 configured kv_cache_capacity / tp), a block is `block_size` positions of the paged
 layers' cache on one GPU (engine.sim.layers: KV heads are never split, MLA latents are
-replicated), and a running sequence also holds `fixed_blocks` for its recurrent states.
+replicated; stored at the scheduler's kv_cache_dtype), and a running sequence also holds `fixed_blocks` for its recurrent states.
 The pool itself is a counter (engine.scheduler owns it): no block ids are simulated.
 """
 
@@ -21,8 +21,10 @@ def weight_bytes(deployment: Deployment) -> float:
 
 
 def bytes_per_token(deployment: Deployment) -> float:
-    """KV bytes one cached position takes on each GPU in the paged layers."""
-    return layers.paged_bytes_per_token(deployment.model, deployment.tp)
+    """KV bytes one cached position takes on each GPU in the paged layers, at the
+    deployment's kv_cache_dtype."""
+    model = layers.with_kv_cache_dtype(deployment.model, deployment.scheduler.kv_cache_dtype)
+    return layers.paged_bytes_per_token(model, deployment.tp)
 
 
 def kv_capacity_bytes(deployment: Deployment) -> float:

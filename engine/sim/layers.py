@@ -10,6 +10,9 @@ parallelism splits or replicates their caches. Turns a model into
   KV cache per GPU that grows with context, what a running sequence holds regardless
   of its length, and the recurrent state a step reads and writes per sequence.
 Does not know batches, time or the hardware (engine.sim.cost combines these).
+`with_kv_cache_dtype` gives the model as a deployment's cache stores it (vLLM's
+--kv-cache-dtype): every attention and MLA layer's cache at that precision, so the bytes
+per position, the pool's capacity and the bytes a step reads all follow it.
 
 The arithmetic, per layer (b = bytes per cached value):
 - attention (GQA/MHA): KV per position 2 * kv_heads * head_dim * b (half when K and V
@@ -37,9 +40,9 @@ and count against the KV pool as whole blocks while the sequence runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from inference_lab.engine.sim.specs import BYTES_PER_VALUE, LayerClass, Model
+from inference_lab.engine.sim.specs import BYTES_PER_VALUE, KV_CACHE_DTYPES, LayerClass, Model
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,18 @@ class Term:
     prefill_flops: float  # per (new position x attended position) in a prefill chunk
     prefill_flops_per_attended: float  # per request and attended position, prefill only
     read_bytes: float  # per attended position, over the TP group (per GPU x tp)
+
+
+def with_kv_cache_dtype(model: Model, kv_cache_dtype: str) -> Model:
+    """`model` with its attention and MLA caches stored as `kv_cache_dtype` ("auto":
+    unchanged). An MLA indexer keeps its own key precision (its cache is separate)."""
+    precision = KV_CACHE_DTYPES[kv_cache_dtype]
+    if not precision or all(c.kv_precision == precision for c in model.layer_classes
+                            if c.kind != "linear"):
+        return model
+    classes = tuple(c if c.kind == "linear" else replace(c, kv_precision=precision)
+                    for c in model.layer_classes)
+    return replace(model, layer_classes=classes, kv_precision=precision)
 
 
 def _kv_heads_per_gpu(layer: LayerClass, tp: int) -> int:

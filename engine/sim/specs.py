@@ -13,6 +13,12 @@ BYTES_PER_VALUE: dict[str, float] = {"fp4": 0.5, "fp8": 1.0, "bf16": 2.0, "fp16"
 # Precisions from narrowest to widest: a precision the hardware lacks is priced at the
 # next wider one it has.
 PRECISION_ORDER: tuple[str, ...] = ("fp4", "fp8", "bf16", "fp16", "fp32")
+# vLLM's --kv-cache-dtype values -> the precision the cache is stored at ("auto": each
+# layer's own kv_precision, the model's dtype). vLLM spells bf16 "bfloat16" and fp8
+# "fp8_e4m3" / "fp8_e5m2" too: both spellings are taken.
+KV_CACHE_DTYPES: dict[str, str] = {"auto": "", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
+                                   "float16": "fp16", "fp8": "fp8", "fp8_e4m3": "fp8",
+                                   "fp8_e5m2": "fp8"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +37,9 @@ class Calibration:
     every expert a step touches expert_overhead per MoE layer (the ramp-up and tail of
     its small weight read and the padding of its token block), on each GPU: per touched
     expert / ep. Host work grows with the batch: sequence_overhead seconds per sequence
-    in the step (input preparation, sampling, detokenisation, output processing). The LM head is charged once per sequence in the step (the position that
+    in the step (input preparation, sampling, detokenisation, output processing), and a
+    request reaches the scheduler prompt_token_overhead seconds per prompt token later
+    still (tokenising and preparing its prompt on the host). The LM head is charged once per sequence in the step (the position that
     samples), not per position (needs the model's vocab_size)."""
 
     flops_efficiency: float = 1.0  # fraction of peak FLOP/s at large steps
@@ -45,6 +53,7 @@ class Calibration:
     expert_overhead: float = 0.0  # seconds per touched expert per MoE layer per step
     mla_layer_overhead: float = 0.0  # seconds per MLA layer per step (its longer kernel chain)
     sequence_overhead: float = 0.0  # seconds per sequence in the step (host work)
+    prompt_token_overhead: float = 0.0  # seconds per prompt token before schedulable (host)
     fit: str = ""  # where the numbers come from
     # "" when fitted on this GPU; else the preset whose fit was carried over by rule
     # (fractions of peak and fixed time costs unchanged: docs/timing.md)
@@ -208,6 +217,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True  # vLLM's default: on
     block_size: int = 16
+    kv_cache_dtype: str = "auto"  # a KV_CACHE_DTYPES key: what the paged cache stores
     gpu_memory_utilization: float = 0.9
     kv_cache_capacity: int | None = None  # bytes; None = derived from HBM
     max_model_len: int | None = None  # None = the model's max_seq_len

@@ -11,7 +11,7 @@ import importlib
 import logging
 import sys
 
-SUBCOMMANDS = ("serve", "engine", "gateway", "sim", "experiment", "catalog")
+SUBCOMMANDS = ("serve", "engine", "gateway", "sim", "experiment", "catalog", "calibrate")
 
 
 class UsageError(Exception):

@@ -1,4 +1,5 @@
-"""The user-catalog flag: `--catalog DIR` (repeatable) and INFERENCE_LAB_CATALOG.
+"""The user-catalog flag: `--catalog DIR` (repeatable) and INFERENCE_LAB_CATALOG; the
+flags that change how every model is priced: `--timing`, `--kv-cache-dtype`.
 
 Knows: the flag, its variable (directories separated by the platform's path separator,
 `:` on Linux) and their order: the bundled presets, then the variable's directories,
@@ -28,6 +29,19 @@ def add_timing_argument(parser: argparse.ArgumentParser) -> None:
         help="step timing model for every model: roofline (datasheet peaks, the default unless "
              "a hardware entry says `timing`) or calibrated (the hardware preset's fitted "
              "[calibration]: achieved efficiencies, per-step and per-request overheads)")
+
+
+KV_CACHE_DTYPE_CHOICES = ("auto", "bf16", "fp16", "fp8")
+
+
+def add_kv_cache_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kv-cache-dtype", default=None, metavar="{auto,bf16,fp16,fp8}",
+        help="what the KV cache stores, for every model, as vLLM's flag (replaces the "
+             "config's [scheduler] kv_cache_dtype; auto = the model's own precision): fp8 "
+             "halves a bf16 model's KV bytes per token, doubles its KV capacity and halves "
+             "the KV a decode step reads (vLLM's spellings bfloat16, fp8_e4m3, fp8_e5m2 "
+             "are taken too)")
 
 
 def catalog_dirs(args: argparse.Namespace) -> list[str]:

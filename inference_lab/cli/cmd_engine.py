@@ -13,7 +13,9 @@ from pathlib import Path
 from inference_lab.cli.auth_flags import (add_api_key_argument, add_control_token_argument,
                                           api_key, control_token, warn_exposure)
 from inference_lab.cli.flag_types import port, positive_int, seconds, time_scale, update_rate
-from inference_lab.cli.catalog_flags import add_catalog_argument, add_timing_argument, build_catalog
+from inference_lab.cli.catalog_flags import (
+    add_catalog_argument, add_kv_cache_dtype_argument, add_timing_argument, build_catalog,
+)
 
 log = logging.getLogger("inference_lab.engine")
 
@@ -37,6 +39,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="refuse arrivals once N requests wait, for every model (0 = unbounded)")
     add_catalog_argument(p)
     add_timing_argument(p)
+    add_kv_cache_dtype_argument(p)
     p.add_argument("--enable-lora", action="store_true",
                    help="serve LoRA adapters (loaded at start with --lora-modules, or at run "
                         "time with POST /v1/load_lora_adapter); implied by --lora-modules")
@@ -218,8 +221,10 @@ def load_deployments(args: argparse.Namespace):
 
     catalog = build_catalog(args)
     if args.config is None:
-        return default_deployments(args.hardware, args.max_waiting, catalog, args.timing)
-    return load_config_dir(args.config, args.hardware, args.max_waiting, catalog, args.timing)
+        return default_deployments(args.hardware, args.max_waiting, catalog, args.timing,
+                                   args.kv_cache_dtype)
+    return load_config_dir(args.config, args.hardware, args.max_waiting, catalog, args.timing,
+                           args.kv_cache_dtype)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

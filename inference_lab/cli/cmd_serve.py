@@ -90,6 +90,8 @@ class EngineProcess:
             self.argv += ["--catalog", str(directory)]
         if args.timing is not None:
             self.argv += ["--timing", args.timing]
+        if args.kv_cache_dtype is not None:
+            self.argv += ["--kv-cache-dtype", args.kv_cache_dtype]
         if args.replicas != 1 or args.startup_delay:
             self.argv += ["--replicas", str(args.replicas),
                           "--startup-delay", str(args.startup_delay)]

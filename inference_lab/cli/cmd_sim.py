@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 from inference_lab.cli import UsageError
-from inference_lab.cli.catalog_flags import add_catalog_argument, add_timing_argument, build_catalog
+from inference_lab.cli.catalog_flags import (
+    add_catalog_argument, add_kv_cache_dtype_argument, add_timing_argument, build_catalog,
+)
 
 HELP = """\
 Run a workload through the simulated engine offline: no server, no wall clock. The
@@ -46,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default: the built-in tokenizer, 4 UTF-8 bytes per token)")
     add_catalog_argument(p)
     add_timing_argument(p)
+    add_kv_cache_dtype_argument(p)
     p.set_defaults(func=run)
 
 
@@ -68,7 +71,7 @@ def pick_deployment(args: argparse.Namespace):
 
     args.hardware = _hardware(args)
     deployments = load_config_dir(args.config, args.hardware, args.max_waiting, build_catalog(args),
-                                  args.timing)
+                                  args.timing, args.kv_cache_dtype)
     if args.model:
         chosen = [d for d in deployments if d.name == args.model]
         if not chosen:

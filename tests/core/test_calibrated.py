@@ -146,10 +146,10 @@ def moe(ep: int = 1, expert_overhead: float = 2e-6) -> Deployment:
 
 
 def test_every_touched_expert_adds_its_kernel_floor_per_moe_layer():
-    # 3 tokens x top-2 over 8 experts touch 8 (1 - (7/8)^6) = 4.393 experts per layer;
-    # bytes 4.393 x 1e8 x 2 B at 8e12 x 0.5; floor 4.393 x 4 layers x 2 us; with ep 2
+    # 3 tokens x top-2 over 8 experts touch 8 (1 - (6/8)^3) = 4.625 experts per layer;
+    # bytes 4.625 x 1e8 x 2 B at 8e12 x 0.5; floor 4.625 x 4 layers x 2 us; with ep 2
     # each GPU holds half the experts: half the floor (and twice the bandwidth).
-    touched = 8 * (1 - (7 / 8) ** 6)
+    touched = 8 * (1 - (6 / 8) ** 3)
     for ep in (1, 2):
         dep = moe(ep)
         cost = CostModel(dep)
@@ -210,3 +210,34 @@ def test_moe_flops_run_at_their_own_efficiency():
         return cost.step_cost(1000, attention_load(cost.caps, [])).seconds
     assert step(0.1) == pytest.approx(2 * 2e8 * 1000 / (2.25e15 * 0.1), rel=1e-9)
     assert step(0.0) == pytest.approx(2 * 2e8 * 1000 / (2.25e15 * 0.4), rel=1e-9)
+
+
+def test_a_request_also_waits_its_host_time_per_prompt_token():
+    # 20 ms + 1,000 prompt tokens x 4 us = 24 ms before the scheduler may take it
+    dep = dense()
+    dep.hardware = replace(dep.hardware, calibration=replace(CAL, prompt_token_overhead=4e-6))
+    engine = EngineCore(dep)
+    req = engine.submit(1000, 4, 0.0)
+    assert req.ready == pytest.approx(24e-3, rel=1e-12)
+    assert engine.step(0.0).start == pytest.approx(24e-3, rel=1e-12)
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16, 64, 128])
+def test_a_decode_step_reads_the_experts_its_batch_touches_not_all_of_them(batch):
+    # gpt-oss-120b: B sequences each routed to k = 4 of E = 128 distinct experts touch
+    # E (1 - (1 - k/E)^B) of them: 15.3 at B = 4, 125.8 at 128, not all 128; a roofline
+    # decode step reads the experts' bytes in that proportion (448 MB per expert over the
+    # 36 layers, fp4).
+    from inference_lab.engine.sim.cost import expected_distinct_experts
+
+    e, k = 128, 4
+    touched = e * (1 - (1 - k / e) ** batch)
+    assert expected_distinct_experts(e, k, batch) == pytest.approx(touched, rel=1e-12)
+    dep = Deployment(name="m", model=catalog.load_model("gpt-oss-120b"), hardware=catalog.load_hardware("b200"),
+                     scheduler=SchedulerConfig(block_size=16))
+    cost = CostModel(dep)
+    empty = attention_load(cost.caps, [])
+    per_expert = 114_661_785_600 / 128 * 0.5
+    one = cost.step_cost(1, empty).seconds
+    assert cost.step_cost(batch, empty).seconds - one == pytest.approx(
+        (expected_distinct_experts(e, k, batch) - expected_distinct_experts(e, k, 1)) * per_expert / 8e12, rel=1e-6)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTRACTS = 7
+CONTRACTS = 8
 
 
 def _assemble(where: Path) -> Path:

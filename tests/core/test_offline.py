@@ -30,12 +30,12 @@ def test_24_closed_loop_users_see_about_293_ms_per_200_token_reply():
     assert summary["requests"] == {"completed": 500, "total": 500,
                                    "rejected": 0, "rejected_queue_saturated": 0,
                                    "rejected_invalid": 0}
-    assert summary["latency_metrics"]["e2e_ms"]["mean"] == pytest.approx(293, rel=0.03)
+    assert summary["latency_metrics"]["e2e_ms"]["mean"] == pytest.approx(293, rel=0.01)
 
 
 def test_with_max_num_seqs_8_the_same_load_sees_about_646_ms_and_lower_throughput():
     wide, narrow = simulate(), simulate(max_num_seqs=8)
-    assert narrow["latency_metrics"]["e2e_ms"]["mean"] == pytest.approx(646, rel=0.03)
+    assert narrow["latency_metrics"]["e2e_ms"]["mean"] == pytest.approx(646, rel=0.01)
     ratio = (wide["throughput_metrics"]["output_tokens_per_sec"]
              / narrow["throughput_metrics"]["output_tokens_per_sec"])
     assert ratio == pytest.approx(2.2, abs=0.15)

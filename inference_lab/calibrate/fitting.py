@@ -1,0 +1,304 @@
+"""Fitting the `calibrated` timing model's parameters to measured points.
+
+Knows: the parameters a fit may move (`PARAMETERS`: their bounds and the scale at
+which a change is felt), which of them a set of points can say anything about, and the
+search: damped Gauss-Newton (Levenberg-Marquardt) on the log of simulated / measured
+for every point and metric, with a Jacobian by forward differences, Huber weights
+(a few odd points do not pull the rest), parameters moved in log space within their
+bounds. Before the first step it drops, and names, the parameters the points cannot
+determine: those with no effect on any metric, and those whose effect the others
+already explain (a near-zero singular value of the Jacobian). Leave-one-out refits
+without each point in turn and predicts it.
+Does not know file formats or how a point is simulated beyond `simulate.simulate`.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from inference_lab.calibrate.simulate import DEFAULT_MAX_REQUESTS, Point, simulate
+from inference_lab.engine.sim.specs import Calibration
+
+
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    """A fitted [calibration] key: p = exp(x) - offset within [low, high]."""
+
+    name: str
+    low: float
+    high: float
+    offset: float  # about the least value that is felt (0: a fraction, log scale)
+    what: str
+
+    def to_x(self, value: float) -> float:
+        return math.log(max(value, self.low) + self.offset) if self.offset else math.log(max(value, self.low))
+
+    def from_x(self, x: float) -> float:
+        value = math.exp(x) - self.offset
+        return min(max(value, self.low), self.high)
+
+
+PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
+    Parameter("bandwidth_efficiency", 0.05, 1.0, 0.0, "fraction of the HBM peak"),
+    Parameter("flops_efficiency", 0.02, 1.0, 0.0, "fraction of the FLOP peak"),
+    Parameter("moe_flops_efficiency", 0.01, 1.0, 0.0, "fraction of the FLOP peak, expert GEMMs"),
+    Parameter("flops_half_tokens", 0.0, 8192.0, 8.0, "tokens per step at half the FLOP fraction"),
+    Parameter("comm_efficiency", 0.02, 1.0, 0.0, "fraction of the fabric's collective speed"),
+    Parameter("step_overhead", 0.0, 0.05, 100e-6, "seconds per step"),
+    Parameter("layer_overhead", 0.0, 1e-3, 5e-6, "seconds per layer per step"),
+    Parameter("expert_overhead", 0.0, 1e-4, 0.2e-6, "seconds per touched expert per MoE layer"),
+    Parameter("mla_layer_overhead", 0.0, 1e-3, 10e-6, "seconds per MLA layer per step"),
+    Parameter("sequence_overhead", 0.0, 1e-3, 10e-6, "seconds per sequence per step"),
+    Parameter("request_overhead", 0.0, 1.0, 1e-3, "seconds from arrival to schedulable"),
+    Parameter("prompt_token_overhead", 0.0, 1e-4, 1e-6, "seconds per prompt token before schedulable"),
+)}
+HUBER = 0.15  # |log error| beyond which a residual's weight falls off
+STEP = 0.07  # forward-difference step in x (about 7 % of a parameter)
+
+
+def applicable(points: Sequence[Point], names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The parameters among `names` that could matter to these points, and why each
+    other one cannot (no multi-GPU point: no collectives; no MoE model: no expert
+    terms; no MLA model: no MLA floor)."""
+    tp = any(p.deployment.tp > 1 for p in points)
+    moe = any(s.num_experts for p in points for s in p.deployment.model.weight_streams)
+    mla = any(c.kind == "mla" for p in points for c in p.deployment.model.layer_classes)
+    why = {}
+    if not tp:
+        why["comm_efficiency"] = "no point runs on more than one GPU"
+    if not moe:
+        why["moe_flops_efficiency"] = why["expert_overhead"] = "no point serves an MoE model"
+    if not mla:
+        why["mla_layer_overhead"] = "no point serves an MLA model"
+    return [n for n in names if n not in why], {n: w for n, w in why.items() if n in names}
+
+
+@dataclass(slots=True)
+class Evaluator:
+    """Simulates points under calibrations, remembering every answer (a search revisits
+    points), in `jobs` processes when asked."""
+
+    points: list[Point]
+    max_requests: int = DEFAULT_MAX_REQUESTS
+    jobs: int = 1
+    memo: dict[tuple[int, Calibration], dict[str, float]] = field(default_factory=dict)
+    runs: int = 0
+
+    def sims(self, calibrations: Sequence[Calibration], subset: Sequence[int] | None = None
+             ) -> list[list[dict[str, float]]]:
+        """For each calibration, the simulated metrics of the points `subset` (indices)."""
+        idx = list(range(len(self.points))) if subset is None else list(subset)
+        todo = sorted({(i, c) for c in calibrations for i in idx if (i, c) not in self.memo},
+                      key=lambda k: -self.points[k[0]].num_requests * self.points[k[0]].output_len)
+        if todo:
+            self.runs += len(todo)
+            if self.jobs > 1 and len(todo) > 1:
+                global _POOL_POINTS
+                _POOL_POINTS = (self.points, self.max_requests)
+                with multiprocessing.get_context("fork").Pool(min(self.jobs, len(todo))) as pool:
+                    results = pool.map(_pool_simulate, todo, chunksize=1)
+            else:
+                results = [simulate(self.points[i], c, self.max_requests) for i, c in todo]
+            self.memo.update(zip(todo, results))
+        return [[self.memo[(i, c)] for i in idx] for c in calibrations]
+
+
+_POOL_POINTS: tuple[list[Point], int] = ([], DEFAULT_MAX_REQUESTS)
+
+
+def _pool_simulate(job: tuple[int, Calibration]) -> dict[str, float]:
+    points, max_requests = _POOL_POINTS
+    i, cal = job
+    return simulate(points[i], cal, max_requests)
+
+
+def log_errors(points: Sequence[Point], sims: Sequence[dict[str, float]]) -> list[float]:
+    """log(simulated / measured) for every point and measured metric, in order."""
+    out = []
+    for point, sim in zip(points, sims):
+        for key, measured in point.measured.items():
+            out.append(math.log(max(sim[key], 1e-9) / measured))
+    return out
+
+
+def _weighted(r: list[float]) -> list[float]:
+    """Huber-weighted residuals: quadratic within HUBER, linear beyond."""
+    return [x if abs(x) <= HUBER else math.copysign(math.sqrt(HUBER * (2 * abs(x) - HUBER)), x)
+            for x in r]
+
+
+def _cost(r: list[float]) -> float:
+    return sum(x * x for x in _weighted(r))
+
+
+@dataclass(slots=True)
+class FitResult:
+    calibration: Calibration
+    fitted: list[str]  # parameters moved by the fit
+    undetermined: dict[str, str]  # parameter -> why the points could not determine it
+    mean_abs_error: float  # over the fit points' metrics, |simulated / measured - 1|
+    iterations: int
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gaussian elimination with partial pivoting (a is small and square)."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) < 1e-300:
+            continue
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(col + 1, n):
+            f = m[r][col] / m[col][col]
+            for c in range(col, n + 1):
+                m[r][c] -= f * m[col][c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        s = m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))
+        x[r] = s / m[r][r] if abs(m[r][r]) > 1e-300 else 0.0
+    return x
+
+
+def _smallest_singular(cols: list[list[float]]) -> tuple[float, list[float]]:
+    """The smallest singular value of the matrix with these (unit) columns and its right
+    singular vector: the smallest eigenpair of the Gram matrix, by inverse iteration."""
+    n = len(cols)
+    gram = [[sum(a * b for a, b in zip(cols[i], cols[j])) for j in range(n)] for i in range(n)]
+    shifted = [[gram[i][j] + (1e-9 if i == j else 0.0) for j in range(n)] for i in range(n)]
+    v = [1.0 / math.sqrt(n)] * n
+    for _ in range(60):
+        w = _solve(shifted, v)
+        norm = math.sqrt(sum(x * x for x in w)) or 1.0
+        v = [x / norm for x in w]
+    gv = [sum(gram[i][j] * v[j] for j in range(n)) for i in range(n)]
+    eig = max(sum(a * b for a, b in zip(v, gv)), 0.0)
+    return math.sqrt(eig), v
+
+
+def identify(names: list[str], jac: list[list[float]], rows: int) -> tuple[list[str], dict[str, str]]:
+    """Which of `names` (Jacobian columns `jac`, d log(metric) / d log(parameter)) the
+    points determine. A parameter whose effect on every metric stays below 1 % per
+    doubling is dropped; then, while the columns are nearly dependent (smallest
+    singular value of the unit columns below 0.08), the one that leans most on the
+    others is dropped, naming them."""
+    keep = list(range(len(names)))
+    why: dict[str, str] = {}
+    for j in list(keep):
+        if max((abs(x) for x in jac[j]), default=0.0) * math.log(2) < 0.01:
+            why[names[j]] = "no effect on any measured metric of these points"
+            keep.remove(j)
+    while len(keep) > 1:
+        unit = []
+        for j in keep:
+            norm = math.sqrt(sum(x * x for x in jac[j])) or 1.0
+            unit.append([x / norm for x in jac[j]])
+        sigma, v = _smallest_singular(unit)
+        if sigma >= 0.08 and len(keep) < rows:
+            break
+        worst = max(range(len(keep)), key=lambda k: abs(v[k]))
+        partners = sorted((k for k in range(len(keep)) if k != worst), key=lambda k: -abs(v[k]))
+        named = [names[keep[k]] for k in partners if abs(v[k]) > 0.2] or [names[keep[partners[0]]]]
+        why[names[keep[worst]]] = ("its effect on these points is explained by "
+                                   + ", ".join(named) if sigma < 0.08 else
+                                   "more parameters than measured values")
+        keep.pop(worst)
+    return [names[j] for j in keep], why
+
+
+def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx: Sequence[int],
+        max_iter: int = 12, log: Callable[[str], None] | None = None,
+        check: bool = True) -> FitResult:
+    """Move the parameters `names` of `start` to fit the points `fit_idx` of the
+    evaluator. With `check`, first drop the parameters the points cannot determine."""
+    points = [evaluator.points[i] for i in fit_idx]
+    names, undetermined = applicable(points, list(names))
+    if start.moe_flops_efficiency == 0.0 and "moe_flops_efficiency" in names:
+        start = replace(start, moe_flops_efficiency=start.flops_efficiency)
+    params = [PARAMETERS[n] for n in names]
+    x = [p.to_x(getattr(start, p.name)) for p in params]
+
+    def calibration(xs: Sequence[float]) -> Calibration:
+        return replace(start, **{p.name: p.from_x(v) for p, v in zip(params, xs)})
+
+    def residuals(cals: Sequence[Calibration]) -> list[list[float]]:
+        return [log_errors(points, sims) for sims in evaluator.sims(cals, fit_idx)]
+
+    def jacobian(xs: list[float], r0: list[float]) -> tuple[list[list[float]], list[float]]:
+        steps, cals = [], []
+        for j, p in enumerate(params):
+            h = STEP if p.from_x(xs[j] + STEP) != p.from_x(xs[j]) else -STEP
+            steps.append(h)
+            cals.append(calibration([v + (h if k == j else 0.0) for k, v in enumerate(xs)]))
+        cols = residuals(cals)
+        return [[(a - b) / h for a, b in zip(col, r0)] for col, h in zip(cols, steps)], steps
+
+    r = residuals([calibration(x)])[0]
+    cost = _cost(r)
+    lam = 1e-2
+    it = 0
+    fitted = list(names)
+    for it in range(1, max_iter + 1):
+        if not params:
+            break
+        jac, _ = jacobian(x, r)
+        if check and it == 1:
+            keep, why = identify([p.name for p in params], jac, len(r))
+            undetermined.update(why)
+            sel = [j for j, p in enumerate(params) if p.name in keep]
+            params = [params[j] for j in sel]
+            x = [x[j] for j in sel]
+            jac = [jac[j] for j in sel]
+            fitted = [p.name for p in params]
+            start = calibration(x)  # the dropped ones stay at their start values
+            if not params:
+                break
+        # Huber IRLS weights on the current residuals
+        w = [1.0 if abs(v) <= HUBER else HUBER / abs(v) for v in r]
+        n = len(params)
+        jtj = [[sum(w[k] * jac[a][k] * jac[b][k] for k in range(len(r))) for b in range(n)] for a in range(n)]
+        jtr = [sum(w[k] * jac[a][k] * r[k] for k in range(len(r))) for a in range(n)]
+        improved = False
+        for _ in range(6):
+            a = [[jtj[i][j] + (lam * (jtj[i][i] + 1e-6) if i == j else 0.0) for j in range(n)]
+                 for i in range(n)]
+            delta = _solve(a, [-v for v in jtr])
+            delta = [max(min(d, 1.5), -1.5) for d in delta]  # at most a factor e^1.5 a step
+            x_new = [params[j].to_x(params[j].from_x(v + d)) for j, (v, d) in enumerate(zip(x, delta))]
+            r_new = residuals([calibration(x_new)])[0]
+            c_new = _cost(r_new)
+            if c_new < cost - 1e-9:
+                x, r, cost, improved = x_new, r_new, c_new, True
+                lam = max(lam / 3, 1e-4)
+                break
+            lam *= 4
+        if log:
+            log(f"  step {it}: mean |error| {statistics.mean(abs(math.exp(v) - 1) for v in r):.1%}")
+        if not improved:
+            break
+    final = calibration(x)
+    err = statistics.mean(abs(math.exp(v) - 1) for v in r) if r else 0.0
+    return FitResult(final, fitted, undetermined, err, it)
+
+
+def relative_errors(point: Point, sim: dict[str, float]) -> dict[str, float]:
+    """simulated / measured - 1 per metric."""
+    return {k: sim[k] / v - 1.0 for k, v in point.measured.items()}
+
+
+def leave_one_out(evaluator: Evaluator, result: FitResult, fit_idx: Sequence[int],
+                  max_iter: int = 3) -> dict[int, dict[str, float]]:
+    """For each fit point, the relative errors of its metrics predicted by a refit on
+    the others (from the full fit, only the parameters it moved, at most `max_iter`
+    steps)."""
+    out = {}
+    for i in fit_idx:
+        rest = [j for j in fit_idx if j != i]
+        refit = fit(evaluator, result.calibration, result.fitted, rest, max_iter, check=False)
+        sim = evaluator.sims([refit.calibration], [i])[0][0]
+        out[i] = relative_errors(evaluator.points[i], sim)
+    return out

@@ -1,0 +1,100 @@
+"""`inference-lab calibrate` end to end: measurements made by a known calibration are
+fitted back, the written preset makes `sim --timing calibrated` reproduce them, and bad
+input is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from inference_lab.calibrate.simulate import Point, simulate
+from inference_lab.engine.sim import catalog
+from inference_lab.engine.sim.specs import Deployment, SchedulerConfig
+
+# What the "real" engine is: the h100 preset's calibration with three costs changed.
+TRUTH = replace(catalog.load_hardware("h100").calibration, bandwidth_efficiency=0.6,
+                step_overhead=3e-3, request_overhead=10e-3)
+CONCURRENCY = (1, 8, 32, 64)  # KV reads grow with the batch: bandwidth and step time part
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING", *args],
+                          capture_output=True, text=True, timeout=240)
+
+
+def measured_sweep(tmp_path: Path) -> Path:
+    """A CSV of TTFT / TPOT means the TRUTH engine gives for 10 x c requests of 2048 / 64."""
+    dep = Deployment(name="m", model=catalog.load_model("llama-3.1-8b"),
+                     hardware=catalog.load_hardware("h100"), scheduler=SchedulerConfig(block_size=16))
+    lines = ["concurrency,input_len,output_len,ttft_ms,tpot_ms,num_prompts"]
+    for c in CONCURRENCY:
+        point = Point("", dep, c, 2048, 64, {"ttft_ms": 1.0, "tpot_ms": 1.0}, requests=10 * c)
+        sim = simulate(point, TRUTH)
+        lines.append(f"{c},2048,64,{sim['ttft_ms']:.4f},{sim['tpot_ms']:.4f},{10 * c}")
+    path = tmp_path / "sweep.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_fit_recovers_the_costs_and_the_preset_reproduces_the_measurements(tmp_path):
+    sweep = measured_sweep(tmp_path)
+    out = cli("calibrate", str(sweep), "--model", "llama-3.1-8b", "--hardware", "h100",
+              "--fit", "bandwidth_efficiency,step_overhead,request_overhead", "--name", "my-h100",
+              "-o", str(tmp_path / "cat"))
+    assert out.returncode == 0, out.stderr
+    assert "leave-one-out" in out.stdout and "c=64 2048/64" in out.stdout
+    preset = tmp_path / "cat" / "hardware" / "my-h100.toml"
+    table = tomllib.loads(preset.read_text())
+    cal = table["calibration"]
+    assert cal["step_overhead"] == pytest.approx(3e-3, rel=0.1)
+    assert cal["bandwidth_efficiency"] == pytest.approx(0.6, rel=0.1)
+    assert cal["fit"].startswith("inference-lab calibrate on sweep.csv (4 points")
+    assert table["memory_bandwidth"] == catalog.load_hardware("h100").hbm_bandwidth  # the rest is h100's
+    config = tmp_path / "m.toml"
+    config.write_text('model = "llama-3.1-8b"\n[scheduler]\nblock_size = 16\n[hardware.my-h100]\n')
+    workload = tmp_path / "w.toml"
+    workload.write_text('arrival_pattern = "closed_loop"\nnum_concurrent_users = 32\nnum_requests = 320\n'
+                        'seed = 1\ninput_len_dist = { type = "fixed", value = 2048 }\n'
+                        'output_len_dist = { type = "fixed", value = 64 }\n')
+    run = cli("sim", "--catalog", str(tmp_path / "cat"), "--config", str(config), "--hardware", "my-h100",
+              "--timing", "calibrated", "--workload", str(workload), "-q", "-o", str(tmp_path / "o.json"))
+    assert run.returncode == 0, run.stderr
+    tpot = json.loads((tmp_path / "o.json").read_text())["latency_metrics"]["per_token_ms"]["mean"]
+    row = sweep.read_text().splitlines()[3].split(",")  # concurrency 32
+    assert tpot == pytest.approx(float(row[4]), rel=0.05)
+
+
+def test_too_few_points_for_the_parameters_are_refused_naming_the_counts(tmp_path):
+    sweep = tmp_path / "one.csv"
+    sweep.write_text("concurrency,input_len,output_len,ttft_ms,tpot_ms\n4,512,64,30,5\n")
+    out = cli("calibrate", str(sweep), "--model", "llama-3.1-8b", "--hardware", "h100",
+              "--fit", "step_overhead,request_overhead", "--name", "x", "-o", str(tmp_path / "cat"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "1 point(s) give 2 measured values; fitting 2 parameter(s)" in out.stderr
+    assert not (tmp_path / "cat").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nope.csv"], "nope.csv: no such file"),
+    (["bad.csv"], "a CSV needs the header concurrency,input_len,output_len,ttft_ms,tpot_ms"),
+    (["good.csv", "--model", "gpt-9"], "unknown model preset 'gpt-9'"),
+    (["good.csv", "--fit", "speed"], "--fit: unknown parameter(s) speed"),
+    (["good.csv", "--name", "My B200"], "--name 'My B200': expected a lower-case file stem"),
+])
+def test_bad_input_is_refused_in_one_line(tmp_path, args, message):
+    (tmp_path / "bad.csv").write_text("c,ttft\n1,2\n")
+    (tmp_path / "good.csv").write_text("concurrency,input_len,output_len,ttft_ms,tpot_ms\n1,64,16,10,2\n"
+                                       "2,64,16,11,2.2\n4,64,16,12,2.5\n")
+    argv = ["calibrate", *[str(tmp_path / a) if a.endswith(".csv") else a for a in args]]
+    for flag, value in (("--model", "llama-3.1-8b"), ("--name", "x")):
+        if flag not in args:
+            argv += [flag, value]
+    out = cli(*argv, "--hardware", "h100", "-o", str(tmp_path / "cat"))
+    assert out.returncode == 2, out.stdout
+    assert message in out.stderr and "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1
