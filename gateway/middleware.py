@@ -40,19 +40,27 @@ def _route_label(request: web.BaseRequest) -> str:
     return resource.canonical if resource is not None else "unmatched"
 
 
-_RANK = {Access.OPEN: 0, Access.GENERATE: 1, Access.CONTROL: 2}
 _BODILESS = frozenset({"GET", "HEAD", "OPTIONS"})
+_BY_ROUTE: dict[str, Access] = {}  # a route's access, by its canonical path (few: the routes)
 
 
-def _access(request: web.BaseRequest) -> Access:
-    """The access of the route the request matched, or of its path (the stricter)."""
-    return max(route_access(request.path), route_access(_route_label(request)), key=_RANK.get)
+def _access(request: web.BaseRequest, label: str) -> Access:
+    """The access of the route the request matched (`label`: _route_label's; its path's,
+    when none matched)."""
+    access = _BY_ROUTE.get(label)
+    if access is None:
+        if label == "unmatched":
+            return route_access(request.path)
+        access = _BY_ROUTE[label] = route_access(label)
+    return access
 
 
-def _check_access(request: web.BaseRequest, api_key: str | None,
+def _check_access(request: web.BaseRequest, label: str, api_key: str | None,
                   control_token: str | None) -> None:
     """Raise the 401, 403 or 415 an access rule gives this request (gateway.access)."""
-    access = _access(request)
+    access = _access(request, label)
+    if access is Access.OPEN:
+        return
     if access is Access.GENERATE:
         if api_key is not None and not cors.is_preflight(request) \
                 and not _api_key_ok(request, api_key):
@@ -102,8 +110,9 @@ async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
     state = request.app[STATE]
     started = time.perf_counter()
     status = 500
+    label = _route_label(request)
     try:
-        _check_access(request, state.api_key, state.control_token)
+        _check_access(request, label, state.api_key, state.control_token)
         try:
             resp = await handler(request)
         except GatewayError as err:
@@ -134,7 +143,7 @@ async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
         engine = state.engine
         if engine is not None:  # (a generation request not sent: answered here)
             engine.backlog.clear(request.protocol)
-        state.metrics.observe(_route_label(request), status, time.perf_counter() - started)
+        state.metrics.observe(label, status, time.perf_counter() - started)
 
 
 # Bodies read as JSON besides application/*+json: unlabelled ones, and curl's default for

@@ -355,7 +355,8 @@ def test_a_crash_on_the_timeline_restarts_the_engine_and_the_run_carries_on(tmp_
 @pytest.mark.parametrize("name", ["../../../escaped", "a/b", ".hidden", "/abs", "tab\there"])
 def test_an_adapter_name_that_is_not_a_plain_file_name_is_refused_and_nothing_is_written(
         tmp_path, name):
-    """An adapter named `../../../x` once wrote its directory outside --out."""
+    """An experiment writes a directory per adapter under --out: a name such as
+    `../../../x` would put it elsewhere, so the scenario is refused before anything runs."""
     scenario = tmp_path / "deep" / "er" / "scenario.toml"
     scenario.parent.mkdir(parents=True)
     scenario.write_text(MULTI_TURN.replace("lora_adapters = { sql = 0.5 }",

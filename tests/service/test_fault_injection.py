@@ -165,8 +165,8 @@ async def test_changes_are_saved_and_restored(fake):
 
 
 async def test_script_steps_used_up_are_saved_off_the_loop_and_debounced(fake):
-    """A scripted generation request used to rewrite and fsync the whole script on the
-    event loop; now one write covers every step used up within DEBOUNCE_S, in a worker
+    """A scripted generation request must not rewrite and fsync the whole script on the
+    event loop: one write covers every step used up within DEBOUNCE_S, in a worker
     thread, and the last state is written when the server stops."""
     writes: list[tuple[int, dict]] = []
     app = create_app(fake.target, save_faults=lambda snapshot: writes.append(

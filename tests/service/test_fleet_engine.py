@@ -156,8 +156,8 @@ async def test_a_capacity_file_from_before_replicas_applies_to_every_replica(tmp
 
 
 async def test_the_replica_limit_counts_draining_replicas_and_so_the_ports_they_hold():
-    """Switching between 1 and 2 replicas while each new one holds a stream used to take a
-    new index (and a gateway port) every time, past the limit; every replica held counts."""
+    """Switching between 1 and 2 replicas while each new one holds a stream takes a new
+    index (and a gateway port) every time: every replica held counts toward the limit."""
     async with running_engine(replicas=2) as server, engine_stub(server) as stub:
         server.fleet.max_replicas = 4
         held, refused = [], None

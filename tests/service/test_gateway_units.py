@@ -368,8 +368,8 @@ def test_an_engine_failure_outside_the_table_is_a_500_without_its_text(code):
 
 
 def test_the_stored_responses_cap_counts_what_is_stored_tools_included():
-    """30 responses each echoing 180 KB of tools once grew the gateway by 119 MB while the
-    cap counted conversation text only: now the stored JSON itself is counted."""
+    """The cap counts the stored JSON itself, not the conversation text alone: 30
+    responses each echoing 180 KB of tools would otherwise pass a cap of a few MB."""
     from inference_lab.gateway.protocols.responses import ResponseStore
 
     tools = [{"type": "function", "name": f"f{i}", "description": "x" * 1000,
@@ -390,7 +390,7 @@ def test_the_stored_responses_cap_counts_what_is_stored_tools_included():
                                             (1024, 2, False), (9, 128, False),
                                             (1024, 128, False)])
 def test_a_request_asks_for_at_most_1024_sequences_prompts_times_n(prompts, n, ok):
-    """1,024 prompts x n = 128 was 131,072 sequences from one request."""
+    """vLLM bounds each factor alone: 1,024 prompts x n = 128 would be 131,072 sequences."""
     body = json.dumps({"model": "m", "prompt": [[1, 2]] * prompts, "n": n,
                        "max_tokens": 1}).encode()
     if ok:
