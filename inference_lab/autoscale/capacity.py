@@ -8,8 +8,8 @@ serves while meeting a latency SLO, from the offline simulation of the engine it
 - `replica_capacity(deployment, lengths, slo)`: the largest Poisson arrival rate whose
   attainment on one replica is at least `slo.attainment`, by bisection between a tenth
   of the replica's saturated throughput and that throughput (a closed loop at
-  max_num_seqs), each candidate simulated for `horizon` seconds of arrivals with the
-  load's own request lengths. Deterministic for a seed.
+  max_num_seqs), each candidate simulated for `requests` arrivals (at least `horizon`
+  seconds of them) with the load's own request lengths. Deterministic for a seed.
 
 The SLO autoscaler scales on it, and the autoscaling oracle counts the replicas each
 window's arrivals need with it. It treats the load as stationary within a window and
@@ -30,7 +30,8 @@ from inference_lab.engine.drivers.offline import run_offline
 from inference_lab.engine.sim.core import EngineCore, QueueSaturated, SubmitError
 from inference_lab.engine.sim.specs import Deployment
 
-__all__ = ["Slo", "outcomes", "attainment", "replica_capacity", "lengths_of"]
+__all__ = ["Slo", "outcomes", "attainment", "replica_capacity", "lengths_of", "saturated_rps",
+           "with_capacity", "replicas_needed"]
 
 SAMPLE = 2000  # request lengths drawn from the load
 BISECTIONS = 7  # 2^-7 of the bracket: under 1 % of the saturated throughput
@@ -112,14 +113,14 @@ def saturated_rps(deployment: Deployment, lengths: tuple[tuple[int, int], ...]) 
 
 
 def replica_capacity(deployment: Deployment, lengths: tuple[tuple[int, int], ...], slo: Slo,
-                     horizon: float = 60.0, seed: int = 0) -> float:
+                     requests: int = 3000, horizon: float = 60.0, seed: int = 0) -> float:
     """Requests per second one replica serves at `slo.attainment` (0 when not even a
     lone request meets the SLO)."""
     top = saturated_rps(deployment, lengths)
     lo, hi = 0.0, top
 
     def ok(rate: float) -> bool:
-        arrivals = _poisson(rate, lengths, max(horizon, 200 / rate), seed)
+        arrivals = _poisson(rate, lengths, max(horizon, requests / rate), seed)
         return attainment(outcomes(deployment, arrivals), slo) >= slo.attainment
 
     if ok(hi):

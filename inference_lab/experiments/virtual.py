@@ -74,6 +74,15 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self._now
 
+    def horizon(self) -> float:
+        """The earliest instant another callback may run at: now while any is ready, else
+        the earliest timer's (inf: none). Read from asyncio's own queues (BaseEventLoop's
+        `_ready` and `_scheduled`); a loop without them gives now (no running ahead)."""
+        ready, scheduled = getattr(self, "_ready", None), getattr(self, "_scheduled", None)
+        if ready is None or scheduled is None or ready:
+            return self._now
+        return scheduled[0].when() if scheduled else float("inf")
+
     def advance(self, seconds: float) -> None:
         # `seconds` is the earliest timer's instant less now: the sum lands within a
         # rounding error of it, well inside the loop's clock resolution (1 ns)
@@ -283,18 +292,33 @@ class VirtualLab:
             self.loop.call_at(t, self._step, replica)
 
     def _step(self, replica: _Replica) -> None:
-        core = replica.core
-        t = core.next_event_time()
-        if t is None:
-            replica.scheduled = False
-            self._maybe_close(replica)
-            return
-        result = core.step(max(t, self.loop.time()))
-        self.steps += 1
-        if result.end > self.loop.time():
-            self.loop.call_at(result.end, self._deliver, replica, result)
+        """Step the replica; steps that give nobody anything (no first token, no finish)
+        run back to back in this one callback while each starts before any other
+        callback could run (the loop's horizon): nothing can reach the replica meanwhile,
+        so the order of events is the offline driver's."""
+        core, loop = replica.core, self.loop
+        now = loop.time()
+        horizon = loop.horizon() if isinstance(loop, VirtualLoop) else now
+        while True:
+            t = core.next_event_time()
+            if t is None:
+                replica.scheduled = False
+                self._maybe_close(replica)
+                return
+            result = core.step(max(t, now))
+            self.steps += 1
+            if result.first_token or result.finished:
+                break
+            nxt = core.next_event_time()
+            if nxt is None or nxt >= horizon:
+                break
+        if result.first_token or result.finished:
+            if result.end > now:
+                loop.call_at(result.end, self._deliver, replica, result)
+            else:
+                self._deliver(replica, result)
         else:
-            self._deliver(replica, result)
+            self._schedule(replica)
 
     def _deliver(self, replica: _Replica, result) -> None:
         for req in result.first_token:
