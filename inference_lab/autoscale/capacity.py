@@ -6,9 +6,9 @@ serves while meeting a latency SLO, from the offline simulation of the engine it
 - `outcomes(deployment, arrivals)`: each arrival's (TTFT, e2e) on one replica, or None
   when the engine refuses it (its waiting queue is full) or it can never run.
 - `replica_capacity(deployment, lengths, slo)`: the largest Poisson arrival rate whose
-  attainment on one replica is at least `slo.attainment`, by bisection between a tenth
-  of the replica's saturated throughput and that throughput (a closed loop at
-  max_num_seqs), each candidate simulated for `requests` arrivals (at least `horizon`
+  attainment on one replica is at least `slo.attainment`: the replica's saturated
+  throughput (a closed loop at max_num_seqs) if it meets it, else halved until it does,
+  then bisected between the two, each candidate simulated for `requests` arrivals (at least `horizon`
   seconds of them) with the load's own request lengths. Deterministic for a seed.
 
 The SLO autoscaler scales on it, and the autoscaling oracle counts the replicas each
@@ -34,7 +34,7 @@ __all__ = ["Slo", "outcomes", "attainment", "replica_capacity", "lengths_of", "s
            "with_capacity", "replicas_needed"]
 
 SAMPLE = 2000  # request lengths drawn from the load
-BISECTIONS = 7  # 2^-7 of the bracket: under 1 % of the saturated throughput
+BISECTIONS = 5  # 2^-5 of the bracket [top / 2^k, top / 2^(k-1)]: under 2 % of the rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +113,7 @@ def saturated_rps(deployment: Deployment, lengths: tuple[tuple[int, int], ...]) 
 
 
 def replica_capacity(deployment: Deployment, lengths: tuple[tuple[int, int], ...], slo: Slo,
-                     requests: int = 3000, horizon: float = 60.0, seed: int = 0) -> float:
+                     requests: int = 1000, horizon: float = 30.0, seed: int = 0) -> float:
     """Requests per second one replica serves at `slo.attainment` (0 when not even a
     lone request meets the SLO)."""
     top = saturated_rps(deployment, lengths)
@@ -125,14 +125,11 @@ def replica_capacity(deployment: Deployment, lengths: tuple[tuple[int, int], ...
 
     if ok(hi):
         return hi
-    probe = top / 10
-    if not ok(probe):
-        hi = probe
-        if not ok(probe / 10):
+    lo = hi / 2
+    while not ok(lo):  # at most a few halvings: a replica that meets the SLO at all does soon
+        hi, lo = lo, lo / 2
+        if lo < top / 1000:
             return 0.0
-        lo = probe / 10
-    else:
-        lo = probe
     for _ in range(BISECTIONS):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
