@@ -51,6 +51,7 @@ class Result:
     modelled: dict | None = None  # the engine's "inference_lab" timings
     error: str = ""
     cached_tokens: int = -1  # usage.prompt_tokens_details.cached_tokens; -1 if absent
+    replica: int = -1  # the replica the request went to (-1: none, or not a fleet)
 
 
 class Endpoint:

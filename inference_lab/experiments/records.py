@@ -48,6 +48,7 @@ REQUEST_COLUMNS = (
     "m_e2e_s",
     "preemptions",
     "error",
+    "replica",          # the replica it was routed to (a fleet; -1 otherwise, or none ready)
 )
 CONTROLLER_COLUMNS = ("t", "limit", "inflight")
 SERVER_COLUMNS = ("t", "waiting", "running", "max_num_seqs", "max_waiting")
@@ -124,7 +125,7 @@ class Records:
         appends = [cols[name].append for name in REQUEST_COLUMNS]
         (due_s, send_s, send_delay_ms, user_, phase_, limit_, inflight_, status, prompt_tokens,
          cached_tokens, adapter, max_tokens_, completion_tokens, ttft_s, e2e_s, done_s, m_queue_s,
-         m_ttft_s, m_e2e_s, preemptions, error) = appends
+         m_ttft_s, m_e2e_s, preemptions, error, replica_) = appends
         for due, user, phase, limit, inflight, prompt, max_tokens, result in self._rows:
             t = (due - t0) * k
             due_s(t)
@@ -149,6 +150,7 @@ class Records:
                 m_e2e_s(NAN)
                 preemptions(0)
                 error("shed by the controller")
+                replica_(-1)
                 continue
             prompt_tokens(prompt.tokens)
             cached_tokens(result.cached_tokens)
@@ -166,6 +168,7 @@ class Records:
             m_e2e_s(m.get("e2e_s", NAN))
             preemptions(int(m.get("preemptions", 0)))
             error(result.error)
+            replica_(result.replica)
         return cols
 
     def write(self, out: Path) -> None:

@@ -397,7 +397,7 @@ class Runner:
     async def _autoscale(self) -> None:
         scaler, tick = self.scaler, 0
         max_replicas = self.fleet.max_replicas
-        while True:
+        while self.clock() < self.end:  # the run is judged over the load: no scaling after it
             try:
                 await self.read_replicas()
                 now = self.now()
@@ -532,6 +532,8 @@ class Runner:
                 if conn is not None:
                     conn.close()
                 conns.pop(route.port, None)
+            if self.fleet is not None:
+                result.replica = route.index
         self._release(ticket, result)
         self.records.request(due, user, phase, limit, inflight, prompt, output, result)
         return result
@@ -673,6 +675,8 @@ class Runner:
         conn.ctx = None
         if not conn.closed:
             route.idle.append(conn)
+        if self.fleet is not None:
+            result.replica = route.index
         self._settled(due, ticket, phase, limit, inflight, prompt, output, result)
 
     def _settled(self, due, ticket, phase, limit, inflight, prompt, output, result: Result) -> None:
