@@ -32,9 +32,13 @@ DIR/report.html (plots).
   inference-lab experiment configs/experiments/reference-page.toml --serve --out runs/ref
   inference-lab experiment configs/experiments/capacity-step.toml --serve --controller aimd --out runs/aimd
   inference-lab experiment compare runs/ref runs/aimd --out runs/compare
+  inference-lab experiment configs/experiments/autoscaling-diurnal.toml --virtual --out runs/day
 
 Controllers: fixed, aimd, vegas, gradient2, envoy, sre (published defaults; override
-with --param NAME=VALUE). With --url the server's clock must run at --time-scale.
+with --param NAME=VALUE). Autoscalers (a scenario with [fleet]): hpa, keda, slo, or
+package.module:Class (--autoscaler, --autoscaler-param NAME=VALUE). With --url the
+server's clock must run at --time-scale. --virtual runs the scenario on the simulated
+clock against a simulated fleet, as fast as the CPU allows, writing the same files.
 """
 READY_TIMEOUT_S = 60.0
 
@@ -49,9 +53,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     where.add_argument("--url", metavar="URL", help="the server to drive (e.g. http://127.0.0.1:8080)")
     where.add_argument("--serve", action="store_true",
                        help="start a private `inference-lab serve` for the run, stop it after")
+    where.add_argument("--virtual", action="store_true",
+                       help="no server: the same scenario on the simulated clock (virtual time)")
     p.add_argument("--controller", metavar="NAME", help="override the scenario's controller")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="a controller parameter (repeatable), e.g. --param min_limit=1")
+    p.add_argument("--autoscaler", metavar="NAME",
+                   help="override the scenario's autoscaler (hpa, keda, slo, package.module:Class)")
+    p.add_argument("--autoscaler-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="an autoscaler parameter (repeatable), e.g. --autoscaler-param target=16")
     p.add_argument("--time-scale", type=float, metavar="K",
                    help="the server's modelled clock runs K times faster than the wall "
                         "(default: the scenario's [server] time_scale, else 1)")
@@ -80,13 +90,17 @@ class PrivateServer:
     """`inference-lab serve` on free loopback ports, for one run."""
 
     def __init__(self, scenario, time_scale: float, log_path: Path,
-                 adapters: dict[str, str] | None = None) -> None:
+                 adapters: dict[str, str] | None = None, startup_delay: float = 0.0) -> None:
         self.argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING",
                      "serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
                      "--hardware", scenario.hardware, "--time-scale", repr(time_scale),
                      "--grace", "1"]
         if scenario.config is not None:
             self.argv += ["--config", str(scenario.config)]
+        if scenario.fleet is not None:  # the engine times start-ups on the wall: modelled / K
+            self.argv += ["--replicas", str(max(scenario.fleet.replicas, 1)),
+                          "--startup-delay", repr(startup_delay / time_scale),
+                          "--max-waiting", str(scenario.max_waiting)]
         if adapters:  # the load's LoRA adapters (the runner would load them otherwise)
             self.argv += ["--lora-modules", *(f"{n}={p}" for n, p in adapters.items()),
                           "--max-loras", str(scenario.workload.max_loras)]
@@ -146,8 +160,9 @@ def _run_scenario(args: argparse.Namespace) -> int:
     if args.dirs:
         raise UsageError(f"unexpected arguments after the scenario: {' '.join(args.dirs)} "
                          "(did you mean `experiment compare DIR...`?)")
-    if not args.url and not args.serve:
-        raise UsageError("give --url URL (a running server) or --serve (start a private one)")
+    if not args.url and not args.serve and not args.virtual:
+        raise UsageError("give --url URL (a running server), --serve (start a private one) or "
+                         "--virtual (no server: simulated time)")
     if args.out is None:
         raise UsageError("--out DIR is required")
     scenario = load_scenario(args.target)
@@ -155,10 +170,19 @@ def _run_scenario(args: argparse.Namespace) -> int:
         params = dict(_param(p) for p in args.param)
         scenario = scenario.with_controller(args.controller or scenario.controller,
                                             params if args.param else None)
+    if args.autoscaler or args.autoscaler_param:
+        params = dict(_param(p) for p in args.autoscaler_param)
+        if not (args.autoscaler or scenario.autoscaler):
+            raise UsageError("--autoscaler-param: the scenario has no autoscaler (give --autoscaler)")
+        scenario = scenario.with_autoscaler(args.autoscaler or scenario.autoscaler,
+                                            params if args.autoscaler_param else None)
+    from inference_lab.autoscale.registry import make_autoscaler
     from inference_lab.experiments.controllers import make_controller
 
     try:
         make_controller(scenario.controller, scenario.controller_params)  # refuse bad input now
+        if scenario.autoscaler:
+            make_autoscaler(scenario.autoscaler, scenario.autoscaler_params, lambda: 1.0)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     scale = args.time_scale if args.time_scale is not None else scenario.time_scale
@@ -171,8 +195,8 @@ def _run_scenario(args: argparse.Namespace) -> int:
 
     def go(url: str, metrics_url: str | None) -> dict:
         print(f"running {scenario.name} ({scenario.duration:g} modelled s, "
-              f"{scenario.duration / scale:.1f} s on the wall) with controller "
-              f"{scenario.controller} against {url}", flush=True)
+              f"{scenario.duration / scale:.1f} s on the wall) with {_who(scenario)} "
+              f"against {url}", flush=True)
         try:
             import uvloop
             runner = uvloop.run
@@ -185,14 +209,29 @@ def _run_scenario(args: argparse.Namespace) -> int:
             on_progress=progress))
 
     try:
-        if args.serve:
-            with PrivateServer(scenario, scale, out / "server.log",
-                               adapter_dirs(scenario, out)) as server:
+        if args.virtual:
+            from inference_lab.experiments.experiment import run_virtual
+
+            print(f"running {scenario.name} ({scenario.duration:g} modelled s) in virtual time "
+                  f"with {_who(scenario)}", flush=True)
+            summary = run_virtual(scenario, out, progress)
+            run = summary["virtual_run"]
+            print(f"  {scenario.duration:g} modelled s in {run['wall_s']:.1f} s "
+                  f"({run['speed']:,.0f} x real time, {run['engine_steps']:,} engine steps)")
+        elif args.serve:
+            from inference_lab.experiments.experiment import replica_startup_delay
+
+            with PrivateServer(scenario, scale, out / "server.log", adapter_dirs(scenario, out),
+                               replica_startup_delay(scenario)) as server:
                 summary = go(server.url, args.metrics_url or server.metrics_url)
         else:
             summary = go(args.url, args.metrics_url)
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    if "autoscaling" in summary:
+        _print_autoscaling(summary)
+        print(f"wrote {out / 'report.html'} and {out / 'summary.json'}")
+        return 0
     for p in summary["phases"]:
         s, sc = p["steady"], p["scores"]
         e2e = f"{s['e2e_p50_s'] * 1000:.0f}" if s["e2e_p50_s"] is not None else "-"
@@ -205,6 +244,25 @@ def _run_scenario(args: argparse.Namespace) -> int:
                  if scenario.workload.structured and s["cached_frac"] is not None else ""))
     print(f"wrote {out / 'report.html'} and {out / 'summary.json'}")
     return 0
+
+
+def _who(scenario) -> str:
+    if scenario.autoscaler:
+        return f"autoscaler {scenario.autoscaler}"
+    return f"controller {scenario.controller}"
+
+
+def _print_autoscaling(summary: dict) -> None:
+    a = summary["autoscaling"]
+    oracle = a.get("oracle") or {}
+    att = f"{100 * a['attainment']:.2f} %" if a.get("attainment") is not None else "-"
+    print(f"  SLO attainment {att}, {a['gpu_hours']:.2f} GPU-hours "
+          f"(mean {a['mean_replicas'] or 0:.2f}, peak {a['peak_replicas']} replicas), "
+          f"{a['cold_starts']} cold starts, {a['n_529']} 529s, {a['n_503']} 503s")
+    if oracle:
+        cost = f"{a['cost_vs_oracle']:.2f} x" if a.get("cost_vs_oracle") else "-"
+        print(f"  oracle: {oracle['gpu_hours']:.2f} GPU-hours at {oracle['capacity_rps']:.1f} "
+              f"requests/s per replica; cost vs oracle {cost}")
 
 
 def _compare(args: argparse.Namespace) -> int:

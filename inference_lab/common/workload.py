@@ -3,6 +3,7 @@
 Knows: the `[workload]` table (or the same keys at the top level of the file):
 
     arrival_pattern = "poisson" | "uniform" (= "fixed_rate") | "burst" | "batched" | "closed_loop"
+                                 # | "trace"
     arrival_rate = 20.0          # req/s; poisson (exponential gaps) and uniform (1/rate gaps);
                                  # default 1.0, as inference-lab's
     rate_schedule = { type = "sine", min = 2, max = 20, period_secs = 60 }  # lambda(t) instead
@@ -30,6 +31,11 @@ Knows: the `[workload]` table (or the same keys at the top level of the file):
                                  # request (its prefill, nothing generated); no
                                  # output_len_dist (default false)
 
+    trace_path = "day.jsonl"     # trace: a production trace replayed request by request
+    trace_format = "mooncake"    # ... "mooncake" | "azure" | "burstgpt" (common.traces)
+    trace_speed = 1.0            # ... times divided by this (default 1)
+    trace_window = [3600, 7200]  # ... only [start, end) seconds of the trace, from its start
+
 With shared_prefix_len or num_turns, prompts are token IDs built by
 inference_lab.common.conversations (a prompt = prefix + history + a new message of
 input_len_dist tokens), so the engine's prefix cache sees their structure; in a closed
@@ -44,7 +50,11 @@ gaps of 1-10 ms a fifth of the time, else 0.5-2 s, whatever the rate. With datas
 the prompts are the file's, in order, the output length min(a draw of output_len_dist, the
 entry's max_tokens), and the run ends with the file. inference-lab's session replay keys
 (sessions_path, num_sessions, stationary_start_sessions, resample_sessions) are refused by
-name: sessions are not simulated here. Does not know about the engine or the clock.
+name: sessions are not simulated here. `trace` replays a trace file (common.traces): each
+request at its time with its lengths (num_requests and duration_secs may cut it short),
+a Mooncake trace's prompts built from its hash ids so that the prefix cache sees its
+sharing; the length distributions and the rate keys do not apply to it. Does not know
+about the engine or the clock.
 """
 
 from __future__ import annotations
@@ -57,12 +67,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from inference_lab.common.dataset import Dataset, DatasetError
+from inference_lab.common.traces import FORMATS as TRACE_FORMATS
+from inference_lab.common.traces import Trace, TraceError, cached_trace
 from inference_lab.common.toml import REQUIRED, ConfigError, Table, read_toml
 
 __all__ = ["ConfigError", "LengthDist", "RateSchedule", "WorkloadSpec", "load_workload",
-           "parse_workload", "open_loop_arrivals", "draw_request", "draw_adapter"]
+           "parse_workload", "open_loop_arrivals", "draw_request", "draw_adapter",
+           "resolve_trace", "trace_arrivals"]
 
-PATTERNS = ("poisson", "uniform", "fixed_rate", "burst", "batched", "closed_loop")
+PATTERNS = ("poisson", "uniform", "fixed_rate", "burst", "batched", "closed_loop", "trace")
 DIST_TYPES = ("fixed", "uniform", "normal", "lognormal")
 SCHEDULE_TYPES = ("sine", "square", "trace")
 DEFAULT_BATCH_INTERVAL = 1.0  # seconds between bursts of a batched workload
@@ -77,7 +90,13 @@ _KEYS = ("arrival_pattern", "arrival_rate", "rate_schedule", "num_concurrent_use
          "closed_loop_jitter_secs", "batch_size", "batch_interval", "num_requests",
          "duration_secs", "dataset_path", "seed", "input_len_dist", "output_len_dist",
          "shared_prefix_len", "num_shared_prefixes", "num_turns", "lora_adapters",
-         "max_loras", "lora_rank", "pooling", *_SESSION_KEYS)
+         "max_loras", "lora_rank", "pooling", "trace_path", "trace_format", "trace_speed", "trace_window",
+         *_SESSION_KEYS)
+_TRACE_KEYS = ("trace_path", "trace_format", "trace_speed", "trace_window")
+# What a trace gives each request itself, or what does not apply to one.
+_NOT_WITH_TRACE = ("arrival_rate", "rate_schedule", "num_concurrent_users", "closed_loop_jitter_secs",
+                   "batch_size", "batch_interval", "dataset_path", "input_len_dist",
+                   "output_len_dist", "shared_prefix_len", "num_shared_prefixes", "num_turns")
 # The other sections of an inference-lab all-in-one file, ignored beside a [workload] table.
 _OTHER_SECTIONS = ("hardware", "model", "scheduler", "simulation")
 
@@ -104,6 +123,9 @@ class LengthDist:
         else:
             x = rng.lognormvariate(self.mean, self.std_dev)
         return max(1, round(x))
+
+
+TRACE_LENGTHS = LengthDist("fixed", value=1)  # what a trace workload carries, unused
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +185,15 @@ class WorkloadSpec:
     max_loras: int = 1
     lora_rank: int = 16
     pooling: bool = False  # every request a pooling request: output length 0
+    trace_path: str | None = None  # trace: the file
+    trace_format: str = ""  # trace: mooncake | azure | burstgpt
+    trace_speed: float = 1.0  # trace: times divided by this
+    trace_window: tuple[float, float] | None = None  # trace: [start, end) s of the trace
+
+    def trace(self) -> Trace:
+        """The trace of a `trace` workload (read once while the file is unchanged)."""
+        return cached_trace(self.trace_path, self.trace_format, speed=self.trace_speed,
+                            window=self.trace_window)
 
     @property
     def structured(self) -> bool:
@@ -252,6 +283,11 @@ def parse_workload(doc: dict, where: str) -> WorkloadSpec:
                               "shared_prefix_len for conversations, or dataset_path for prompts")
     pattern = t.get("arrival_pattern", str, f"one of {', '.join(PATTERNS)}", ok=lambda v: v in PATTERNS)
     pattern = "uniform" if pattern == "fixed_rate" else pattern  # inference-lab's alias
+    if pattern == "trace":
+        return _parse_trace_workload(t)
+    for key in _TRACE_KEYS:
+        if key in t.data:
+            raise ConfigError(where, t.key(key), 'only with arrival_pattern = "trace"')
     needs_rate = pattern in ("poisson", "uniform")
     rate = t.get("arrival_rate", float, "a number > 0 (requests per second)",
                  DEFAULT_ARRIVAL_RATE if needs_rate else None, ok=lambda v: v > 0)
@@ -306,6 +342,61 @@ def parse_workload(doc: dict, where: str) -> WorkloadSpec:
     return spec
 
 
+def _parse_trace_workload(t: Table) -> WorkloadSpec:
+    for key in _NOT_WITH_TRACE:
+        if key in t.data:
+            raise ConfigError(t.where, t.key(key), "does not apply to a trace: the trace gives "
+                              "each request its time and lengths")
+    window = None
+    if "trace_window" in t.data:
+        what = "[start, end]: seconds of the trace, 0 <= start < end"
+        raw = t.get("trace_window", list, what)
+        if not (len(raw) == 2 and all(not isinstance(x, bool) and isinstance(x, (int, float))
+                                      and math.isfinite(x) for x in raw)
+                and 0 <= raw[0] < raw[1]):
+            raise t.error("trace_window", what, raw)
+        window = (float(raw[0]), float(raw[1]))
+    spec = WorkloadSpec(
+        arrival_pattern="trace",
+        num_requests=t.get("num_requests", int, "an integer >= 1", None, ok=lambda v: v >= 1),
+        input_len_dist=TRACE_LENGTHS, output_len_dist=TRACE_LENGTHS,
+        duration_secs=t.get("duration_secs", float, "a number > 0 (simulated seconds)", None,
+                            ok=lambda v: v > 0),
+        seed=t.get("seed", int, "an integer >= 0", 0, ok=lambda v: v >= 0),
+        lora_adapters=_parse_adapters(t),
+        max_loras=t.get("max_loras", int, "an integer >= 1", 1, ok=lambda v: v >= 1),
+        lora_rank=t.get("lora_rank", int, "an integer >= 1", 16, ok=lambda v: v >= 1),
+        trace_path=t.get("trace_path", str, "a path to a trace file", ok=bool),
+        trace_format=t.get("trace_format", str, f"one of {', '.join(TRACE_FORMATS)}",
+                           ok=lambda v: v in TRACE_FORMATS),
+        trace_speed=t.get("trace_speed", float, "a number > 0 (times are divided by it)", 1.0,
+                          ok=lambda v: v > 0),
+        trace_window=window,
+    )
+    t.done()
+    return spec
+
+
+def resolve_trace(spec: WorkloadSpec, beside: Path, where: str, key: str = "trace_path") -> WorkloadSpec:
+    """A trace workload with its trace_path found (from the working directory, else from
+    `beside`) and the trace read whole, so a bad row is refused before anything runs
+    (a ConfigError naming `key` and the row's line)."""
+    if spec.trace_path is None:
+        return spec
+    found = Path(spec.trace_path)
+    if not found.is_absolute() and not found.exists():
+        other = beside / found
+        found = other if other.exists() else found
+    spec = replace(spec, trace_path=str(found))
+    try:
+        if not len(spec.trace()):
+            raise TraceError(f"{found}: no request to replay"
+                             + (" in the window" if spec.trace_window else ""))
+    except TraceError as exc:
+        raise ConfigError(where, key, str(exc)) from None
+    return spec
+
+
 def load_workload(path: str | Path) -> WorkloadSpec:
     """The workload of a TOML file; a bad one is a ConfigError naming the file and key.
     A relative dataset_path is found from the working directory (as inference-lab's),
@@ -321,7 +412,7 @@ def load_workload(path: str | Path) -> WorkloadSpec:
         except DatasetError as exc:
             raise ConfigError(str(path), "dataset_path", str(exc)) from None
         spec = replace(spec, dataset_path=str(found))
-    return spec
+    return resolve_trace(spec, Path(path).parent, str(path))
 
 
 def output_length_sampler(path: str | Path, seed: int = 0) -> Callable[[], int]:
@@ -364,6 +455,9 @@ def open_loop_arrivals(spec: WorkloadSpec, rng: random.Random | None = None,
     `rng` defaults to Random(spec.seed)."""
     if spec.arrival_pattern == "closed_loop":
         raise ValueError("closed_loop arrivals depend on completions: the runner drives them")
+    if spec.arrival_pattern == "trace":
+        yield from trace_arrivals(spec)
+        return
     rng = rng if rng is not None else random.Random(spec.seed)
     t = 0.0
     sched = spec.rate_schedule
@@ -399,3 +493,18 @@ def draw_adapter(adapters, rng: random.Random):
             return adapter
         x -= fraction
     return None
+
+
+def trace_arrivals(spec: WorkloadSpec) -> Iterator[tuple[float, int, int, bytes]]:
+    """A trace workload's requests as open_loop_arrivals gives them: (time, prompt tokens,
+    output tokens, prompt token IDs: a Mooncake trace's blocks, else b""), in time order,
+    until num_requests or duration_secs."""
+    trace = spec.trace()
+    n = len(trace) if spec.num_requests is None else min(len(trace), spec.num_requests)
+    end = math.inf if spec.duration_secs is None else spec.duration_secs
+    times, inputs, outputs = trace.times, trace.inputs, trace.outputs
+    blocks = trace.has_blocks
+    for i in range(n):
+        if times[i] > end:
+            return
+        yield times[i], inputs[i], outputs[i], trace.prompt_ids(i, spec.seed) if blocks else b""

@@ -51,6 +51,7 @@ class Result:
     modelled: dict | None = None  # the engine's "inference_lab" timings
     error: str = ""
     cached_tokens: int = -1  # usage.prompt_tokens_details.cached_tokens; -1 if absent
+    replica: int = -1  # the replica the request went to (-1: none, or not a fleet)
 
 
 class Endpoint:
@@ -83,6 +84,13 @@ class Endpoint:
                 self._cache[key] = entry
         raw, at = entry
         return raw[:at] + b64encode((serial & 0xFFFFFF).to_bytes(3, "little")) + raw[at + 4:]
+
+    def build(self, prompt, max_tokens: int, serial: int) -> bytes:
+        """The request bytes of an experiments.prompts.Prompt (its text, or filler of its
+        length with `serial` as its first token)."""
+        if prompt.text is None:
+            return self.request(prompt.tokens, max_tokens, serial, prompt.adapter)
+        return self.request_text(prompt.text, max_tokens, prompt.adapter)
 
     def request_text(self, prompt: str, max_tokens: int, model: str = "") -> bytes:
         """POST /v1/completions as `request`, with this prompt text (not cached); with

@@ -15,6 +15,8 @@ and the oracle's see the same structure.
 - Unstructured loads: `prompt_tokens` filler tokens whose first token is unique per
   request, so no two requests share a cached block (the oracle sends no token IDs and
   models no hits).
+- Traces (`of_ids`): a Mooncake trace's prompt is its hash ids' blocks (common.traces), as
+  text like a structured load's; a trace without hash ids is unstructured.
 - `lora_adapters`: each request goes to an adapter with its fraction's probability
   (common.workload.draw_adapter, one draw per request), the rest to the base model.
 
@@ -48,13 +50,16 @@ def token_text(token_ids: bytes) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    text: str | None  # None: the client's own filler with a unique first token
+    text: str | None  # None: the client's own filler with a unique first token (or, in
+    #                   virtual time, no text is made: `ids` is what the lab takes)
     tokens: int  # prompt length in tokens (as the built-in tokenizer counts it)
     adapter: str  # "" = the base model
+    ids: bytes = b""  # the token IDs (packed uint32) when the prompt has a structure
 
 
 class Prompts:
-    def __init__(self, spec: WorkloadSpec) -> None:
+    def __init__(self, spec: WorkloadSpec, text: bool = True) -> None:
+        self.text = text  # make the prompts' text (a served lab reads text; a virtual one IDs)
         self.convs = (Conversations(spec.shared_prefix_len, spec.num_shared_prefixes,
                                     spec.num_turns, spec.seed) if spec.structured else None)
         self.num_turns = spec.num_turns
@@ -76,4 +81,12 @@ class Prompts:
         else:
             key = user
         ids = self.convs.next_prompt(key, input_len, output_len)
-        return Prompt(token_text(ids), len(ids) // 4, adapter)
+        return Prompt(token_text(ids) if self.text else None, len(ids) // 4, adapter, ids)
+
+    def of_ids(self, ids: bytes, input_len: int) -> Prompt:
+        """A trace's request: its prompt's token IDs (b"": unstructured, `input_len` filler
+        tokens), through an adapter as `next` picks one."""
+        adapter = (draw_adapter(self.adapters, self.pick) or "") if self.adapters else ""
+        if not ids:
+            return Prompt(None, input_len, adapter)
+        return Prompt(token_text(ids) if self.text else None, len(ids) // 4, adapter, ids)

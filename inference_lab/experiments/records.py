@@ -6,6 +6,8 @@ Files in the run directory:
   requests.parquet    one row per request (columns in REQUEST_COLUMNS)
   controller.parquet  t, limit, inflight            (limit: inf when there is none)
   server.parquet      t, waiting, running, max_num_seqs, max_waiting
+  fleet.parquet       t, replicas (asked for), ready, starting, draining, desired (a fleet)
+  scaling.parquet     t, from, to, added, detail (JSON: what the autoscaler saw)  (a fleet)
   actions.json        [{"t": when applied, "at": when due, "label": ..., "kind": "", "fault" or "fault_end"}],
                       plus run facts
 
@@ -46,9 +48,12 @@ REQUEST_COLUMNS = (
     "m_e2e_s",
     "preemptions",
     "error",
+    "replica",          # the replica it was routed to (a fleet; -1 otherwise, or none ready)
 )
 CONTROLLER_COLUMNS = ("t", "limit", "inflight")
 SERVER_COLUMNS = ("t", "waiting", "running", "max_num_seqs", "max_waiting")
+FLEET_COLUMNS = ("t", "replicas", "ready", "starting", "draining", "desired")
+SCALING_COLUMNS = ("t", "from", "to", "added", "detail")
 NAN = math.nan
 
 
@@ -60,6 +65,8 @@ class Records:
         self._rows: list[tuple] = []  # (due, user, phase, limit, inflight, prompt, max_tokens, Result | None)
         self._trace: list[tuple] = []  # (monotonic, limit, inflight)
         self.srv: dict[str, list] = {name: [] for name in SERVER_COLUMNS}
+        self.fleet_rows: dict[str, list] = {name: [] for name in FLEET_COLUMNS}
+        self.scaling_rows: dict[str, list] = {name: [] for name in SCALING_COLUMNS}
         self.actions: list[dict] = []
         self.facts: dict = {}
         self.t0 = 0.0  # the run's start, time.monotonic()
@@ -80,6 +87,16 @@ class Records:
     def server(self, t: float, gauges: dict[str, float]) -> None:
         for name in SERVER_COLUMNS:
             self.srv[name].append(t if name == "t" else gauges.get(name, NAN))
+
+    def fleet(self, t: float, replicas: int, ready: int, starting: int, draining: int,
+              desired: int) -> None:
+        for name, value in zip(FLEET_COLUMNS, (t, replicas, ready, starting, draining, desired)):
+            self.fleet_rows[name].append(value)
+
+    def scaling(self, t: float, before: int, after: int, added: int, detail: dict) -> None:
+        for name, value in zip(SCALING_COLUMNS, (t, before, after, added,
+                                                 json.dumps(detail, default=str))):
+            self.scaling_rows[name].append(value)
 
     def action(self, t: float, at: float, label: str, kind: str = "") -> None:
         self.actions.append({"t": t, "at": at, "label": label, "kind": kind})
@@ -108,7 +125,7 @@ class Records:
         appends = [cols[name].append for name in REQUEST_COLUMNS]
         (due_s, send_s, send_delay_ms, user_, phase_, limit_, inflight_, status, prompt_tokens,
          cached_tokens, adapter, max_tokens_, completion_tokens, ttft_s, e2e_s, done_s, m_queue_s,
-         m_ttft_s, m_e2e_s, preemptions, error) = appends
+         m_ttft_s, m_e2e_s, preemptions, error, replica_) = appends
         for due, user, phase, limit, inflight, prompt, max_tokens, result in self._rows:
             t = (due - t0) * k
             due_s(t)
@@ -133,6 +150,7 @@ class Records:
                 m_e2e_s(NAN)
                 preemptions(0)
                 error("shed by the controller")
+                replica_(-1)
                 continue
             prompt_tokens(prompt.tokens)
             cached_tokens(result.cached_tokens)
@@ -150,6 +168,7 @@ class Records:
             m_e2e_s(m.get("e2e_s", NAN))
             preemptions(int(m.get("preemptions", 0)))
             error(result.error)
+            replica_(result.replica)
         return cols
 
     def write(self, out: Path) -> None:
@@ -157,8 +176,16 @@ class Records:
         import pyarrow.parquet as pq
 
         out.mkdir(parents=True, exist_ok=True)
-        for name, cols in (("requests", self.req), ("controller", self.ctl), ("server", self.srv)):
-            pq.write_table(pa.table(cols), out / f"{name}.parquet")
+        tables = [("requests", self.req), ("controller", self.ctl), ("server", self.srv)]
+        if self.fleet_rows["t"]:
+            tables += [("fleet", self.fleet_rows), ("scaling", self.scaling_rows)]
+        for name, cols in tables:
+            if name == "scaling":
+                schema = pa.schema([("t", pa.float64()), ("from", pa.int64()), ("to", pa.int64()),
+                                    ("added", pa.int64()), ("detail", pa.string())])
+                pq.write_table(pa.table(cols, schema=schema), out / f"{name}.parquet")
+            else:
+                pq.write_table(pa.table(cols), out / f"{name}.parquet")
         (out / "actions.json").write_text(json.dumps({"actions": self.actions, **self.facts}, indent=1))
 
 
@@ -168,7 +195,9 @@ def load_run(directory: Path) -> dict:
     import pyarrow.parquet as pq
 
     run: dict = {}
-    for name in ("requests", "controller", "server"):
+    for name in ("requests", "controller", "server", "fleet", "scaling"):
+        if name in ("fleet", "scaling") and not (directory / f"{name}.parquet").is_file():
+            continue
         table = pq.read_table(directory / f"{name}.parquet")
         run[name] = {col: table.column(col).to_numpy(zero_copy_only=False) for col in table.column_names}
     run.update(json.loads((directory / "actions.json").read_text()))

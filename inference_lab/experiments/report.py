@@ -193,6 +193,102 @@ def _run_figures(run: dict, summary: dict, window: float) -> list[tuple[str, str
     return figs
 
 
+def _fleet_figures(run: dict, summary: dict, window: float) -> list[tuple[str, str]]:
+    """A fleet's run: replicas, arrivals, latency against the SLO, refusals."""
+    plt = _plt()
+    req, fleet = run["requests"], run.get("fleet")
+    actions = run.get("actions", [])
+    duration = summary["duration_s"]
+    auto = summary["autoscaling"]
+    slo = auto.get("slo") or {}
+    w = window_series(req, 0.0, duration, window)
+    hours = duration >= 4 * 3600
+    scale, unit = (1 / 3600, "modelled hours") if hours else (1.0, "modelled seconds")
+    figs = []
+
+    fig, ax = plt.subplots(figsize=(11, 3.4))
+    if fleet is not None and fleet["t"].size:
+        t = fleet["t"] * scale
+        ax.step(t, fleet["desired"], where="post", label="desired", color="#1f77b4")
+        ax.step(t, fleet["ready"], where="post", label="ready", color="#2ca02c")
+        ax.step(t, fleet["replicas"] + fleet["draining"], where="post", label="existing (GPU cost)",
+                color="#7f7f7f", linestyle=":", linewidth=1)
+    oracle = auto.get("oracle") or {}
+    windows = auto.get("windows") or {}
+    if oracle.get("replicas") is not None:
+        starts = np.array(windows["start_s"] + [duration]) * scale
+        ax.step(starts, oracle["replicas"] + oracle["replicas"][-1:], where="post",
+                label="oracle (fewest meeting the SLO)", color="#d62728", linestyle="--", linewidth=1)
+    _mark_actions(ax, [dict(a, at=a["at"] * scale) for a in actions])
+    ax.set_xlim(0, duration * scale)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(unit)
+    ax.set_ylabel("replicas")
+    ax.legend(loc="upper left", fontsize=8)
+    figs.append(("Replicas: desired, ready, and the oracle's", _png(fig)))
+
+    fig, ax = plt.subplots(figsize=(11, 3.0))
+    ax.plot(w["t"] * scale, w["sent"], color="#1f77b4", label=f"arrivals/s (per {window:g} s)")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(0, duration * scale)
+    ax.set_xlabel(unit)
+    ax.set_ylabel("requests/s")
+    ax.legend(loc="upper left", fontsize=8)
+    figs.append(("Arrival rate", _png(fig)))
+
+    fig, ax = plt.subplots(figsize=(11, 3.0))
+    for name, color in (("ttft", "#9467bd"), ("e2e", "#1f77b4")):
+        ax.plot(w["t"] * scale, w[f"{name}_p50"], color=color, label=f"{name} p50")
+        ax.plot(w["t"] * scale, w[f"{name}_p99"], color=color, linestyle="--", alpha=0.7, label=f"{name} p99")
+        bound = slo.get(f"{name}_s")
+        if bound:
+            ax.axhline(bound, color=color, linestyle=":", linewidth=1.5, label=f"SLO {name} {bound:g} s")
+    positive = np.concatenate([w["ttft_p50"], w["e2e_p99"]])
+    positive = positive[np.isfinite(positive) & (positive > 0)]
+    if positive.size:
+        ax.set_yscale("log")
+    ax.set_xlim(0, duration * scale)
+    ax.set_xlabel(unit)
+    ax.set_ylabel("seconds (modelled)")
+    ax.legend(loc="upper left", fontsize=8, ncol=3)
+    figs.append((f"Latency against the SLO per {window:g} s window", _png(fig)))
+
+    fig, ax = plt.subplots(figsize=(11, 2.8))
+    ax.plot(w["t"] * scale, w["rate_529"], color="#d62728", label="529/s (a replica's queue full)")
+    status, send = req["status"], req["send_s"]
+    edges = np.arange(0.0, duration + 1e-9, window)
+    if edges.size >= 2:
+        counts, _ = np.histogram(send[status == 503], bins=edges)
+        ax.plot(w["t"][:counts.size] * scale, counts / window, color="#ff7f0e",
+                label="503/s (no ready replica)")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(0, duration * scale)
+    ax.set_xlabel(unit)
+    ax.set_ylabel("per second")
+    ax.legend(loc="upper left", fontsize=8)
+    figs.append(("Refusals: 529s and 503s", _png(fig)))
+    return figs
+
+
+def _fleet_table(summary: dict) -> str:
+    a = summary["autoscaling"]
+    oracle = a.get("oracle") or {}
+    slo = a.get("slo") or {}
+    bounds = ", ".join(f"{k[:-2]} <= {v:g} s" for k, v in slo.items() if k in ("ttft_s", "e2e_s") and v)
+    rows = [("autoscaler", html.escape(str(summary.get("autoscaler") or "none (fixed)"))),
+            ("SLO", f"{html.escape(bounds)} for {_fmt(slo.get('attainment'), ' %', 100)} of requests"
+             if slo else "–"),
+            ("attainment", _fmt(a.get("attainment"), " %", 100, 2)),
+            ("requests (529 / 503 / shed)", f"{a['requests']:,} ({a['n_529']:,} / {a['n_503']:,} / {a['shed']:,})"),
+            ("GPU-hours (GPUs per replica)", f"{_fmt(a['gpu_hours'], digits=2)} ({a['gpus_per_replica']})"),
+            ("mean / peak replicas", f"{_fmt(a.get('mean_replicas'), digits=2)} / {a.get('peak_replicas')}"),
+            ("cold starts (start-up delay)", f"{a['cold_starts']} ({_fmt(a.get('startup_delay_s'), ' s')})"),
+            ("oracle GPU-hours (capacity per replica)",
+             f"{_fmt(oracle.get('gpu_hours'), digits=2)} ({_fmt(oracle.get('capacity_rps'), ' req/s', digits=2)})"),
+            ("cost vs oracle", _fmt(a.get("cost_vs_oracle"), " x", digits=2))]
+    return "<table>" + "".join(f"<tr><th class=l>{k}</th><td>{v}</td></tr>" for k, v in rows) + "</table>"
+
+
 def _page(title: str, body: str) -> str:
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8>"
             f"<meta name=viewport content='width=device-width, initial-scale=1'>"
@@ -201,7 +297,8 @@ def _page(title: str, body: str) -> str:
 
 
 def write_report(out: Path, run: dict, summary: dict, window: float) -> Path:
-    figs = _run_figures(run, summary, window)
+    fleet = "autoscaling" in summary
+    figs = _fleet_figures(run, summary, window) if fleet else _run_figures(run, summary, window)
     head = (f"<h1>{html.escape(summary['scenario'])}: controller "
             f"<code>{html.escape(summary['controller'])}</code></h1>"
             f"<p>{html.escape(summary.get('description') or '')}</p>"
@@ -210,7 +307,8 @@ def write_report(out: Path, run: dict, summary: dict, window: float) -> Path:
             f"{_fmt(summary['frac_529'], ' %', 100)} 529s, {summary['errors']} other errors. "
             f"Latencies are client-measured in modelled seconds; phase figures are over each "
             f"phase's second half (summary.json has both halves).</p>")
-    body = head + "<h2>Phases</h2>" + _phase_table(summary)
+    body = head + (("<h2>Autoscaling</h2>" + _fleet_table(summary)) if fleet else "")
+    body += "<h2>Phases</h2>" + _phase_table(summary)
     for title, uri in figs:
         body += f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='{uri}'>"
     path = out / "report.html"

@@ -1,6 +1,7 @@
-"""Runs a scenario against a server over HTTP: the load (closed-loop users or Poisson
-arrivals) through a controller, the timeline's actions, and a 250 ms scrape of the
-server's queue gauges; every request becomes one record.
+"""Runs a scenario against a lab: the load (closed-loop users, Poisson arrivals, or a
+trace replayed request by request) through a controller, the timeline's actions, a scrape
+of the server's queue gauges, and, for a fleet, the routing of each request to a ready
+replica, the replica set's changes and an autoscaler; every request becomes one record.
 
 Times: the scenario is written in modelled seconds; with a time scale K the server's
 clock runs K times faster than the wall, so the runner waits `at / K` wall seconds for
@@ -8,15 +9,30 @@ an action at `at`, and records client-measured durations multiplied by K (modell
 seconds, comparable with the engine's own `inference_lab` timings, which are recorded
 beside them). Send delays are recorded in wall milliseconds.
 
+The lab behind it is a backend: `LiveBackend` (a server over HTTP, on the wall clock) or
+experiments.virtual's (the same requests answered by a simulated fleet on a simulated
+clock). The runner reads the clock, arms timers, sends control requests and opens
+connections through it and nothing else, so one scenario runs the same code either way.
+
 Faults: a timeline action's `fault` goes to POST /control/faults/replica (stall, slow,
 crash; its seconds divided by K, since the engine times them on the wall) or POST
 /control/faults (errors); `clear` and the end of an `errors` fault reset both; the end of
 a stall or a slowdown is the engine's own timer (the runner only marks it). A run with
 faults clears them all when it ends, so a server given by --url is left as it was found.
 
+A fleet ([fleet] in the scenario): the runner reads GET /control/replicas every
+`poll_interval` (and after each scaling) and sends each request to the next ready
+replica's port in turn (a Service in front of the pods); with none ready the request is
+a 503 that never left the client. New replicas get the scenario's capacity as they
+appear. An autoscaler is called every its `interval` with a view of the fleet and of the
+metrics a Prometheus scraping each ready replica's /metrics every `metrics_interval`
+would hold (plus the front's request counters), and what it asks for is sent as POST
+/control/replicas.
+
 Knows: HTTP endpoints (/v1/completions, or /v1/embeddings for a pooling load;
-/control/capacity, /control/faults, /metrics), the scenario and the controller interface. Does not know how the server is started (the CLI does) or how
-results are summarised (summary, report).
+/control/capacity, /control/replicas,
+/control/faults, /metrics), the scenario, the controller and autoscaler interfaces. Does
+not know how the server is started (the CLI does) or how results are summarised.
 """
 
 from __future__ import annotations
@@ -30,8 +46,11 @@ import random
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from inference_lab.autoscale.metrics import (FRONT, FRONT_REQUESTS, FRONT_UNROUTED, FleetView,
+                                             MetricStore, Pod, parse_exposition)
 from inference_lab.engine.drivers.alarm import Timer
 from inference_lab.experiments.client import Connection, ConnectionError_, Endpoint, Result, monotonic
 from inference_lab.experiments.controllers import Controller, Outcome
@@ -41,10 +60,13 @@ from inference_lab.experiments.scenario import END, REPLICA_KINDS, Action, Scena
 
 log = logging.getLogger(__name__)
 
-SCRAPE_INTERVAL = 0.25  # wall seconds between scrapes of the queue gauges
+SCRAPE_INTERVAL = 0.25  # wall seconds between scrapes of the queue gauges (default)
 SLOT_RECHECK = 0.1  # modelled seconds: a waiting user re-checks a limit that grew with no release
 SHED_PAUSE = 0.01  # modelled seconds: at least this long before a user shed on the client tries again
 DRAIN_TIMEOUT = 60.0  # wall seconds the requests still open at the end may take
+VIRTUAL_DRAIN_TIMEOUT = 3600.0  # ... virtual seconds, in virtual time (they cost no wall time)
+STATUS_UNROUTED = 503  # no replica was ready: the front answered for the fleet
+PROGRESS_EVERY = 3600.0  # modelled seconds between progress lines of a fleet's run
 OPEN_LOOP_POOL = 64  # keep-alive connections opened before an open loop starts
 STATUS_SHED = 0  # refused by the client's own controller, never sent
 STATUS_NO_RESPONSE = -1
@@ -111,57 +133,113 @@ class Http:
         return await asyncio.wait_for(go(), timeout)
 
 
+class LiveBackend:
+    """A served lab: the wall clock, a timerfd, HTTP."""
+
+    virtual = False
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None,
+                 control_token: str | None = None, pooling: bool = False) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model, self.api_key, self.pooling = model, api_key, pooling
+        self.http = Http(control_token)
+        self.clock = monotonic
+
+    def timer(self, loop: asyncio.AbstractEventLoop, callback) -> Timer:
+        return Timer(loop, callback)
+
+    def endpoint(self, url: str) -> Endpoint:
+        return Endpoint(url, self.model, self.api_key, pooling=self.pooling)
+
+
+@dataclass(slots=True, eq=False)
+class Route:
+    """One replica's port, its endpoint and its idle keep-alive connections."""
+
+    index: int
+    port: int
+    endpoint: object
+    idle: list = field(default_factory=list)
+
+
 class Runner:
     def __init__(self, scenario: Scenario, base_url: str, controller: Controller, *,
                  time_scale: float = 1.0, metrics_url: str | None = None,
                  api_key: str | None = None, control_token: str | None = None,
                  on_progress: Callable[[str], None] | None = None,
-                 adapters: dict[str, str] | None = None) -> None:
+                 adapters: dict[str, str] | None = None, backend=None, autoscaler=None) -> None:
         self.sc = scenario
+        self.backend = backend or LiveBackend(base_url, scenario.model, api_key, control_token,
+                                              pooling=scenario.workload.pooling)
+        self.virtual = self.backend.virtual
+        self.clock = self.backend.clock
         self.adapters = adapters or {}  # LoRA adapter name -> path, loaded when not served
-        self.base = base_url.rstrip("/")
-        self.endpoint = Endpoint(self.base, scenario.model, api_key,
-                                 pooling=scenario.workload.pooling)
+        self.base = self.backend.base_url
+        self.endpoint = self.backend.endpoint(self.base)
         self.ctl = controller
+        self.scaler = autoscaler
         self.rtt_e2e = scenario.rtt not in ("ttft", "per_token")  # the controller's latency sample
-        self.k = time_scale
+        self.k = 1.0 if self.virtual else time_scale
         self.metrics_url = metrics_url
-        self.http = Http(control_token)
+        self.http = self.backend.http
         self.records = Records()
         self.rng = random.Random(scenario.workload.seed)
-        self.prompts = Prompts(scenario.workload)
+        self.prompts = Prompts(scenario.workload, text=not self.virtual)
         self._serial = 0  # requests built (each unstructured prompt's unique first token)
         self.users_target = scenario.workload.num_concurrent_users or 0
         self.rate = scenario.workload.arrival_rate or 0.0
+        self.schedule = scenario.workload.rate_schedule
+        self.trace = scenario.workload.trace() if scenario.workload.arrival_pattern == "trace" else None
+        self._trace_i = 0
+        self._trace_n = (min(len(self.trace), scenario.workload.num_requests or len(self.trace))
+                         if self.trace is not None else 0)
         self.phase = 0
         self.progress = on_progress or (lambda line: None)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.t0 = 0.0
-        self.end = 0.0  # loop time the load stops
+        self.end = 0.0  # clock time the load stops
         self._slot_waiters: list[asyncio.Future] = []
         self._tasks: set[asyncio.Task] = set()
-        self._idle: list[Connection] = []
         self._users: list[asyncio.Task] = []
         self._pending = 0  # open-loop requests in flight on pooled connections
         self._drained: asyncio.Future | None = None
+        # the fleet: routes to ready replicas, round robin; without one, the base port
+        self.fleet = scenario.fleet
+        base_route = Route(0, urlsplit(self.base).port or 80, self.endpoint)
+        self._routes: dict[int, Route] = {base_route.port: base_route}
+        self._ready: list[Route] = [base_route]
+        self._rr = 0
+        self._configured: set[int] = set()  # replica indices given the scenario's capacity
+        self.replicas = 1  # the scale target's replicas (starting and ready) at the last read
+        self.pods: list[Pod] = []
+        self.desired: int | None = None  # the last scaling asked for
+        self.front_requests = 0  # requests the load sent to the fleet
+        self.front_unrouted = 0  # ... that found no ready replica
+        self.store = MetricStore()
 
     # ---- clocks ------------------------------------------------------------------------
     def now(self) -> float:
         """Modelled seconds since the start."""
-        return (monotonic() - self.t0) * self.k
+        return (self.clock() - self.t0) * self.k
 
     def wall_at(self, modelled: float) -> float:
         return self.t0 + modelled / self.k
 
-    # ---- control plane -------------------------------------------------------------------
-    async def set_capacity(self, update: dict) -> None:
-        await self._post("/control/capacity", {"model": self.sc.model, **update})
+    async def _sleep_until(self, modelled: float) -> None:
+        delay = self.wall_at(modelled) - self.clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
-    async def _post(self, path: str, body: dict) -> None:
-        status, text = await self.http.request("POST", self.base + path, body)
+    # ---- control plane -------------------------------------------------------------------
+    async def set_capacity(self, update: dict, url: str | None = None) -> None:
+        await self._post("/control/capacity", {"model": self.sc.model, **update}, url)
+
+    async def _post(self, path: str, body: dict, url: str | None = None) -> bytes:
+        status, text = await self.http.request("POST", (url or self.base) + path, body)
         if status != 200:
             raise RuntimeError(f"POST {path} {json.dumps(body)} answered {status}: "
                                f"{text[:300].decode('utf-8', 'replace')}")
+        return text
 
     async def load_adapters(self) -> None:
         """The load's LoRA adapters the server does not list yet, loaded on it."""
@@ -191,6 +269,8 @@ class Runner:
             await self.clear_faults()
         elif kind == END and fault["of"]["kind"] == "errors":
             await self._post("/control/faults", {"reset": True})
+        elif kind == END and fault["of"]["kind"] == "slow" and self.virtual:
+            await self._post("/control/faults/replica", {"fault": "clear"})
         # END of a stall or a slowdown: the engine's own timer ended it
 
     async def clear_faults(self) -> None:
@@ -200,7 +280,11 @@ class Runner:
     async def scrape(self) -> dict[str, float]:
         """The queue gauges from the engine's /metrics, else (none given, or it stopped
         answering: an engine restarted after a crash has a new metrics port) from the
-        server's GET /control/capacity."""
+        server's GET /control/capacity; a fleet's: the sums over its replicas."""
+        if self.fleet is not None:
+            rows = await self.read_replicas()
+            return {"waiting": float(sum(r["waiting"] for r in rows)),
+                    "running": float(sum(r["running"] for r in rows if not r["starting"]))}
         if self.metrics_url:
             try:
                 status, body = await self.http.request("GET", self.metrics_url)
@@ -217,6 +301,8 @@ class Runner:
         return {}
 
     async def _scraper(self) -> None:
+        interval = self.sc.scrape_interval if self.sc.scrape_interval is not None else SCRAPE_INTERVAL * self.k
+        tick = 0
         while True:
             gc.freeze()  # the last interval's survivors (records) out of the full passes
             started = self.now()
@@ -227,7 +313,123 @@ class Runner:
                 gauges = {}
             if gauges:
                 self.records.server(started, gauges)
-            await asyncio.sleep(SCRAPE_INTERVAL)
+            tick += 1
+            await self._sleep_until(tick * interval)
+
+    # ---- the fleet ---------------------------------------------------------------------------
+    async def read_replicas(self, rows: list[dict] | None = None) -> list[dict]:
+        """GET /control/replicas (or an answer already in hand): the routes to ready
+        replicas, the scale target's count, and the capacity of replicas new to us."""
+        if rows is None:
+            status, body = await self.http.request("GET", self.base + "/control/replicas")
+            if status != 200:
+                raise RuntimeError(f"GET /control/replicas answered {status}")
+            rows = [r for r in json.loads(body) if r.get("model") == self.sc.model]
+        host = urlsplit(self.base).hostname
+        scheme_host = f"{urlsplit(self.base).scheme}://{host}"
+        ready, pods = [], []
+        present = set()
+        for r in rows:
+            index, port = r["replica"], r["port"]
+            present.add(index)
+            pods.append(Pod(index, r["ready"], r["starting"], r["draining"]))
+            route = self._routes.get(port)
+            if route is None or route.index != index:
+                route = self._routes[port] = Route(index, port, self.backend.endpoint(f"{scheme_host}:{port}"))
+            if r["ready"]:
+                ready.append(route)
+            if index not in self._configured and not r["draining"]:
+                self._configured.add(index)
+                await self.set_capacity({"max_num_seqs": self.sc.max_num_seqs,
+                                         "max_waiting": self.sc.max_waiting}, f"{scheme_host}:{port}")
+        self._configured &= present
+        self._ready = ready
+        self.pods = pods
+        self.replicas = sum(1 for p in pods if not p.draining)
+        return rows
+
+    def _record_fleet(self) -> None:
+        ready = sum(1 for p in self.pods if p.ready)
+        starting = sum(1 for p in self.pods if p.starting)
+        draining = sum(1 for p in self.pods if p.draining)
+        self.records.fleet(self.now(), self.replicas, ready, starting, draining,
+                           self.desired if self.desired is not None else self.replicas)
+
+    async def scale_to(self, replicas: int, why: dict | None = None) -> None:
+        before = self.replicas
+        text = await self._post("/control/replicas", {"model": self.sc.model, "replicas": replicas})
+        self.desired = replicas
+        await self.read_replicas([r for r in json.loads(text) if r.get("model") == self.sc.model])
+        self.records.scaling(self.now(), before, replicas, max(0, replicas - before), why or {})
+        self._record_fleet()
+
+    async def _watch_fleet(self) -> None:
+        interval, tick = self.fleet.poll_interval, 0
+        while True:
+            try:
+                await self.read_replicas()
+                self._record_fleet()
+            except (OSError, asyncio.TimeoutError, ValueError, RuntimeError) as exc:
+                log.warning("reading the replica set failed: %s", exc)
+            tick += 1
+            await self._sleep_until(tick * interval)
+
+    async def _prometheus(self) -> None:
+        """Every ready replica's /metrics, and the front's counters, every metrics_interval."""
+        interval, tick = self.fleet.metrics_interval, 0
+        while True:
+            t = self.now()
+            samples: dict[object, dict[str, float]] = {
+                FRONT: {FRONT_REQUESTS: float(self.front_requests), FRONT_UNROUTED: float(self.front_unrouted)}}
+            for route in list(self._ready):
+                try:
+                    status, body = await self.http.request("GET", f"{self._url(route)}/metrics")
+                except (OSError, asyncio.TimeoutError):
+                    continue
+                if status == 200:
+                    samples[route.index] = parse_exposition(body.decode("utf-8", "replace"), self.sc.model)
+            self.store.scrape_round(t, samples)
+            tick += 1
+            await self._sleep_until(tick * interval)
+
+    def _url(self, route: Route) -> str:
+        parts = urlsplit(self.base)
+        return f"{parts.scheme}://{parts.hostname}:{route.port}"
+
+    async def _autoscale(self) -> None:
+        scaler, tick = self.scaler, 0
+        max_replicas = self.fleet.max_replicas
+        while self.clock() < self.end:  # the run is judged over the load: no scaling after it
+            try:
+                await self.read_replicas()
+                now = self.now()
+                view = FleetView(now, self.replicas, list(self.pods), self.store, self.sc.model,
+                                 self.fleet.metrics_delay)
+                desired = scaler.decide(now, view)
+                if desired is not None:
+                    desired = min(max(int(desired), 0), max_replicas)
+                    if desired != self.replicas:
+                        await self.scale_to(desired, dict(getattr(scaler, "last", {}) or {}))
+            except (OSError, asyncio.TimeoutError, RuntimeError) as exc:
+                log.warning("autoscaler step failed: %s", exc)
+            tick += 1
+            await self._sleep_until(tick * scaler.interval)
+
+    async def _progress_lines(self) -> None:
+        tick = 1
+        while True:
+            await self._sleep_until(tick * PROGRESS_EVERY)
+            ready = sum(1 for p in self.pods if p.ready)
+            self.progress(f"t={tick * PROGRESS_EVERY:.0f}s: {self.replicas} replicas ({ready} ready), "
+                          f"{self.front_requests:,} requests")
+            tick += 1
+
+    def _route(self) -> Route | None:
+        ready = self._ready
+        if not ready:
+            return None
+        self._rr += 1
+        return ready[self._rr % len(ready)]
 
     # ---- the controller's slots -------------------------------------------------------------
     def _trace(self, wall: float) -> None:
@@ -247,12 +449,12 @@ class Runner:
     async def _acquire_blocking(self):
         """A slot for a closed-loop user: wait for a release (or a limit that grew)."""
         while True:
-            wall = monotonic()
+            wall = self.clock()
             ticket = self.ctl.acquire((wall - self.t0) * self.k)
             if ticket is not None:
                 self._trace(wall)
                 return ticket
-            if monotonic() >= self.end:
+            if self.clock() >= self.end:
                 return None
             if self.ctl.limit == math.inf:
                 return SHED  # refused on the client without a limit to wait under (sre)
@@ -288,45 +490,65 @@ class Runner:
             self._wake()
 
     # ---- one request ------------------------------------------------------------------------
-    def _request(self, user: int) -> tuple[bytes, Prompt, int]:
-        """The next request of `user` (-1: an open-loop arrival): its bytes, its prompt and
-        its output length."""
-        wl = self.sc.workload
-        input_len = wl.input_len_dist.sample(self.rng)
-        output = 0 if wl.pooling else wl.output_len_dist.sample(self.rng)  # (embeddings)
-        prompt = self.prompts.next(user, input_len, output)
+    def _request(self, user: int, endpoint) -> tuple[object, Prompt, int]:
+        """The next request of `user` (-1: an open-loop arrival) for `endpoint`: what it
+        sends (bytes, or a virtual lab's job), its prompt and its output length."""
+        wl, trace = self.sc.workload, self.trace
+        if trace is not None:
+            i = self._trace_i
+            self._trace_i += 1
+            output = trace.outputs[i]
+            prompt = self.prompts.of_ids(trace.prompt_ids(i, wl.seed) if trace.has_blocks else b"",
+                                         trace.inputs[i])
+        else:
+            input_len = wl.input_len_dist.sample(self.rng)
+            output = 0 if wl.pooling else wl.output_len_dist.sample(self.rng)  # (embeddings)
+            prompt = self.prompts.next(user, input_len, output)
         self._serial += 1
-        if prompt.text is None:
-            return self.endpoint.request(prompt.tokens, output, self._serial, prompt.adapter), prompt, output
-        return self.endpoint.request_text(prompt.text, output, prompt.adapter), prompt, output
+        return endpoint.build(prompt, output, self._serial), prompt, output
 
-    async def _one(self, conn: Connection | None, due: float, user: int, ticket) -> tuple[Result, Connection | None]:
-        """Send one request (on `conn`, or a new connection) and record it."""
-        raw, prompt, output = self._request(user)
+    def _unrouted(self) -> Result:
+        now = self.clock()
+        self.front_unrouted += 1
+        return Result(STATUS_UNROUTED, now, 0.0, now, error="no ready replica")
+
+    async def _one(self, conns: dict, due: float, user: int, ticket) -> Result:
+        """Send one request (on the user's connection to the replica it goes to, or a new
+        one) and record it."""
         limit, inflight, phase = self.ctl.limit, self.ctl.inflight, self.phase
-        try:
-            if conn is None or conn.closed:
-                conn = await self.endpoint.connect()
-            result = await conn.send(raw)
-        except (OSError, ConnectionError_) as exc:
-            now = monotonic()
-            result = Result(STATUS_NO_RESPONSE, now, 0.0, now, error=str(exc)[:300])
-            if conn is not None:
-                conn.close()
-            conn = None
+        route = self._route()
+        self.front_requests += 1
+        if route is None:
+            raw, prompt, output = self._request(user, self.endpoint)
+            result = self._unrouted()
+        else:
+            raw, prompt, output = self._request(user, route.endpoint)
+            conn = conns.get(route.port)
+            try:
+                if conn is None or conn.closed:
+                    conn = conns[route.port] = await route.endpoint.connect()
+                result = await conn.send(raw)
+            except (OSError, ConnectionError_) as exc:
+                now = self.clock()
+                result = Result(STATUS_NO_RESPONSE, now, 0.0, now, error=str(exc)[:300])
+                if conn is not None:
+                    conn.close()
+                conns.pop(route.port, None)
+            if self.fleet is not None:
+                result.replica = route.index
         self._release(ticket, result)
         self.records.request(due, user, phase, limit, inflight, prompt, output, result)
-        return result, conn
+        return result
 
     # ---- load ------------------------------------------------------------------------------
     async def _user(self, i: int) -> None:
-        conn: Connection | None = None
+        conns: dict = {}
         try:
-            while monotonic() < self.end:
+            while self.clock() < self.end:
                 if i >= self.users_target:
                     await asyncio.sleep(0.05 / self.k + 0.001)  # parked by a load change
                     continue
-                due = monotonic()
+                due = self.clock()
                 ticket = await self._acquire_blocking()
                 if ticket is None:
                     break
@@ -338,11 +560,11 @@ class Runner:
                     self.ctl.release(ticket, self.now(), Outcome.IGNORED, 0.0)
                     self._wake()
                     continue
-                result, conn = await self._one(conn, due, i, ticket)
+                result = await self._one(conns, due, i, ticket)
                 if result.status != 200 and self.sc.retry_after_529 > 0:
                     await asyncio.sleep(self.sc.retry_after_529 / self.k)
         finally:
-            if conn is not None:
+            for conn in conns.values():
                 conn.close()
 
     def _ensure_users(self) -> None:
@@ -350,59 +572,95 @@ class Runner:
             self._users.append(self.loop.create_task(self._user(len(self._users))))
 
     async def _open_loop(self) -> None:
-        """Poisson arrivals at the current rate, sent from a timer callback at each one's
-        scheduled instant; its send delay counts from there (no coordinated omission: a
-        late wake-up sends every arrival already due, each with its own delay). Requests go
-        out on idle keep-alive connections (a new one only when all are busy) and end in
-        the connection's callback: no task, future or closure per request."""
-        conns = await asyncio.gather(*(self.endpoint.connect() for _ in range(OPEN_LOOP_POOL)),
-                                     return_exceptions=True)
-        self._idle.extend(c for c in conns if isinstance(c, Connection))
+        """Open-loop arrivals (Poisson at the current rate or its schedule, or a trace's
+        own instants), sent from a timer callback at each one's scheduled instant; its send
+        delay counts from there (no coordinated omission: a late wake-up sends every
+        arrival already due, each with its own delay). Requests go out on idle keep-alive
+        connections to the replica they are routed to (a new one only when all of that
+        replica's are busy) and end in the connection's callback: no task, future or
+        closure per request."""
+        per_route = max(OPEN_LOOP_POOL // max(len(self._ready), 1), 8)
+        for route in self._ready:
+            conns = await asyncio.gather(*(route.endpoint.connect() for _ in range(per_route)),
+                                         return_exceptions=True)
+            route.idle.extend(c for c in conns if not isinstance(c, BaseException))
         self._open_ended = self.loop.create_future()
-        self._timer = Timer(self.loop, self._tick)
+        self._timer = self.backend.timer(self.loop, self._tick)
+        self._peak = _peak_rate(self.schedule) if self.schedule is not None else 0.0
         try:
-            self._due = monotonic()
+            self._due = self.clock()
             self._schedule()
             await self._open_ended
         finally:
             self._timer.close()
 
+    def _next_due(self) -> float | None:
+        """The next arrival's clock time (None: the trace has ended), or the instant to
+        look at a zero rate again."""
+        k = self.k
+        if self.trace is not None:
+            i = self._trace_i
+            if i >= self._trace_n:
+                return None
+            self._idle_rate = False
+            return self.t0 + self.trace.times[i] / k
+        if self.schedule is not None:  # thinning: candidates at the peak rate, kept at rate(t) / peak
+            peak, due = self._peak, self._due
+            if peak <= 0:
+                self._idle_rate = True
+                return due + 0.01
+            self._idle_rate = False
+            while True:
+                due += self.rng.expovariate(peak) / k
+                if due >= self.end or self.rng.random() * peak <= self.schedule.rate_at((due - self.t0) * k):
+                    return due
+        if self.rate <= 0:
+            self._idle_rate = True
+            return self.clock() + 0.01
+        self._idle_rate = False
+        return self._due + self.rng.expovariate(self.rate) / k
+
     def _schedule(self) -> None:
         """Arm the timer for the next arrival (or to look at a zero rate again in 10 ms)."""
-        rate = self.rate
-        if rate <= 0:
-            self._due = monotonic() + 0.01
-            self._idle_rate = True
-        else:
-            self._due += self.rng.expovariate(rate) / self.k
-            self._idle_rate = False
-        if self._due >= self.end:
+        due = self._next_due()
+        if due is None or due >= self.end:
             if not self._open_ended.done():
                 self._open_ended.set_result(None)
             return
-        self._timer.arm(self._due)
+        self._due = due
+        self._timer.arm(due)
 
     def _tick(self) -> None:
-        now = monotonic()
+        now = self.clock()
         while True:
             if not self._idle_rate:
                 self._arrive(self._due, now)
             self._schedule()
             if self._due > now or self._open_ended.done():
                 return
-            now = monotonic()
+            now = self.clock()
 
     def _arrive(self, due: float, now: float) -> None:
         ctl = self.ctl
         ticket = ctl.acquire((now - self.t0) * self.k)
         if ticket is None:
             self.records.shed(due, self.phase, ctl.limit, ctl.inflight)
+            if self.trace is not None:
+                self._trace_i += 1  # that request of the trace was shed
             return
         limit, inflight = ctl.limit, ctl.inflight
         self.records.controller(now, limit, inflight)
-        raw, prompt, output = self._request(-1)
-        context = (due, ticket, self.phase, limit, inflight, prompt, output)
-        idle = self._idle
+        route = self._route()
+        self.front_requests += 1
+        if route is None:
+            _, prompt, output = self._request(-1, self.endpoint)
+            result = self._unrouted()
+            self._release(ticket, result)
+            self.records.request(due, -1, self.phase, limit, inflight, prompt, output, result)
+            return
+        raw, prompt, output = self._request(-1, route.endpoint)
+        context = (due, ticket, self.phase, limit, inflight, prompt, output, route)
+        idle = route.idle
         while idle:
             conn = idle.pop()
             if not conn.closed:
@@ -415,10 +673,12 @@ class Runner:
         task.add_done_callback(self._tasks.discard)
 
     def _open_done(self, conn: Connection, result: Result) -> None:
-        due, ticket, phase, limit, inflight, prompt, output = conn.ctx
+        due, ticket, phase, limit, inflight, prompt, output, route = conn.ctx
         conn.ctx = None
         if not conn.closed:
-            self._idle.append(conn)
+            route.idle.append(conn)
+        if self.fleet is not None:
+            result.replica = route.index
         self._settled(due, ticket, phase, limit, inflight, prompt, output, result)
 
     def _settled(self, due, ticket, phase, limit, inflight, prompt, output, result: Result) -> None:
@@ -428,22 +688,31 @@ class Runner:
         if self._pending == 0 and self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
 
-    async def _open_request(self, raw: bytes, context: tuple) -> None:
-        """An arrival with every pooled connection busy: a new connection, kept after."""
+    async def _open_request(self, raw, context: tuple) -> None:
+        """An arrival with every pooled connection of its replica busy: a new connection,
+        kept after."""
+        route = context[-1]
         try:
-            conn = await self.endpoint.connect()
+            conn = await route.endpoint.connect()
         except OSError as exc:
-            now = monotonic()
-            self._settled(*context, Result(STATUS_NO_RESPONSE, now, 0.0, now, error=str(exc)[:300]))
+            now = self.clock()
+            self._settled(*context[:-1], Result(STATUS_NO_RESPONSE, now, 0.0, now, error=str(exc)[:300]))
             return
         conn.start(raw, self._open_done, context)
 
     # ---- the timeline -------------------------------------------------------------------------
     async def _apply(self, action: Action) -> None:
         if action.capacity:
-            await self.set_capacity(action.capacity)
+            if self.fleet is not None:
+                for route in list(self._routes.values()):
+                    if any(p.index == route.index and not p.draining for p in self.pods):
+                        await self.set_capacity(action.capacity, self._url(route))
+            else:
+                await self.set_capacity(action.capacity)
         if action.fault:
             await self.apply_fault(action.fault)
+        if action.replicas is not None:
+            await self.scale_to(action.replicas, {"action": action.describe()})
         if "num_concurrent_users" in action.load:
             self.users_target = action.load["num_concurrent_users"]
             self._ensure_users()
@@ -457,16 +726,30 @@ class Runner:
 
     async def _timeline(self) -> None:
         for action in self.sc.timeline:
-            delay = self.wall_at(action.at) - monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await self._sleep_until(action.at)
             await self._apply(action)
+
+    async def _start_fleet(self) -> None:
+        """The scenario's replicas, ready, each with the scenario's capacity, before the
+        load starts (a deployment that is up)."""
+        fleet = self.fleet
+        await self._post("/control/replicas", {"model": self.sc.model, "replicas": fleet.replicas})
+        deadline = self.clock() + READY_WAIT + (0 if self.virtual else 3600 / self.k)
+        while True:
+            rows = await self.read_replicas()
+            if all(r["ready"] for r in rows if not r["draining"]) or self.clock() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        self.desired = fleet.replicas
 
     async def run(self) -> Records:
         self.loop = asyncio.get_running_loop()
         await self.load_adapters()
-        await self.set_capacity({"max_num_seqs": self.sc.max_num_seqs,
-                                 "max_waiting": self.sc.max_waiting})
+        if self.fleet is not None:
+            await self._start_fleet()
+        else:
+            await self.set_capacity({"max_num_seqs": self.sc.max_num_seqs,
+                                     "max_waiting": self.sc.max_waiting})
         # Start-up objects (modules, the scenario) and then, at every scrape, the records kept
         # so far go to the collector's permanent generation: a full pass scans only the last
         # 250 ms's objects instead of everything (a 20-45 ms pause at ~7 s into a run; a
@@ -475,47 +758,58 @@ class Runner:
         # its own before (the collector has one permanent generation: they stay with it).
         thaw = gc.get_freeze_count() == 0
         gc.freeze()
-        self.t0 = monotonic()
+        self.t0 = self.clock()
         self.records.start(time.time(), self.k, self.t0)
+        self.records.facts["virtual"] = self.virtual
         self.end = self.wall_at(self.sc.duration)
         self._trace(self.t0)
-        scraper = self.loop.create_task(self._scraper())
+        background = [self.loop.create_task(self._scraper())]
+        if self.fleet is not None:
+            self._record_fleet()
+            background += [self.loop.create_task(self._watch_fleet()),
+                           self.loop.create_task(self._progress_lines())]
+            if self.scaler is not None:
+                background += [self.loop.create_task(self._prometheus()),
+                               self.loop.create_task(self._autoscale())]
         timeline = self.loop.create_task(self._timeline())
+        drain = VIRTUAL_DRAIN_TIMEOUT if self.virtual else DRAIN_TIMEOUT
         try:
             if self.sc.workload.arrival_pattern == "closed_loop":
                 self._ensure_users()
-                await asyncio.sleep(max(0.0, self.end - monotonic()))
+                await asyncio.sleep(max(0.0, self.end - self.clock()))
                 for fut in self._slot_waiters:
                     if not fut.done():
                         fut.set_result(None)
-                done, pending = await asyncio.wait(self._users, timeout=DRAIN_TIMEOUT)
+                done, pending = await asyncio.wait(self._users, timeout=drain)
             else:
                 await self._open_loop()
                 if self._pending:
                     self._drained = self.loop.create_future()
                     try:
-                        await asyncio.wait_for(self._drained, DRAIN_TIMEOUT)
+                        await asyncio.wait_for(self._drained, drain)
                     except asyncio.TimeoutError:
                         log.warning("%d requests still open %.0f s after the end: abandoned",
-                                    self._pending, DRAIN_TIMEOUT)
+                                    self._pending, drain)
                 pending = set(self._tasks)
                 if pending:
-                    _, pending = await asyncio.wait(pending, timeout=DRAIN_TIMEOUT)
+                    _, pending = await asyncio.wait(pending, timeout=drain)
             for task in pending:
                 task.cancel()
             if pending:
                 log.warning("%d requests still open %.0f s after the end: cancelled",
-                            len(pending), DRAIN_TIMEOUT)
+                            len(pending), drain)
                 await asyncio.gather(*pending, return_exceptions=True)
         finally:
             failed = timeline.done() and not timeline.cancelled() and timeline.exception()
             timeline.cancel()
-            scraper.cancel()
-            await asyncio.gather(timeline, scraper, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(timeline, *background, return_exceptions=True)
             if thaw:
                 gc.unfreeze()
-            for conn in self._idle:
-                conn.close()
+            for route in self._routes.values():
+                for conn in route.idle:
+                    conn.close()
             if self.sc.has_faults:
                 try:
                     await self.clear_faults()
@@ -525,3 +819,15 @@ class Runner:
             raise RuntimeError(f"the timeline failed: {failed}")
         self.records.finish(self.now())
         return self.records
+
+
+READY_WAIT = 60.0  # wall seconds more than the start-up delay the initial replicas may take
+
+
+def _peak_rate(schedule) -> float:
+    """The highest rate a rate_schedule reaches (for thinning)."""
+    if schedule.type == "sine":
+        return max(schedule.low, schedule.high)
+    if schedule.type == "square":
+        return max(schedule.low, schedule.high)
+    return max(rate for _, rate in schedule.points)

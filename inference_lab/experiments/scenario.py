@@ -37,6 +37,32 @@ timeline of actions at given (modelled) seconds.
     [[timeline]]
     at = 50
     fault = { kind = "slow", factor = 3, seconds = 5 }   # see FAULT_KEYS
+    [[timeline]]
+    at = 55
+    replicas = 4                        # POST /control/replicas (a fleet's manual scaling)
+
+A fleet (autoscaling) adds, all optional but [fleet] or [autoscaler] making it one:
+
+    scrape_interval = 5.0               # modelled s between scrapes of the queue gauges
+    [fleet]
+    replicas = 2                        # at the start (ready when the load starts)
+    max_replicas = 16                   # the most any scaling may ask for (<= 64)
+    startup_delay = "auto"              # a new replica's start-up: seconds or "auto"
+    gpus_per_replica = 1                # for GPU-hours (default: the model's tp)
+    poll_interval = 1.0                 # s between reads of the replica set (routing)
+    metrics_interval = 15.0             # s between the autoscaler's scrapes of /metrics
+    metrics_delay = 0.0                 # s more before a scrape is seen (a pipeline)
+    [autoscaler]
+    name = "hpa"                        # hpa | keda | slo | package.module:ClassName
+    params = { metric = "vllm:num_requests_running", target = 48 }
+    [slo]
+    ttft_s = 2.0                        # bounds a request must meet (either or both)
+    e2e_s = 30.0
+    attainment = 0.99                   # the share that must meet them
+    window = 300.0                      # s per oracle window
+
+The load may then be `trace` (common.traces) or poisson with a `rate_schedule`; requests
+go round-robin to the ready replicas (as a Service in front of them).
 
 A `fault` is one of FAULT_KEYS' kinds: `stall` (seconds), `slow` (factor, seconds; 0 =
 until cleared), `crash` (POST /control/faults/replica), `errors` (the body of POST
@@ -56,18 +82,24 @@ from pathlib import Path
 from inference_lab.common.fault_names import (ERROR_TYPES, MAX_FAULT_SECONDS, MAX_SLOW_FACTOR,
                                               OK_STEP)
 from inference_lab.common.toml import ConfigError, Table, read_toml
-from inference_lab.common.workload import WorkloadSpec, parse_workload
+from inference_lab.common.workload import WorkloadSpec, parse_workload, resolve_trace
 
-__all__ = ["Action", "Scenario", "Phase", "load_scenario", "parse_scenario", "ConfigError"]
+__all__ = ["Action", "Scenario", "Phase", "FleetSpec", "SloSpec", "load_scenario", "parse_scenario",
+           "ConfigError"]
 
 RTT_KINDS = ("e2e", "ttft", "per_token")
-PATTERNS = ("closed_loop", "poisson")
+PATTERNS = ("closed_loop", "poisson", "trace")
 UNBOUNDED_REQUESTS = 10**9  # the workload parser wants a count; a scenario stops on time
 _TOP = ("name", "description", "duration", "model", "window", "server", "load", "controller",
-        "timeline")
+        "timeline", "fleet", "autoscaler", "slo", "scrape_interval")
+_FLEET = ("replicas", "max_replicas", "startup_delay", "gpus_per_replica", "poll_interval",
+          "metrics_interval", "metrics_delay")
+_AUTOSCALER = ("name", "params")
+_SLO = ("ttft_s", "e2e_s", "attainment", "window")
+MAX_REPLICAS = 64
 _SERVER = ("config", "hardware", "max_num_seqs", "max_waiting", "time_scale")
 _CONTROLLER = ("name", "rtt", "params")
-_ACTION = ("at", "capacity", "load", "fault", "label")
+_ACTION = ("at", "capacity", "load", "fault", "label", "replicas")
 _CAPACITY = ("max_num_seqs", "max_waiting")
 _LOAD_CHANGE = ("num_concurrent_users", "arrival_rate")
 REPLICA_KINDS = ("stall", "slow", "crash")  # POST /control/faults/replica
@@ -90,11 +122,14 @@ class Action:
     load: dict = field(default_factory=dict)  # num_concurrent_users / arrival_rate
     label: str = ""
     fault: dict = field(default_factory=dict)  # {"kind": ..., the kind's keys}; see FAULT_KEYS
+    replicas: int | None = None  # POST /control/replicas
 
     def describe(self) -> str:
         if self.label:
             return self.label
         parts = [f"{k}={v}" for k, v in {**self.capacity, **self.load}.items()]
+        if self.replicas is not None:
+            parts.append(f"replicas={self.replicas}")
         if self.fault:
             parts.append(describe_fault(self.fault))
         return ", ".join(parts)
@@ -141,6 +176,25 @@ class Phase:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetSpec:
+    replicas: int = 1
+    max_replicas: int = 16
+    startup_delay: float | str = "auto"
+    gpus_per_replica: int | None = None  # None: the deployment's tp
+    poll_interval: float = 1.0
+    metrics_interval: float = 15.0
+    metrics_delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SloSpec:
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    attainment: float = 0.99
+    window: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
     duration: float
@@ -159,6 +213,17 @@ class Scenario:
     time_scale: float = 1.0
     timeline: tuple[Action, ...] = ()
     path: str = ""
+    fleet: FleetSpec | None = None  # a fleet of replicas (autoscaling scenarios)
+    autoscaler: str = ""  # "" = none
+    autoscaler_params: dict = field(default_factory=dict)
+    slo: SloSpec | None = None
+    scrape_interval: float | None = None  # modelled s between gauge scrapes (None: 0.25 wall s)
+
+    def with_autoscaler(self, name: str, params: dict | None = None) -> "Scenario":
+        same = name == self.autoscaler
+        return replace(self, autoscaler=name, fleet=self.fleet or FleetSpec(),
+                       autoscaler_params=params if params is not None else
+                       (self.autoscaler_params if same else {}))
 
     def with_controller(self, name: str, params: dict | None = None) -> "Scenario":
         same = name == self.controller
@@ -323,11 +388,13 @@ def _action(t: Table, duration: float) -> Action:
             load["arrival_rate"] = rate
     fault = _fault(t.table("fault")) if "fault" in t.data else {}
     label = t.get("label", str, "a string", "")
+    replicas = t.get("replicas", int, f"an integer in [0, {MAX_REPLICAS}]", None,
+                     ok=lambda v: 0 <= v <= MAX_REPLICAS)
     t.done()
-    if not cap and not load and not fault:
-        raise t.error("capacity", "a `capacity`, `load` or `fault` table (an action must change "
-                      "something)", None)
-    return Action(at, cap, load, label, fault)
+    if not cap and not load and not fault and replicas is None:
+        raise t.error("capacity", "a `capacity`, `load`, `fault` table or `replicas` (an action "
+                      "must change something)", None)
+    return Action(at, cap, load, label, fault, replicas)
 
 
 def _ends(action: Action, duration: float) -> list[Action]:
@@ -363,11 +430,15 @@ def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
     lt = top.table("load")
     retry = lt.get("retry_after_529", float, "a number of seconds >= 0", 0.1, ok=lambda v: v >= 0)
     load = {k: v for k, v in lt.data.items() if k != "retry_after_529"}
-    load.setdefault("num_requests", UNBOUNDED_REQUESTS)
+    if load.get("arrival_pattern") != "trace":  # a trace ends with its last request
+        load.setdefault("num_requests", UNBOUNDED_REQUESTS)
     workload = parse_workload({"workload": load}, where)
     if workload.arrival_pattern not in PATTERNS:
         raise lt.error("arrival_pattern", f"one of {', '.join(PATTERNS)} in a scenario",
                        workload.arrival_pattern)
+    if workload.arrival_pattern == "trace":
+        workload = resolve_trace(workload, base if base is not None else Path("."), where,
+                                 "load.trace_path")
 
     controller, params, rtt = "fixed", {}, "e2e"
     ct = top.table("controller", None, keys=_CONTROLLER)
@@ -391,13 +462,68 @@ def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
             raise ConfigError(where, f"timeline[{i}]", f"expected a table, got {item!r}")
         actions.append(_action(Table(item, where, f"timeline[{i}]", _ACTION), duration))
     actions += [end for action in actions for end in _ends(action, duration)]
+    fleet, autoscaler, autoscaler_params, slo = _fleet_tables(top)
+    scrape = _number(top, "scrape_interval", "a number of modelled seconds", 0, 3600, None,
+                     open_low=True)
+    if fleet is None and any(a.replicas is not None for a in actions):
+        raise ConfigError(where, "timeline", "a `replicas` action needs a [fleet] table")
+    if workload.arrival_pattern == "trace" and any(a.load for a in actions):
+        raise ConfigError(where, "timeline", "a trace sets the load itself: no `load` actions")
     top.done()
     return Scenario(name=name, duration=duration, model=model, workload=workload,
                     controller=controller, controller_params=params, rtt=rtt,
                     retry_after_529=float(retry), window=window, description=description,
                     config=config, hardware=hardware or "b200", max_num_seqs=seqs,
                     max_waiting=waiting, time_scale=scale,
-                    timeline=tuple(sorted(actions, key=lambda a: a.at)), path=where)
+                    timeline=tuple(sorted(actions, key=lambda a: a.at)), path=where,
+                    fleet=fleet, autoscaler=autoscaler, autoscaler_params=autoscaler_params,
+                    slo=slo, scrape_interval=scrape)
+
+
+def _fleet_tables(top: Table) -> tuple[FleetSpec | None, str, dict, SloSpec | None]:
+    ft = top.table("fleet", None, keys=_FLEET)
+    at = top.table("autoscaler", None, keys=_AUTOSCALER)
+    st = top.table("slo", None, keys=_SLO)
+    fleet = None
+    if ft is not None or at is not None:
+        ft = ft if ft is not None else Table({}, top.where, "fleet")
+        max_replicas = ft.get("max_replicas", int, f"an integer in [1, {MAX_REPLICAS}]", 16,
+                              ok=lambda v: 1 <= v <= MAX_REPLICAS)
+        replicas = ft.get("replicas", int, f"an integer in [0, max_replicas = {max_replicas}]", 1,
+                          ok=lambda v: 0 <= v <= max_replicas)
+        delay = ft.data.get("startup_delay", "auto")
+        ft._known.append("startup_delay")
+        if not (delay == "auto" or (not isinstance(delay, bool) and isinstance(delay, (int, float))
+                                    and 0 <= delay <= 3600)):
+            raise ft.error("startup_delay", '"auto" or a number of seconds in [0, 3600]', delay)
+        fleet = FleetSpec(
+            replicas=replicas, max_replicas=max_replicas,
+            startup_delay=delay if delay == "auto" else float(delay),
+            gpus_per_replica=ft.get("gpus_per_replica", int, "an integer >= 1", None, ok=lambda v: v >= 1),
+            poll_interval=_number(ft, "poll_interval", "seconds", 0, 60, 1.0, open_low=True),
+            metrics_interval=_number(ft, "metrics_interval", "seconds", 0, 600, 15.0, open_low=True),
+            metrics_delay=_number(ft, "metrics_delay", "seconds", 0, 600, 0.0))
+        ft.done()
+    name, params = "", {}
+    if at is not None:
+        name = at.get("name", str, "an autoscaler name (hpa, keda, slo, or package.module:Class)")
+        if "params" in at.data:
+            if not isinstance(at.data["params"], dict):
+                raise at.error("params", "a table of the autoscaler's parameters", at.data["params"])
+            params = dict(at.data["params"])
+            at._known.append("params")
+        at.done()
+    slo = None
+    if st is not None:
+        bound = "a number of modelled seconds > 0"
+        slo = SloSpec(ttft_s=_number(st, "ttft_s", bound, 0, 86_400, None, open_low=True),
+                      e2e_s=_number(st, "e2e_s", bound, 0, 86_400, None, open_low=True),
+                      attainment=_number(st, "attainment", "a share", 0, 1, 0.99, open_low=True),
+                      window=_number(st, "window", "seconds", 0, 86_400, 300.0, open_low=True))
+        if slo.ttft_s is None and slo.e2e_s is None:
+            raise st.error("ttft_s", "ttft_s and/or e2e_s (the bounds of the SLO)", None)
+        st.done()
+    return fleet, name, params, slo
 
 
 def load_scenario(path: str | Path) -> Scenario:

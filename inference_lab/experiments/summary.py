@@ -59,31 +59,57 @@ def step_series(t: np.ndarray, v: np.ndarray, start: float, end: float,
     return grid, v[np.clip(idx, 0, None)]  # before the first sample: its value
 
 
+def _binned_percentiles(idx: np.ndarray, values: np.ndarray, n: int, qs: tuple[float, ...]
+                        ) -> list[np.ndarray]:
+    """Per bin 0..n-1, the q-th percentiles (numpy's linear method) of the values in it;
+    nan for an empty bin. One sort for every bin."""
+    out = [np.full(n, np.nan) for _ in qs]
+    keep = ~np.isnan(values)
+    idx, values = idx[keep], values[keep]
+    if not idx.size:
+        return out
+    order = np.lexsort((values, idx))
+    idx, values = idx[order], values[order]
+    counts = np.bincount(idx, minlength=n)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    has = counts > 0
+    for q, arr in zip(qs, out):
+        pos = starts[has] + (counts[has] - 1) * q / 100.0
+        lo = np.floor(pos).astype(np.int64)
+        hi = np.minimum(lo + 1, starts[has] + counts[has] - 1)
+        arr[has] = values[lo] + (values[hi] - values[lo]) * (pos - lo)
+    return out
+
+
 def window_series(req: dict, start: float, end: float, window: float) -> dict[str, np.ndarray]:
     """Per window of `window` s: goodput, 529/s, sent/s, e2e/ttft p50/p99 (of 200s)."""
     edges = np.arange(start, end + 1e-9, window)
     if edges.size < 2:
         edges = np.array([start, end])
+    n = edges.size - 1
     mids = (edges[:-1] + edges[1:]) / 2
+    width = np.maximum(np.diff(edges), 1e-12)
     status, send, done = req["status"], req["send_s"], req["done_s"]
     ok = status == 200
-    out = {name: np.full(mids.shape, np.nan) for name in
-           ("goodput", "rate_529", "sent", "e2e_p50", "e2e_p99", "ttft_p50", "ttft_p99")}
-    for i, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
-        width = b - a
-        ended = (done >= a) & (done < b)
-        sent = (send >= a) & (send < b)
-        out["goodput"][i] = req["completion_tokens"][ended & ok].sum() / width
-        out["rate_529"][i] = np.count_nonzero(sent & (status == 529)) / width
-        out["sent"][i] = np.count_nonzero(sent & (status != 0)) / width
-        sel = sent & ok
-        if np.any(sel):
-            for name, col in (("e2e", "e2e_s"), ("ttft", "ttft_s")):
-                vals = req[col][sel]
-                vals = vals[~np.isnan(vals)]
-                if vals.size:
-                    out[f"{name}_p50"][i] = np.percentile(vals, 50)
-                    out[f"{name}_p99"][i] = np.percentile(vals, 99)
+
+    def bins(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(edges, t, side="right") - 1
+        return np.where((i >= 0) & (i < n) & (t < edges[-1]), i, -1)
+
+    sent_bin, done_bin = bins(send), bins(done)
+
+    def count(sel: np.ndarray, where: np.ndarray, weights=None) -> np.ndarray:
+        sel = sel & (where >= 0)
+        w = None if weights is None else weights[sel]
+        return np.bincount(where[sel], weights=w, minlength=n)[:n].astype(float)
+
+    out = {"goodput": count(ok, done_bin, req["completion_tokens"].astype(float)) / width,
+           "rate_529": count(status == 529, sent_bin) / width,
+           "sent": count(status != 0, sent_bin) / width}
+    sel = ok & (sent_bin >= 0)
+    for name, col in (("e2e", "e2e_s"), ("ttft", "ttft_s")):
+        p50, p99 = _binned_percentiles(sent_bin[sel], req[col][sel].astype(float), n, (50, 99))
+        out[f"{name}_p50"], out[f"{name}_p99"] = p50, p99
     out["t"] = mids
     return out
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTRACTS = 8
+CONTRACTS = 9
 
 
 def _assemble(where: Path) -> Path:
@@ -55,6 +55,8 @@ def test_every_layer_contract_is_kept(tmp_path):
      "the app over faults over the API dialects"),
     ("experiments/runner.py", "import inference_lab.gateway.app", "over HTTP only"),
     ("engine/service/rpc.py", "import inference_lab.experiments.runner", "command line on top"),
+    ("autoscale/hpa.py", "import asyncio", "Autoscalers are told the time"),
+    ("autoscale/keda.py", "import inference_lab.experiments.runner", "command line on top"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
     package = _assemble(tmp_path)

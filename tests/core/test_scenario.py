@@ -39,7 +39,7 @@ def test_phases_follow_the_timeline():
     ({"duration": -1}, "duration: expected a number of seconds > 0"),
     ({"timeline": [{"at": 99, "capacity": {"max_num_seqs": 2}}]}, "timeline[0].at"),
     ({"timeline": [{"at": 1, "capacity": {"max_num_seqs": 0}}]}, "timeline[0].capacity.max_num_seqs"),
-    ({"timeline": [{"at": 1}]}, "timeline[0].capacity: expected a `capacity`, `load` or `fault` table"),
+    ({"timeline": [{"at": 1}]}, "timeline[0].capacity: expected a `capacity`, `load`, `fault` table or `replicas`"),
     ({"controller": {"name": "aimd", "rtt": "p99"}}, "controller.rtt"),
     ({"load": {**BASE["load"], "arrival_pattern": "batched"}}, "load.arrival_pattern"),
     ({"load": {**BASE["load"], "retry_after_529": -1}}, "load.retry_after_529"),

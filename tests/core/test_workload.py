@@ -136,7 +136,7 @@ def test_closed_loop_has_no_open_loop_arrivals():
 
 @pytest.mark.parametrize(("change", "message"), [
     (('"poisson"', '"bursty"'),
-     "workload.arrival_pattern: expected one of poisson, uniform, fixed_rate, burst, batched, closed_loop, got 'bursty'"),
+     "workload.arrival_pattern: expected one of poisson, uniform, fixed_rate, burst, batched, closed_loop, trace, got 'bursty'"),
     (("arrival_rate = 50.0", "arrival_rate = 0"), "workload.arrival_rate: expected a number > 0 (requests per second), got 0"),
     (("num_requests = 2000", "num_requests = true"), "workload.num_requests: expected an integer >= 1, got True"),
     (("num_requests = 2000", "num_requests = 0"), "workload.num_requests: expected an integer >= 1, got 0"),

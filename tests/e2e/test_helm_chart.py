@@ -194,3 +194,42 @@ def test_bad_values_fail_to_validate():
     deployment = next(yaml.safe_load(t) for t in objects.values() if "kind: Deployment" in t)
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, KUBERNETES, strict=True)
+
+
+EXAMPLES = CHART.parent / "examples"
+
+
+def test_the_hpa_example_renders_a_valid_hpa_with_kubernetes_default_behaviour():
+    objects = render(yaml.safe_load((EXAMPLES / "autoscaling-hpa.yaml").read_text()))
+    spec = objects["HorizontalPodAutoscaler"]["spec"]  # validated against autoscaling/v2
+    assert (spec["minReplicas"], spec["maxReplicas"]) == (1, 16)
+    assert spec["metrics"][0]["pods"]["metric"]["name"] == "vllm:num_requests_running"
+    assert spec["metrics"][0]["pods"]["target"] == {"type": "AverageValue", "averageValue": "32"}
+    # the behaviour written out is the one the lab's hpa autoscaler defaults to
+    from inference_lab.autoscale.hpa import SCALE_DOWN, SCALE_UP, behavior
+    assert behavior(spec["behavior"]["scaleUp"], SCALE_DOWN, "up") == SCALE_UP
+    assert behavior(spec["behavior"]["scaleDown"], SCALE_UP, "down") == SCALE_DOWN
+
+
+def test_the_keda_example_renders_its_polling_cooldown_and_activation():
+    objects = render(yaml.safe_load((EXAMPLES / "autoscaling-keda.yaml").read_text()))
+    spec = objects["ScaledObject"]["spec"]
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (1, 16)
+    assert (spec["pollingInterval"], spec["cooldownPeriod"]) == (30, 300)
+    trigger = spec["triggers"][0]
+    assert trigger["metadata"] == {
+        "serverAddress": "http://prometheus-operated.monitoring.svc:9090",
+        "query": 'sum(vllm:num_requests_running{namespace="lab-ns"})',
+        "threshold": "32", "activationThreshold": "0"}
+    assert "advanced" not in spec  # no behaviour given: the HPA's defaults
+    # the query is one the lab's keda autoscaler reads (its namespace label aside)
+    from inference_lab.autoscale.metrics import parse_query
+    assert parse_query("sum(vllm:num_requests_running)").name == "vllm:num_requests_running"
+
+
+def test_a_scale_down_behaviour_reaches_the_hpa_keda_creates():
+    down = {"stabilizationWindowSeconds": 60, "policies": [{"type": "Pods", "value": 1, "periodSeconds": 30}]}
+    spec = render({"autoscaling": {"keda": {"enabled": True, "behavior": {"scaleDown": down}}}})[
+        "ScaledObject"]["spec"]
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == {"scaleDown": down}
+    assert "pollingInterval" not in spec and "cooldownPeriod" not in spec  # KEDA's defaults

@@ -1,0 +1,205 @@
+"""Virtual time: the event loop on a simulated clock, the simulated fleet answering as a
+served lab does (the offline driver's timings exactly, the fleet's rules, the same JSON),
+and the experiment runner on it: deterministic, every request of a trace issued."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from inference_lab.autoscale.capacity import outcomes
+from inference_lab.common.traces import load_trace
+from inference_lab.experiments.controllers import make_controller
+from inference_lab.experiments.experiment import run_virtual
+from inference_lab.experiments.prompts import Prompt
+from inference_lab.experiments.records import load_run
+from inference_lab.experiments.runner import Runner
+from inference_lab.experiments.scenario import load_scenario, parse_scenario
+from inference_lab.experiments.virtual import (BASE_PORT, VirtualBackend, VirtualLab, VirtualLoop,
+                                               VirtualTimeError)
+from factories import deployment
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(coro_fn):
+    """Run `coro_fn(loop)` on a fresh virtual loop; (its result, the loop's final time)."""
+    with asyncio.Runner(loop_factory=VirtualLoop) as runner:
+        loop = runner.get_loop()
+        return runner.run(coro_fn(loop)), loop.time()
+
+
+# ---- the loop -------------------------------------------------------------------------------
+
+def test_a_day_of_sleeping_takes_no_wall_time_and_timers_fire_in_order():
+    fired = []
+
+    async def main(loop):
+        loop.call_at(7200.0, fired.append, "b")
+        loop.call_at(3600.0, fired.append, "a")
+        await asyncio.sleep(86_400)
+        return loop.time()
+
+    wall = time.perf_counter()
+    (t, _), = [run(main)]
+    assert t == pytest.approx(86_400.0) and fired == ["a", "b"]
+    assert time.perf_counter() - wall < 1.0
+
+
+def test_waiting_for_what_nothing_will_bring_is_an_error_not_a_hang():
+    async def main(loop):
+        await loop.create_future()
+
+    with pytest.raises(VirtualTimeError, match="no timer or step"):
+        run(main)
+
+
+# ---- the simulated lab ----------------------------------------------------------------------
+
+def test_each_request_gets_exactly_the_offline_drivers_timings():
+    dep = deployment(max_num_seqs=8)
+    rng = random.Random(3)
+    t, arrivals = 0.0, []
+    for _ in range(300):
+        t += rng.expovariate(150.0)
+        arrivals.append((t, rng.randint(20, 400), rng.randint(5, 120)))
+    expected = outcomes(dep, arrivals)
+
+    async def main(loop):
+        lab = VirtualLab(loop, dep)
+        backend = VirtualBackend(lab)
+        endpoint = backend.endpoint(backend.base_url)
+        results = [None] * len(arrivals)
+
+        async def one(i, at, prompt, output):
+            await asyncio.sleep(at - loop.time())
+            conn = await endpoint.connect()
+            results[i] = await conn.send(endpoint.build(Prompt(None, prompt, ""), output, i))
+
+        await asyncio.gather(*(one(i, *a) for i, a in enumerate(arrivals)))
+        return results
+
+    results, _ = run(main)
+    assert all(r.status == 200 for r in results)
+    for r, (ttft, e2e), (at, _, output) in zip(results, expected, arrivals):
+        assert r.sent == pytest.approx(at, abs=1e-9)
+        assert (r.first - r.sent, r.done - r.sent) == (pytest.approx(ttft, abs=1e-9), pytest.approx(e2e, abs=1e-9))
+        assert r.completion_tokens == output and r.modelled["e2e_s"] == pytest.approx(e2e, abs=1e-9)
+
+
+def test_the_fleet_starts_drains_and_refuses_as_a_served_one():
+    dep = deployment(max_num_seqs=1, max_waiting=1)
+
+    async def main(loop):
+        lab = VirtualLab(loop, dep, replicas=1, startup_delay=20.0)
+        http = VirtualBackend(lab).http
+        base = f"http://virtual:{BASE_PORT}"
+        status, body = await http.request("POST", base + "/control/replicas", {"replicas": 3})
+        rows = json.loads(body)
+        assert status == 200 and [r["replica"] for r in rows] == [0, 1, 2]
+        assert set(rows[0]) == {"model", "replica", "port", "ready", "starting", "draining",
+                                "ready_in_s", "waiting", "running"}
+        assert [(r["ready"], r["starting"], r["ready_in_s"]) for r in rows] == \
+            [(True, False, 0.0), (False, True, 20.0), (False, True, 20.0)]
+        endpoint = VirtualBackend(lab).endpoint(f"http://virtual:{BASE_PORT + 1}")
+        conn = await endpoint.connect()
+        early = await conn.send(endpoint.build(Prompt(None, 10, ""), 5, 0))
+        await asyncio.sleep(20.0)
+        late = await conn.send(endpoint.build(Prompt(None, 10, ""), 5, 1))
+        # one running, one waiting, the third refused at once: 529
+        conns = [await endpoint.connect() for _ in range(3)]
+        sent = []
+        for i, c in enumerate(conns):
+            sent.append(c.send(endpoint.build(Prompt(None, 10, ""), 2000, 2 + i)))
+            await asyncio.sleep(0.01)  # the first is admitted before the second comes
+        third = await sent[2]
+        await asyncio.sleep(0)
+        # drain replica 2 and 1 while replica 1 holds two requests: it stays until they end
+        status, body = await http.request("POST", base + "/control/replicas", {"replicas": 1})
+        draining = [r["replica"] for r in json.loads(body) if r["draining"]]
+        metrics = (await http.request("GET", f"http://virtual:{BASE_PORT + 1}/metrics"))[0]
+        done = await asyncio.gather(*sent[:2])
+        await asyncio.sleep(1.0)
+        _, body = await http.request("GET", base + "/control/replicas")
+        return early, late, third, draining, metrics, done, json.loads(body)
+
+    (early, late, third, draining, metrics, done, after), _ = run(main)
+    assert early.status == 503 and "starting" in early.error
+    assert late.status == 200
+    assert third.status == 529 and third.done == third.sent
+    assert draining == [1] and metrics == 503  # replica 2 had nothing: closed at once
+    assert [r.status for r in done] == [200, 200]  # nothing in flight is lost
+    assert [r["replica"] for r in after] == [0]
+
+
+# ---- the runner in virtual time ------------------------------------------------------------
+
+CLOSED = """
+name = "v"
+duration = 8
+[server]
+max_num_seqs = 4
+max_waiting = 4
+[load]
+arrival_pattern = "closed_loop"
+num_concurrent_users = 12
+input_len_dist = { type = "uniform", min = 10, max = 100 }
+output_len_dist = { type = "uniform", min = 20, max = 200 }
+seed = 5
+retry_after_529 = 0.05
+[controller]
+name = "aimd"
+params = { min_limit = 1 }
+[[timeline]]
+at = 4
+capacity = { max_num_seqs = 2 }
+"""
+
+
+def test_the_same_scenario_in_virtual_time_is_the_same_run_every_time(tmp_path):
+    scenario = parse_scenario(__import__("tomllib").loads(CLOSED), "v.toml")
+    dep = deployment()
+
+    def once():
+        async def main(loop):
+            lab = VirtualLab(loop, dep)
+            runner = Runner(scenario, "", make_controller("aimd", {"min_limit": 1}),
+                            backend=VirtualBackend(lab))
+            return (await runner.run()).req
+        return run(main)[0]
+
+    a, b = once(), once()
+    assert len(a["status"]) > 200 and set(a["status"]) >= {200, 529}
+    assert a["send_s"] == b["send_s"] and a["status"] == b["status"] and a["e2e_s"] == b["e2e_s"]
+    after = [m for s, m in zip(a["send_s"], a["m_e2e_s"]) if s > 5 and m == m]
+    assert after  # the capacity action reached the simulated replica
+
+
+def test_a_trace_through_the_hpa_in_virtual_time_issues_every_request_and_scales(tmp_path):
+    scenario = load_scenario(ROOT / "configs" / "experiments" / "autoscaling-trace.toml")
+    summary = run_virtual(scenario, tmp_path)
+    trace = load_trace(ROOT / "configs" / "traces" / "burstgpt-sample.csv", "burstgpt", speed=4)
+    req = load_run(tmp_path)["requests"]
+    due = sorted(req["due_s"])
+    assert len(due) == sum(1 for t in trace.times if t < scenario.duration)  # every one, once
+    assert due == pytest.approx(sorted(t for t in trace.times if t < scenario.duration), abs=1e-9)
+    auto = summary["autoscaling"]
+    assert auto["cold_starts"] >= 1 and auto["peak_replicas"] > 1  # the HPA scaled up
+    assert 0 <= auto["attainment"] <= 1 and auto["gpu_hours"] > 0
+    assert auto["oracle"]["capacity_rps"] > 0 and auto["cost_vs_oracle"] > 0
+    assert summary["virtual"] is True and summary["virtual_run"]["engine_steps"] > 0
+    for name in ("requests", "fleet", "scaling"):
+        assert (tmp_path / f"{name}.parquet").is_file()
+    assert "Replicas: desired, ready" in (tmp_path / "report.html").read_text()
+
+
+def test_faults_virtual_time_does_not_model_are_refused(tmp_path):
+    text = CLOSED + '[[timeline]]\nat = 5\nfault = { kind = "stall", seconds = 1 }\n'
+    scenario = parse_scenario(__import__("tomllib").loads(text), "v.toml")
+    with pytest.raises(ValueError, match="'stall' fault at 5 s is not modelled in virtual time"):
+        run_virtual(scenario, tmp_path)
