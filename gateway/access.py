@@ -1,13 +1,17 @@
 """Which secret each HTTP route needs, and what a control route refuses besides.
 
 Knows: the routes' access kinds (inference_lab.common.auth `Access`): the control routes
-(`/control/*`, and vLLM's LoRA load and unload, which change what the engine serves) need
-the control token (when none is set, the API key stands in); the rest of `/v1/*` the API
-key alone (as vLLM guards `/v1`); everything else is open (probes, scrapers, vLLM's
-`/tokenize`, `/detokenize` and `/version`). A control route also answers no browser: a request that
-carries an `Origin` header (every cross-origin request has one, and every POST a browser
-makes) is refused, and its body must be labelled `application/json` (or `+json`), which a
-page cannot send without a preflight.
+(`/control/*`, vLLM's LoRA load and unload, which change what the engine serves, and its
+sleep mode's `/sleep` and `/wake_up`, which make replicas refuse) need the control token
+(when none is set, the API key stands in); the rest of `/v1/*` the API key alone (as vLLM
+guards `/v1`), and so do vLLM's pooling routes outside it (`/pooling`, `/score`,
+`/rerank`, `/v2/rerank`: they run the engine as `/v1/*` does, where vLLM leaves them
+open); everything else is open (probes, scrapers, what a router polls, vLLM's `/tokenize`,
+`/detokenize`, `/version` and `/is_sleeping`). A control route also answers no browser: a
+request that carries an `Origin` header (every cross-origin request has one, and every
+POST a browser makes) is refused, and a body must be labelled `application/json` (or
+`+json`), which a page cannot send without a preflight (a POST with no body and no label
+passes: vLLM's `/sleep` and `/wake_up` take their parameters in the query).
 
 Does not know: routes' handlers, the secrets themselves (gateway.middleware checks them).
 """
@@ -17,15 +21,19 @@ from __future__ import annotations
 from inference_lab.common.auth import Access
 
 CONTROL_PREFIX = "/control/"
-# vLLM's LoRA routes: under /v1 as in vLLM, but they change the engine's models.
-CONTROL_ROUTES = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter"})
+# vLLM's LoRA routes: under /v1 as in vLLM, but they change the engine's models; and its
+# sleep mode's /sleep and /wake_up, which free a replica's memory and make it refuse.
+CONTROL_ROUTES = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter",
+                            "/sleep", "/wake_up"})
+# vLLM's pooling routes outside /v1: the engine's work, so the API key's, as /v1/* is.
+API_ROUTES = frozenset({"/pooling", "/score", "/rerank", "/v2/rerank"})
 
 
 def route_access(path: str) -> Access:
     """The access of a route (its canonical path, or the request's path when none matched)."""
     if path.startswith(CONTROL_PREFIX) or path in CONTROL_ROUTES:
         return Access.CONTROL
-    if path.startswith("/v1/"):
+    if path.startswith("/v1/") or path in API_ROUTES:
         return Access.GENERATE
     return Access.OPEN
 

@@ -75,11 +75,18 @@ def _check_access(request: web.BaseRequest, label: str, api_key: str | None,
             raise GatewayError(ErrorKind.CONTROL_UNAUTHORIZED, "Invalid or missing control token."
                                if control_token else "Invalid or missing control token (this "
                                "server has none: its API key stands in).")
-        if request.method not in _BODILESS and not json_labelled(
+        if request.method not in _BODILESS and not _no_body(request) and not json_labelled(
                 request.headers.get("Content-Type")):
             raise GatewayError(ErrorKind.UNSUPPORTED_MEDIA_TYPE,
                                "A control route takes a JSON body with Content-Type: "
                                "application/json.")
+
+
+def _no_body(request: web.BaseRequest) -> bool:
+    """A POST with no body and no Content-Type, as vLLM's `/sleep?level=1` and `/wake_up`
+    are sent (their parameters are in the query): nothing to label. A browser's POST
+    carries an `Origin`, refused before this."""
+    return not request.body_exists and "Content-Type" not in request.headers
 
 
 def _api_key_ok(request: web.BaseRequest, api_key: str) -> bool:

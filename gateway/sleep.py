@@ -4,36 +4,28 @@ Knows: the routes as vLLM's dev mode serves them (`level` 1 or 2 in the query, d
 `mode` only "abort", vLLM's default; `tags` repeated on /wake_up, "weights" and/or
 "kv_cache"; an empty 200 for /sleep and /wake_up, {"is_sleeping": bool}), that they act
 on this port's replica of every model (a replica's port, `--replicas`) or on every
-replica (a gateway with no replica of its own), and that /sleep and /wake_up are control routes: they require the control token
-when one is set, as /control/* does. What a sleep frees and what a wake costs are the
-engine's (the Sleep call: engine.service.sleep, engine.fleet.sleep).
+replica (a gateway with no replica of its own). What a sleep frees and what a wake costs
+are the engine's (the Sleep call: engine.service.sleep, engine.fleet.sleep).
 
-Does not know: generation (a sleeping replica's refusals come from the engine, as a
-503 `engine_sleeping`), gRPC details (gateway.engine_client).
+Does not know: who may call them (gateway.access: /sleep and /wake_up are control routes,
+the control token and no browser, as /control/* is; /is_sleeping is open), generation (a
+sleeping replica's refusals come from the engine, as a 503 `engine_sleeping`), gRPC
+details (gateway.engine_client).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from inference_lab.common.auth import bearer_ok
-from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.protocols.base import invalid, json_encode
-from inference_lab.gateway.state import STATE, GatewayState
+from inference_lab.gateway.state import STATE
 
 TAGS = ("weights", "kv_cache")
-
-
-def _require_control(request: web.Request, state: GatewayState) -> None:
-    if state.control_token is not None and not bearer_ok(
-            request.headers.get("Authorization"), state.control_token):
-        raise GatewayError(ErrorKind.CONTROL_UNAUTHORIZED, "Invalid or missing control token.")
 
 
 async def sleep(request: web.Request) -> web.Response:
     """POST /sleep?level=1|2: this port's replica (every replica on the main port) sleeps."""
     state = request.app[STATE]
-    _require_control(request, state)
     text = request.query.get("level", "1")
     if text not in ("1", "2"):
         raise invalid(f"level must be 1 or 2, got {text!r} - at `level`")
@@ -48,7 +40,6 @@ async def sleep(request: web.Request) -> web.Response:
 async def wake_up(request: web.Request) -> web.Response:
     """POST /wake_up[?tags=weights&tags=kv_cache]: restore what the sleep freed."""
     state = request.app[STATE]
-    _require_control(request, state)
     tags = request.query.getall("tags", [])
     for tag in tags:
         if tag not in TAGS:

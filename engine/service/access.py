@@ -36,10 +36,12 @@ RPC_ACCESS: dict[str, Access] = {
     "LoadLoraAdapter": Access.CONTROL,
     "UnloadLoraAdapter": Access.CONTROL,
     "SetReplicas": Access.CONTROL,
+    "Sleep": Access.CONTROL,  # vLLM's sleep mode: a replica frees its memory and refuses
     "GetMetrics": Access.OPEN,
     "WatchMetrics": Access.OPEN,
     "InjectFault": Access.CONTROL,
     "GetFaultState": Access.OPEN,
+    "GetKvEventSources": Access.OPEN,  # where the KV events are published (read only)
 }
 
 _KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")

@@ -1,13 +1,14 @@
 """The Sleep call: vLLM's sleep mode (/sleep, /wake_up) over the fleet's replicas.
 
-Knows: the call's checks (sleep mode on, a level of 1 or 2, tags vLLM knows, the control
-token like every control call), which replicas it acts on (one model or all, one index or
+Knows: the call's checks (sleep mode on, a level of 1 or 2, tags vLLM knows), which replicas it acts on (one model or all, one index or
 all), and that each replica sleeps or wakes itself (engine.fleet.runtime: what a sleep
 frees, what a wake costs); the answer is their capacity rows, which carry each one's
 sleep level and last wake's cost. Mixed into the servicer (engine.service.rpc).
 
 Does not know: HTTP (the gateway's /sleep, /wake_up and /is_sleeping:
-gateway.sleep), the cost arithmetic (engine.fleet.sleep).
+gateway.sleep), the cost arithmetic (engine.fleet.sleep), the secret the call needs (the
+control token, checked by the server's interceptor before the handler runs:
+engine.service.access).
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ log = logging.getLogger(__name__)
 
 
 class SleepRpcs:
-    """`Sleep` over the servicer's fleet (needs its `_check_control`, `_select`, `_capacity`
-    and `sleep_mode`)."""
+    """`Sleep` over the servicer's fleet (needs its `_select`, `_capacity` and
+    `sleep_mode`)."""
 
     sleep_mode = False  # the engine runs with --enable-sleep-mode
 
     async def Sleep(self, request: pb.SleepRequest, context):
         try:
-            self._check_control(context, "Sleep")
             replica = request.replica if request.HasField("replica") else None
             replicas = self._select(request.model, replica)
         except REFUSED as exc:

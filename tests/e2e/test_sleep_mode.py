@@ -136,4 +136,10 @@ def test_without_the_flag_sleep_is_a_400(tmp_path):
     with serve("--config", str(tmp_path)) as served:
         status, body = call(served.port, "POST", "/sleep", token=None)
         assert status == 400 and "--enable-sleep-mode" in body["error"]["message"]
+        # as vLLM's are sent (`curl -X POST .../sleep?level=1`): no body, no Content-Type
+        bare = urllib.request.Request(f"http://127.0.0.1:{served.port}/sleep?level=1",
+                                      method="POST")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(bare, timeout=10)
+        assert err.value.code == 400 and "--enable-sleep-mode" in err.value.read().decode()
         assert call(served.port, "GET", "/is_sleeping") == (200, {"is_sleeping": False})
