@@ -156,6 +156,7 @@ def test_a_failed_relay_write_is_kept_for_the_handler_and_never_raised_to_the_di
     assert not relay(2)  # nothing more is tried
 
 
+@pytest.mark.fast_paths
 async def test_after_the_opening_the_relay_writes_chunks_past_aiohttps_writer_byte_for_byte():
     """Over a real aiohttp response: the first write (with the headers) is aiohttp's, the
     later ones are chunks written to the transport; the client reads the same chunked body,
