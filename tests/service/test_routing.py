@@ -198,3 +198,16 @@ async def test_the_names_are_on_every_generation_response_and_off_by_a_flag(fake
                     assert named == (("0", FAKE_MODEL) if served_by else (None, None)), path
             health = await c.get("/health")  # not a generation response: never named
             assert "x-inference-lab-replica" not in health.headers
+
+
+async def test_an_engine_without_kv_events_has_no_sources_and_a_live_load(client, fake):
+    """A lone gateway (the engine's default replica) in front of an engine that has no
+    GetKvEventSources call: `{}`, as vLLM answers with events off; the load still live."""
+    from inference_lab.testing.fake_engine import FAKE_MODEL
+
+    sources = await client.get("/kv_event_sources")
+    assert (sources.status, await sources.json()) == (200, {})
+    load = await client.get("/get_load")
+    assert (load.status, await load.json()) == (200, {"load": 0})
+    info = await (await client.get("/get_server_info")).json()
+    assert info["model_id"] == FAKE_MODEL and info["instance_id"].startswith("inference-lab@")
