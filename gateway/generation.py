@@ -62,7 +62,8 @@ def generation_handler(dialect: Dialect, state: GatewayState,
         gen = dialect.parse(body, state.tokenizer)  # a bad body gets its 400 before a 529
         replica = _replica_for(request, state)
         if state.served_by:  # named on the response, whatever it is (middleware)
-            request[SERVED_BY] = (str(replica or 0), gen.model)
+            request[SERVED_BY] = (str(replica or 0),
+                                  gen.model if _header_safe(gen.model) else None)
         client = state.client
         # the model's kind (a pooling model on a generation route, or the reverse: vLLM's
         # 400) and what else depends on the model, before a 529 too; an unknown model is
@@ -159,11 +160,19 @@ def fast_refusal(path: str, dialect: Dialect, state: GatewayState,
         holes = (len(out), http_date().encode(),
                  headers.get(b"x-request-id") or random_id().encode())
         if state.served_by:
+            if not _header_safe(gen.model):
+                return None  # (the handler's: it leaves the name out)
             holes += (gen.model.encode(),)
         state.metrics.observe(path, state.saturation.status, time.perf_counter() - started)
         return head % holes, out
 
     return answer
+
+
+def _header_safe(model: str) -> bool:
+    """A model name the client sent may go into a header as it is: printable ASCII (a
+    name with a line break or other control character is left off the response)."""
+    return model.isascii() and model.isprintable()
 
 
 def _replica_for(request: web.Request, state: GatewayState) -> int | None:

@@ -200,11 +200,15 @@ async def echo_request_id(request: web.BaseRequest, response: web.StreamResponse
         response.headers["x-request-id"] = request.headers.get("x-request-id") or random_id()
     served = request.get(SERVED_BY)
     if served is not None:
-        response.headers[REPLICA_HEADER], response.headers[MODEL_HEADER] = served
+        replica, model = served
+        response.headers[REPLICA_HEADER] = replica
+        if model is not None:
+            response.headers[MODEL_HEADER] = model
 
 
 # A generation request's (replica, model), set by its handler once the body is parsed
-# (unless the app was told not to: --no-served-by-headers), named on its response.
+# (unless the app was told not to: --no-served-by-headers), named on its response (the
+# model None when the client's name cannot be a header value).
 SERVED_BY = (web.RequestKey("served_by", tuple) if hasattr(web, "RequestKey")  # aiohttp >= 3.12
              else "inference_lab.served_by")
 REPLICA_HEADER = "x-inference-lab-replica"

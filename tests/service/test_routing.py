@@ -198,3 +198,29 @@ async def test_the_names_are_on_every_generation_response_and_off_by_a_flag(fake
                     assert named == (("0", FAKE_MODEL) if served_by else (None, None)), path
             health = await c.get("/health")  # not a generation response: never named
             assert "x-inference-lab-replica" not in health.headers
+
+
+async def test_an_engine_without_kv_events_has_no_sources_and_a_live_load(client, fake):
+    """A lone gateway (the engine's default replica) in front of an engine that has no
+    GetKvEventSources call: `{}`, as vLLM answers with events off; the load still live."""
+    from inference_lab.testing.fake_engine import FAKE_MODEL
+
+    sources = await client.get("/kv_event_sources")
+    assert (sources.status, await sources.json()) == (200, {})
+    load = await client.get("/get_load")
+    assert (load.status, await load.json()) == (200, {"load": 0})
+    info = await (await client.get("/get_server_info")).json()
+    assert info["model_id"] == FAKE_MODEL and info["instance_id"].startswith("inference-lab@")
+
+
+async def test_a_model_name_that_cannot_be_a_header_is_not_named(client):
+    """The body's model goes on the response only as printable ASCII: a line break in it
+    is no header injection and no 500, just the 404 of an unknown model."""
+    resp = await client.post("/v1/chat/completions", json={
+        "model": "nope\r\nx-evil: 1", "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status == 404
+    assert "x-evil" not in resp.headers and "x-inference-lab-model" not in resp.headers
+    assert resp.headers["x-inference-lab-replica"] == "0"  # the replica is named all the same
+    unicode = await client.post("/v1/chat/completions", json={
+        "model": "modèle", "messages": [{"role": "user", "content": "hi"}]})
+    assert unicode.status == 404 and "x-inference-lab-model" not in unicode.headers
