@@ -68,14 +68,14 @@ def test_timing_is_chosen_per_entry_or_by_the_flag_and_needs_a_fit(tmp_path):
 
 
 def test_the_fitted_presets_name_their_fit():
-    for name in ("h100", "h200", "mi300x"):
+    for name in ("b200", "h100", "h200", "mi300x"):
         cal = catalog.load_hardware(name).calibration
         assert cal is not None and cal.fit.startswith("calibration/fit.py on ")
         assert 0 < cal.bandwidth_efficiency <= 1 and 0 < cal.flops_efficiency <= 1
         assert cal.provenance == "fitted"
 
 
-@pytest.mark.parametrize("name,source", [("b200", "h200"), ("b300", "h200"), ("gb200", "h200"),
+@pytest.mark.parametrize("name,source", [("b300", "b200"), ("gb200", "b200"),
                                          ("mi355x", "mi300x")])
 def test_the_unfitted_presets_carry_their_neighbours_fit_unchanged(name, source):
     # The transfer rule (docs/timing.md): fractions of peak and fixed time costs carry over.
@@ -85,7 +85,7 @@ def test_the_unfitted_presets_carry_their_neighbours_fit_unchanged(name, source)
     assert replace(cal, fit="", transferred_from="") == replace(fitted, fit="")
 
 
-def test_calibrated_deepseek_on_b200_is_slower_than_the_roofline_and_says_where_it_came_from(caplog):
+def test_calibrated_deepseek_on_b300_is_slower_than_the_roofline_and_says_where_it_came_from(caplog):
     from inference_lab.common.workload import LengthDist, WorkloadSpec
     from inference_lab.engine.drivers.offline import run_offline
 
@@ -95,16 +95,16 @@ def test_calibrated_deepseek_on_b200_is_slower_than_the_roofline_and_says_where_
     runs = {}
     for timing in ("roofline", "calibrated"):
         with caplog.at_level("WARNING", logger="inference_lab.engine.sim.config"):
-            runs[timing] = run_offline(load_deployment(config, "b200", timing=timing), spec)
+            runs[timing] = run_offline(load_deployment(config, "b300", timing=timing), spec)
     assert runs["roofline"]["timing"] == {"model": "roofline"}
-    assert runs["calibrated"]["timing"]["calibration"] == "transferred from h200"
-    assert runs["calibrated"]["timing"]["fit"].startswith("transferred from h200: calibration/fit.py")
+    assert runs["calibrated"]["timing"]["calibration"] == "transferred from b200"
+    assert runs["calibrated"]["timing"]["fit"].startswith("transferred from b200: calibration/fit.py")
     roof, cal = runs["roofline"]["latency_metrics"], runs["calibrated"]["latency_metrics"]
     assert cal["per_token_ms"]["mean"] > 2 * roof["per_token_ms"]["mean"]
     assert cal["ttft_ms"]["mean"] > roof["ttft_ms"]["mean"]
-    load_deployment(config, "b200", timing="calibrated")  # logged once per process, not per load
-    said = [r for r in caplog.records if "transferred from the h200 fit" in r.getMessage()]
-    assert len(said) <= 1 and all("b200" in r.getMessage() for r in said)
+    load_deployment(config, "b300", timing="calibrated")  # logged once per process, not per load
+    said = [r for r in caplog.records if "transferred from the b200 fit" in r.getMessage()]
+    assert len(said) <= 1 and all("b300" in r.getMessage() for r in said)
 
 
 def test_every_calibration_data_file_carries_its_provenance_and_a_held_out_part():

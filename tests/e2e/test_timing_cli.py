@@ -40,8 +40,8 @@ def test_calibrated_timing_on_a_gpu_without_a_fit_is_refused(tmp_path):
 
 
 def test_calibrated_timing_on_a_gpu_with_a_transferred_fit_says_so(tmp_path):
-    out = sim(tmp_path, "--hardware", "b200", "--timing", "calibrated")
+    out = sim(tmp_path, "--hardware", "b300", "--timing", "calibrated")
     assert out.returncode == 0, out.stderr
-    assert out.stderr.count("uses a calibration transferred from the h200 fit") == 1
+    assert out.stderr.count("uses a calibration transferred from the b200 fit") == 1
     timing = json.loads((tmp_path / "o.json").read_text())["timing"]
-    assert timing["model"] == "calibrated" and timing["calibration"] == "transferred from h200"
+    assert timing["model"] == "calibrated" and timing["calibration"] == "transferred from b200"
