@@ -203,3 +203,27 @@ def test_faults_virtual_time_does_not_model_are_refused(tmp_path):
     scenario = parse_scenario(__import__("tomllib").loads(text), "v.toml")
     with pytest.raises(ValueError, match="'stall' fault at 5 s is not modelled in virtual time"):
         run_virtual(scenario, tmp_path)
+
+
+def test_a_trace_on_one_server_is_scored_against_its_own_requests_replayed_offline(tmp_path):
+    path = tmp_path / "t.toml"
+    path.write_text(f"""
+name = "t"
+duration = 20
+[server]
+max_num_seqs = 64
+[load]
+arrival_pattern = "trace"
+trace_path = "{ROOT / 'configs' / 'traces' / 'azure-sample.csv'}"
+trace_format = "azure"
+trace_speed = 4
+[[timeline]]
+at = 8
+capacity = {{ max_num_seqs = 2 }}
+""")
+    summary = run_virtual(load_scenario(path), tmp_path / "out")
+    first, second = summary["phases"]
+    assert first["oracle"]["kind"] == second["oracle"]["kind"] == "trace"
+    # the same requests, served as the engine's model serves them: the scores are ~1
+    assert first["scores"]["goodput"] == pytest.approx(1.0, abs=0.15)
+    assert second["oracle"]["e2e_p50_s"] > first["oracle"]["e2e_p50_s"]  # 2 places, not 64
