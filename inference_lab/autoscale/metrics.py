@@ -132,7 +132,7 @@ class MetricStore:
 _AGGS = ("sum", "avg", "max", "min", "count")
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _SELECTOR = re.compile(rf"^\s*({_NAME})\s*(?:\{{([^}}]*)\}})?\s*$")
-_RANGE = re.compile(rf"^\s*(rate|irate)\s*\(\s*(.*?)\s*\[\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*\]\s*\)\s*$")
+_RANGE = re.compile(r"^\s*(rate|irate)\s*\(\s*(.*?)\s*\[\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*\]\s*\)\s*$")
 _AGG = re.compile(r"^\s*(sum|avg|max|min|count)\s*\((.*)\)\s*$", re.S)
 _MATCHER = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"([^"]*)"\s*$')
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

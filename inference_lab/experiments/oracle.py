@@ -16,6 +16,9 @@ The load's prompt structure (shared prefixes, multi-turn conversations, LoRA ada
 the offline run's too: its prompts are built by the same code as the experiment's
 (common.conversations), so `cache_hit_rate` predicts the run's cached prompt tokens.
 
+A trace's phase is its own requests of that stretch, replayed offline as they came (the
+engine queues what it cannot carry at once: the prediction for that load as it was).
+
 Faults: a `slow` fault in force is simulated (every step time x its factor, as the engine
 does); under a stall, after a crash or with injected errors the oracle is the fault-free
 prediction, so the score shows what the fault cost (`oracle.fault_modelled` says which).
@@ -87,9 +90,26 @@ def phase_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase) -> dict:
     return facts
 
 
+def _trace_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase) -> dict:
+    """A trace's phase: its own requests of that stretch, simulated as they came."""
+    start, speed = (spec.trace_window or (0.0, 0.0))[0], spec.trace_speed
+    window = (start + phase.start * speed, start + phase.end * speed)
+    part = replace(spec, trace_window=window, num_requests=None, duration_secs=None)
+    if not len(part.trace()):
+        return {"kind": "idle", "concurrency": 0, "goodput_tok_s": 0.0, "requests_per_s": 0.0,
+                "e2e_p50_s": 0.0, "e2e_p99_s": 0.0, "ttft_p50_s": 0.0, "ttft_p99_s": 0.0,
+                "e2e_mean_s": 0.0, "cache_hit_rate": None}
+    run = run_offline(dep, part, slowdown=phase.slowdown)
+    facts = _facts(run, 0.0, "trace")
+    facts["concurrency"] = facts["requests_per_s"] * facts["e2e_mean_s"]  # Little's law
+    return facts
+
+
 def _phase_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase) -> dict:
     dep = _with_capacity(dep, phase.max_num_seqs)
     slow = phase.slowdown
+    if spec.arrival_pattern == "trace":
+        return _trace_oracle(dep, spec, phase)
     if phase.users is not None and spec.arrival_pattern == "closed_loop":
         if phase.users == 0:
             return {"kind": "idle", "concurrency": 0, "goodput_tok_s": 0.0, "requests_per_s": 0.0,

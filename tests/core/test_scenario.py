@@ -94,3 +94,53 @@ def test_a_fault_with_seconds_ends_in_its_own_phase_and_the_oracle_knows_what_it
         (8, "slow x3, errors 10 % overloaded", 3.0, False), (15, "errors 10 % overloaded", 1.0, False),
         (20, "", 1.0, True), (22, "stall 2 s", 1.0, False), (24, "", 1.0, True),
         (29, "stall 5 s", 1.0, False)]
+
+
+@pytest.mark.parametrize("name, autoscaler, replicas, pattern", [
+    ("autoscaling-diurnal", "hpa", 2, "poisson"), ("autoscaling-spike", "keda", 1, "poisson"),
+    ("autoscaling-ramp", "slo", 1, "poisson"), ("autoscaling-trace", "hpa", 1, "trace")])
+def test_the_shipped_autoscaling_scenarios_load(name, autoscaler, replicas, pattern):
+    sc = load_scenario(ROOT / "configs" / "experiments" / f"{name}.toml")
+    assert (sc.autoscaler, sc.fleet.replicas, sc.workload.arrival_pattern) == (autoscaler, replicas, pattern)
+    assert sc.slo.ttft_s and sc.fleet.max_replicas >= 4 and sc.config.is_file()
+
+
+def test_a_fleet_and_its_autoscaler_and_slo_read_with_their_defaults():
+    sc = parse_scenario({**BASE, "autoscaler": {"name": "hpa"}, "slo": {"e2e_s": 9},
+                         "timeline": [{"at": 2, "replicas": 3}]}, "s.toml")
+    fleet = sc.fleet  # an autoscaler alone makes a fleet, with the defaults
+    assert (fleet.replicas, fleet.max_replicas, fleet.startup_delay, fleet.metrics_interval) == (1, 16, "auto", 15.0)
+    assert (sc.slo.ttft_s, sc.slo.e2e_s, sc.slo.attainment, sc.slo.window) == (None, 9.0, 0.99, 300.0)
+    assert sc.timeline[0].replicas == 3 and sc.timeline[0].describe() == "replicas=3"
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"fleet": {"max_replicas": 65}}, "fleet.max_replicas: expected an integer in [1, 64]"),
+    ({"fleet": {"replicas": 5, "max_replicas": 4}}, "fleet.replicas: expected an integer in [0, max_replicas = 4]"),
+    ({"fleet": {"startup_delay": "soon"}}, 'fleet.startup_delay: expected "auto" or a number'),
+    ({"fleet": {"metrics_interval": 0}}, "fleet.metrics_interval"),
+    ({"fleet": {}, "slo": {"attainment": 0.9}}, "slo.ttft_s: expected ttft_s and/or e2e_s"),
+    ({"autoscaler": {"params": {}}}, "autoscaler.name: missing"),
+    ({"autoscaler": {"name": "hpa", "params": 3}}, "autoscaler.params: expected a table"),
+    ({"timeline": [{"at": 1, "replicas": 2}]}, "timeline: a `replicas` action needs a [fleet] table"),
+    ({"timeline": [{"at": 1, "replicas": 99}], "fleet": {}}, "timeline[0].replicas: expected an integer in [0, 64]"),
+    ({"scrape_interval": 0}, "scrape_interval"),
+])
+def test_bad_fleet_tables_are_refused_naming_the_key(change, key):
+    with pytest.raises(ConfigError) as err:
+        parse_scenario({**BASE, **change}, "s.toml")
+    assert str(err.value).startswith("s.toml: ") and key in str(err.value)
+
+
+def test_a_trace_load_is_found_beside_the_scenario_and_refuses_load_actions(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n1,ChatGPT,5,6,11,API log\n")
+    doc = {"duration": 5, "load": {"arrival_pattern": "trace", "trace_path": "t.csv", "trace_format": "burstgpt"}}
+    sc = parse_scenario(doc, "s.toml", base=tmp_path)
+    assert sc.workload.trace_path == str(trace) and len(sc.workload.trace()) == 1
+    with pytest.raises(ConfigError, match="a trace sets the load itself"):
+        parse_scenario({**doc, "timeline": [{"at": 1, "load": {"arrival_rate": 3}}]}, "s.toml", base=tmp_path)
+    trace.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n1,ChatGPT,5\n")
+    with pytest.raises(ConfigError) as err:
+        parse_scenario(doc, "s.toml", base=tmp_path)
+    assert err.value.path == "load.trace_path" and "line 2: 3 fields; the header has 6" in err.value.message

@@ -203,8 +203,8 @@ def test_trace_keys_without_the_trace_pattern_and_a_bad_trace_file_are_refused(t
     assert err.value.path == "workload.trace_path" and "only with arrival_pattern" in err.value.message
     bad = write(tmp_path, "bad.jsonl", mooncake_row(0, 5, 1, [1]) + "\n{oops\n")
     with pytest.raises(ConfigError) as err:
-        load_workload(write(tmp_path, "w.toml", f'[workload]\narrival_pattern = "trace"\n'
-                            f'trace_path = "bad.jsonl"\ntrace_format = "mooncake"\n'))
+        load_workload(write(tmp_path, "w.toml", '[workload]\narrival_pattern = "trace"\n'
+                            'trace_path = "bad.jsonl"\ntrace_format = "mooncake"\n'))
     assert err.value.path == "trace_path" and f"{bad}: line 2: not JSON" in err.value.message
 
 

@@ -203,3 +203,65 @@ def test_faults_virtual_time_does_not_model_are_refused(tmp_path):
     scenario = parse_scenario(__import__("tomllib").loads(text), "v.toml")
     with pytest.raises(ValueError, match="'stall' fault at 5 s is not modelled in virtual time"):
         run_virtual(scenario, tmp_path)
+
+
+def test_a_trace_on_one_server_is_scored_against_its_own_requests_replayed_offline(tmp_path):
+    path = tmp_path / "t.toml"
+    path.write_text(f"""
+name = "t"
+duration = 20
+[server]
+max_num_seqs = 64
+[load]
+arrival_pattern = "trace"
+trace_path = "{ROOT / 'configs' / 'traces' / 'azure-sample.csv'}"
+trace_format = "azure"
+trace_speed = 4
+[[timeline]]
+at = 8
+capacity = {{ max_num_seqs = 2 }}
+""")
+    summary = run_virtual(load_scenario(path), tmp_path / "out")
+    first, second = summary["phases"]
+    assert first["oracle"]["kind"] == second["oracle"]["kind"] == "trace"
+    # the same requests, served as the engine's model serves them: the scores are ~1
+    assert first["scores"]["goodput"] == pytest.approx(1.0, abs=0.15)
+    assert second["oracle"]["e2e_p50_s"] > first["oracle"]["e2e_p50_s"]  # 2 places, not 64
+
+
+def test_keda_scales_an_idle_fleet_to_zero_and_back_with_a_cold_start(tmp_path):
+    # 20 s of load, 25 s of none, then load again: with minReplicaCount 0 and a query on
+    # the front's request rate, KEDA scales to zero once the cooldown (10 s) has passed
+    # since the rate was last above 0, and back to one at the next poll with requests;
+    # the new replica takes its start-up delay (3 s), requests meanwhile find no replica.
+    path = tmp_path / "k.toml"
+    path.write_text("""
+name = "zero"
+duration = 60
+scrape_interval = 1
+[server]
+max_num_seqs = 16
+[load]
+arrival_pattern = "poisson"
+rate_schedule = { type = "trace", points = [[0, 20], [20, 20], [20.001, 0], [45, 0], [45.001, 20], [60, 20]] }
+input_len_dist = { type = "fixed", value = 32 }
+output_len_dist = { type = "fixed", value = 32 }
+[fleet]
+replicas = 1
+startup_delay = 3
+metrics_interval = 1
+[autoscaler]
+name = "keda"
+params = { query = "sum(rate(inference_lab_front_requests_total[4s]))", threshold = 100, polling_interval = 2, sync_period = 2, cooldown_period = 10 }
+""")
+    run_virtual(load_scenario(path), tmp_path / "out")
+    run = load_run(tmp_path / "out")
+    scaling, req = run["scaling"], run["requests"]
+    assert list(scaling["to"]) == [0, 1]
+    down, up = scaling["t"]
+    assert 30 <= down <= 36  # last active ~22 s (the 4 s rate window), + 10 s cooldown, next poll
+    assert 45 <= up <= 48  # the first poll that sees requests again
+    unrouted = req["send_s"][req["status"] == 503]
+    assert unrouted.size and unrouted.min() >= 45 and unrouted.max() <= up + 3 + 1.5  # the cold start
+    assert set(req["status"][req["send_s"] > up + 4]) == {200}
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["autoscaling"]["cold_starts"] == 1
