@@ -76,6 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="lengths drawn uniformly from [ratio x L, L] with the files' mean "
                         "lengths as their mean, as vllm bench --random-range-ratio draws them "
                         "(default 1: every request at the mean lengths)")
+    p.add_argument("--check", nargs="+", type=Path, default=[], metavar="FILE",
+                   help="more measurements of the same deployment, never fitted: their error "
+                        "under the fit is printed apart (a held-out check)")
     p.add_argument("--name", required=True, help="the new hardware preset's name (file stem)")
     p.add_argument("-o", "--output", required=True, type=Path, metavar="DIR",
                    help="catalog directory to write DIR/hardware/NAME.toml into")
@@ -120,12 +123,12 @@ def _deployment(args: argparse.Namespace, cat):
     return dep
 
 
-def _points(args: argparse.Namespace, dep):
+def _points(args: argparse.Namespace, dep, files: list[Path]):
     from inference_lab.calibrate.measurements import MeasurementError, read_measurements
     from inference_lab.calibrate.simulate import Point
 
     try:
-        found = read_measurements(args.measurements)
+        found = read_measurements(files)
     except MeasurementError as exc:
         raise UsageError(str(exc)) from None
     limit = dep.scheduler.max_model_len or dep.model.max_seq_len
@@ -157,6 +160,22 @@ def _pct(x: float) -> str:
     return f"{x:+6.1%}"
 
 
+def _report_checks(checks, calibration) -> None:
+    """The held-out points' errors under the fit, per point and per metric."""
+    from inference_lab.calibrate.fitting import Evaluator, relative_errors
+
+    sims = Evaluator(checks).sims([calibration])[0]
+    print(f"\nheld out (--check, not fitted):\n{'point':28s} {'metric':12s} {'measured':>9s} "
+          f"{'predicted':>9s} {'error':>7s}")
+    by_metric: dict[str, list[float]] = {}
+    for p, sim in zip(checks, sims):
+        for key, err in relative_errors(p, sim).items():
+            by_metric.setdefault(key, []).append(abs(err))
+            print(f"{p.label:28s} {key:12s} {p.measured[key]:9.2f} {sim[key]:9.2f} {_pct(err)}")
+    print("held out: " + "; ".join(f"{k} median |error| {statistics.median(v):.1%}, max {max(v):.1%}"
+                                   for k, v in sorted(by_metric.items())))
+
+
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -169,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
                          "'.', '_', '-')")
     cat = build_catalog(args)
     dep = _deployment(args, cat)
-    points = _points(args, dep)
+    points = _points(args, dep, args.measurements)
+    checks = _points(args, dep, args.check) if args.check else []
     names, why_not = applicable(points, _fit_names(args))
     values = sum(len(p.measured) for p in points)
     if values <= len(names) or len(points) < 2:
@@ -197,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{p.label:28s} {key:12s} {p.measured[key]:9.2f} {sim[key]:9.2f} {_pct(err)} {out:>13s}")
     errs = [abs(e) for i, p in enumerate(points) for e in relative_errors(p, sims[i]).values()]
     print(f"\nfit: median |error| {statistics.median(errs):.1%}, max {max(errs):.1%}")
+    if checks:
+        _report_checks(checks, result.calibration)
     if loo:
         by_metric: dict[str, list[float]] = {}
         for errors in loo.values():
