@@ -282,6 +282,9 @@ class EngineCore:
             prompt_len = count
         requested = max_tokens
         pooling = max_tokens == 0
+        if pooling and self.deployment.model.pooling is None:
+            raise SubmitError(f"max_tokens must be at least 1: {self.deployment.model.name} is not "
+                              "a pooling model (max_tokens 0 asks for a pooling request)")
         if pooling:  # (an embedding or a score: no length to choose)
             if n != 1:
                 raise SubmitError("a pooling request (max_tokens 0) samples nothing: n must be 1")
