@@ -111,7 +111,11 @@ def test_reference_page_capacity_commands_return_the_documented_shapes(served):
 
 
 async def _saturate(served, session, holders: int = 3):
-    """max_num_seqs 1, max_waiting 2, and three long streams holding the slots."""
+    """max_num_seqs 1, max_waiting 2, and three long streams holding the slots: once the
+    engine has let go of every earlier stream (a hang-up reaches it a moment after the
+    client closed), each holder is admitted and the engine reports 1 running, 2 waiting."""
+    await _until_capacity(served, lambda c: (c["waiting"], c["running"]) == (0, 0),
+                          "earlier streams never left the engine")
     code, _ = curl_json(served.base, "POST", "/control/capacity", {"max_num_seqs": 1, "max_waiting": 2})
     assert code == 200
     streams = []
@@ -119,8 +123,18 @@ async def _saturate(served, session, holders: int = 3):
         resp = await session.post(served.base + "/v1/chat/completions", json={
             "model": "gpt-oss-20b", "messages": [{"role": "user", "content": "x"}],
             "max_tokens": 20000, "stream": True})
+        assert resp.status == 200
         streams.append(resp)
+    await _until_capacity(served, lambda c: (c["waiting"], c["running"]) == (2, 1),
+                          "the holders never filled the engine")
     return streams
+
+
+async def _until_capacity(served, done, message: str, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not done(curl_json(served.base, "GET", "/control/capacity")[1][0]):
+        assert time.monotonic() < deadline, message
+        await asyncio.sleep(0.01)
 
 
 async def test_saturated_streaming_requests_get_529_json_never_an_event_stream(served):
