@@ -9,7 +9,7 @@ the scheduler needs its memory and evicts it. Optionally records what changed, a
 KV-cache events (BlockStored / BlockRemoved / AllBlocksCleared), for a publisher to send.
 
 Does not know the scheduler's free-block count or requests: the scheduler calls
-`lookup` / `acquire` when it admits, `store` as prefill completes full blocks, `release`
+`lookup` / `acquire` when it admits, `store` as it schedules the prefill that fills blocks, `release`
 when a request leaves the batch, and `evict` when it needs memory.
 
 Simplifications, stated: only prompt blocks are hashed (generated tokens are placeholder

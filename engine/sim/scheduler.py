@@ -194,6 +194,8 @@ class Scheduler:
             self._take(need)
             req.blocks += need
             decision.chunks.append((req, n))
+            if self.cache is not None and req.block_hashes:
+                self._store_scheduled(req, req.num_computed + n)
             budget -= n
         return budget
 
@@ -232,6 +234,8 @@ class Scheduler:
                 self._lora_enter(req, decision)
             decision.admitted.append(req)
             decision.chunks.append((req, n))
+            if self.cache is not None and req.block_hashes:
+                self._store_scheduled(req, req.num_computed + n)
             budget -= n
         for req in reversed(skipped):  # back at the head, in their order
             self.waiting.push(req, front=True)
@@ -300,10 +304,13 @@ class Scheduler:
         if req.first_scheduled < 0:
             req.cached_tokens = req.num_computed
 
-    def _store_computed(self, req: Request) -> None:
-        """Register the prompt blocks req has completed with the cache."""
+    def _store_scheduled(self, req: Request, positions: int) -> None:
+        """Register with the cache the prompt blocks req will have computed at `positions`:
+        as vLLM v1 does when it allocates a step's slots, before the step runs (each layer
+        writes the whole batch's KV before its attention reads it), so a request scheduled
+        after it, in this step or a later one, finds them."""
         hashes = req.block_hashes
-        full = min(min(req.num_computed, req.prompt_len) // self.block_size, len(hashes))
+        full = min(min(positions, req.prompt_len) // self.block_size, len(hashes))
         if full <= req.cached_refs:
             return
         dup, revived = self.cache.store(hashes, req.cached_refs, full, req.token_bytes,
@@ -422,11 +429,8 @@ class Scheduler:
         for req in done:
             self._release(req)
         first: list[Request] = []
-        cache = self.cache
-        for req, n in decision.chunks:
+        for req, n in decision.chunks:  # (their blocks were cached when scheduled)
             req.num_computed += n
-            if cache is not None and req.block_hashes:
-                self._store_computed(req)
             if req.num_computed < req.prompt_len + req.num_output:
                 continue  # prefill not complete yet
             self.prefilling.pop(req.id)

@@ -116,6 +116,38 @@ def test_concurrent_identical_prompts_share_blocks_and_the_pool_balances():
     assert all(count == 0 for count in cache.refs.values())
 
 
+def test_a_request_scheduled_in_the_same_step_hits_the_blocks_another_is_computing():
+    """vLLM v1 caches a step's full blocks when it allocates their slots, before the step
+    runs: a request scheduled after another in the same step (or while the other is still
+    prefilling in chunks) reuses them. Requests with different prompts never do."""
+    engine = core()
+    shared = ids(24 * BS)  # 1,536 tokens: one step's prefill each
+    a = engine.submit(0, 8, 0.0, token_ids=shared + ids(40, seed=1))
+    b = engine.submit(0, 8, 0.0, token_ids=shared + ids(40, seed=2))
+    other = engine.submit(0, 8, 0.0, token_ids=ids(24 * BS + 40, seed=3))
+    engine.step(0.0)  # all three admitted in this one step
+    assert a.first_scheduled == b.first_scheduled == other.first_scheduled
+    assert (a.cached_tokens, b.cached_tokens, other.cached_tokens) == (0, 24 * BS, 0)
+    stats = engine.prefix_cache.stats
+    assert (stats.queries, stats.hits) == (3 * (24 * BS + 40), 24 * BS)
+    run_until_idle(engine)
+    assert engine.scheduler.free_blocks == engine.total_blocks
+
+
+def test_a_request_arriving_mid_chunked_prefill_hits_only_the_blocks_scheduled_so_far():
+    engine = core(max_num_batched_tokens=512)  # a 2,048-token prompt takes four steps
+    prompt = ids(32 * BS)
+    first = engine.submit(0, 4, 0.0, token_ids=prompt)
+    now = engine.step(0.0).end  # blocks 0-7 scheduled
+    now = engine.step(now).end  # blocks 8-15 scheduled
+    assert first.num_computed == 16 * BS and first.first_token < 0
+    second = engine.submit(0, 4, now, token_ids=prompt)
+    run_until_idle(engine, now)
+    # what the first request had scheduled when the second was admitted, never more
+    assert 16 * BS <= second.cached_tokens < 32 * BS
+    assert second.cached_tokens % BS == 0
+
+
 def test_freed_blocks_are_evicted_least_recently_freed_first():
     # 40 blocks of KV in all: a 30-block prompt, then another, evicts 20 of the first.
     engine = core()
