@@ -353,6 +353,7 @@ class EngineCore:
         blocks = self.scheduler.hold_blocks(-(-req.prompt_len // self.block_size))
         if blocks:
             req.handoff = self.handoffs.hold(str(req.id), req.prompt_len, blocks, now)
+            req.handoff.params = self.kv_params(req)
 
     def kv_params(self, req: Request) -> dict | None:
         """The kv_transfer_params a remote-decode prefill answers with (NixlConnector's
@@ -382,7 +383,8 @@ class EngineCore:
         expired = self.handoffs.expired(now)
         for handoff in expired:
             self.scheduler.free_blocks += self.handoffs.free(handoff)
-            self.transfers.expired += 1
+            if not handoff.pulling:
+                self.transfers.expired += 1
         return len(expired)
 
     def drop_handoffs(self) -> None:

@@ -126,6 +126,7 @@ class Handoff:
     block_ids: list[int]
     expires: float  # sim time at which the abort timeout frees it
     pulling: bool = False  # a consumer took it: freed when its pull ends
+    params: dict = field(default_factory=dict)  # the kv_transfer_params that name it
 
 
 @dataclass(slots=True)
@@ -174,9 +175,6 @@ class Handoffs:
         return len(handoff.block_ids)
 
     def expired(self, now: float) -> list[Handoff]:
-        """Handoffs nobody is pulling whose timeout has passed."""
-        return [h for h in self.held.values() if not h.pulling and h.expires <= now]
-
-    def next_expiry(self) -> float | None:
-        waiting = [h.expires for h in self.held.values() if not h.pulling]
-        return min(waiting) if waiting else None
+        """Handoffs whose timeout has passed (a pull that has not ended by then, which
+        no modelled link comes near, is given up on too)."""
+        return [h for h in self.held.values() if h.expires <= now]
