@@ -11,7 +11,7 @@ time (its e2e latency) and the decode replica's modelled pull and TTFT. The clie
 compared with prefill time + transfer, and with prefill time + the decode side's whole
 TTFT (its request overhead, the pull and the step computing the last prompt position).
 
-    python benchmarks/pd.py [--requests 10] [--prompt-tokens 1500] [--time-scale 0.1] [--link rdma]
+    python benchmarks/pd.py [--requests 10] [--prompt-tokens 1500] [--time-scale 0.02] [--link rdma]
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=10)
     p.add_argument("--prompt-tokens", type=int, default=1500)
-    p.add_argument("--time-scale", type=float, default=0.1,
+    p.add_argument("--time-scale", type=float, default=0.02,
                    help="modelled seconds per wall second (below 1: the HTTP hops weigh less)")
     p.add_argument("--link", default="rdma")
     args = p.parse_args()
