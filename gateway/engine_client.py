@@ -98,6 +98,7 @@ class EngineClient:
         self, model: str, prompt: Sequence[int] | int, max_tokens: int | None, *, priority: int = 0,
         request_id: str = "", n: int = 1, replica: int | None = None,
         arrived: float | None = None, held: object = None, reasoning: float | None = 0.0,
+        kv_transfer=None,
     ) -> RequestStream:
         """Start one request on the Session (on replica `replica` of the model; None =
         the engine's default, replica 0); its first event is `admitted` or `rejected`.
@@ -143,6 +144,8 @@ class EngineClient:
                 req.arrival_monotonic_s = arrived
             if reasoning is not None:
                 req.reasoning_share = reasoning
+            if kv_transfer is not None:  # vLLM's kv_transfer_params, as parsed
+                kv_params_into(req.kv_transfer_params, kv_transfer)
             session.routes[tag] = stream  # no await between the liveness check and this
             if n > 1:
                 req.n = n
@@ -411,3 +414,22 @@ class EngineClient:
                 return True
             raise from_grpc_error(exc) from None
         return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def kv_params_into(msg: pb.KvTransferParams, params) -> None:
+    """Copy parsed kv_transfer_params (any object with NixlConnector's keys as attributes,
+    None where absent) into the request's message."""
+    msg.do_remote_decode = bool(params.do_remote_decode)
+    msg.do_remote_prefill = bool(params.do_remote_prefill)
+    if params.remote_engine_id is not None:
+        msg.remote_engine_id = params.remote_engine_id
+    if params.remote_block_ids:
+        msg.remote_block_ids.extend(params.remote_block_ids)
+    if params.remote_host is not None:
+        msg.remote_host = params.remote_host
+    if params.remote_port is not None:
+        msg.remote_port = params.remote_port
+    if params.remote_request_id is not None:
+        msg.remote_request_id = params.remote_request_id
+    if params.tp_size is not None:
+        msg.tp_size = params.tp_size

@@ -83,10 +83,17 @@ async def server_info(request: web.Request) -> web.Response:
     alias, and both at once would be a duplicate field to it)."""
     state = request.app[STATE]
     model = (await _served(state))[0]
+    rows = await state.client.get_capacity(model=model.name, replica=state.replica or 0)
+    row = rows[0] if rows else None
     return _json({"model_id": model.name, "model_path": model.name,
                   "instance_id": _instance_id(request), "kv_block_size": model.block_size,
                   "max_model_len": model.max_model_len,
-                  "data_parallel_rank": state.replica or 0})
+                  "data_parallel_rank": state.replica or 0,
+                  # P/D disaggregation: the replica's role as vLLM's kv_transfer_config names
+                  # it, and the engine id its handoffs carry (docs/pd.md)
+                  "kv_transfer_config": {"kv_connector": "NixlConnector",
+                                         "kv_role": (row.kv_role if row else "") or "kv_both",
+                                         "engine_id": row.kv_engine_id if row else ""}})
 
 
 async def kv_event_sources(request: web.Request) -> web.Response:

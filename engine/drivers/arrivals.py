@@ -22,18 +22,20 @@ class Arrival:
     `decided(arrival, None, refusal)`) once the pacer's simulation reaches its instant."""
 
     __slots__ = ("prompt_len", "max_tokens", "tag", "priority", "token_ids", "n", "lora",
-                 "stamp", "at", "decided", "withdrawn")
+                 "stamp", "at", "decided", "withdrawn", "kv")
 
     def __init__(self, prompt_len: int, max_tokens: int | None, tag, *,
                  priority: int = 0, token_ids: bytes = b"", n: int = 1, lora=None,
                  stamp: float = 0.0, at: float = 0.0,
-                 decided: Callable[["Arrival", Request | None, Exception | None], None]) -> None:
+                 decided: Callable[["Arrival", Request | None, Exception | None], None],
+                 kv=None) -> None:
         self.prompt_len, self.max_tokens, self.tag = prompt_len, max_tokens, tag
         self.priority, self.token_ids, self.n, self.lora = priority, token_ids, n, lora
         self.stamp = stamp  # the sender's stamp as modelled time (before any clamp)
         self.at = at  # the instant it is booked at, unless that is past (then later)
         self.decided = decided
         self.withdrawn = False  # its sender let go before it was judged
+        self.kv = kv  # what it asks of the KV connector (engine.sim.kv_transfer.KvTransfer)
 
 
 class Arrivals:

@@ -247,7 +247,7 @@ class Pacer:
     def arrive(self, prompt_len: int, max_tokens: int | None, sink, tag, *,
                decided: Callable[[Arrival, Request | None, Exception | None], None],
                priority: int = 0, token_ids: bytes = b"", n: int = 1, lora=None,
-               arrived: float | None = None, decide: bool = True) -> Arrival:
+               arrived: float | None = None, decide: bool = True, kv=None) -> Arrival:
         """A request that arrived at the stamp `arrived`: judged at its instant (at once
         when the simulation may decide that far, else once it may; with `decide` False
         only at the next `decide`, for a caller that hands over several arrivals at once,
@@ -258,7 +258,7 @@ class Pacer:
         stamp, at = self._instant(arrived)
         arrival = Arrival(prompt_len, max_tokens, Stream(sink, tag), priority=priority,
                           token_ids=token_ids, n=n, lora=lora, stamp=stamp, at=at,
-                          decided=decided)
+                          decided=decided, kv=kv)
         self._arrivals.push(arrival)
         if decide:
             self.decide()
@@ -527,7 +527,8 @@ class Pacer:
         try:
             req = self.core.submit(arrival.prompt_len, arrival.max_tokens, at,
                                    priority=arrival.priority, tag=arrival.tag,
-                                   token_ids=arrival.token_ids, n=arrival.n, lora=arrival.lora)
+                                   token_ids=arrival.token_ids, n=arrival.n, lora=arrival.lora,
+                                   kv=arrival.kv)
         except (QueueSaturated, SubmitError) as exc:
             arrival.decided(arrival, None, exc)
             return

@@ -20,6 +20,7 @@ import asyncio
 from collections.abc import Callable
 
 from inference_lab.engine.drivers.pacer import Pacer
+from inference_lab.engine.fleet.handoff import expire_later
 from inference_lab.engine.fleet.sleep import TAGS, wake_seconds
 from inference_lab.engine.sim.core import EngineCore
 
@@ -69,9 +70,11 @@ class ModelRuntime:
         self.sleep_level = 0  # sleep mode: 0 awake, else the level it sleeps at
         self.asleep: set[str] = set()  # the memory tags a sleep freed and no wake restored
         self.wake_s = 0.0  # what its last wake cost (modelled seconds)
+        self.kv_role = core.kv_role  # P/D (engine.sim.kv_transfer): its role, and the id
+        self.engine_id = core.kv_identity["remote_engine_id"]  # its handoffs carry
         on_step = metrics.on_step if kv_events is None else self._on_step
         self.pacer = Pacer(core, on_step=on_step, on_lag=metrics.on_lag,
-                           on_finished=metrics.on_finished, on_change=self.check_queue,
+                           on_finished=self._on_finished, on_change=self.check_queue,
                            on_cadence=metrics.on_cadence, on_late=metrics.on_late, hold=hold,
                            update_rate=update_rate,
                            coalesce_when_late=coalesce_when_late, time_scale=time_scale)
@@ -82,6 +85,12 @@ class ModelRuntime:
         core = self.core
         self.kv_events.publish(core.name, core.prefix_cache.take_events(), core.block_size,
                                self._lora_name)
+
+    def _on_finished(self, req, tokens: int, last_token: float) -> None:
+        """A finish: metrics, and a handoff's abort timeout set going."""
+        self.metrics.on_finished(req, tokens, last_token)
+        if req.handoff is not None:
+            expire_later(self, req.handoff)
 
     def _lora_name(self, lora_id: int) -> str | None:
         """The name of this core's adapter of `lora_id` (KV events carry both, as vLLM's)."""
@@ -108,6 +117,7 @@ class ModelRuntime:
         requests in flight end aborted (vLLM's default), its KV cache and the prefix cache
         in it are freed, its weights leave the GPU. Returns how many requests it aborted."""
         aborted = self.pacer.abort_all()
+        self.core.drop_handoffs()  # its KV is gone: consumers with its params recompute
         if self.core.prefix_cache is not None:
             self.core.prefix_cache.clear()
         self.sleep_level = max(self.sleep_level, level)

@@ -56,7 +56,8 @@ class ControlRpcs:
                 model=core.name, max_waiting=core.max_waiting, max_num_seqs=core.max_num_seqs,
                 waiting=core.num_waiting, running=core.num_running, replica=r.index,
                 starting=r.ready_in(now) > 0, draining=r.draining, ready_in_s=r.ready_in(now),
-                sleep_level=r.runtime.sleep_level, wake_s=r.runtime.wake_s))
+                sleep_level=r.runtime.sleep_level, wake_s=r.runtime.wake_s,
+                kv_role=r.runtime.kv_role, kv_engine_id=r.runtime.engine_id))
         return rows
 
     def _select(self, model: str, replica: int | None) -> list:

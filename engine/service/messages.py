@@ -27,7 +27,13 @@ def finished_pb(req: Request) -> pb.Finished:
         reason=FINISH_REASON_PB[req.status], prompt_tokens=req.prompt_len,
         completion_tokens=0 if req.pooling else req.num_output, queue_time_s=since_arrival(req.first_scheduled),
         ttft_s=since_arrival(req.first_token), e2e_s=since_arrival(req.finish_time),
-        preemptions=req.preemptions, cached_tokens=req.cached_tokens, index=req.index)
+        preemptions=req.preemptions, cached_tokens=req.cached_tokens, index=req.index,
+        external_tokens=req.external_tokens if req.first_scheduled >= 0 else 0,
+        kv_transfer_params=kv_params_pb(req.handoff.params) if req.handoff is not None else None)
+
+
+def kv_params_pb(params: dict) -> pb.KvTransferParams:
+    return pb.KvTransferParams(**params)
 
 
 def queue_state_pb(rt: ModelRuntime, span: bool = True) -> pb.QueueState:

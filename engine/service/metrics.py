@@ -82,6 +82,12 @@ METRICS: dict[str, Spec] = {
                                       "queried tokens."),
     "vllm:prefix_cache_hits": Spec("counter", "Prefix cache hits, in terms of number of cached "
                                    "tokens."),
+    "vllm:external_prefix_cache_queries": Spec(
+        "counter", "External prefix cache queries from KV connector cross-instance cache "
+        "sharing, in terms of number of queried tokens."),
+    "vllm:external_prefix_cache_hits": Spec(
+        "counter", "External prefix cache hits from KV connector cross-instance cache "
+        "sharing, in terms of number of cached tokens."),
     "vllm:generation_tokens": Spec("counter", "Tokens generated."),
     "vllm:request_success": Spec("counter", "Finished requests by finish reason.",
                                  ("finished_reason",)),
@@ -138,6 +144,23 @@ METRICS: dict[str, Spec] = {
     "inference_lab_wake_seconds": Spec(
         "gauge", "Modelled seconds this replica's last wake from sleep mode took to reload "
         "what its sleep freed (weights over the host link); 0 until it first wakes."),
+    "inference_lab_kv_transfer_info": Spec(
+        "gauge", "This replica's role in prefill/decode disaggregation (vLLM's kv_role) and "
+        "the engine id its handoffs carry; value 1.", ("kv_role", "kv_engine_id")),
+    "inference_lab_kv_transfer_seconds": Spec(
+        "histogram", "Modelled time of each KV pull from a prefill replica, its wait for the "
+        "link included (decode side, observed when the request is first scheduled).",
+        buckets="phase"),
+    "inference_lab_kv_transfer_pending_blocks": Spec(
+        "gauge", "KV blocks held for decode replicas to pull (prefill side): counted "
+        "against this replica's KV capacity until pulled or freed by the abort timeout."),
+    "inference_lab_kv_transfer_pulled": Spec(
+        "counter", "Handoffs a decode replica pulled (prefill side)."),
+    "inference_lab_kv_transfer_expired": Spec(
+        "counter", "Handoffs freed by the abort timeout before any pull (prefill side)."),
+    "inference_lab_kv_transfer_recomputed": Spec(
+        "counter", "Requests that asked for a remote prefill whose KV was gone (timed out, "
+        "pulled already, an unknown engine id): their prompt computed here (decode side)."),
     "inference_lab_relay_lag_seconds": Spec(
         "gauge", "How late the gateway relays this engine's token batches now (wall s): "
         "its own report (SessionActions.relay_lag_s) or the mean time a Session write waits "
@@ -156,6 +179,13 @@ LIVE = {
     # counters the core keeps itself (the prefix cache's, in tokens)
     "vllm:prefix_cache_queries": lambda core: core.prefix_cache.stats.queries if core.prefix_cache else 0,
     "vllm:prefix_cache_hits": lambda core: core.prefix_cache.stats.hits if core.prefix_cache else 0,
+    # ... and the KV connector's (engine.sim.kv_transfer)
+    "vllm:external_prefix_cache_queries": lambda core: core.transfers.external_queries,
+    "vllm:external_prefix_cache_hits": lambda core: core.transfers.external_hits,
+    "inference_lab_kv_transfer_pending_blocks": lambda core: core.handoffs.held_blocks,
+    "inference_lab_kv_transfer_pulled": lambda core: core.transfers.pulled,
+    "inference_lab_kv_transfer_expired": lambda core: core.transfers.expired,
+    "inference_lab_kv_transfer_recomputed": lambda core: core.transfers.recomputed,
 }
 # Series fed by a request's finish and by each step (the rest are live or event counters).
 FINISH_HISTOGRAMS = {
@@ -216,6 +246,8 @@ class ModelMetrics:
         self._lag = h["inference_lab_pacing_lag_seconds"]
         self._late = h["inference_lab_arrival_booked_late_seconds"]
         self._finish = {key: h[name] for key, name in FINISH_HISTOGRAMS.items()}
+        self._transfer = h["inference_lab_kv_transfer_seconds"]
+        self.external = 0  # prompt tokens pulled from producers (by source: external_kv_transfer)
         self.sleep_level = 0  # sleep mode: 0 awake, 1 or 2 the level it sleeps at
 
     # ---- update points ---------------------------------------------------------------
@@ -230,17 +262,22 @@ class ModelMetrics:
         c["vllm:generation_tokens"] += sampled
         if result.preempted:
             c["vllm:num_preemptions"] += len(result.preempted)
-        prompt = cached = 0
+        prompt = cached = external = 0
         for req in result.first_token:
             if 0 <= req.finish_time < req.first_token:
                 continue  # ended (hung up) before the step that would sample it ended
             if req.index == 0:  # n > 1: one prefill for every sequence of the request
                 prompt += req.prompt_len
                 cached += req.cached_tokens
+                external += req.external_tokens
             self._ttft.observe(req.first_token - req.arrival)
         if prompt:
             c["vllm:prompt_tokens"] += prompt
             c["vllm:prompt_tokens_cached"] += cached
+            self.external += external
+        for req in result.admitted:
+            if req.external_tokens and req.transfer_s:
+                self._transfer.observe(req.transfer_s)
         if result.num_decodes:  # every member of the decode group: one token each, whose
             self._itl.observe(result.end - result.start, result.num_decodes)  # previous
             # token came at the end of the previous (back-to-back) step
@@ -320,6 +357,10 @@ class ModelMetrics:
         self._late.observe(seconds)
         self._changed()
 
+    def touch(self) -> None:
+        """A live number moved outside the update points (a handoff freed)."""
+        self._changed()
+
     def _changed(self) -> None:
         versions = self.versions
         versions.n += 1
@@ -341,8 +382,12 @@ class ModelMetrics:
         if name == "vllm:prompt_tokens_by_source":
             c = self.counters
             cached = c["vllm:prompt_tokens_cached"]
-            by = {"local_compute": c["vllm:prompt_tokens"] - cached, "local_cache_hit": cached}
+            by = {"local_compute": c["vllm:prompt_tokens"] - cached,
+                  "local_cache_hit": cached - self.external,
+                  "external_kv_transfer": float(self.external)}
             return [((s,), by.get(s, 0.0)) for s in PROMPT_SOURCES]
+        if name == "inference_lab_kv_transfer_info":
+            return [((self.core.kv_role, self.core.kv_identity["remote_engine_id"]), 1.0)]
         if name == "inference_lab_rejections":
             return [((r,), v) for r, v in sorted(self.rejections.items())]
         return [((), self.counters[name])]

@@ -26,6 +26,7 @@ import grpc
 from inference_lab.common.clock import same_clock
 from inference_lab.engine.drivers.arrivals import Arrival
 from inference_lab.engine.drivers.pacer import Pacer, Stream
+from inference_lab.engine.fleet import handoff
 from inference_lab.engine.fleet.replicas import Fleet, ReplicaUnavailable
 from inference_lab.engine.fleet.runtime import ModelRuntime
 from inference_lab.engine.service.control import ControlRpcs
@@ -38,6 +39,7 @@ from inference_lab.engine.service.refusals import (REFUSALS, REFUSED, ShuttingDo
 from inference_lab.engine.service.session import SessionSink
 from inference_lab.engine.service.sleep import SleepRpcs
 from inference_lab.engine.sim.core import QueueSaturated, SubmitError
+from inference_lab.engine.sim.kv_transfer import PRODUCER, KvTransfer
 from inference_lab.engine.sim.reasoning import reasoning_tokens
 from inference_lab.engine.sim.request import Request
 from inference_lab.v1 import engine_pb2 as pb
@@ -167,8 +169,13 @@ class EngineService(ControlRpcs, SleepRpcs, engine_pb2_grpc.EngineServicer):
         max_tokens = request.max_tokens if request.HasField("max_tokens") else None
         arrived = (request.arrival_monotonic_s
                    if same_clock and request.HasField("arrival_monotonic_s") else None)
+        kv, pull, wanted = self._connector(rt, request)
 
         def decided(arrival: Arrival, req: Request | None, exc: Exception | None) -> None:
+            if pull is not None:  # the producer frees its blocks when the pull has ended
+                pull.release_at(rt.pacer.wall_of(req.ready) if req is not None else None)
+            elif wanted and req is not None:
+                rt.core.transfers.recomputed += 1  # its KV is gone: prefilled here
             if req is None:
                 if exc is not None:
                     rt.metrics.on_rejected(REFUSALS[type(exc)][1])
@@ -193,7 +200,20 @@ class EngineService(ControlRpcs, SleepRpcs, engine_pb2_grpc.EngineServicer):
         return rt, rt.pacer.arrive(request.prompt_tokens, max_tokens, sink, tag,
                                    decided=decided, priority=request.priority,
                                    token_ids=request.prompt_token_ids, n=request.n or 1,
-                                   lora=lora, arrived=arrived, decide=decide)
+                                   lora=lora, arrived=arrived, decide=decide, kv=kv)
+
+    def _connector(self, rt: ModelRuntime, request: pb.SubmitRequest):
+        """(what the request asks of the KV connector, the producer's handoff it pulls,
+        whether it wanted one): vLLM's kv_transfer_params as NixlConnector acts on them.
+        A kv_producer replica pulls nothing (it prefills what it is given)."""
+        if not request.HasField("kv_transfer_params"):
+            return None, None, False
+        params = request.kv_transfer_params
+        wanted = params.do_remote_prefill and rt.kv_role != PRODUCER
+        pull = (handoff.find(self.fleet, rt.core.name, params.remote_engine_id,
+                             params.remote_request_id) if wanted else None)
+        kv = KvTransfer(params.do_remote_decode, pull.tokens if pull is not None else 0)
+        return kv, pull, wanted
 
     async def close_sessions(self, timeout: float = 1.0) -> None:
         """End every Session call cleanly (after what is buffered has been sent)."""

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
+import uuid
 from pathlib import Path
 
 import grpc
@@ -18,6 +20,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from inference_lab.common.state_file import read_state, write_state
 from inference_lab.engine.sim.core import CapacityError, EngineCore
+from inference_lab.engine.sim.kv_transfer import (
+    ABORT_TIMEOUT_S, BOTH, SIDE_CHANNEL_PORT, LinkQueue, link_preset,
+)
 from inference_lab.engine.service.holds import Holds
 from inference_lab.engine.service.kv_events import KVEventsConfig, ReplicaPublishers
 from inference_lab.engine.service.lane import SessionLane
@@ -58,8 +63,16 @@ class EngineServer:
                  lora_modules: list[LoraModule] | None = None, max_loras: int = 0,
                  replicas: int = 1, startup_delay: float | str = 0.0,
                  lengths: OutputLength | None = None, session_lane: str = "auto",
-                 sleep_mode: bool = False, reasoning: bool = False) -> None:
+                 sleep_mode: bool = False, reasoning: bool = False,
+                 kv_roles: tuple[str, ...] = (), kv_link: str = "rdma",
+                 kv_abort_timeout: float = ABORT_TIMEOUT_S) -> None:
         self.deployments = deployments
+        # P/D disaggregation: replica i's kv_role (kv_both beyond the list), the link its
+        # pulls cross, how long a producer holds a handoff nobody pulls (vLLM's
+        # VLLM_NIXL_ABORT_REQUEST_TIMEOUT)
+        self.kv_roles = tuple(kv_roles)
+        self.kv_link = kv_link
+        self.kv_abort_timeout = kv_abort_timeout
         self.session_lane = session_lane  # "auto": a same-host Session lane; "off": gRPC only
         self.lane: SessionLane | None = None
         self.replicas = replicas  # of every model at start
@@ -107,6 +120,7 @@ class EngineServer:
         shared and never written)."""
         events = self.kv_events is not None and deployment.scheduler.enable_prefix_caching
         core = EngineCore(deployment, self.lengths, record_kv_events=events)
+        self._connect(core, replica)
         publishes = events and core.prefix_cache is not None
         runtime = ModelRuntime(core, self.metrics.for_replica(core, replica), self.update_rate,
                                self.time_scale,
@@ -130,6 +144,16 @@ class EngineServer:
             if getattr(self, "service", None) is not None:
                 self.service.adapt(runtime)
         return runtime
+
+    def _connect(self, core: EngineCore, replica: int) -> None:
+        """The replica's KV connector, as vLLM's NixlConnector names itself: its role, a
+        fresh engine id, the side channel (host, VLLM_NIXL_SIDE_CHANNEL_PORT + its rank)."""
+        core.kv_role = self.kv_roles[replica] if replica < len(self.kv_roles) else BOTH
+        core.link = LinkQueue(link_preset(self.kv_link, core.deployment.hardware))
+        core.handoffs.timeout = self.kv_abort_timeout
+        host = self.host if self.host not in ("", "0.0.0.0", "::") else socket.gethostname()
+        core.kv_identity = {"remote_engine_id": str(uuid.uuid4()), "remote_host": host,
+                            "remote_port": SIDE_CHANNEL_PORT + replica}
 
     def _fleet_changed(self) -> None:
         if getattr(self, "service", None) is not None:

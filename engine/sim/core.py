@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from inference_lab.engine.sim.capacity import Capacity, CapacityError
 from inference_lab.engine.sim.cost import CostModel, attention_load, rate_for
 from inference_lab.engine.sim.speculative import draft_seconds
-from inference_lab.engine.sim.kv import fixed_blocks, total_blocks
+from inference_lab.engine.sim.kv import bytes_per_token, fixed_blocks, total_blocks
+from inference_lab.engine.sim.kv_transfer import (
+    BOTH, CONSUMER, Handoff, Handoffs, KvTransfer, LinkQueue, link_preset,
+)
 from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.sim.lora import MAX_ADAPTERS, LoraAdapter, LoraRegistry
 from inference_lab.engine.sim.prefix_cache import block_hashes
@@ -100,6 +103,15 @@ class EngineCore:
         self._bound = 0  # the lowest max_waiting (> 0) in force since then; 0 = the live one
         self.admit_after = 0.0  # (sim time) no admission from the queue before this
         self.slowdown = 1.0  # step times x this (a throttled replica); 1 = as modelled
+        # P/D disaggregation (engine.sim.kv_transfer): this replica's role, the handoffs it
+        # holds for consumers, the link its pulls cross, and who it is in the params it
+        # gives (engine id, side-channel host and port: set by whoever runs it).
+        self.kv_role = BOTH
+        self.handoffs = Handoffs()
+        self.link = LinkQueue(link_preset("rdma", deployment.hardware))
+        self.kv_identity: dict = {"remote_engine_id": "", "remote_host": "localhost",
+                                  "remote_port": 0}
+        self.transfers = self.scheduler.transfers
         # The cheapest step there is: one token attending one position (the weights read once).
         self._shortest_step = self.cost.step_cost(1, attention_load(self.cost.caps, [(1, 0)])).seconds
 
@@ -262,7 +274,7 @@ class EngineCore:
 
     def submit(self, prompt_len: int, max_tokens: int | None, now: float, *, priority: int = 0,
                tag: object = None, token_ids: bytes = b"", n: int = 1,
-               lora: LoraAdapter | None = None) -> Request:
+               lora: LoraAdapter | None = None, kv: KvTransfer | None = None) -> Request:
         """Check and queue in one synchronous step: raises QueueSaturated when
         max_waiting (> 0) requests already wait, SubmitError when it can never run.
         `max_tokens` None (or, with a workload, any value) is settled by `lengths`;
@@ -310,8 +322,75 @@ class EngineCore:
                                             lora.name.encode() if lora is not None else b"")
             if self.record_kv_events:
                 req.token_bytes = token_ids
+        if kv is not None:
+            self._connect(req, kv)
         self.scheduler.waiting.push(req)
         return req
+
+    # ---- P/D disaggregation (engine.sim.kv_transfer) ------------------------------------
+    def _connect(self, req: Request, kv: KvTransfer) -> None:
+        """A producer holds a remote-decode request's KV once prefilled; a consumer pulls
+        a remote prefill's KV over its link, from when the request may be scheduled, and
+        schedules it once the last byte has come."""
+        if kv.remote_decode and self.kv_role != CONSUMER and req.n == 1 and not req.pooling:
+            req.remote_decode = True
+        if kv.remote_tokens:
+            tokens = min(kv.remote_tokens, req.prompt_len)
+            blocks = -(-tokens // self.block_size)
+            start = req.ready
+            end = self.link.book(start, blocks * self.block_size * bytes_per_token(self.deployment))
+            req.external_tokens = tokens
+            req.transfer_s = end - start
+            req.ready = end
+
+    def transfer_seconds(self, tokens: int) -> float:
+        """What a pull of `tokens` prompt positions takes alone on this replica's link."""
+        blocks = -(-tokens // self.block_size)
+        return self.link.link.seconds(blocks * self.block_size * bytes_per_token(self.deployment))
+
+    def _hand_off(self, req: Request, now: float) -> None:
+        """A remote-decode prefill finished: its prompt's blocks stay held for a consumer."""
+        blocks = self.scheduler.hold_blocks(-(-req.prompt_len // self.block_size))
+        if blocks:
+            req.handoff = self.handoffs.hold(str(req.id), req.prompt_len, blocks, now)
+            req.handoff.params = self.kv_params(req)
+
+    def kv_params(self, req: Request) -> dict | None:
+        """The kv_transfer_params a remote-decode prefill answers with (NixlConnector's
+        request_finished), or None."""
+        handoff = req.handoff
+        if handoff is None:
+            return None
+        return {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_block_ids": handoff.block_ids, **self.kv_identity,
+                "remote_request_id": handoff.request_id, "tp_size": self.deployment.tp}
+
+    def take_handoff(self, request_id: str, now: float) -> Handoff | None:
+        """A consumer pulls a handoff (its blocks are held until `free_handoff`), or None
+        when it is gone (never held, pulled already, timed out)."""
+        self.expire_handoffs(now)
+        return self.handoffs.take(request_id, now)
+
+    def free_handoff(self, handoff: Handoff, pulled: bool = True) -> None:
+        freed = self.handoffs.free(handoff)
+        if freed:
+            self.scheduler.free_blocks += freed
+            if pulled:
+                self.transfers.pulled += 1
+
+    def expire_handoffs(self, now: float) -> int:
+        """Free the handoffs nobody pulled within the abort timeout: how many."""
+        expired = self.handoffs.expired(now)
+        for handoff in expired:
+            self.scheduler.free_blocks += self.handoffs.free(handoff)
+            if not handoff.pulling:
+                self.transfers.expired += 1
+        return len(expired)
+
+    def drop_handoffs(self) -> None:
+        """Every handoff's blocks are gone (the replica slept or stopped)."""
+        for handoff in list(self.handoffs.held.values()):
+            self.scheduler.free_blocks += self.handoffs.free(handoff)
 
     def cancel(self, req: Request, now: float, status: Status = Status.FINISHED_CANCELLED) -> bool:
         """Remove a request from the queue or the batch, freeing its KV blocks.
@@ -406,6 +485,8 @@ class EngineCore:
     def step(self, now: float) -> StepResult:
         """Run one iteration starting at max(now, the end of the previous one)."""
         start = now if now > self.clock else self.clock
+        if self.handoffs.held:
+            self.expire_handoffs(start)
         if not self.scheduler.running and start < self.admit_after:
             start = self.admit_after  # nothing runs, nothing may be admitted before it
         admit = start >= self.admit_after
@@ -453,6 +534,8 @@ class EngineCore:
             req.status = Status.FINISHED_LENGTH
             req.finish_time = end
             req.done_mark = mark
+            if req.remote_decode:
+                self._hand_off(req, end)
         self.clock = end
         spawned, scheduler.spawned = scheduler.spawned, []
         return StepResult(start, end, num_tokens, sampled, prefill_tokens, decodes,

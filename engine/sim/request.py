@@ -72,6 +72,10 @@ class Request:
     reserved_blocks: int = 0  # ... and the blocks held for their copies of the last block
     pooling: bool = False  # a pooling request (embeddings, scores): its prefill, no token kept
     reasoning: int = 0  # of each sequence's max_tokens, the first this many are reasoning
+    remote_decode: bool = False  # P/D: once prefilled, its KV is held for a consumer to pull
+    external_tokens: int = 0  # P/D: prompt positions pulled from a producer (<= prompt_len - 1 used)
+    transfer_s: float = 0.0  # P/D: the pull's time, its wait for the link included (sim s)
+    handoff: object = None  # P/D: the producer's Handoff of its KV (engine.sim.kv_transfer)
 
     def __post_init__(self) -> None:
         if self.ready < self.arrival:

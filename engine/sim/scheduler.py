@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from inference_lab.engine.sim.decode_group import DecodeGroup
 from inference_lab.engine.sim.kv import blocks_for
+from inference_lab.engine.sim.kv_transfer import TransferStats
 from inference_lab.engine.sim.prefix_cache import PrefixCache
 from inference_lab.engine.sim.request import Family, Request, Status
 from inference_lab.engine.sim.specs import SchedulerConfig
@@ -121,6 +122,8 @@ class Scheduler:
         self.loras = None  # the base model's LoraRegistry (engine.sim.lora), when it has adapters
         self.lora_running: dict[int, int] = {}  # adapter id -> running sequences using it
         self.group_loras: dict[object, int] = {}  # adapter -> decode group members using it
+        self.connector = True  # a KV connector (NixlConnector's role) counts its stats
+        self.transfers = TransferStats()
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -212,10 +215,12 @@ class Scheduler:
             if self.num_running + 1 + siblings > cap and (self.running or not siblings):
                 break  # (a request of more sequences than the cap runs alone)
             hit = self._cached_prefix(req)
-            n = self._chunk(req, budget, hit * self.block_size)
+            external = self._external(req, hit)
+            start = hit * self.block_size + external
+            n = self._chunk(req, budget, start)
             if n == 0:
                 break
-            need = self.blocks_for(hit * self.block_size + n) - hit
+            need = self.blocks_for(start + n) - hit
             revived = self.cache.count_free(req.block_hashes[:hit]) if hit else 0
             copies = siblings * self._sibling_blocks(req.prompt_len)
             if need + revived + copies > self.free_blocks:
@@ -224,6 +229,8 @@ class Scheduler:
             req.status = Status.RUNNING
             if self.cache is not None:
                 self._use_cached(req, hit, revived)
+            if self.connector and req.first_scheduled < 0:
+                self._use_external(req, start, external)
             self._take(need + copies)
             req.blocks += need
             req.pending_siblings, req.reserved_blocks = siblings, copies
@@ -303,6 +310,33 @@ class Scheduler:
             stats.hits += req.num_computed
         if req.first_scheduled < 0:
             req.cached_tokens = req.num_computed
+
+    def _external(self, req: Request, hit: int) -> int:
+        """Positions a request pulled from a producer adds beyond its local cache hit of
+        `hit` blocks, on its first admission only (a preempted one recomputes: its pulled
+        KV is gone). As vLLM's scheduler does, the last prompt position is computed here,
+        whatever came: it samples the first token."""
+        if not req.external_tokens or req.num_computed or req.first_scheduled >= 0:
+            return 0
+        usable = min(req.external_tokens, req.prompt_len + req.num_output - 1)
+        return max(usable - hit * self.block_size, 0)
+
+    def _use_external(self, req: Request, start: int, external: int) -> None:
+        """A first admission with a connector: its prompt counted as queried, what it
+        pulled as hit (vLLM's external prefix cache stats), and it starts from both."""
+        stats = self.transfers
+        stats.external_queries += req.prompt_len
+        stats.external_hits += external
+        req.external_tokens = external
+        if external:
+            req.num_computed = start
+            req.cached_tokens = start  # (vLLM's num_cached_tokens: local and external)
+
+    def hold_blocks(self, n: int) -> int:
+        """Take up to n free blocks for KV held outside the batch (a handoff): how many."""
+        n = min(n, self.free_blocks)
+        self._take(n)
+        return n
 
     def _store_scheduled(self, req: Request, positions: int) -> None:
         """Register with the cache the prompt blocks req will have computed at `positions`:

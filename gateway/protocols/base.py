@@ -169,6 +169,7 @@ class Outcome:
     counts: list[int]
     modelled: dict[str, float] = field(default_factory=dict)
     cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
+    kv_transfer_params: dict | None = None  # a remote-decode prefill's handoff (P/D)
 
     @property
     def completion_tokens(self) -> int:
@@ -243,6 +244,8 @@ class Generation(_MadeOnFirstUse):
     # the share of the reply that is reasoning (SubmitRequest.reasoning_share): 0 none,
     # None the engine's default (a reasoning model's, with --reasoning)
     reasoning: float | None = 0.0
+    # vLLM's kv_transfer_params as parsed (openai.schemas.KvTransferParams), or None
+    kv_transfer: object = None
 
     @property
     def prompt_tokens(self) -> int:

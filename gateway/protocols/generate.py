@@ -56,7 +56,8 @@ async def generate(request: web.Request, gen: Generation, client: EngineClient,
     reply = gen.reply
     stream = await client.open(gen.model, gen.prompt, gen.max_tokens, priority=gen.priority,
                                request_id=reply.id, n=gen.n, replica=replica, arrived=arrived,
-                               held=request.protocol, reasoning=gen.reasoning)
+                               held=request.protocol, reasoning=gen.reasoning,
+                               kv_transfer=gen.kv_transfer)
     inflight[stream] = request
     try:
         events = await stream.next_events()  # Admitted or Rejected comes first
@@ -116,7 +117,21 @@ def outcome_of(finished: list[pb.Finished], n: int, n_prompt: int,
     modelled["e2e_s"] = max(f.e2e_s for f in finished)
     if counts is None:
         counts = [by_index[i].completion_tokens if i in by_index else 0 for i in range(n)]
-    return Outcome(first.prompt_tokens or n_prompt, counts, modelled, first.cached_tokens)
+    return Outcome(first.prompt_tokens or n_prompt, counts, modelled, first.cached_tokens,
+                   kv_params(first.kv_transfer_params)
+                   if first.HasField("kv_transfer_params") else None)
+
+
+def kv_params(params: pb.KvTransferParams) -> dict:
+    """A handoff's kv_transfer_params as vLLM's response carries them (NixlConnector's
+    request_finished: every key, the block ids a list)."""
+    return {"do_remote_prefill": params.do_remote_prefill,
+            "do_remote_decode": params.do_remote_decode,
+            "remote_block_ids": list(params.remote_block_ids),
+            "remote_engine_id": params.remote_engine_id,
+            "remote_request_id": params.remote_request_id,
+            "remote_host": params.remote_host, "remote_port": params.remote_port,
+            "tp_size": params.tp_size}
 
 
 def take_finished(events: list[pb.Progress], finished: list[pb.Finished]) -> None:

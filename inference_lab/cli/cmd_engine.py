@@ -129,6 +129,44 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
                    help="a replica is ready this long after it is created (default 0); auto = "
                         "resident weight bytes / the hardware preset's load_bandwidth / tp, plus "
                         "20 s of fixed engine start-up")
+    p.add_argument("--kv-roles", metavar="P:D|ROLE,...", default=None,
+                   help="prefill/decode disaggregation (vLLM's kv_role per replica): P:D = the "
+                        "first P replicas kv_producer (prefill), the next D kv_consumer "
+                        "(decode), P + D = --replicas; or one role per replica, comma-separated "
+                        "(kv_producer, kv_consumer, kv_both; or prefill, decode, both). "
+                        "Default: every replica kv_both")
+    p.add_argument("--kv-link", type=_kv_link, default="rdma", metavar="nvlink|rdma|GBPS[@MS]",
+                   help="the link a decode replica pulls KV over: nvlink (within a node: the "
+                        "hardware preset's scale-up fabric), rdma (across nodes: its scale-out "
+                        "NIC per GPU; the default) or a bandwidth in GB/s with an optional "
+                        "setup latency in ms, e.g. 25@0.05")
+    p.add_argument("--kv-abort-timeout", type=seconds, default=480.0, metavar="SECONDS",
+                   help="how long a prefill replica holds KV nobody pulls before freeing it "
+                        "(vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT; default 480)")
+
+
+def _kv_link(text: str) -> str:
+    from inference_lab.engine.sim.catalog import load_hardware
+    from inference_lab.engine.sim.kv_transfer import link_preset
+
+    try:
+        link_preset(text, load_hardware("b200"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def kv_roles(args: argparse.Namespace) -> tuple[str, ...]:
+    """Each replica's kv_role from --kv-roles (UsageError when the layout is wrong)."""
+    from inference_lab.cli import UsageError
+    from inference_lab.engine.sim.kv_transfer import parse_roles
+
+    if not args.kv_roles:
+        return ()
+    try:
+        return parse_roles(args.kv_roles, args.replicas)
+    except ValueError as exc:
+        raise UsageError(f"--kv-roles: {exc}") from None
 
 
 LENGTH_FLAGS = ("--workload", "--seed", "--default-max-tokens")
@@ -307,7 +345,9 @@ def run(args: argparse.Namespace) -> int:
                                                               or args.max_loras) else 0,
                           replicas=args.replicas, startup_delay=args.startup_delay,
                           lengths=lengths, session_lane=args.session_lane,
-                          sleep_mode=args.enable_sleep_mode, reasoning=args.reasoning)
+                          sleep_mode=args.enable_sleep_mode, reasoning=args.reasoning,
+                          kv_roles=kv_roles(args), kv_link=args.kv_link,
+                          kv_abort_timeout=args.kv_abort_timeout)
     if token:
         log.info("the control calls require the control token")
     if key or token:

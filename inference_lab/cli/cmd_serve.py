@@ -19,7 +19,7 @@ import tempfile
 
 from inference_lab.cli.auth_flags import API_KEY_ENV, CONTROL_TOKEN_ENV, api_key, control_token
 from inference_lab.cli.cmd_engine import (
-    add_model_arguments, add_run_arguments, check_ports, load_deployments, lora_argv,
+    add_model_arguments, add_run_arguments, check_ports, kv_roles, load_deployments, lora_argv,
     output_lengths,
 )
 from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs, loop_runner
@@ -95,6 +95,9 @@ class EngineProcess:
         if args.replicas != 1 or args.startup_delay:
             self.argv += ["--replicas", str(args.replicas),
                           "--startup-delay", str(args.startup_delay)]
+        if args.kv_roles:
+            self.argv += ["--kv-roles", args.kv_roles]
+        self.argv += ["--kv-link", args.kv_link, "--kv-abort-timeout", repr(args.kv_abort_timeout)]
         self.argv += ["--seed", str(args.seed), "--default-max-tokens", str(args.default_max_tokens)]
         if args.workload is not None:
             self.argv += ["--workload", os.path.abspath(args.workload)]
@@ -206,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
     check_ports(args, named)  # clashing ports: refused before anything is bound
     load_deployments(args)  # refuse a bad config or workload before starting anything
     output_lengths(args)
+    kv_roles(args)  # a P:D layout that does not fit --replicas: refused here
     gateway_kwargs = gateway_app_kwargs(args)  # [fault] tables and saved state checked too
     runner = loop_runner(args)
     try:

@@ -59,6 +59,33 @@ def vllm_router(workers: list[str], policy: str, *extra: str,
         proc.close()
 
 
+@contextlib.contextmanager
+def pd_router(prefill: list[str], decode: list[str], *extra: str,
+              timeout: float = 60.0) -> Iterator[Proc]:
+    """vllm-router in its P/D mode (`--vllm-pd-disaggregation`, NixlConnector's
+    kv_transfer_params) on a free 127.0.0.1 port: each request's prefill on a `prefill`
+    worker, its decode on a `decode` worker. `.port` once ready; stopped afterwards."""
+    binary = router_command()
+    if binary is None:
+        raise RuntimeError("vllm-router is not installed: pip install vllm-router")
+    port = free_port()
+    argv = [binary, "--host", "127.0.0.1", "--port", str(port), "--vllm-pd-disaggregation",
+            "--kv-connector", "nixl", "--policy", "round_robin",
+            "--prometheus-port", str(free_port()), "--worker-startup-check-interval", "1",
+            "--log-level", "info"]
+    for url in prefill:
+        argv += ["--prefill", url]
+    for url in decode:
+        argv += ["--decode", url]
+    proc = Proc(argv + list(extra), env={"NO_COLOR": "1", "RUST_LOG_STYLE": "never"})
+    try:
+        proc.port = port
+        proc.wait_http_ok(f"http://127.0.0.1:{port}/readiness", timeout)
+        yield proc
+    finally:
+        proc.close()
+
+
 # ---- workloads ---------------------------------------------------------------------------
 
 

@@ -32,7 +32,7 @@ ENGINE_FAULT_SLOW: EngineFaultKind
 ENGINE_FAULT_CLEAR: EngineFaultKind
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id", "prompt_token_ids", "n", "stop_at_end", "replica", "arrival_monotonic_s", "reasoning_share")
+    __slots__ = ("model", "prompt_tokens", "max_tokens", "priority", "request_id", "prompt_token_ids", "n", "stop_at_end", "replica", "arrival_monotonic_s", "reasoning_share", "kv_transfer_params")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class SubmitRequest(_message.Message):
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_MONOTONIC_S_FIELD_NUMBER: _ClassVar[int]
     REASONING_SHARE_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
     model: str
     prompt_tokens: int
     max_tokens: int
@@ -55,7 +56,28 @@ class SubmitRequest(_message.Message):
     replica: int
     arrival_monotonic_s: float
     reasoning_share: float
-    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., n: _Optional[int] = ..., stop_at_end: _Optional[bool] = ..., replica: _Optional[int] = ..., arrival_monotonic_s: _Optional[float] = ..., reasoning_share: _Optional[float] = ...) -> None: ...
+    kv_transfer_params: KvTransferParams
+    def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., n: _Optional[int] = ..., stop_at_end: _Optional[bool] = ..., replica: _Optional[int] = ..., arrival_monotonic_s: _Optional[float] = ..., reasoning_share: _Optional[float] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ...) -> None: ...
+
+class KvTransferParams(_message.Message):
+    __slots__ = ("do_remote_decode", "do_remote_prefill", "remote_engine_id", "remote_block_ids", "remote_host", "remote_port", "remote_request_id", "tp_size")
+    DO_REMOTE_DECODE_FIELD_NUMBER: _ClassVar[int]
+    DO_REMOTE_PREFILL_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_HOST_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_PORT_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    do_remote_decode: bool
+    do_remote_prefill: bool
+    remote_engine_id: str
+    remote_block_ids: _containers.RepeatedScalarFieldContainer[int]
+    remote_host: str
+    remote_port: int
+    remote_request_id: str
+    tp_size: int
+    def __init__(self, do_remote_decode: _Optional[bool] = ..., do_remote_prefill: _Optional[bool] = ..., remote_engine_id: _Optional[str] = ..., remote_block_ids: _Optional[_Iterable[int]] = ..., remote_host: _Optional[str] = ..., remote_port: _Optional[int] = ..., remote_request_id: _Optional[str] = ..., tp_size: _Optional[int] = ...) -> None: ...
 
 class Admitted(_message.Message):
     __slots__ = ("engine_request_id", "waiting", "reasoning_tokens")
@@ -78,7 +100,7 @@ class Tokens(_message.Message):
     def __init__(self, new_tokens: _Optional[int] = ..., total_tokens: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class Finished(_message.Message):
-    __slots__ = ("reason", "prompt_tokens", "completion_tokens", "queue_time_s", "ttft_s", "e2e_s", "preemptions", "cached_tokens", "index")
+    __slots__ = ("reason", "prompt_tokens", "completion_tokens", "queue_time_s", "ttft_s", "e2e_s", "preemptions", "cached_tokens", "index", "kv_transfer_params", "external_tokens")
     REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +110,8 @@ class Finished(_message.Message):
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    EXTERNAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
@@ -97,7 +121,9 @@ class Finished(_message.Message):
     preemptions: int
     cached_tokens: int
     index: int
-    def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., queue_time_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+    kv_transfer_params: KvTransferParams
+    external_tokens: int
+    def __init__(self, reason: _Optional[_Union[FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., queue_time_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., e2e_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., index: _Optional[int] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ..., external_tokens: _Optional[int] = ...) -> None: ...
 
 class SubmitEvent(_message.Message):
     __slots__ = ("admitted", "tokens", "finished")
@@ -275,7 +301,7 @@ class SetCapacityRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., max_waiting: _Optional[int] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class ModelCapacity(_message.Message):
-    __slots__ = ("model", "max_waiting", "max_num_seqs", "waiting", "running", "replica", "starting", "draining", "ready_in_s", "sleep_level", "wake_s")
+    __slots__ = ("model", "max_waiting", "max_num_seqs", "waiting", "running", "replica", "starting", "draining", "ready_in_s", "sleep_level", "wake_s", "kv_role", "kv_engine_id")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +313,8 @@ class ModelCapacity(_message.Message):
     READY_IN_S_FIELD_NUMBER: _ClassVar[int]
     SLEEP_LEVEL_FIELD_NUMBER: _ClassVar[int]
     WAKE_S_FIELD_NUMBER: _ClassVar[int]
+    KV_ROLE_FIELD_NUMBER: _ClassVar[int]
+    KV_ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_waiting: int
     max_num_seqs: int
@@ -298,7 +326,9 @@ class ModelCapacity(_message.Message):
     ready_in_s: float
     sleep_level: int
     wake_s: float
-    def __init__(self, model: _Optional[str] = ..., max_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., replica: _Optional[int] = ..., starting: _Optional[bool] = ..., draining: _Optional[bool] = ..., ready_in_s: _Optional[float] = ..., sleep_level: _Optional[int] = ..., wake_s: _Optional[float] = ...) -> None: ...
+    kv_role: str
+    kv_engine_id: str
+    def __init__(self, model: _Optional[str] = ..., max_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., replica: _Optional[int] = ..., starting: _Optional[bool] = ..., draining: _Optional[bool] = ..., ready_in_s: _Optional[float] = ..., sleep_level: _Optional[int] = ..., wake_s: _Optional[float] = ..., kv_role: _Optional[str] = ..., kv_engine_id: _Optional[str] = ...) -> None: ...
 
 class CapacityResponse(_message.Message):
     __slots__ = ("models",)

@@ -233,3 +233,30 @@ def test_a_scale_down_behaviour_reaches_the_hpa_keda_creates():
         "ScaledObject"]["spec"]
     assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == {"scaleDown": down}
     assert "pollingInterval" not in spec and "cooldownPeriod" not in spec  # KEDA's defaults
+
+
+def test_pd_runs_both_pools_in_each_pod_behind_a_prefill_and_a_decode_service():
+    manifests = helm.Chart.load(CHART).render(
+        {"pd": {"enabled": True, "prefill": 1, "decode": 2, "link": "nvlink"}},
+        name="lab", namespace="lab-ns")
+    docs = [d for text in manifests.values() for d in yaml.safe_load_all(text) if d]
+    for doc in docs:
+        if doc["kind"] not in UNCHECKED:
+            kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    engine, gateway = deployment["spec"]["template"]["spec"]["containers"]
+    args = engine["args"]
+    assert args[args.index("--replicas") + 1] == "3"
+    assert args[args.index("--kv-roles") + 1] == "1:2"
+    assert args[args.index("--kv-link") + 1] == "nvlink"
+    assert [(p["name"], p["containerPort"]) for p in gateway["ports"]] == [
+        ("http", 8080), ("replica-1", 8081), ("replica-2", 8082)]
+    prefill, decode = services["lab-inference-lab-prefill"], services["lab-inference-lab-decode"]
+    assert [(p["port"], p["targetPort"]) for p in prefill["spec"]["ports"]] == [(8080, "http")]
+    assert [(p["port"], p["targetPort"]) for p in decode["spec"]["ports"]] == [
+        (8081, "replica-1"), (8082, "replica-2")]
+    assert prefill["spec"]["selector"] == decode["spec"]["selector"] == SELECTOR
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert [p["port"] for p in policy["spec"]["ingress"][0]["ports"]] == [
+        "http", "replica-1", "replica-2"]

@@ -45,7 +45,8 @@ class ChatCompletions(Dialect):
                         continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
                         cap=cap, top=req.top)
         return Generation(req.model, prompt, cap, bool(req.stream), reply,
-                          n=n, priority=req.priority, reasoning=req.reasoning)
+                          n=n, priority=req.priority, reasoning=req.reasoning,
+                          kv_transfer=req.kv_transfer_params)
 
 
 class Completions(Dialect):
@@ -80,7 +81,7 @@ class Completions(Dialect):
                         continuous_usage=req.continuous_usage, prompt_tokens=len(prompt),
                         cap=cap, top=req.top, prompt_logprobs=logprobs)
         return Generation(req.model, prompt, engine_cap, bool(req.stream), reply,
-                          n=n, priority=req.priority)
+                          n=n, priority=req.priority, kv_transfer=req.kv_transfer_params)
 
 
 CHAT = ChatCompletions()

@@ -328,6 +328,9 @@ class Completion(Reply):
             "model": self.model,
             "choices": choices,
             "usage": _usage(outcome, self.split),
+            # P/D: a remote-decode prefill names its handoff, as vLLM's response does
+            **({"kv_transfer_params": outcome.kv_transfer_params}
+               if outcome.kv_transfer_params is not None else {}),
             **({"inference_lab": modelled} if modelled else {}),
         })
 

@@ -71,6 +71,20 @@ class ChatMessage(msgspec.Struct):
         return content_text(self.content) + "".join(f.name + f.arguments for f in calls)
 
 
+class KvTransferParams(msgspec.Struct, kw_only=True):
+    """vLLM's kv_transfer_params, the keys NixlConnector reads (others are ignored, as its
+    connector ignores them); a wrong type is a 400 naming the key."""
+
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_engine_id: str | None = None
+    remote_block_ids: list[Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]] | None = None
+    remote_host: str | None = None
+    remote_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None
+    remote_request_id: str | None = None
+    tp_size: Annotated[int, msgspec.Meta(ge=1, le=_U31)] | None = None
+
+
 class _GenerationRequest(msgspec.Struct, kw_only=True):
     model: str
     stream: bool | None = False  # null (as OpenAI's API takes it) = false
@@ -90,6 +104,7 @@ class _GenerationRequest(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     logit_bias: dict[str, Annotated[float, msgspec.Meta(ge=-100, le=100)]] | None = None
     user: str | None = None
+    kv_transfer_params: KvTransferParams | None = None  # vLLM's P/D disaggregation
 
     @property
     def include_usage(self) -> bool:
