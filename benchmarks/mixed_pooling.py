@@ -51,29 +51,41 @@ def configs(embed_model: str) -> str:
     return directory
 
 
+async def chat_one(session: aiohttp.ClientSession, url: str, body: str) -> tuple:
+    """One streaming chat request: (client e2e, modelled e2e, client TTFT, modelled TTFT),
+    or ("error", status)."""
+    sent = time.monotonic()
+    first = None
+    modelled = None
+    async with session.post(url, data=body, headers={"content-type": "application/json"}) as r:
+        if r.status != 200:
+            await r.read()
+            return ("error", r.status)
+        async for line in r.content:
+            if first is None and b'"content":" token"' in line:
+                first = time.monotonic()
+            if b'"inference_lab"' in line:
+                modelled = json.loads(line[len(b"data: "):])["inference_lab"]
+    end = time.monotonic()
+    if modelled is None:
+        return ("error", "no inference_lab field")
+    return (end - sent, modelled["e2e_s"], (first or end) - sent, modelled["ttft_s"], sent, end)
+
+
+def chat_body(args) -> str:
+    return json.dumps({"model": CHAT_MODEL, "stream": True, "max_tokens": args.max_tokens,
+                       "messages": [{"role": "user", "content": "Tell me a story."}]})
+
+
 async def chat_client(session: aiohttp.ClientSession, url: str, args, stop: float,
                       measure_from: float, out: list) -> None:
-    body = json.dumps({"model": CHAT_MODEL, "stream": True, "max_tokens": args.max_tokens,
-                       "messages": [{"role": "user", "content": "Tell me a story."}]})
+    body = chat_body(args)
     for _ in range(args.max_requests):
         if time.monotonic() >= stop:
             return
-        sent = time.monotonic()
-        first = None
-        modelled = None
-        async with session.post(url, data=body, headers={"content-type": "application/json"}) as r:
-            if r.status != 200:
-                out.append(("error", r.status))
-                await r.read()
-                continue
-            async for line in r.content:
-                if first is None and b'"content":" token"' in line:
-                    first = time.monotonic()
-                if b'"inference_lab"' in line:
-                    modelled = json.loads(line[len(b"data: "):])["inference_lab"]
-        end = time.monotonic()
-        if sent >= measure_from and end <= stop and modelled is not None:
-            out.append((end - sent, modelled["e2e_s"], (first or end) - sent, modelled["ttft_s"]))
+        row = await chat_one(session, url, body)
+        if row[0] == "error" or (row[4] >= measure_from and row[5] <= stop):
+            out.append(row[:4])
 
 
 def embed_bodies(args, seed: int) -> list[bytes]:
@@ -85,22 +97,51 @@ def embed_bodies(args, seed: int) -> list[bytes]:
             for _ in range(args.bodies)]
 
 
+async def embed_one(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple:
+    sent = time.monotonic()
+    async with session.post(url, data=body, headers={"content-type": "application/json"}) as r:
+        raw = await r.read()
+    end = time.monotonic()
+    if r.status != 200:
+        return ("error", r.status)
+    modelled = json.loads(raw)["inference_lab"]
+    return (end - sent, modelled["e2e_s"], None, modelled["ttft_s"], sent, end)
+
+
 async def embed_client(session: aiohttp.ClientSession, url: str, args, stop: float,
                        measure_from: float, out: list, bodies: list[bytes]) -> None:
     for i in range(args.max_requests):
         if time.monotonic() >= stop:
             return
-        body = bodies[i % len(bodies)]
-        sent = time.monotonic()
-        async with session.post(url, data=body, headers={"content-type": "application/json"}) as r:
-            raw = await r.read()
-        end = time.monotonic()
-        if r.status != 200:
-            out.append(("error", r.status))
-            continue
-        modelled = json.loads(raw)["inference_lab"]
-        if sent >= measure_from and end <= stop:
-            out.append((end - sent, modelled["e2e_s"], None, modelled["ttft_s"]))
+        row = await embed_one(session, url, bodies[i % len(bodies)])
+        if row[0] == "error" or (row[4] >= measure_from and row[5] <= stop):
+            out.append(row[:4])
+
+
+def schedule(rate: float, seconds: float, seed: int) -> list[float]:
+    """Poisson arrival instants (s from the start) at `rate` per second for `seconds`: the
+    same list for the same seed, so a route's arrivals are the same mixed and alone."""
+    rng = np.random.default_rng(seed)
+    times, t = [], 0.0
+    while True:
+        t += rng.exponential(1.0 / rate)
+        if t >= seconds:
+            return times
+        times.append(t)
+
+
+async def open_loop(session: aiohttp.ClientSession, url: str, one, bodies: list, start: float,
+                    measure_from: float, stop: float, rate: float, seed: int, out: list) -> None:
+    """Each request sent at its scheduled instant, whatever the others' progress; rows of
+    requests sent in the window (all of them, however long they take)."""
+    tasks = []
+    for i, at in enumerate(schedule(rate, stop - start, seed)):
+        await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+        tasks.append((start + at, asyncio.ensure_future(one(session, url, bodies[i % len(bodies)]))))
+    for at, task in tasks:
+        row = await task
+        if row[0] == "error" or at >= measure_from:
+            out.append(row[:4])
 
 
 async def clients(base: str, args, route: str, count: int, start: float) -> list:
@@ -115,6 +156,15 @@ async def clients(base: str, args, route: str, count: int, start: float) -> list
         bodies = [embed_bodies(args, i) for i in range(count)]
     await asyncio.sleep(max(0.0, start - time.monotonic()))
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        if args.open:
+            url = base + ("/v1/chat/completions" if route == "chat" else "/v1/embeddings")
+            one, pool = (chat_one, [chat_body(args)]) if route == "chat" else (embed_one, [b for mine in bodies for b in mine])
+            rate = args.chat_rate if route == "chat" else args.embed_rate
+            await asyncio.wait_for(
+                open_loop(session, url, one, pool, start, measure_from, stop, rate,
+                          seed=1 if route == "chat" else 2, out=out),
+                args.warmup + args.duration + 60)
+            return out
         if route == "chat":
             tasks = [chat_client(session, base + "/v1/chat/completions", args, stop,
                                  measure_from, out) for _ in range(count)]
@@ -157,6 +207,7 @@ def summary(rows: list) -> dict:
            "client_e2e_p50_s": statistics.median(client),
            "modelled_e2e_p50_s": statistics.median(modelled),
            "e2e_ratio_p50": statistics.median(c / m for c, m in zip(client, modelled) if m > 0),
+           "modelled_e2e_mean_s": statistics.fmean(modelled),
            "modelled_ttft_p50_s": statistics.median(r[3] for r in ok)}
     if ok[0][2] is not None:
         out["client_ttft_p50_s"] = statistics.median(r[2] for r in ok)
@@ -206,21 +257,37 @@ def main() -> None:
     p.add_argument("--embed-model", default="qwen3-embedding-0.6b",
                    help="embedding model of configs/ (default qwen3-embedding-0.6b)")
     p.add_argument("--alone", action="store_true", help="also run each route by itself")
+    p.add_argument("--open", action="store_true",
+                   help="open loops instead of closed ones: each route's requests sent on a "
+                        "seeded Poisson schedule (--chat-rate, --embed-rate), the same one "
+                        "mixed and alone, so the modelled times compare like for like")
+    p.add_argument("--chat-rate", type=float, default=20.0,
+                   help="with --open: chat requests per second (default 20)")
+    p.add_argument("--embed-rate", type=float, default=50.0,
+                   help="with --open: embeddings requests per second (default 50; its "
+                        "bodies are the --embed clients' --bodies, none sent twice below "
+                        "that many requests)")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
     C.print_load("before")
     reports = {"mixed": run(args, args.chat, args.embed)}
-    show(f"mixed: {args.chat} chat + {args.embed} embeddings streams", reports["mixed"])
+    kind = (f"open loops, {args.chat_rate:g} chat + {args.embed_rate:g} embeddings requests/s"
+            if args.open else f"{args.chat} chat + {args.embed} embeddings streams")
+    show(f"mixed: {kind}", reports["mixed"])
     if args.alone:
         reports["chat_alone"] = run(args, args.chat, 0)
-        show(f"chat alone: {args.chat} streams", reports["chat_alone"])
+        show("chat alone: " + (f"{args.chat_rate:g} requests/s" if args.open else
+                                f"{args.chat} streams"), reports["chat_alone"])
         reports["embeddings_alone"] = run(args, 0, args.embed)
-        show(f"embeddings alone: {args.embed} streams", reports["embeddings_alone"])
+        show("embeddings alone: " + (f"{args.embed_rate:g} requests/s" if args.open else
+                                      f"{args.embed} streams"), reports["embeddings_alone"])
         for route in ("chat", "embeddings"):
-            mixed = reports["mixed"].get(route, {}).get("modelled_e2e_p50_s")
-            alone = reports[f"{route}_alone"].get(route, {}).get("modelled_e2e_p50_s")
-            if mixed and alone:
-                print(f"  {route}: modelled e2e p50 mixed vs alone {(mixed / alone - 1) * 100:+.2f} %")
+            for stat in ("p50", "mean"):
+                mixed = reports["mixed"].get(route, {}).get(f"modelled_e2e_{stat}_s")
+                alone = reports[f"{route}_alone"].get(route, {}).get(f"modelled_e2e_{stat}_s")
+                if mixed and alone:
+                    print(f"  {route}: modelled e2e {stat} mixed vs alone "
+                          f"{(mixed / alone - 1) * 100:+.2f} %")
     C.print_load("after")
     C.write_json(args.json, reports)
 
