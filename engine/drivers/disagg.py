@@ -95,6 +95,8 @@ class Pool:
     def pick(self, policy: str) -> int:
         """The replica the router sends the next request to."""
         cores = self.cores
+        if len(cores) == 1:
+            return 0
         if policy == "round_robin":
             i = self.turn
             self.turn = (i + 1) % len(cores)
@@ -342,7 +344,8 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
                 if expires is None:
                     raise RuntimeError(f"replica {i} cannot run its queue and waits for nothing")
                 heapq.heappush(pending, (expires, _RELEASE, next(seq), (i, None)))
-        refresh(i)
+        t = c.next_event_time()
+        next_t[i] = math.inf if t is None or blocked[i] else t
     cpu = time.process_time() - cpu0
     if on_progress:
         on_progress(counts["done"], total or counts["total"])
