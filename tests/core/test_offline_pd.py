@@ -150,3 +150,13 @@ def test_sim_pd_flags_run_and_write_the_pools(tmp_path, capsys):
 def test_bad_pd_flags_are_refused_naming_the_flag(flags, message, capsys):
     assert main(["sim", "-c", str(CONFIG), "-w", str(CLOSED_24), "-q", *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_engine_says_it_does_not_serve_a_pd_table(tmp_path, caplog):
+    from inference_lab.cli import build_parser
+    from inference_lab.cli.cmd_engine import load_deployments
+
+    config = config_with(tmp_path, 'prefill = 1\ndecode = 3\nlink = "nvlink"\n')
+    [dep] = load_deployments(build_parser().parse_args(["engine", "--config", str(config)]))
+    assert dep.pd == PdLayout(1, 3, "nvlink")
+    assert "--replicas 4 --kv-roles 1:3 --kv-link nvlink" in caplog.text
