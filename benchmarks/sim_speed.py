@@ -4,7 +4,11 @@ Runs the closed-loop-256 chat workload (100,000 requests by default) on gpt-oss-
 B200 through the offline driver and prints the figures. No pass/fail: a benchmark.
 
     python benchmarks/sim_speed.py [--requests N] [--workload FILE] [--config FILE]
-        [--hardware NAME] [--timing roofline|calibrated] [--json FILE]
+        [--hardware NAME] [--timing roofline|calibrated] [--pd P:D [--kv-link LINK]]
+        [--json FILE]
+
+--pd runs the workload disaggregated (P prefill and D decode replicas, engine.drivers.disagg).
+Besides output tokens, the figures count all simulated tokens (prompt + output).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import time
 from pathlib import Path
 
 from inference_lab.engine.sim.config import load_deployment
+from inference_lab.engine.drivers.disagg import run_disaggregated
 from inference_lab.engine.drivers.offline import run_offline
+from inference_lab.engine.sim.kv_transfer import PdLayout, parse_pools
 from inference_lab.common.workload import load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +37,8 @@ def main() -> None:
                         default=ROOT / "configs" / "workloads" / "chat-closed-loop-256.toml")
     parser.add_argument("--requests", type=int, help="override num_requests")
     parser.add_argument("--timing", choices=("roofline", "calibrated"), help="timing model")
+    parser.add_argument("--pd", metavar="P:D", help="disaggregated: P prefill, D decode replicas")
+    parser.add_argument("--kv-link", default="rdma", help="with --pd: nvlink | rdma | GBPS[@MS]")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
 
@@ -39,18 +47,25 @@ def main() -> None:
     if args.requests:
         spec = dataclasses.replace(spec, num_requests=args.requests)
     wall0 = time.perf_counter()
-    summary = run_offline(deployment, spec)
+    if args.pd:
+        summary = run_disaggregated(deployment, spec, PdLayout(*parse_pools(args.pd), args.kv_link))
+    else:
+        summary = run_offline(deployment, spec)
     wall = time.perf_counter() - wall0
     sim = summary["simulation"]
     out_tokens = summary["throughput_metrics"]["output_tokens_per_sec"] * sim["simulated_seconds"]
+    in_tokens = summary["throughput_metrics"]["input_tokens_per_sec"] * sim["simulated_seconds"]
+    all_per_cpu = (in_tokens + out_tokens) / sim["cpu_seconds"] if sim["cpu_seconds"] else 0.0
+    layout = f", disaggregated {args.pd} over {args.kv_link}" if args.pd else ""
     print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}")
     print(f"workload: {args.workload.name}, {spec.num_requests:,} requests, "
           f"{spec.num_concurrent_users} users, {deployment.name} on {deployment.hardware.name}, "
-          f"{deployment.timing} timing")
+          f"{deployment.timing} timing{layout}")
     print(f"simulated: {sim['simulated_seconds']:.1f} s, {sim['steps']:,} steps, "
           f"{out_tokens:,.0f} output tokens, mean batch {out_tokens / max(sim['steps'], 1):.1f}")
     print(f"cpu: {sim['cpu_seconds']:.2f} s (wall {wall:.2f} s)")
     print(f"simulated output tokens per CPU-second: {sim['output_tokens_per_cpu_second']:,.0f}")
+    print(f"simulated tokens (prompt + output) per CPU-second: {all_per_cpu:,.0f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"workload": args.workload.name, "requests": spec.num_requests,
@@ -58,7 +73,9 @@ def main() -> None:
                        "timing": deployment.timing, "simulated_seconds": sim["simulated_seconds"],
                        "steps": sim["steps"], "output_tokens": out_tokens,
                        "cpu_seconds": sim["cpu_seconds"], "wall_seconds": wall,
-                       "output_tokens_per_cpu_second": sim["output_tokens_per_cpu_second"]},
+                       "output_tokens_per_cpu_second": sim["output_tokens_per_cpu_second"],
+                       "tokens_per_cpu_second": all_per_cpu, "pd": args.pd,
+                       "kv_link": args.kv_link if args.pd else None},
                       f, indent=1)
 
 

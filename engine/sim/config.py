@@ -14,6 +14,8 @@ Knows inference-lab's deployment layout:
     speculative = { ... }                        # optional, replaces [speculative]
     time_correction = { alpha = 1.0, beta = 0.0 }  # optional
     [fault]                        # optional: the gateway's (gateway.faults.config)
+    [pd]                           # optional: `sim` runs it disaggregated (prefill, decode,
+                                   # link, policy: engine.sim.kv_transfer.PdLayout)
 
 plus the tables it parses but does not simulate ([router], [decode_router], [memory],
 [fault], `replicas`, `dp_attention`, scheduler policies beyond fcfs/priority ...): each
@@ -36,6 +38,7 @@ from inference_lab.common.toml import ConfigError, Table, read_toml
 from inference_lab.engine.sim import catalog as bundled
 from inference_lab.engine.sim.capacity import EXPECTED, out_of_range, seqs_fit_budget
 from inference_lab.engine.sim.catalog import Catalog
+from inference_lab.engine.sim.kv_transfer import PD_POLICIES, PdLayout, link_preset
 from inference_lab.engine.sim.specs import (
     KV_CACHE_DTYPES, Deployment, Hardware, Model, SchedulerConfig, TimeCorrection,
 )
@@ -51,7 +54,7 @@ POLICIES = ("fcfs", "priority")
 OTHER_POLICIES = ("sif", "lif", "sof", "lof", "stf", "ltf", "sjf")
 
 _TOP_KEYS = ("name", "model", "scheduler", "hardware", "speculative", "router", "decode_router",
-             "memory", "fault")
+             "memory", "fault", "pd")
 _ENTRY_KEYS = ("tp", "ep", "dp_attention", "replicas", "spec", "scheduler", "speculative",
                "router", "decode_router", "memory", "time_correction", "timing")
 TIMINGS = ("roofline", "calibrated")
@@ -173,6 +176,27 @@ def _parse_router(t: Table | None, label: str, notes: list[str]) -> None:
     notes.append(f"{label} ({policy}): parsed, not modelled (one replica)")
 
 
+_PD_KEYS = ("prefill", "decode", "link", "policy")
+
+
+def parse_pd(t: Table | None, hardware: Hardware) -> PdLayout | None:
+    """The [pd] table: prefill and decode replica counts (each >= 1), the link into a
+    decode replica (nvlink | rdma | GBPS[@MS]) and the router's policy."""
+    if t is None:
+        return None
+    prefill = t.get("prefill", int, "an integer >= 1 (prefill replicas)", ok=lambda v: v >= 1)
+    decode = t.get("decode", int, "an integer >= 1 (decode replicas)", ok=lambda v: v >= 1)
+    link = t.get("link", str, "nvlink, rdma or GBPS[@LATENCY_MS]", "rdma")
+    try:
+        link_preset(link, hardware)
+    except ValueError as exc:
+        raise ConfigError(t.where, t.key("link"), str(exc)) from None
+    policy = t.get("policy", str, " | ".join(PD_POLICIES), "least_loaded",
+                   ok=lambda v: v in PD_POLICIES)
+    t.done()
+    return PdLayout(prefill, decode, link, policy)
+
+
 def _parse_memory(t: Table | None, hardware: Hardware, notes: list[str]) -> None:
     if t is None:
         return
@@ -192,6 +216,7 @@ class _Shared:
     def __init__(self, top: Table) -> None:
         self.tables = {key: top.table(key, None) for key in
                        ("speculative", "router", "decode_router", "memory", "fault")}
+        self.tables["pd"] = top.table("pd", None, _PD_KEYS)
 
 
 def _entry_hardware(entry: Table, hw_name: str, cat: Catalog) -> Hardware:
@@ -254,13 +279,15 @@ def _parse_entry(entry: Table, hw_name: str, model: Model, served: str,
     if shared.tables["fault"] is not None:
         notes.append("[fault]: applied by the gateway (injected errors, retry hints, a static "
                      "directive), not the engine")
+    pd = parse_pd(Table(dict(shared.tables["pd"].data), entry.where, "pd")
+                  if shared.tables["pd"] is not None else None, hardware)
     entry.done()
     sched = _build_scheduler(keys, model, entry.where, notes)
     _check_fit(model, hardware, tp, sched, entry)
     return Deployment(name=served, model=model, hardware=hardware, tp=tp, scheduler=sched,
                       time_correction=correction, source=entry.where, ep=ep,
                       speculative=speculative, unmodelled=tuple(dict.fromkeys(notes)),
-                      timing=timing)
+                      timing=timing, pd=pd)
 
 
 def _check_fit(model: Model, hardware: Hardware, tp: int, sched: SchedulerConfig,

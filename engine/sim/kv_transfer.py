@@ -56,6 +56,35 @@ def parse_roles(text: str, replicas: int) -> tuple[str, ...]:
     return tuple(roles)
 
 
+# How a disaggregated deployment's router picks a replica of each pool.
+PD_POLICIES = ("least_loaded", "round_robin")
+
+
+@dataclass(frozen=True, slots=True)
+class PdLayout:
+    """A disaggregated deployment: `prefill` kv_producer replicas, `decode` kv_consumer
+    replicas, the link into each decode replica (`link_preset`'s spec) and how the router
+    picks a replica of each pool (PD_POLICIES)."""
+
+    prefill: int
+    decode: int
+    link: str = "rdma"
+    policy: str = "least_loaded"
+
+
+def parse_pools(text: str) -> tuple[int, int]:
+    """(prefill replicas, decode replicas) from "P:D", each at least 1. ValueError names
+    what is wrong."""
+    left, sep, right = str(text).strip().partition(":")
+    try:
+        p, d = int(left), int(right)
+    except ValueError:
+        raise ValueError(f"expected P:D, two counts of replicas (e.g. 1:3), got {text!r}") from None
+    if not sep or p < 1 or d < 1:
+        raise ValueError(f"expected P:D with at least one replica in each pool, got {text!r}")
+    return p, d
+
+
 @dataclass(frozen=True, slots=True)
 class Link:
     """One GPU's path to its peer: bytes/s per direction, and the setup of one pull."""

@@ -281,3 +281,4 @@ class Deployment:
     speculative: Speculative | None = None
     unmodelled: tuple[str, ...] = ()  # features parsed but not simulated, by name
     timing: str = "roofline"  # "roofline" | "calibrated" (hardware.calibration)
+    pd: object = None  # [pd]: a disaggregated layout for `sim` (engine.sim.kv_transfer.PdLayout)

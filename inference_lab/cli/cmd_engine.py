@@ -261,8 +261,14 @@ def load_deployments(args: argparse.Namespace):
     if args.config is None:
         return default_deployments(args.hardware, args.max_waiting, catalog, args.timing,
                                    args.kv_cache_dtype)
-    return load_config_dir(args.config, args.hardware, args.max_waiting, catalog, args.timing,
-                           args.kv_cache_dtype)
+    deployments = load_config_dir(args.config, args.hardware, args.max_waiting, catalog,
+                                  args.timing, args.kv_cache_dtype)
+    for dep in deployments:
+        if dep.pd is not None:  # (the sim's layout: a served one is set by flags)
+            log.warning("%s: [pd] is read by `inference-lab sim` only; serve P/D with "
+                        "--replicas %d --kv-roles %d:%d --kv-link %s", dep.source,
+                        dep.pd.prefill + dep.pd.decode, dep.pd.prefill, dep.pd.decode, dep.pd.link)
+    return deployments
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

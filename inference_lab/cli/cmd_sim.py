@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from inference_lab.cli import UsageError
+from inference_lab.engine.sim.kv_transfer import PD_POLICIES
 from inference_lab.cli.catalog_flags import (
     add_catalog_argument, add_kv_cache_dtype_argument, add_timing_argument, build_catalog,
 )
@@ -22,6 +23,10 @@ preemptions; -o also writes them as JSON.
 example:
   inference-lab sim --config configs/gpt-oss-20b.toml --hardware b200 \\
       --workload configs/workloads/chat-closed-loop-24.toml -o out.json
+
+disaggregated (1 prefill replica, 3 decode replicas, KV pulled over RDMA):
+  inference-lab sim -c configs/gpt-oss-20b.toml \\
+      -w configs/workloads/chat-closed-loop-24.toml --pd 1:3 --kv-link rdma
 """
 
 
@@ -46,6 +51,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("-t", "--tokenizer", metavar="PATH", default=None,
                    help="a Hugging Face tokenizer.json for a workload's dataset_path prompts "
                         "(default: the built-in tokenizer, 4 UTF-8 bytes per token)")
+    p.add_argument("--pd", metavar="P:D|off",
+                   help="prefill/decode disaggregation: P prefill replicas and D decode "
+                        "replicas behind a P/D router (overrides the config's [pd]; off: none)")
+    p.add_argument("--kv-link", metavar="nvlink|rdma|GBPS[@MS]",
+                   help="with --pd: the link a decode replica pulls KV over (default: the "
+                        "config's [pd] link, else rdma)")
+    p.add_argument("--pd-policy", choices=PD_POLICIES,
+                   help="with --pd: how the router picks a replica of each pool "
+                        "(default: the config's, else least_loaded)")
     add_catalog_argument(p)
     add_timing_argument(p)
     add_kv_cache_dtype_argument(p)
@@ -83,6 +97,69 @@ def pick_deployment(args: argparse.Namespace):
         names = ", ".join(d.name for d in deployments)
         raise UsageError(f"{args.config} holds several models ({names}): pick one with --model")
     return deployments[0]
+
+
+def pd_layout(args: argparse.Namespace, deployment):
+    """The disaggregated layout to simulate: --pd / --kv-link / --pd-policy over the
+    config's [pd]; None for a single replica."""
+    from inference_lab.engine.sim.kv_transfer import PdLayout, link_preset, parse_pools
+
+    layout = deployment.pd
+    if args.pd is not None:
+        if args.pd.strip().lower() == "off":
+            layout = None
+        else:
+            try:
+                p, d = parse_pools(args.pd)
+            except ValueError as exc:
+                raise UsageError(f"--pd: {exc}") from None
+            layout = PdLayout(p, d, *((layout.link, layout.policy) if layout else ()))
+    if layout is None:
+        for flag, value in (("--kv-link", args.kv_link), ("--pd-policy", args.pd_policy)):
+            if value is not None:
+                raise UsageError(f"{flag}: needs a disaggregated deployment (--pd P:D, or a "
+                                 "[pd] table in the config)")
+        return None
+    if args.kv_link is not None:
+        try:
+            link_preset(args.kv_link, deployment.hardware)
+        except ValueError as exc:
+            raise UsageError(f"--kv-link: {exc}") from None
+        layout = dataclasses.replace(layout, link=args.kv_link)
+    if args.pd_policy is not None:
+        layout = dataclasses.replace(layout, policy=args.pd_policy)
+    return layout
+
+
+def print_pools(summary: dict) -> None:
+    """A disaggregated run's pools: where a request's time goes, and their KV use."""
+    from rich.console import Console
+    from rich.table import Table
+
+    pd = summary["pd"]
+    link = pd["link"]
+    table = Table(title=f"{pd['prefill_replicas']} prefill : {pd['decode_replicas']} decode "
+                        f"replicas, KV over {link['name']} ({link['bandwidth_gb_per_s']:g} GB/s, "
+                        f"{link['latency_ms']:g} ms), {pd['policy']}")
+    table.add_column("pool latency (ms)")
+    for col in ("mean", "p50", "p90", "p99"):
+        table.add_column(col, justify="right")
+    rows = (("prefill", "queue", "queue_ms"), ("prefill", "prefill", "prefill_ms"),
+            ("prefill", "TTFT", "ttft_ms"), ("decode", "transfer", "transfer_ms"),
+            ("decode", "queue", "queue_ms"), ("decode", "TTFT", "ttft_ms"),
+            ("decode", "per token", "per_token_ms"))
+    for pool, label, key in rows:
+        lat = pd[pool]["latency_metrics"][key]
+        table.add_row(f"{pool}: {label}", *(f"{lat[c]:.2f}" for c in ("mean", "p50", "p90", "p99")))
+    console = Console()
+    console.print(table)
+    tr = pd["transfers"]
+    lines = [f"{pool} pool KV cache: mean {pd[pool]['utilization']['avg_kv_cache_util']:.1%}, "
+             f"peak {pd[pool]['utilization']['peak_kv_cache_util']:.1%}; "
+             f"{pd[pool]['steps']:,} steps" for pool in ("prefill", "decode")]
+    lines.append(f"transfers: {tr['pulled']:,} pulled ({tr['external_tokens']:,} tokens), "
+                 f"{tr['recomputed']:,} recomputed")
+    console.print("\n".join(lines))
 
 
 def print_table(summary: dict) -> None:
@@ -137,18 +214,30 @@ def run(args: argparse.Namespace) -> int:
         except TokenizerError as exc:
             raise UsageError(f"--tokenizer: {exc}") from None
 
+    layout = pd_layout(args, deployment)
     show = (not args.no_progress and sys.stderr.isatty()
             and spec.num_requests is not None and spec.num_requests >= 2000)
+    simulate = run_offline
+    if layout is not None:
+        from inference_lab.engine.drivers.disagg import PdError, run_disaggregated
+
+        def simulate(*a, **kw):
+            try:
+                return run_disaggregated(*a[:2], layout, **kw)
+            except PdError as exc:
+                raise UsageError(f"--pd: {args.workload}: {exc}") from None
     if show:
         from rich.progress import Progress
 
         with Progress(transient=True) as progress:
             task = progress.add_task("simulating", total=spec.num_requests)
-            summary = run_offline(deployment, spec, seed=args.seed, tokenizer=tokenizer,
-                                  on_progress=lambda done, total: progress.update(task, completed=done))
+            summary = simulate(deployment, spec, seed=args.seed, tokenizer=tokenizer,
+                               on_progress=lambda done, total: progress.update(task, completed=done))
     else:
-        summary = run_offline(deployment, spec, seed=args.seed, tokenizer=tokenizer)
+        summary = simulate(deployment, spec, seed=args.seed, tokenizer=tokenizer)
     print_table(summary)
+    if "pd" in summary:
+        print_pools(summary)
     if args.output:
         args.output.write_text(json.dumps(summary, indent=2) + "\n")
         print(f"wrote {args.output}")
