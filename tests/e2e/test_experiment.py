@@ -336,8 +336,9 @@ def test_multi_turn_prompts_hit_the_prefix_cache_as_the_oracle_predicts(tmp_path
 def test_a_crash_on_the_timeline_restarts_the_engine_and_the_run_carries_on(tmp_path):
     # `serve` restarts the engine (with its live capacity); the requests in between fail
     # fast (503) and the queue gauges come from /control/capacity once the engine's old
-    # metrics port is gone.
-    out, done = served_run(tmp_path, SCENARIO.replace("duration = 8", "duration = 6")
+    # metrics port is gone. (Seven seconds after the crash: a restart is a new process,
+    # seconds of imports on a loaded machine.)
+    out, done = served_run(tmp_path, SCENARIO.replace("duration = 8", "duration = 9")
                            .replace("[[timeline]]\nat = 4\ncapacity = { max_num_seqs = 16 }",
                                     '[[timeline]]\nat = 2\nfault = { kind = "crash" }'))
     assert "t=2.0s: crash" in done.stdout
