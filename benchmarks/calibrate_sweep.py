@@ -1,7 +1,7 @@
 """`inference-lab calibrate` on three rows of a public sweep, checked on the others.
 
     python benchmarks/calibrate_sweep.py [--fit-at 4,32,128] [--start generic|preset]
-                                         [--jobs 2] [--keep DIR]
+                                         [--max-iter 10] [--jobs 2] [--keep DIR]
 
 Takes one closed-loop concurrency sweep of real vLLM (default: InferenceMAX's gpt-oss-120b
 on one B200, vLLM 0.11, 8192 / 1024 tokens, range ratio 0.8, max_num_seqs 512, prefix
@@ -52,6 +52,7 @@ def main() -> int:
     parser.add_argument("--fit-at", default="4,32,128", help="concurrencies to fit (comma-separated)")
     parser.add_argument("--start", choices=("generic", "preset"), default="generic")
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--max-iter", type=int, default=10, help="calibrate's --max-iter")
     parser.add_argument("--keep", type=Path, help="keep the CSVs and the written preset here")
     args = parser.parse_args()
     fit_at = {int(c) for c in args.fit_at.split(",")}
@@ -74,7 +75,7 @@ def main() -> int:
                "--check", str(work / "check.csv"), "--model", "gpt-oss-120b", "--hardware", hw,
                "--max-num-seqs", "512", "--max-num-batched-tokens", "8192", "--max-model-len", "9416",
                "--no-prefix-caching", "--range-ratio", "0.8", "--name", "sweep-b200",
-               "-o", str(catalog), "--jobs", str(args.jobs)]
+               "-o", str(catalog), "--jobs", str(args.jobs), "--max-iter", str(args.max_iter)]
         if args.start == "generic":
             cmd[4:4] = ["--catalog", str(catalog)]
         print("$ inference-lab " + " ".join(cmd[3:]), flush=True)
