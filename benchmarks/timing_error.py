@@ -6,9 +6,10 @@
 Simulates every row of `calibration/data/*.toml` on its GPU under the roofline and under
 the GPU preset's `[calibration]`, exactly as calibration/fit.py does (closed-loop clients,
 the source's own scheduler settings and lengths), and prints, per GPU, markdown tables of
-the median and largest |simulated / measured - 1| per metric: fit rows and held-out rows
-apart, then per model. Rows marked `holdout` were never seen by the fit. No fit here: it
-measures the presets as they are shipped, so the tables stay true after a refit.
+the median and largest |simulated / measured - 1| per metric, with the roofline's beside:
+fit rows, held-out rows (`holdout` in the data: never seen by the fit) and the rows of
+sources the preset's fit does not name ("not fitted") apart, then per model. No fit here:
+it measures the presets as they are shipped, so the tables stay true after a refit.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ METRIC_NAMES = {"tpot_ms": "TPOT", "tpot_p50_ms": "TPOT (median)", "ttft_ms": "T
                 "ttft_p50_ms": "TTFT (median)", "e2e_ms": "end to end"}
 
 
+def row_set(row: Point, fit: str) -> str:
+    """"fit" or "held out" for a row of a source the preset's fit names (its `fit` string),
+    "not fitted" for every row of a source it does not (data added after the fit, or kept
+    out of it)."""
+    if row.source not in fit:
+        return "not fitted"
+    return "held out" if row.holdout else "fit"
+
+
 def errors(rows: list[Point], max_requests: int, jobs: int) -> list[dict]:
     """Per row: its set, model, and the relative error of each metric in both models."""
     hw = rows[0].deployment.hardware
@@ -40,7 +50,7 @@ def errors(rows: list[Point], max_requests: int, jobs: int) -> list[dict]:
     out = []
     for row, r, c in zip(rows, roof, cal):
         out.append({"row": row.label, "source": row.source, "model": row.deployment.model.name,
-                    "set": "held out" if row.holdout else "fit",
+                    "set": row_set(row, hw.calibration.fit),
                     "calibrated": relative_errors(row, c), "roofline": relative_errors(row, r)})
     return out
 
@@ -78,6 +88,20 @@ def table(title: str, summary: dict, order: list[str]) -> str:
     return "\n".join(lines)
 
 
+SETS = ("fit", "held out", "not fitted")
+
+
+def print_tables(items: list[dict]) -> dict:
+    """Print one GPU's two tables (by row set; by model and row set); return the summaries."""
+    by_set, by_model = summarise(items, "set"), summarise(items, "model")
+    by_model_set = summarise([dict(it, ms=f"{it['model']}, {it['set']}") for it in items], "ms")
+    models = sorted({it["model"] for it in items})
+    print(table("rows", by_set, list(SETS)))
+    print()
+    print(table("model, rows", by_model_set, [f"{m}, {s}" for m in models for s in SETS]))
+    return {"by_set": by_set, "by_model": by_model, "by_model_set": by_model_set, "rows": items}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT / "calibration" / "data")
@@ -99,16 +123,8 @@ def main() -> int:
             continue
         cal = catalog.load_hardware(gpu).calibration
         items = errors(hw_rows, args.max_requests, args.jobs)
-        by_set, by_model = summarise(items, "set"), summarise(items, "model")
-        by_model_set = summarise([dict(it, ms=f"{it['model']}, {it['set']}") for it in items], "ms")
-        models = sorted({it["model"] for it in items})
         print(f"\n### {gpu} ({len(hw_rows)} rows; calibration: {cal.fit if cal else 'none'})\n")
-        print(table("rows", by_set, ["fit", "held out"]))
-        print()
-        print(table("model, rows", by_model_set,
-                    [f"{m}, {s}" for m in models for s in ("fit", "held out")]))
-        report[gpu] = {"by_set": by_set, "by_model": by_model, "by_model_set": by_model_set,
-                       "rows": items}
+        report[gpu] = print_tables(items)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     return 0
