@@ -240,6 +240,8 @@ def _run_scenario(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if "pd" in summary:
         _print_pd(summary["pd"])
+        print(f"wrote {out / 'report.html'} and {out / 'summary.json'}")
+        return 0
     if "autoscaling" in summary:
         _print_autoscaling(summary)
         print(f"wrote {out / 'report.html'} and {out / 'summary.json'}")
