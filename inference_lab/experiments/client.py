@@ -55,6 +55,7 @@ class Result:
     body: bytes = b""  # a 200's Content-Length body (a non-streaming answer), kept whole
     prefill_replica: int = -1  # a P/D request's prefill replica (-1: not P/D)
     prefill_done: float = 0.0  # ... when its prefill's answer came (time.monotonic())
+    prefill_modelled: dict | None = None  # ... the prefill replica's "inference_lab" timings
 
 
 class Endpoint:

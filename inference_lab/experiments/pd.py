@@ -10,8 +10,9 @@ P/D mode does for each request, over the runner's connections.
 Each pool's pick is `least_loaded` (the fewest of this client's requests in flight on the
 replica, the lowest index on a tie) or `round_robin`. The request's record is the decode
 stream's, with its times from the prefill's send: TTFT is the first send to the decode
-stream's first token, as a client behind the router sees it; `prefill_replica` and
-`prefill_done` say where and when its prefill ended. A prefill that fails is the
+stream's first token, as a client behind the router sees it; `prefill_replica`,
+`prefill_done` and `prefill_modelled` say where and when its prefill ended and the
+prefill replica's modelled timings. A prefill that fails is the
 request's result (status, error), recorded on the prefill replica.
 
 At the end the runner reads each decode replica's /metrics: the positions received by
@@ -139,6 +140,7 @@ class PdRouter:
         result.replica = d_route.index
         result.prefill_replica = p_route.index
         result.prefill_done = first.done
+        result.prefill_modelled = first.modelled
         if params is None and result.status == 200 and not result.error:
             result.error = "no kv_transfer_params in the prefill's answer"
         return result

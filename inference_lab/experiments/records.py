@@ -53,6 +53,7 @@ REQUEST_COLUMNS = (
 PD_COLUMNS = (          # a P/D fleet's runs add (experiments.pd):
     "prefill_replica",  # the prefill replica of the request (-1: none)
     "prefill_e2e_s",    # client-measured, the first send to the prefill's answer; nan if none
+    "prefill_m_e2e_s",  # the prefill replica's modelled e2e ("inference_lab"); nan if absent
 )
 CONTROLLER_COLUMNS = ("t", "limit", "inflight")
 SERVER_COLUMNS = ("t", "waiting", "running", "max_num_seqs", "max_waiting")
@@ -178,6 +179,8 @@ class Records:
                                        for *_, r in self._rows]
             cols["prefill_e2e_s"] = [(r.prefill_done - r.sent) * k if r is not None and r.prefill_done
                                      else NAN for *_, r in self._rows]
+            cols["prefill_m_e2e_s"] = [(r.prefill_modelled or {}).get("e2e_s", NAN) if r is not None
+                                       else NAN for *_, r in self._rows]
         return cols
 
     def write(self, out: Path) -> None:

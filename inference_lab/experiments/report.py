@@ -370,10 +370,13 @@ def write_comparison(out: Path, runs: list[tuple[str, dict, dict]], window: floa
 def _pd_table(rows: list[dict]) -> str:
     head = ["<tr><th class=l>P:D</th><th class=l>policy</th><th>requests</th><th>completed</th>"
             "<th>failed</th><th>TTFT p50 / p99 ms</th><th>TPOT p50 / p99 ms</th>"
-            "<th>e2e p50 / p99 ms</th><th>prefill p50 ms</th><th>received by transfer %</th>"
+            "<th>e2e p50 / p99 ms</th><th>prefill p50 ms</th>"
+            "<th>engines' TTFT p50 / p99 ms</th><th>engines' TPOT p50 / p99 ms</th>"
+            "<th>received by transfer %</th>"
             "<th>recomputed</th></tr>"]
     for r in rows:
         t, tp, e, pre = r["ttft_ms"], r["tpot_ms"], r["e2e_ms"], r.get("prefill_ms") or {}
+        mt, mp = r.get("model_ttft_ms") or {}, r.get("model_tpot_ms") or {}
         share = r["external_hits"] / r["external_queries"] if r["external_queries"] else None
         head.append(
             f"<tr><td class=l>{html.escape(r['kv_roles'])}</td><td class=l>{html.escape(r['policy'])}</td>"
@@ -381,7 +384,10 @@ def _pd_table(rows: list[dict]) -> str:
             f"<td>{_fmt(t['p50'])} / {_fmt(t['p99'])}</td>"
             f"<td>{_fmt(tp['p50'], digits=2)} / {_fmt(tp['p99'], digits=2)}</td>"
             f"<td>{_fmt(e['p50'], digits=0)} / {_fmt(e['p99'], digits=0)}</td>"
-            f"<td>{_fmt(pre.get('p50'))}</td><td>{_fmt(share, '', 100)}</td>"
+            f"<td>{_fmt(pre.get('p50'))}</td>"
+            f"<td>{_fmt(mt.get('p50'))} / {_fmt(mt.get('p99'))}</td>"
+            f"<td>{_fmt(mp.get('p50'), digits=2)} / {_fmt(mp.get('p99'), digits=2)}</td>"
+            f"<td>{_fmt(share, '', 100)}</td>"
             f"<td>{r['recomputed']:.0f}</td></tr>")
     return "<table>" + "".join(head) + "</table>"
 
@@ -412,7 +418,10 @@ def _pd_section(rows: list[dict]) -> str:
     return ("<h2>Prefill/decode</h2><p class=muted>Each request's prefill (max_tokens 1, "
             "do_remote_decode) went to a prefill replica, then the request with the returned "
             "kv_transfer_params to a decode replica. TTFT counts from the prefill's send; "
-            "TPOT is the decode stream's time per output token after the first; "
+            "TPOT is the decode stream's time per output token after the first (both "
+            "client-measured); the engines' figures are their modelled timings (the prefill "
+            "replica's e2e + the decode replica's TTFT; its time per output token): the "
+            "client's without the HTTP hops, as <code>sim --pd</code> computes them; "
             "'received by transfer' is the decode replicas' external prefix-cache hits over "
             "the prompt positions they queried.</p>" + _pd_table(rows)
             + f"<h2>{title}</h2><img alt='{title}' src='{_pd_figure(rows)}'>")

@@ -240,7 +240,11 @@ def pd_summary(run: dict) -> dict:
     and failed; TTFT (the first send to the decode stream's first token), TPOT (the
     decode stream's time per output token after the first), e2e and the prefill's round
     trip, in ms (p50/p90/p99/mean of the completed); and the decode replicas' transfer
-    counters (positions received by transfer, queried, prompts recomputed), summed."""
+    counters (positions received by transfer, queried, prompts recomputed), summed.
+    `model_ttft_ms` and `model_tpot_ms` are the engines' own: the prefill replica's
+    modelled e2e + the decode replica's modelled TTFT, and the decode replica's modelled
+    time per output token (what `sim --pd` computes: the client's figures minus the HTTP
+    hops)."""
     facts = run["pd"]
     req = run["requests"]
     sent = req["status"] != 0
@@ -249,6 +253,10 @@ def pd_summary(run: dict) -> dict:
     tokens = req["completion_tokens"][ok].astype(float)
     multi = tokens > 1
     tpot = (e2e[multi] - ttft[multi]) / (tokens[multi] - 1)
+    m_ttft, m_e2e = req["m_ttft_s"][ok], req["m_e2e_s"][ok]
+    model_ttft = (req["prefill_m_e2e_s"][ok] + m_ttft if "prefill_m_e2e_s" in req
+                  else np.full(m_ttft.shape, np.nan))
+    model_tpot = (m_e2e[multi] - m_ttft[multi]) / (tokens[multi] - 1)
     metrics = facts.get("decode_metrics", {})
     total = {k: float(sum(m.get(k, 0.0) for m in metrics.values()))
              for k in ("external_hits", "external_queries", "recomputed")}
@@ -257,6 +265,7 @@ def pd_summary(run: dict) -> dict:
         "prefill_replicas": facts["prefill_replicas"], "decode_replicas": facts["decode_replicas"],
         "requests": int(sent.sum()), "completed": int(ok.sum()), "failed": int((sent & ~ok).sum()),
         "ttft_ms": _dist_ms(ttft), "tpot_ms": _dist_ms(tpot), "e2e_ms": _dist_ms(e2e),
+        "model_ttft_ms": _dist_ms(model_ttft), "model_tpot_ms": _dist_ms(model_tpot),
         "prefill_ms": _dist_ms(req["prefill_e2e_s"][ok]) if "prefill_e2e_s" in req else None,
         "prompt_tokens": int(req["prompt_tokens"][ok].sum()),
         "completion_tokens": int(tokens.sum()),
