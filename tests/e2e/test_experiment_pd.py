@@ -111,3 +111,42 @@ def test_a_sweep_it_cannot_run_is_refused_naming_the_key(tmp_path, args, message
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "x").exists()
+
+
+CLOSED = """
+name = "pd-url"
+duration = 1
+model = "gpt-oss-20b"
+window = 0.5
+[load]
+arrival_pattern = "closed_loop"
+num_concurrent_users = 3
+input_len_dist = { type = "fixed", value = 640 }
+output_len_dist = { type = "fixed", value = 8 }
+[fleet]
+kv_roles = "RATIO"
+pd_policy = "round_robin"
+startup_delay = 0
+"""
+
+
+def test_url_drives_a_running_pd_fleet_closed_loop_and_refuses_a_layout_it_does_not_have(tmp_path):
+    from inference_lab.testing.launch import serve
+
+    good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
+    good.write_text(CLOSED.replace("RATIO", "1:2"))
+    bad.write_text(CLOSED.replace("RATIO", "2:1"))
+    with serve("--replicas", "3", "--kv-roles", "1:2", ports=3) as served:
+        done = experiment(str(good), "--url", served.base, "--out", str(tmp_path / "good"))
+        refused = experiment(str(bad), "--url", served.base, "--out", str(tmp_path / "bad"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    req = pq.read_table(tmp_path / "good" / "requests.parquet").to_pydict()
+    n = len(req["status"])
+    assert n >= 6 and set(req["status"]) == {200} and set(req["cached_tokens"]) == {639}
+    assert set(req["prefill_replica"]) == {0}
+    # round robin over the decode pool: its two replicas take turns
+    assert set(req["replica"]) == {1, 2} and abs(req["replica"].count(1) - req["replica"].count(2)) <= 3
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert ('fleet.kv_roles = "2:1": the server at' in refused.stderr
+            and "has 1 prefill (kv_producer) and 2 decode (kv_consumer) replicas ready" in refused.stderr)
+    assert "Traceback" not in refused.stderr
