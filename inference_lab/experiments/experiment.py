@@ -57,8 +57,11 @@ def adapter_dirs(scenario: Scenario, out: Path) -> dict[str, str]:
 
 
 def replica_startup_delay(scenario: Scenario) -> float:
-    """A new replica's start-up delay in modelled seconds (the fleet's setting)."""
+    """A new replica's start-up delay in modelled seconds (the fleet's setting; none for a
+    P/D fleet, which never scales)."""
     fleet = scenario.fleet
+    if scenario.ratios:
+        return 0.0
     return startup_delay(deployment_for(scenario), fleet.startup_delay) if fleet else 0.0
 
 

@@ -174,6 +174,10 @@ def test_kv_roles_read_one_ratio_or_a_list_and_set_the_replicas():
     ({"fleet": {"kv_roles": "1:1", "pd_policy": "random"}}, "fleet.pd_policy: expected one of least_loaded, round_robin"),
     ({"fleet": {"kv_roles": "1:1"}, "autoscaler": {"name": "hpa"}}, "fleet.kv_roles: a P/D fleet runs without an [autoscaler]"),
     ({"fleet": {"kv_roles": "1:1"}, "timeline": [{"at": 1, "replicas": 3}]}, "fleet.kv_roles: a P/D fleet keeps its replicas"),
+    ({"fleet": {"kv_roles": "1:1"}, "load": {"arrival_pattern": "closed_loop", "num_concurrent_users": 4,
+                                                   "input_len_dist": {"type": "fixed", "value": 8},
+                                                   "pooling": True}},
+     "fleet.kv_roles: a P/D fleet serves completions, not a pooling load"),
 ])
 def test_bad_kv_roles_are_refused_naming_the_key(change, key):
     with pytest.raises(ConfigError) as err:
