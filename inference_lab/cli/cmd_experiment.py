@@ -33,12 +33,16 @@ DIR/report.html (plots).
   inference-lab experiment configs/experiments/capacity-step.toml --serve --controller aimd --out runs/aimd
   inference-lab experiment compare runs/ref runs/aimd --out runs/compare
   inference-lab experiment configs/experiments/autoscaling-diurnal.toml --virtual --out runs/day
+  inference-lab experiment configs/experiments/pd-ratio.toml --serve --out runs/pd-ratio
 
 Controllers: fixed, aimd, vegas, gradient2, envoy, sre (published defaults; override
 with --param NAME=VALUE). Autoscalers (a scenario with [fleet]): hpa, keda, slo, or
 package.module:Class (--autoscaler, --autoscaler-param NAME=VALUE). With --url the
 server's clock must run at --time-scale. --virtual runs the scenario on the simulated
 clock against a simulated fleet, as fast as the CPU allows, writing the same files.
+A P/D fleet ([fleet] kv_roles = "P:D", or a list of ratios, each run on a server of its
+own with --serve, then DIR/report.html over them): each request's prefill goes to a
+prefill replica, then the request with the returned kv_transfer_params to a decode one.
 """
 READY_TIMEOUT_S = 60.0
 
