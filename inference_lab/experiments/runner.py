@@ -29,6 +29,12 @@ metrics a Prometheus scraping each ready replica's /metrics every `metrics_inter
 would hold (plus the front's request counters), and what it asks for is sent as POST
 /control/replicas.
 
+A P/D fleet ([fleet] kv_roles): the replicas split by the role each names in GET
+/control/replicas (which must be the scenario's P:D), and each request goes through
+experiments.pd's router: its prefill to a prefill replica, then the request with the
+returned kv_transfer_params to a decode replica; the decode replicas' transfer counters
+are read when the run ends.
+
 Knows: HTTP endpoints (/v1/completions, or /v1/embeddings for a pooling load;
 /control/capacity, /control/replicas,
 /control/faults, /metrics), the scenario, the controller and autoscaler interfaces. Does
