@@ -33,12 +33,16 @@ DIR/report.html (plots).
   inference-lab experiment configs/experiments/capacity-step.toml --serve --controller aimd --out runs/aimd
   inference-lab experiment compare runs/ref runs/aimd --out runs/compare
   inference-lab experiment configs/experiments/autoscaling-diurnal.toml --virtual --out runs/day
+  inference-lab experiment configs/experiments/pd-ratio.toml --serve --out runs/pd-ratio
 
 Controllers: fixed, aimd, vegas, gradient2, envoy, sre (published defaults; override
 with --param NAME=VALUE). Autoscalers (a scenario with [fleet]): hpa, keda, slo, or
 package.module:Class (--autoscaler, --autoscaler-param NAME=VALUE). With --url the
 server's clock must run at --time-scale. --virtual runs the scenario on the simulated
 clock against a simulated fleet, as fast as the CPU allows, writing the same files.
+A P/D fleet ([fleet] kv_roles = "P:D", or a list of ratios, each run on a server of its
+own with --serve, then DIR/report.html over them): each request's prefill goes to a
+prefill replica, then the request with the returned kv_transfer_params to a decode one.
 """
 READY_TIMEOUT_S = 60.0
 
@@ -101,6 +105,8 @@ class PrivateServer:
             self.argv += ["--replicas", str(max(scenario.fleet.replicas, 1)),
                           "--startup-delay", repr(startup_delay / time_scale),
                           "--max-waiting", str(scenario.max_waiting)]
+        if scenario.pd is not None:  # a P/D fleet: the first P replicas prefill, the rest decode
+            self.argv += ["--kv-roles", f"{scenario.pd[0]}:{scenario.pd[1]}"]
         if adapters:  # the load's LoRA adapters (the runner would load them otherwise)
             self.argv += ["--lora-modules", *(f"{n}={p}" for n, p in adapters.items()),
                           "--max-loras", str(scenario.workload.max_loras)]
@@ -189,6 +195,14 @@ def _run_scenario(args: argparse.Namespace) -> int:
     if not 0 < scale <= 1000:
         raise UsageError(f"--time-scale: expected a number > 0 and <= 1000, got {scale}")
     out: Path = args.out
+    if len(scenario.ratios) > 1 and not args.serve:
+        raise UsageError(f"{scenario.path}: fleet.kv_roles: a sweep of {len(scenario.ratios)} P:D "
+                         "ratios needs --serve (each ratio runs on a server of its own)"
+                         if args.url else
+                         f"{scenario.path}: fleet.kv_roles: virtual time does not model a P/D fleet "
+                         "(run it with --serve or --url)")
+    if len(scenario.ratios) > 1:
+        return _pd_sweep(args, scenario, scale)
 
     def progress(line: str) -> None:
         print(f"  {line}", flush=True)
@@ -228,6 +242,10 @@ def _run_scenario(args: argparse.Namespace) -> int:
             summary = go(args.url, args.metrics_url)
     except (OSError, RuntimeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    if "pd" in summary:
+        _print_pd(summary["pd"])
+        print(f"wrote {out / 'report.html'} and {out / 'summary.json'}")
+        return 0
     if "autoscaling" in summary:
         _print_autoscaling(summary)
         print(f"wrote {out / 'report.html'} and {out / 'summary.json'}")
@@ -244,6 +262,44 @@ def _run_scenario(args: argparse.Namespace) -> int:
                  if scenario.workload.structured and s["cached_frac"] is not None else ""))
     print(f"wrote {out / 'report.html'} and {out / 'summary.json'}")
     return 0
+
+
+def _pd_sweep(args: argparse.Namespace, scenario, scale: float) -> int:
+    """One run per P:D ratio, each on a private server of that layout, then one page."""
+    from inference_lab.cli import UsageError
+    from inference_lab.experiments.experiment import pd_run_dir, pd_sweep, run_experiment
+
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    for ratio in scenario.ratios:
+        sc = scenario.with_ratio(ratio)
+        out = pd_run_dir(args.out, ratio)
+        print(f"running {sc.name} with P:D {ratio[0]}:{ratio[1]} ({sc.duration:g} modelled s, "
+              f"{sc.duration / scale:.1f} s on the wall)", flush=True)
+        try:
+            with PrivateServer(sc, scale, out / "server.log") as server:
+                summary = runner(run_experiment(sc, server.url, out, time_scale=scale,
+                                                metrics_url=args.metrics_url or server.metrics_url))
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
+        _print_pd(summary["pd"])
+    pd_sweep(scenario, args.out)
+    print(f"wrote {args.out / 'report.html'} and {args.out / 'summary.json'}")
+    return 0
+
+
+def _print_pd(pd: dict) -> None:
+    def ms(d: dict, q: str, digits: int = 1) -> str:
+        return f"{d[q]:.{digits}f}" if d[q] is not None else "-"
+
+    print(f"  P:D {pd['kv_roles']}: {pd['completed']} of {pd['requests']} completed; "
+          f"TTFT p50 {ms(pd['ttft_ms'], 'p50')} p99 {ms(pd['ttft_ms'], 'p99')} ms, "
+          f"TPOT p50 {ms(pd['tpot_ms'], 'p50', 2)} p99 {ms(pd['tpot_ms'], 'p99', 2)} ms; "
+          f"{pd['external_hits']:,.0f} positions received by transfer, "
+          f"{pd['recomputed']:.0f} recomputed", flush=True)
 
 
 def _who(scenario) -> str:

@@ -52,6 +52,10 @@ class Result:
     error: str = ""
     cached_tokens: int = -1  # usage.prompt_tokens_details.cached_tokens; -1 if absent
     replica: int = -1  # the replica the request went to (-1: none, or not a fleet)
+    body: bytes = b""  # a 200's Content-Length body (a non-streaming answer), kept whole
+    prefill_replica: int = -1  # a P/D request's prefill replica (-1: not P/D)
+    prefill_done: float = 0.0  # ... when its prefill's answer came (time.monotonic())
+    prefill_modelled: dict | None = None  # ... the prefill replica's "inference_lab" timings
 
 
 class Endpoint:
@@ -174,7 +178,7 @@ class Connection(asyncio.Protocol):
     Connection: close); a Content-Length body is counted; a chunked body ends at its last
     chunk, CRLF "0" CRLF CRLF, recognised as the stream's suffix (SSE frames are JSON lines,
     which never hold a raw CR LF: only the chunk framing does); a body with neither ends
-    when the server closes. Only the last TAIL_BYTES or so are kept (usage and the modelled
+    when the server closes. Of a stream only the last TAIL_BYTES or so are kept (usage and the modelled
     timings come in the stream's last frames).
     """
 
@@ -266,7 +270,7 @@ class Connection(asyncio.Protocol):
         self.got += n
         self.pieces.append(data)
         self.kept += n
-        if self.kept > 2 * TAIL_BYTES:
+        if self.kept > 2 * TAIL_BYTES and state != LENGTH:  # (a Content-Length body is kept whole)
             tail = b"".join(self.pieces)[-TAIL_BYTES:]
             self.pieces = [tail]
             self.kept = len(tail)
@@ -301,6 +305,8 @@ class Connection(asyncio.Protocol):
                 if m is not None:
                     result.cached_tokens = int(m.group(1))
             result.modelled = decode_modelled(tail)
+            if self.state == LENGTH:
+                result.body = tail
         else:
             result.error = tail[:300].decode("utf-8", "replace")
         if not self.keep_alive:

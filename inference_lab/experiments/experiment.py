@@ -3,7 +3,9 @@ oracle, summarise, draw the report. And `compare`: several run directories on on
 
 `run_experiment` drives a served lab over HTTP; `run_virtual` runs the same scenario on
 a simulated clock against a simulated fleet (experiments.virtual), writing the same
-files. A fleet's run also gets the autoscaler (inference_lab.autoscale) and the
+files. A P/D fleet's run (`[fleet] kv_roles`) gets its P/D summary; a sweep of ratios
+runs once per ratio (`pd_run_dir`) and `pd_sweep` puts them on one page. A fleet's run
+also gets the autoscaler (inference_lab.autoscale) and the
 autoscaling summary with its oracle (experiments.autoscaling).
 
 Knows the order of those steps and the run directory's files. Does not start servers
@@ -26,12 +28,13 @@ from inference_lab.experiments.autoscaling import fleet_summary
 from inference_lab.experiments.controllers import make_controller
 from inference_lab.experiments.oracle import deployment_for, oracles
 from inference_lab.experiments.records import load_run
-from inference_lab.experiments.report import write_comparison, write_report
+from inference_lab.experiments.report import write_comparison, write_pd_sweep, write_report
 from inference_lab.experiments.runner import Runner
 from inference_lab.experiments.scenario import Scenario
-from inference_lab.experiments.summary import summarise
+from inference_lab.experiments.summary import pd_summary, summarise
 
-__all__ = ["run_experiment", "run_virtual", "analyse", "compare", "adapter_dirs",
+__all__ = ["run_experiment", "run_virtual", "analyse", "compare", "adapter_dirs", "pd_sweep",
+           "pd_run_dir",
            "replica_startup_delay", "capacity_of", "VIRTUAL_FAULTS"]
 
 VIRTUAL_FAULTS = ("slow", "clear")  # the faults virtual time models
@@ -54,8 +57,11 @@ def adapter_dirs(scenario: Scenario, out: Path) -> dict[str, str]:
 
 
 def replica_startup_delay(scenario: Scenario) -> float:
-    """A new replica's start-up delay in modelled seconds (the fleet's setting)."""
+    """A new replica's start-up delay in modelled seconds (the fleet's setting; none for a
+    P/D fleet, which never scales)."""
     fleet = scenario.fleet
+    if scenario.ratios:
+        return 0.0
     return startup_delay(deployment_for(scenario), fleet.startup_delay) if fleet else 0.0
 
 
@@ -133,6 +139,9 @@ def run_virtual(scenario: Scenario, out: Path,
     seconds per wall second, `engine_steps`), which summary.json repeats."""
     from inference_lab.experiments.virtual import VirtualBackend, VirtualLab, VirtualLoop
 
+    if scenario.ratios:
+        raise ValueError(f"{scenario.path}: fleet.kv_roles: virtual time does not model a P/D "
+                         "fleet (run it with --serve or --url)")
     for action in scenario.timeline:
         kind = action.fault.get("kind") if action.fault else None
         of = action.fault["of"]["kind"] if kind == "end" else kind
@@ -168,10 +177,13 @@ def _fleet_oracles(scenario: Scenario) -> list[dict]:
 def analyse(scenario: Scenario, out: Path) -> dict:
     """summary.json and report.html from the records in `out` (re-runnable offline)."""
     run = load_run(out)
+    pd = bool(scenario.ratios)
     fleet = scenario.fleet is not None
     summary = summarise(scenario, run, _fleet_oracles(scenario) if fleet else oracles(scenario),
                         scenario.controller)
-    if fleet:
+    if pd:
+        summary["pd"] = pd_summary(run)
+    elif fleet:
         gpus = scenario.fleet.gpus_per_replica or deployment_for(scenario).tp
         summary["autoscaler"] = scenario.autoscaler or None
         summary["autoscaling"] = fleet_summary(scenario, run, gpus, capacity_of(scenario))
@@ -193,3 +205,23 @@ def compare(directories: list[Path], out: Path) -> Path:
         summary = json.loads(summary_path.read_text())
         runs.append((f"{d.name}", load_run(d), summary))
     return write_comparison(out, runs, runs[0][2].get("window_s", 2.0))
+
+
+def pd_run_dir(out: Path, ratio: tuple[int, int]) -> Path:
+    """Where a sweep's run of one P:D ratio goes."""
+    return out / f"pd-{ratio[0]}-{ratio[1]}"
+
+
+def pd_sweep(scenario: Scenario, out: Path) -> dict:
+    """summary.json ({"pd_sweep": each ratio's P/D summary}) and report.html over the runs
+    of a sweep of P:D ratios, from their directories (pd_run_dir)."""
+    rows, dirs = [], []
+    for ratio in scenario.ratios:
+        d = pd_run_dir(out, ratio)
+        rows.append(json.loads((d / "summary.json").read_text())["pd"])
+        dirs.append(d.name)
+    summary = {"scenario": scenario.name, "description": scenario.description,
+               "pd_sweep": rows, "runs": dirs}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_pd_sweep(out, scenario.name, scenario.description, rows, dirs)
+    return summary

@@ -3,7 +3,7 @@ at every change, the server's queue gauges every 250 ms, and the timeline's acti
 kept as one tuple per row while the run goes, turned into columns and written as Parquet.
 
 Files in the run directory:
-  requests.parquet    one row per request (columns in REQUEST_COLUMNS)
+  requests.parquet    one row per request (columns in REQUEST_COLUMNS; a P/D run's + PD_COLUMNS)
   controller.parquet  t, limit, inflight            (limit: inf when there is none)
   server.parquet      t, waiting, running, max_num_seqs, max_waiting
   fleet.parquet       t, replicas (asked for), ready, starting, draining, desired (a fleet)
@@ -49,6 +49,11 @@ REQUEST_COLUMNS = (
     "preemptions",
     "error",
     "replica",          # the replica it was routed to (a fleet; -1 otherwise, or none ready)
+)
+PD_COLUMNS = (          # a P/D fleet's runs add (experiments.pd):
+    "prefill_replica",  # the prefill replica of the request (-1: none)
+    "prefill_e2e_s",    # client-measured, the first send to the prefill's answer; nan if none
+    "prefill_m_e2e_s",  # the prefill replica's modelled e2e ("inference_lab"); nan if absent
 )
 CONTROLLER_COLUMNS = ("t", "limit", "inflight")
 SERVER_COLUMNS = ("t", "waiting", "running", "max_num_seqs", "max_waiting")
@@ -169,6 +174,13 @@ class Records:
             preemptions(int(m.get("preemptions", 0)))
             error(result.error)
             replica_(result.replica)
+        if "pd" in self.facts:
+            cols["prefill_replica"] = [r.prefill_replica if r is not None else -1
+                                       for *_, r in self._rows]
+            cols["prefill_e2e_s"] = [(r.prefill_done - r.sent) * k if r is not None and r.prefill_done
+                                     else NAN for *_, r in self._rows]
+            cols["prefill_m_e2e_s"] = [(r.prefill_modelled or {}).get("e2e_s", NAN) if r is not None
+                                       else NAN for *_, r in self._rows]
         return cols
 
     def write(self, out: Path) -> None:

@@ -6,6 +6,8 @@ marked (faults in purple, the stretches with a fault in force shaded) and each p
 (tokens/s of 200s) and the 529 rate per window, with the oracle's goodput; TTFT and e2e
 p50/p99 per window, with the oracle's e2e p50; the server's waiting and running.
 A comparison overlays the runs' limits, goodput and e2e p50 and tables their scores.
+A P/D run (or a sweep of P:D ratios) adds a table of TTFT, TPOT and the transfers per
+ratio and a plot of TTFT against TPOT, one point per ratio.
 
 Knows matplotlib (Agg, no display) and HTML. Does not know how the numbers were made.
 """
@@ -23,7 +25,7 @@ import numpy as np
 
 from inference_lab.experiments.summary import window_series
 
-__all__ = ["write_report", "write_comparison"]
+__all__ = ["write_report", "write_comparison", "write_pd_sweep"]
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -162,8 +164,9 @@ def _run_figures(run: dict, summary: dict, window: float) -> list[tuple[str, str
         ax.plot(w["t"], w[f"{name}_p99"] * 1000, color=color, linestyle="--", alpha=0.7,
                 label=f"{name} p99")
     for p in summary["phases"]:
-        ax.hlines(p["oracle"]["e2e_p50_s"] * 1000, p["start_s"], p["end_s"], colors="#2ca02c",
-                  linestyles=":", linewidth=1.5)
+        if p["oracle"]["e2e_p50_s"] is not None:  # (a P/D fleet's phases have no oracle)
+            ax.hlines(p["oracle"]["e2e_p50_s"] * 1000, p["start_s"], p["end_s"], colors="#2ca02c",
+                      linestyles=":", linewidth=1.5)
     ax.plot([], [], color="#2ca02c", linestyle=":", label="oracle e2e p50")
     _mark_actions(ax, actions, phases=summary["phases"])
     ax.set_xlim(0, duration)
@@ -308,6 +311,8 @@ def write_report(out: Path, run: dict, summary: dict, window: float) -> Path:
             f"Latencies are client-measured in modelled seconds; phase figures are over each "
             f"phase's second half (summary.json has both halves).</p>")
     body = head + (("<h2>Autoscaling</h2>" + _fleet_table(summary)) if fleet else "")
+    if "pd" in summary:
+        body += _pd_section([summary["pd"]])
     body += "<h2>Phases</h2>" + _phase_table(summary)
     for title, uri in figs:
         body += f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='{uri}'>"
@@ -359,4 +364,80 @@ def write_comparison(out: Path, runs: list[tuple[str, dict, dict]], window: floa
     path.write_text(_page("comparison", body))
     (out / "summary.json").write_text(json.dumps(
         {"runs": [{"label": label, **s} for label, _, s in runs]}, indent=1))
+    return path
+
+
+def _pd_table(rows: list[dict]) -> str:
+    head = ["<tr><th class=l>P:D</th><th class=l>policy</th><th>requests</th><th>completed</th>"
+            "<th>failed</th><th>TTFT p50 / p99 ms</th><th>TPOT p50 / p99 ms</th>"
+            "<th>e2e p50 / p99 ms</th><th>prefill p50 ms</th>"
+            "<th>engines' TTFT p50 / p99 ms</th><th>engines' TPOT p50 / p99 ms</th>"
+            "<th>received by transfer %</th>"
+            "<th>recomputed</th></tr>"]
+    for r in rows:
+        t, tp, e, pre = r["ttft_ms"], r["tpot_ms"], r["e2e_ms"], r.get("prefill_ms") or {}
+        mt, mp = r.get("model_ttft_ms") or {}, r.get("model_tpot_ms") or {}
+        share = r["external_hits"] / r["external_queries"] if r["external_queries"] else None
+        head.append(
+            f"<tr><td class=l>{html.escape(r['kv_roles'])}</td><td class=l>{html.escape(r['policy'])}</td>"
+            f"<td>{r['requests']}</td><td>{r['completed']}</td><td>{r['failed']}</td>"
+            f"<td>{_fmt(t['p50'])} / {_fmt(t['p99'])}</td>"
+            f"<td>{_fmt(tp['p50'], digits=2)} / {_fmt(tp['p99'], digits=2)}</td>"
+            f"<td>{_fmt(e['p50'], digits=0)} / {_fmt(e['p99'], digits=0)}</td>"
+            f"<td>{_fmt(pre.get('p50'))}</td>"
+            f"<td>{_fmt(mt.get('p50'))} / {_fmt(mt.get('p99'))}</td>"
+            f"<td>{_fmt(mp.get('p50'), digits=2)} / {_fmt(mp.get('p99'), digits=2)}</td>"
+            f"<td>{_fmt(share, '', 100)}</td>"
+            f"<td>{r['recomputed']:.0f}</td></tr>")
+    return "<table>" + "".join(head) + "</table>"
+
+
+def _pd_figure(rows: list[dict]) -> str:
+    """TTFT against TPOT: per ratio its p50 (filled) and p99 (hollow), joined."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, r in enumerate(rows):
+        t, tp = r["ttft_ms"], r["tpot_ms"]
+        if t["p50"] is None or tp["p50"] is None:
+            continue
+        color = f"C{i % 10}"
+        ax.plot([t["p50"], t["p99"]], [tp["p50"], tp["p99"]], color=color, linewidth=1, alpha=0.6)
+        ax.plot(t["p50"], tp["p50"], "o", color=color, label=f"{r['kv_roles']} (p50 filled, p99 hollow)")
+        ax.plot(t["p99"], tp["p99"], "o", color=color, markerfacecolor="none")
+        ax.annotate(r["kv_roles"], (t["p50"], tp["p50"]), xytext=(5, 5), textcoords="offset points",
+                    fontsize=9, color=color)
+    ax.set_xlabel("TTFT ms (modelled, client-measured: first send to the decode stream's first token)")
+    ax.set_ylabel("TPOT ms (modelled)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    return _png(fig)
+
+
+def _pd_section(rows: list[dict]) -> str:
+    title = "TTFT against TPOT per P:D ratio"
+    return ("<h2>Prefill/decode</h2><p class=muted>Each request's prefill (max_tokens 1, "
+            "do_remote_decode) went to a prefill replica, then the request with the returned "
+            "kv_transfer_params to a decode replica. TTFT counts from the prefill's send; "
+            "TPOT is the decode stream's time per output token after the first (both "
+            "client-measured); the engines' figures are their modelled timings (the prefill "
+            "replica's e2e + the decode replica's TTFT; its time per output token): the "
+            "client's without the HTTP hops, as <code>sim --pd</code> computes them; "
+            "'received by transfer' is the decode replicas' external prefix-cache hits over "
+            "the prompt positions they queried.</p>" + _pd_table(rows)
+            + f"<h2>{title}</h2><img alt='{title}' src='{_pd_figure(rows)}'>")
+
+
+def write_pd_sweep(out: Path, scenario: str, description: str, rows: list[dict],
+                   runs: list[str]) -> Path:
+    """The page of a sweep of P:D ratios: the table, the plot, and each ratio's own report
+    (`runs`: their directories, relative to `out`)."""
+    links = ", ".join(f"<a href='{html.escape(d)}/report.html'>{html.escape(r['kv_roles'])}</a>"
+                      for d, r in zip(runs, rows))
+    body = (f"<h1>{html.escape(scenario)}: P:D ratios</h1><p>{html.escape(description)}</p>"
+            f"<p class=muted>One run per ratio, each on its own server; latencies are "
+            f"client-measured in modelled seconds. Each ratio's report: {links}.</p>"
+            + _pd_section(rows))
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.html"
+    path.write_text(_page(f"{scenario} – P:D ratios", body))
     return path

@@ -29,6 +29,12 @@ metrics a Prometheus scraping each ready replica's /metrics every `metrics_inter
 would hold (plus the front's request counters), and what it asks for is sent as POST
 /control/replicas.
 
+A P/D fleet ([fleet] kv_roles): the replicas split by the role each names in GET
+/control/replicas (which must be the scenario's P:D), and each request goes through
+experiments.pd's router: its prefill to a prefill replica, then the request with the
+returned kv_transfer_params to a decode replica; the decode replicas' transfer counters
+are read when the run ends.
+
 Knows: HTTP endpoints (/v1/completions, or /v1/embeddings for a pooling load;
 /control/capacity, /control/replicas,
 /control/faults, /metrics), the scenario, the controller and autoscaler interfaces. Does
@@ -53,6 +59,7 @@ from inference_lab.engine.drivers.alarm import Timer
 from inference_lab.experiments.client import Connection, ConnectionError_, Endpoint, Result, monotonic
 from inference_lab.experiments.controllers import Controller, Outcome
 from inference_lab.experiments.fleet import FleetSide, Route
+from inference_lab.experiments.pd import PdRouter, decode_metrics, ratio_name
 from inference_lab.experiments.prompts import Prompt, Prompts
 from inference_lab.experiments.records import Records
 from inference_lab.experiments.scenario import END, REPLICA_KINDS, Action, Scenario
@@ -68,6 +75,7 @@ STATUS_UNROUTED = 503  # no replica was ready: the front answered for the fleet
 OPEN_LOOP_POOL = 64  # keep-alive connections opened before an open loop starts
 STATUS_SHED = 0  # refused by the client's own controller, never sent
 STATUS_NO_RESPONSE = -1
+READY_WAIT_PD = 60.0  # wall seconds a P/D fleet's replicas may take to be ready
 SHED = object()  # _acquire_blocking: the controller refused outright (no slot to wait for)
 
 GAUGES = {
@@ -204,6 +212,7 @@ class Runner(FleetSide):
         self.front_requests = 0  # requests the load sent to the fleet
         self.front_unrouted = 0  # ... that found no ready replica
         self.store = MetricStore()
+        self.pd: PdRouter | None = None  # a P/D fleet's router (started by _start_pd)
 
     # ---- clocks ------------------------------------------------------------------------
     def now(self) -> float:
@@ -394,6 +403,9 @@ class Runner(FleetSide):
         if route is None:
             raw, prompt, output = self._request(user, self.endpoint)
             result = self._unrouted()
+        elif self.pd is not None:
+            raw, prompt, output = self._request(user, route.endpoint)
+            result = await self.pd.send(raw)
         else:
             raw, prompt, output = self._request(user, route.endpoint)
             conn = conns.get(route.port)
@@ -533,6 +545,12 @@ class Runner(FleetSide):
             return
         raw, prompt, output = self._request(-1, route.endpoint)
         context = (due, ticket, self.phase, limit, inflight, prompt, output, route)
+        if self.pd is not None:  # two hops: a task each
+            self._pending += 1
+            task = self.loop.create_task(self._pd_request(raw, context))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
         idle = route.idle
         while idle:
             conn = idle.pop()
@@ -560,6 +578,52 @@ class Runner(FleetSide):
         self.records.request(due, -1, phase, limit, inflight, prompt, output, result)
         if self._pending == 0 and self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
+
+    async def _pd_request(self, raw, context: tuple) -> None:
+        self._settled(*context[:-1], await self.pd.send(raw))
+
+    async def _start_pd(self) -> None:
+        """A P/D fleet: its replicas ready, each with the scenario's capacity, split into
+        the prefill and decode pools by the role each names (GET /control/replicas), which
+        must be the scenario's P:D."""
+        deadline = self.clock() + READY_WAIT_PD
+        while True:  # (a replica still starting may have no port yet)
+            status, body = await self.http.request("GET", self.base + "/control/replicas")
+            rows = [r for r in json.loads(body) if r.get("model") == self.sc.model] if status == 200 else []
+            if rows and all(r["ready"] and r.get("port") for r in rows):
+                break
+            if self.clock() > deadline:
+                raise RuntimeError(f"fleet.kv_roles: the replicas at {self.base} were not all ready "
+                                   f"after {READY_WAIT_PD:g} s")
+            await asyncio.sleep(0.05)
+        rows = await self.read_replicas(rows)
+        pools: dict[str, list[Route]] = {"kv_producer": [], "kv_consumer": []}
+        for r in rows:
+            if r["ready"] and r.get("kv_role") in pools:
+                pools[r["kv_role"]].append(self._routes[r["port"]])
+        want = self.sc.pd
+        got = (len(pools["kv_producer"]), len(pools["kv_consumer"]))
+        if got != want:
+            raise RuntimeError(
+                f"fleet.kv_roles = \"{ratio_name(want)}\": the server at {self.base} has "
+                f"{got[0]} prefill (kv_producer) and {got[1]} decode (kv_consumer) replicas ready "
+                f"(start it with --replicas {sum(want)} --kv-roles {ratio_name(want)})")
+        self.pd = PdRouter(pools["kv_producer"], pools["kv_consumer"], self.fleet.pd_policy)
+        self.desired = len(rows)
+
+    async def _pd_facts(self) -> dict:
+        """The P/D layout and each decode replica's transfer counters, for the records."""
+        decode = {}
+        for route in self.pd.decode:
+            try:
+                status, body = await self.http.request("GET", f"{self._url(route)}/metrics")
+            except (OSError, asyncio.TimeoutError):
+                continue
+            if status == 200:
+                decode[str(route.index)] = decode_metrics(body.decode("utf-8", "replace"), self.sc.model)
+        return {"kv_roles": ratio_name(self.sc.pd), "policy": self.pd.policy,
+                "prefill_replicas": [r.index for r in self.pd.prefill],
+                "decode_replicas": [r.index for r in self.pd.decode], "decode_metrics": decode}
 
     async def _open_request(self, raw, context: tuple) -> None:
         """An arrival with every pooled connection of its replica busy: a new connection,
@@ -605,7 +669,9 @@ class Runner(FleetSide):
     async def run(self) -> Records:
         self.loop = asyncio.get_running_loop()
         await self.load_adapters()
-        if self.fleet is not None:
+        if self.sc.pd is not None:
+            await self._start_pd()
+        elif self.fleet is not None:
             await self._start_fleet()
         else:
             await self.set_capacity({"max_num_seqs": self.sc.max_num_seqs,
@@ -677,6 +743,8 @@ class Runner(FleetSide):
                     log.warning("could not clear the faults at the end: %s", exc)
         if failed:
             raise RuntimeError(f"the timeline failed: {failed}")
+        if self.pd is not None:
+            self.records.facts["pd"] = await self._pd_facts()
         self.records.finish(self.now())
         return self.records
 

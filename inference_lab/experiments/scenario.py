@@ -52,6 +52,9 @@ A fleet (autoscaling) adds, all optional but [fleet] or [autoscaler] making it o
     poll_interval = 1.0                 # s between reads of the replica set (routing)
     metrics_interval = 15.0             # s between the autoscaler's scrapes of /metrics
     metrics_delay = 0.0                 # s more before a scrape is seen (a pipeline)
+    kv_roles = "1:3"                    # a P/D fleet: P prefill + D decode replicas (P + D =
+                                        # replicas), or a list of ratios to sweep, one run each
+    pd_policy = "least_loaded"          # or "round_robin": the P/D router's pick in each pool
     [autoscaler]
     name = "hpa"                        # hpa | keda | slo | package.module:ClassName
     params = { metric = "vllm:num_requests_running", target = 48 }
@@ -60,6 +63,10 @@ A fleet (autoscaling) adds, all optional but [fleet] or [autoscaler] making it o
     e2e_s = 30.0
     attainment = 0.99                   # the share that must meet them
     window = 300.0                      # s per oracle window
+
+With `kv_roles` the load generator plays a P/D router (experiments.pd): each request's
+prefill (max_tokens 1, do_remote_decode) goes to a prefill replica, then the request with
+the returned kv_transfer_params to a decode replica; no autoscaler or `replicas` action.
 
 The load may then be `trace` (common.traces) or poisson with a `rate_schedule`; requests
 go round-robin to the ready replicas (as a Service in front of them).
@@ -93,7 +100,8 @@ UNBOUNDED_REQUESTS = 10**9  # the workload parser wants a count; a scenario stop
 _TOP = ("name", "description", "duration", "model", "window", "server", "load", "controller",
         "timeline", "fleet", "autoscaler", "slo", "scrape_interval")
 _FLEET = ("replicas", "max_replicas", "startup_delay", "gpus_per_replica", "poll_interval",
-          "metrics_interval", "metrics_delay")
+          "metrics_interval", "metrics_delay", "kv_roles", "pd_policy")
+PD_POLICIES = ("least_loaded", "round_robin")
 _AUTOSCALER = ("name", "params")
 _SLO = ("ttft_s", "e2e_s", "attainment", "window")
 MAX_REPLICAS = 64
@@ -184,6 +192,8 @@ class FleetSpec:
     poll_interval: float = 1.0
     metrics_interval: float = 15.0
     metrics_delay: float = 0.0
+    kv_roles: tuple[tuple[int, int], ...] = ()  # P/D ratios (prefill, decode); () = no P/D
+    pd_policy: str = "least_loaded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +240,20 @@ class Scenario:
         return replace(self, controller=name,
                        controller_params=params if params is not None else
                        (self.controller_params if same else {}))
+
+    @property
+    def pd(self) -> tuple[int, int] | None:
+        """The P/D layout of a single-ratio scenario (None: not P/D; see `ratios`)."""
+        ratios = self.fleet.kv_roles if self.fleet is not None else ()
+        return ratios[0] if len(ratios) == 1 else None
+
+    @property
+    def ratios(self) -> tuple[tuple[int, int], ...]:
+        return self.fleet.kv_roles if self.fleet is not None else ()
+
+    def with_ratio(self, ratio: tuple[int, int]) -> "Scenario":
+        """This scenario on one of its P/D ratios."""
+        return replace(self, fleet=replace(self.fleet, kv_roles=(ratio,)))
 
     def phases(self) -> list[Phase]:
         seqs, waiting = self.max_num_seqs, self.max_waiting
@@ -469,6 +493,15 @@ def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
         raise ConfigError(where, "timeline", "a `replicas` action needs a [fleet] table")
     if workload.arrival_pattern == "trace" and any(a.load for a in actions):
         raise ConfigError(where, "timeline", "a trace sets the load itself: no `load` actions")
+    if fleet is not None and fleet.kv_roles:
+        if autoscaler:
+            raise ConfigError(where, "fleet.kv_roles", "a P/D fleet runs without an [autoscaler]")
+        if any(a.replicas is not None for a in actions):
+            raise ConfigError(where, "fleet.kv_roles", "a P/D fleet keeps its replicas: no "
+                              "`replicas` actions on the timeline")
+        if workload.pooling:
+            raise ConfigError(where, "fleet.kv_roles", "a P/D fleet serves completions, not a "
+                              "pooling load (load.pooling)")
     top.done()
     return Scenario(name=name, duration=duration, model=model, workload=workload,
                     controller=controller, controller_params=params, rtt=rtt,
@@ -502,7 +535,13 @@ def _fleet_tables(top: Table) -> tuple[FleetSpec | None, str, dict, SloSpec | No
             gpus_per_replica=ft.get("gpus_per_replica", int, "an integer >= 1", None, ok=lambda v: v >= 1),
             poll_interval=_number(ft, "poll_interval", "seconds", 0, 60, 1.0, open_low=True),
             metrics_interval=_number(ft, "metrics_interval", "seconds", 0, 600, 15.0, open_low=True),
-            metrics_delay=_number(ft, "metrics_delay", "seconds", 0, 600, 0.0))
+            metrics_delay=_number(ft, "metrics_delay", "seconds", 0, 600, 0.0),
+            kv_roles=_kv_roles(ft, "replicas" in ft.data),
+            pd_policy=ft.get("pd_policy", str, f"one of {', '.join(PD_POLICIES)}", "least_loaded",
+                             ok=lambda v: v in PD_POLICIES))
+        if fleet.kv_roles and "replicas" not in ft.data:  # the replicas the ratios add up to
+            fleet = replace(fleet, replicas=sum(fleet.kv_roles[0]),
+                            max_replicas=max(fleet.max_replicas, sum(fleet.kv_roles[0])))
         ft.done()
     name, params = "", {}
     if at is not None:
@@ -524,6 +563,31 @@ def _fleet_tables(top: Table) -> tuple[FleetSpec | None, str, dict, SloSpec | No
             raise st.error("ttft_s", "ttft_s and/or e2e_s (the bounds of the SLO)", None)
         st.done()
     return fleet, name, params, slo
+
+
+def _kv_roles(ft: Table, replicas_given: bool) -> tuple[tuple[int, int], ...]:
+    """`kv_roles`: "P:D" or a non-empty list of them, each with P, D >= 1, all adding up to
+    the same number of replicas (`replicas`, when given)."""
+    if "kv_roles" not in ft.data:
+        return ()
+    ft._known.append("kv_roles")
+    raw = ft.data["kv_roles"]
+    what = ('"P:D" (P prefill and D decode replicas, each >= 1) or a non-empty list of them, '
+            'all adding up to the same number of replicas')
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not items:
+        raise ft.error("kv_roles", what, raw)
+    ratios = []
+    for item in items:
+        p, sep, d = item.partition(":") if isinstance(item, str) else ("", "", "")
+        if not (sep and p.strip().isdigit() and d.strip().isdigit() and int(p) >= 1 and int(d) >= 1):
+            raise ft.error("kv_roles", what, raw)
+        ratios.append((int(p), int(d)))
+    total = ft.data.get("replicas", sum(ratios[0])) if replicas_given else sum(ratios[0])
+    if any(p + d != total for p, d in ratios) or len(set(ratios)) != len(ratios):
+        raise ft.error("kv_roles", what + (f" (replicas = {total})" if replicas_given else "")
+                       + ", none repeated", raw)
+    return tuple(ratios)
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -35,7 +35,7 @@ import numpy as np
 
 from inference_lab.experiments.scenario import Scenario
 
-__all__ = ["summarise", "step_series", "window_series"]
+__all__ = ["summarise", "step_series", "window_series", "pd_summary"]
 
 SETTLE_BAND_FRAC = 0.2
 SETTLE_BAND_MIN = 2.0
@@ -225,4 +225,49 @@ def summarise(scenario: Scenario, run: dict, oracles: list[dict], controller: st
         "errors": total["errors"],
         "send_delay_p99_ms": total["send_delay_p99_ms"],
         "phases": phases,
+    }
+
+
+def _dist_ms(values: np.ndarray) -> dict:
+    values = values[np.isfinite(values)]
+    return {q: (float(np.percentile(values, p)) * 1000.0 if values.size else None)
+            for q, p in (("p50", 50), ("p90", 90), ("p99", 99))} | {
+        "mean": float(values.mean()) * 1000.0 if values.size else None}
+
+
+def pd_summary(run: dict) -> dict:
+    """A P/D run's client view (experiments.pd): its layout; requests sent, completed (200)
+    and failed; TTFT (the first send to the decode stream's first token), TPOT (the
+    decode stream's time per output token after the first), e2e and the prefill's round
+    trip, in ms (p50/p90/p99/mean of the completed); and the decode replicas' transfer
+    counters (positions received by transfer, queried, prompts recomputed), summed.
+    `model_ttft_ms` and `model_tpot_ms` are the engines' own: the prefill replica's
+    modelled e2e + the decode replica's modelled TTFT, and the decode replica's modelled
+    time per output token (what `sim --pd` computes: the client's figures minus the HTTP
+    hops)."""
+    facts = run["pd"]
+    req = run["requests"]
+    sent = req["status"] != 0
+    ok = req["status"] == 200
+    ttft, e2e = req["ttft_s"][ok], req["e2e_s"][ok]
+    tokens = req["completion_tokens"][ok].astype(float)
+    multi = tokens > 1
+    tpot = (e2e[multi] - ttft[multi]) / (tokens[multi] - 1)
+    m_ttft, m_e2e = req["m_ttft_s"][ok], req["m_e2e_s"][ok]
+    model_ttft = (req["prefill_m_e2e_s"][ok] + m_ttft if "prefill_m_e2e_s" in req
+                  else np.full(m_ttft.shape, np.nan))
+    model_tpot = (m_e2e[multi] - m_ttft[multi]) / (tokens[multi] - 1)
+    metrics = facts.get("decode_metrics", {})
+    total = {k: float(sum(m.get(k, 0.0) for m in metrics.values()))
+             for k in ("external_hits", "external_queries", "recomputed")}
+    return {
+        "kv_roles": facts["kv_roles"], "policy": facts["policy"],
+        "prefill_replicas": facts["prefill_replicas"], "decode_replicas": facts["decode_replicas"],
+        "requests": int(sent.sum()), "completed": int(ok.sum()), "failed": int((sent & ~ok).sum()),
+        "ttft_ms": _dist_ms(ttft), "tpot_ms": _dist_ms(tpot), "e2e_ms": _dist_ms(e2e),
+        "model_ttft_ms": _dist_ms(model_ttft), "model_tpot_ms": _dist_ms(model_tpot),
+        "prefill_ms": _dist_ms(req["prefill_e2e_s"][ok]) if "prefill_e2e_s" in req else None,
+        "prompt_tokens": int(req["prompt_tokens"][ok].sum()),
+        "completion_tokens": int(tokens.sum()),
+        **total, "decode_metrics": metrics,
     }

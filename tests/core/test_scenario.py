@@ -144,3 +144,51 @@ def test_a_trace_load_is_found_beside_the_scenario_and_refuses_load_actions(tmp_
     with pytest.raises(ConfigError) as err:
         parse_scenario(doc, "s.toml", base=tmp_path)
     assert err.value.path == "load.trace_path" and "line 2: 3 fields; the header has 6" in err.value.message
+
+
+def test_the_shipped_pd_scenario_sweeps_three_ratios_on_four_replicas():
+    sc = load_scenario(ROOT / "configs" / "experiments" / "pd-ratio.toml")
+    assert sc.ratios == ((1, 3), (2, 2), (3, 1)) and sc.pd is None  # a sweep: no single layout
+    assert (sc.fleet.replicas, sc.fleet.pd_policy, sc.autoscaler) == (4, "least_loaded", "")
+    one = sc.with_ratio((2, 2))
+    assert one.pd == (2, 2) and one.ratios == ((2, 2),) and one.fleet.replicas == 4
+    assert sc.config.is_file() and sc.duration * len(sc.ratios) / sc.time_scale <= 20  # wall seconds of load
+
+
+def test_kv_roles_read_one_ratio_or_a_list_and_set_the_replicas():
+    sc = parse_scenario({**BASE, "fleet": {"kv_roles": "1:2"}}, "s.toml")
+    assert (sc.pd, sc.fleet.replicas, sc.fleet.pd_policy) == ((1, 2), 3, "least_loaded")
+    sc = parse_scenario({**BASE, "fleet": {"kv_roles": ["1:4", "3:2"], "pd_policy": "round_robin"}}, "s.toml")
+    assert (sc.ratios, sc.pd, sc.fleet.replicas, sc.fleet.pd_policy) == (((1, 4), (3, 2)), None, 5, "round_robin")
+    assert parse_scenario({**BASE, "fleet": {"replicas": 2}}, "s.toml").ratios == ()
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"fleet": {"kv_roles": "1-3"}}, 'fleet.kv_roles: expected "P:D"'),
+    ({"fleet": {"kv_roles": "0:4"}}, 'fleet.kv_roles: expected "P:D"'),
+    ({"fleet": {"kv_roles": []}}, 'fleet.kv_roles: expected "P:D"'),
+    ({"fleet": {"kv_roles": 3}}, 'fleet.kv_roles: expected "P:D"'),
+    ({"fleet": {"kv_roles": ["1:3", "1:2"]}}, "all adding up to the same number of replicas"),
+    ({"fleet": {"kv_roles": ["1:3", "1:3"]}}, "none repeated"),
+    ({"fleet": {"replicas": 3, "kv_roles": "2:2"}}, "(replicas = 3)"),
+    ({"fleet": {"kv_roles": "1:1", "pd_policy": "random"}}, "fleet.pd_policy: expected one of least_loaded, round_robin"),
+    ({"fleet": {"kv_roles": "1:1"}, "autoscaler": {"name": "hpa"}}, "fleet.kv_roles: a P/D fleet runs without an [autoscaler]"),
+    ({"fleet": {"kv_roles": "1:1"}, "timeline": [{"at": 1, "replicas": 3}]}, "fleet.kv_roles: a P/D fleet keeps its replicas"),
+    ({"fleet": {"kv_roles": "1:1"}, "load": {"arrival_pattern": "closed_loop", "num_concurrent_users": 4,
+                                                   "input_len_dist": {"type": "fixed", "value": 8},
+                                                   "pooling": True}},
+     "fleet.kv_roles: a P/D fleet serves completions, not a pooling load"),
+])
+def test_bad_kv_roles_are_refused_naming_the_key(change, key):
+    with pytest.raises(ConfigError) as err:
+        parse_scenario({**BASE, **change}, "s.toml")
+    assert str(err.value).startswith("s.toml: ") and key in str(err.value)
+
+
+def test_virtual_time_refuses_a_pd_fleet_naming_the_key(tmp_path):
+    from inference_lab.experiments.experiment import run_virtual
+
+    sc = parse_scenario({**BASE, "fleet": {"kv_roles": "1:1"}}, "s.toml")
+    with pytest.raises(ValueError, match="s.toml: fleet.kv_roles: virtual time does not model a P/D fleet"):
+        run_virtual(sc, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

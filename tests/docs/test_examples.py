@@ -24,7 +24,7 @@ NO_RUN = {
     "docs/experiments.md": 3,    # experiments of a modelled minute and more
     "docs/fleet.md": 2,          # HAProxy; Docker, Helm and a cluster
     "docs/lab-stack.md": 3,      # Docker Compose; its tools
-    "docs/pd.md": 1,             # vllm-router (the P/D conformance test runs it)
+    "docs/pd.md": 2,             # vllm-router (the P/D conformance test runs it); a sweep of 3 served runs
     "docs/routers.md": 2,        # vllm-router (the conformance test runs it)
     "docs/testing.md": 2,        # the test suite itself
 }
