@@ -66,7 +66,11 @@ def test_every_hardware_preset_loads_with_bf16_hbm_and_a_fabric(name):
 def test_every_model_preset_loads_with_consistent_streams(name):
     model = catalog.load_model(name)
     assert model.name == name
-    assert model.num_layers == sum(cls.count for cls in model.layer_classes)
+    # every token-mixing layer is a block; blocks without one (Nemotron-NAS's attention-free
+    # blocks, an FFN alone) count in num_layers only, as the catalog's loader allows
+    mixing = sum(cls.count for cls in model.layer_classes)
+    assert mixing == model.num_layers or (mixing < model.num_layers and name.startswith(
+        "llama-3.3-nemotron")), (mixing, model.num_layers)
     for stream in model.weight_streams:
         assert 0 < stream.active_params <= stream.resident_params
         assert (stream.num_experts == 0) == (stream.top_k == 0)

@@ -72,9 +72,11 @@ def test_virtual_time_agrees_with_the_served_run(runs):
     s = json.loads((served / "summary.json").read_text())["autoscaling"]
     v = json.loads((virtual / "summary.json").read_text())["autoscaling"]
     sa, va = table(served, "scaling"), table(virtual, "scaling")
-    # the same decisions, each within one sync period (1 s) of the other's
+    # the same decisions, each within one sync period (1 s) of the other's: virtual time
+    # decides on the ticks, the served loop a moment after its own (up to a quarter period
+    # on a loaded machine), so a decision one tick apart is 1 s plus that lag
     assert list(sa["to"]) == list(va["to"])
-    assert np.all(np.abs(sa["t"] - va["t"]) <= 1.0)
+    assert np.all(np.abs(sa["t"] - va["t"]) <= 1.25), (sa["t"], va["t"])
     assert abs(s["attainment"] - v["attainment"]) <= 0.05
     assert v["gpu_hours"] == pytest.approx(s["gpu_hours"], rel=0.1)
     assert "x real time" in vout
