@@ -80,8 +80,13 @@ def test_an_unknown_model_is_not_found_error_and_bad_input_is_invalid_request_er
     assert "max_tokens" in body["error"]["message"]
 
 
-def _saturate(base: str) -> list:
-    """max_num_seqs 1, max_waiting 1: one long stream runs, one waits, so the queue is full."""
+def _saturate(served) -> list:
+    """max_num_seqs 1, max_waiting 1: one long stream runs, one waits, so the queue is full.
+    First the engine lets go of every earlier stream (a hang-up reaches it a moment after
+    the client closed): otherwise a holder could find the queue still full."""
+    wait_until(lambda: served.capacity()[0]["running"] == 0
+               and served.capacity()[0]["waiting"] == 0, what="an idle engine")
+    base = served.base
     status, _ = post_json(base, "/control/capacity", {"max_num_seqs": 1, "max_waiting": 1})
     assert status == 200
     holders = []
@@ -97,7 +102,7 @@ def _saturate(base: str) -> list:
 
 @pytest.fixture
 def saturated(served):
-    holders = _saturate(served.base)
+    holders = _saturate(served)
     try:
         yield
     finally:
