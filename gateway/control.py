@@ -25,8 +25,8 @@ from inference_lab.gateway.aiohttp_gate import http_date, response_head
 from inference_lab.gateway.errors import ErrorKind, GatewayError, engine_unavailable
 from inference_lab.gateway.middleware import read_json_body
 from inference_lab.gateway.protocols import vllm as vllm_api
-from inference_lab.gateway.protocols.base import (NESTED_TOO_DEEPLY, invalid, json_encode,
-                                                  query_text, random_id)
+from inference_lab.gateway.protocols.base import (NESTED_TOO_DEEPLY, NOT_UTF8, invalid,
+                                                  json_encode, query_text, random_id)
 from inference_lab.gateway.state import STATE, GatewayState
 from inference_lab.v1 import engine_pb2 as pb
 
@@ -201,6 +201,8 @@ async def set_capacity(request: web.Request) -> web.Response:
         raise invalid(f"Invalid capacity update: {exc}") from None
     except msgspec.DecodeError as exc:
         raise invalid(f"Invalid JSON body: {exc}") from None
+    except UnicodeDecodeError:  # (older msgspec raises it for a string that is not UTF-8)
+        raise invalid(NOT_UTF8) from None
     except RecursionError:
         raise invalid(NESTED_TOO_DEEPLY) from None
     models = await state.client.set_capacity(update.model, update.max_num_seqs, update.max_waiting,

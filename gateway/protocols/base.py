@@ -53,6 +53,7 @@ Penalty = Annotated[float, msgspec.Meta(ge=-2, le=2)]
 
 
 NESTED_TOO_DEEPLY = "Invalid JSON body: nested too deeply"
+NOT_UTF8 = "Invalid JSON body: a string is not valid UTF-8"
 
 
 def invalid(message: str) -> GatewayError:
@@ -102,6 +103,8 @@ def decode(decoder: msgspec.json.Decoder, body: bytes, what: str = "request body
         raise invalid(f"Invalid {what}: {exc}" + (f". {expected}" if expected else "")) from None
     except msgspec.DecodeError as exc:
         raise invalid(f"Invalid JSON body: {exc}") from None
+    except UnicodeDecodeError:  # (older msgspec raises it for a string that is not UTF-8)
+        raise invalid(NOT_UTF8) from None
     except RecursionError:  # msgspec nests as deep as the JSON does, even in ignored fields
         raise invalid(NESTED_TOO_DEEPLY) from None
 

@@ -47,7 +47,8 @@ def _matrix(model: str, dimensions: int) -> np.ndarray:
 
 
 def _buckets(ids: np.ndarray) -> np.ndarray:
-    return ((ids * _GOLDEN) & _MASK) >> _SHIFT
+    """Each id's bucket, as the signed index type bincount takes on every numpy release."""
+    return (((ids * _GOLDEN) & _MASK) >> _SHIFT).astype(np.intp)
 
 
 def embedding(model: str, dimensions: int, ids: Sequence[int], size: int | None = None,
