@@ -3,13 +3,12 @@ that the roofline stays the default."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import tomllib
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from factories import calibration_fit
 
 from inference_lab.engine.sim import catalog
 from inference_lab.engine.sim.config import ConfigError, load_deployment
@@ -108,13 +107,7 @@ def test_calibrated_deepseek_on_b300_is_slower_than_the_roofline_and_says_where_
 
 
 def test_every_calibration_data_file_carries_its_provenance_and_a_held_out_part():
-    spec = importlib.util.spec_from_file_location("fit", ROOT / "calibration" / "fit.py")
-    fit = importlib.util.module_from_spec(spec)
-    sys.modules["fit"] = fit  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(fit)
-    finally:
-        del sys.modules["fit"]
+    fit = calibration_fit()
     files = sorted((ROOT / "calibration" / "data").glob("*.toml"))
     assert files
     for path in files:

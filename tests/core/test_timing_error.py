@@ -7,12 +7,11 @@ requests instead of the source's 10 x (the full tables: benchmarks/timing_error.
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
+from factories import calibration_fit
 
 from inference_lab.calibrate.fitting import Evaluator, relative_errors
 from inference_lab.engine.sim import catalog
@@ -32,13 +31,7 @@ SAMPLE = {
 
 
 def _rows():
-    spec = importlib.util.spec_from_file_location("fit", ROOT / "calibration" / "fit.py")
-    fit = importlib.util.module_from_spec(spec)
-    sys.modules["fit"] = fit  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(fit)
-    finally:
-        del sys.modules["fit"]
+    fit = calibration_fit()
     return {r.label: r for r in fit.load_rows(ROOT / "calibration" / "data")}
 
 
