@@ -92,8 +92,9 @@ class MetricsFeed:
             if self._changed is None:
                 self._changed = loop.create_future()
             try:
-                await asyncio.wait_for(asyncio.shield(self._changed), deadline - loop.time())
-            except asyncio.TimeoutError:
+                async with asyncio.timeout_at(deadline):
+                    await asyncio.shield(self._changed)
+            except TimeoutError:
                 log.warning("no metrics push from the engine within %.1f s", self._timeout)
                 self.stop()  # dropped whole: a later one renders after what the caller reads
                 return None

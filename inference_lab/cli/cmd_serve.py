@@ -115,8 +115,9 @@ class EngineProcess:
             *self.argv, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
             env=self.env, start_new_session=True)  # Ctrl-C reaches us; we stop the engine in order
         try:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), READY_TIMEOUT_S)
-        except asyncio.TimeoutError:  # alive but not ready in time: give up on it
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                line = await self.proc.stdout.readline()
+        except TimeoutError:  # alive but not ready in time: give up on it
             line = b""
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
@@ -151,8 +152,9 @@ class EngineProcess:
             return
         self.proc.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(self.proc.wait(), grace + 5.0)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(grace + 5.0):
+                await self.proc.wait()
+        except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
 

@@ -136,7 +136,8 @@ class Http:
                 writer.close()
             return status, body
 
-        return await asyncio.wait_for(go(), timeout)
+        async with asyncio.timeout(timeout):
+            return await go()
 
 
 class LiveBackend:
@@ -343,8 +344,9 @@ class Runner(FleetSide):
             fut = self.loop.create_future()
             self._slot_waiters.append(fut)
             try:
-                await asyncio.wait_for(fut, SLOT_RECHECK / self.k)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(SLOT_RECHECK / self.k):
+                    await fut
+            except TimeoutError:
                 pass
 
     def _release(self, ticket, result: Result) -> None:
@@ -712,8 +714,9 @@ class Runner(FleetSide):
                 if self._pending:
                     self._drained = self.loop.create_future()
                     try:
-                        await asyncio.wait_for(self._drained, drain)
-                    except asyncio.TimeoutError:
+                        async with asyncio.timeout(drain):
+                            await self._drained
+                    except TimeoutError:
                         log.warning("%d requests still open %.0f s after the end: abandoned",
                                     self._pending, drain)
                 pending = set(self._tasks)

@@ -59,7 +59,8 @@ class _Recorder:
             async with self.changed:
                 await self.changed.wait_for(lambda: len(self.items) >= n)
 
-        await asyncio.wait_for(_wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await _wait()
         return list(self.items)
 
 

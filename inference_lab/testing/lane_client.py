@@ -51,9 +51,10 @@ class RawLane:
 
     async def read_raw(self, timeout: float = 5.0) -> bytes | None:
         try:
-            header = await asyncio.wait_for(self.reader.readexactly(HEADER.size), timeout)
-            payload = await asyncio.wait_for(
-                self.reader.readexactly(HEADER.unpack(header)[0]), timeout)
+            async with asyncio.timeout(timeout):
+                header = await self.reader.readexactly(HEADER.size)
+            async with asyncio.timeout(timeout):
+                payload = await self.reader.readexactly(HEADER.unpack(header)[0])
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
         self.received += HEADER.size + len(payload)
