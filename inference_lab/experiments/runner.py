@@ -71,6 +71,7 @@ SLOT_RECHECK = 0.1  # modelled seconds: a waiting user re-checks a limit that gr
 SHED_PAUSE = 0.01  # modelled seconds: at least this long before a user shed on the client tries again
 DRAIN_TIMEOUT = 60.0  # wall seconds the requests still open at the end may take
 VIRTUAL_DRAIN_TIMEOUT = 3600.0  # ... virtual seconds, in virtual time (they cost no wall time)
+STOP_TIMEOUT = 5.0  # seconds a cancelled background task may take to end
 STATUS_UNROUTED = 503  # no replica was ready: the front answered for the fleet
 OPEN_LOOP_POOL = 64  # keep-alive connections opened before an open loop starts
 STATUS_SHED = 0  # refused by the client's own controller, never sent
@@ -730,10 +731,7 @@ class Runner(FleetSide):
                 await asyncio.gather(*pending, return_exceptions=True)
         finally:
             failed = timeline.done() and not timeline.cancelled() and timeline.exception()
-            timeline.cancel()
-            for task in background:
-                task.cancel()
-            await asyncio.gather(timeline, *background, return_exceptions=True)
+            await _stop([timeline, *background], "background tasks")
             if thaw:
                 gc.unfreeze()
             for route in self._routes.values():
@@ -752,6 +750,22 @@ class Runner(FleetSide):
         return self.records
 
 
+
+
+async def _stop(tasks: list[asyncio.Task], what: str) -> None:
+    """Cancel `tasks` and wait for them, at most STOP_TIMEOUT: one that swallowed its cancel
+    is left behind with a warning instead of holding the run's end for ever."""
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    done, stuck = await asyncio.wait(tasks, timeout=STOP_TIMEOUT)
+    for task in done:
+        if not task.cancelled():
+            task.exception()  # retrieved: an error at cancel time is not the run's
+    if stuck:
+        log.warning("%d %s did not stop within %g s of their cancel: left behind",
+                    len(stuck), what, STOP_TIMEOUT)
 
 
 def _peak_rate(schedule) -> float:

@@ -63,3 +63,35 @@ def test_a_timeout_scope_ends_cancelled_when_cancel_and_completion_coincide(sett
         return "returned"
 
     assert asyncio.run(main()) == "cancelled"
+
+
+def test_an_experiment_stops_its_background_tasks_and_leaves_a_stubborn_one_behind(monkeypatch, caplog):
+    from inference_lab.experiments import runner
+
+    monkeypatch.setattr(runner, "STOP_TIMEOUT", 0.2)
+
+    async def main() -> tuple[bool, bool, float]:
+        loop = asyncio.get_running_loop()
+
+        async def polite() -> None:
+            await asyncio.sleep(3600)
+
+        async def stubborn() -> None:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                await asyncio.sleep(3600)  # swallowed
+
+        a, b = loop.create_task(polite()), loop.create_task(stubborn())
+        await asyncio.sleep(0)
+        t = loop.time()
+        await runner._stop([a, b], "background tasks")
+        took = loop.time() - t
+        stuck = not b.done()
+        b.cancel()
+        return a.cancelled(), stuck, took
+
+    with caplog.at_level("WARNING", logger=runner.log.name):
+        polite_cancelled, stuck, took = asyncio.run(main())
+    assert polite_cancelled and stuck and 0.15 <= took < 2.0
+    assert "1 background tasks did not stop within 0.2 s of their cancel" in caplog.text
