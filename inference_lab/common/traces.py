@@ -35,6 +35,7 @@ import datetime
 import hashlib
 import json
 import math
+import operator
 import os
 from array import array
 from dataclasses import dataclass
@@ -221,32 +222,50 @@ def _csv_rows(f, path: str, columns: tuple[str, ...]):
     if missing:
         raise TraceError(f"{path}: line {reader.line_num}: the header lacks "
                          f"{', '.join(missing)} (got {', '.join(header)})")
-    at = [header.index(c) for c in columns]
+    pick = operator.itemgetter(*[header.index(c) for c in columns])
     width = len(header)
     for row in reader:
-        if not row or not any(cell.strip() for cell in row):
+        if not row or not row[0].strip() and not any(cell.strip() for cell in row):
             continue
-        n = reader.line_num
         if len(row) != width:
-            raise TraceError(f"{path}: line {n}: {len(row)} fields; the header has {width}")
-        yield n, [row[i] for i in at]
+            raise TraceError(f"{path}: line {reader.line_num}: {len(row)} fields; the header has {width}")
+        yield reader.line_num, pick(row)
+
+
+def _counts(inp: str, out: str, names: tuple[str, str], path: str, n: int) -> tuple[int, int]:
+    """Two token counts of a CSV row: int() of the text (surrounding blanks and all) when it
+    is one in range, else _count's reading and its error naming the line."""
+    try:
+        i, o = int(inp), int(out)
+        if 0 <= i <= MAX_TOKENS and 0 <= o <= MAX_TOKENS:
+            return i, o
+    except ValueError:
+        pass
+    where = f"{path}: line {n}"
+    return _count(inp, names[0], where), _count(out, names[1], where)
 
 
 def _rows_azure(f, path: str):
     origin = None
     for n, (stamp, inp, out) in _csv_rows(f, path, AZURE_COLUMNS):
-        where = f"{path}: line {n}"
-        day, t = _azure_time(stamp, where)
+        day, t = _azure_time(stamp, f"{path}: line {n}")
         if origin is None:
             origin = (day, t)
-        yield (day - origin[0]) * 86400 + (t - origin[1]), _count(inp, "ContextTokens", where), _count(out, "GeneratedTokens", where), (), n
+        i, o = _counts(inp, out, ("ContextTokens", "GeneratedTokens"), path, n)
+        yield (day - origin[0]) * 86400 + (t - origin[1]), i, o, (), n
 
 
 def _rows_burstgpt(f, path: str):
+    names = ("Request tokens", "Response tokens")
     for n, (stamp, inp, out) in _csv_rows(f, path, BURSTGPT_COLUMNS):
-        where = f"{path}: line {n}"
-        yield (_seconds(stamp, "Timestamp", where), _count(inp, "Request tokens", where),
-               _count(out, "Response tokens", where), (), n)
+        try:
+            t = float(stamp)
+        except ValueError:
+            t = -1.0
+        if not 0 <= t < math.inf:  # the reading with its error message
+            t = _seconds(stamp, "Timestamp", f"{path}: line {n}")
+        i, o = _counts(inp, out, names, path, n)
+        yield t, i, o, (), n
 
 
 _READERS = {"mooncake": _rows_mooncake, "azure": _rows_azure, "burstgpt": _rows_burstgpt}
@@ -265,31 +284,39 @@ def load_trace(path: str | Path, fmt: str, *, speed: float = 1.0,
     trace = Trace(str(path), fmt)
     try:
         with open(path, encoding="utf-8", newline="") as f:
-            for t, inp, out, ids, n in _READERS[fmt](f, str(path)):
-                trace.rows += 1
-                if not start <= t < end:
+            read = skipped = 0
+            for row in _READERS[fmt](f, str(path)):
+                read += 1
+                if not start <= row[0] < end:
                     continue
-                if inp < 1 or out < 1:
-                    trace.skipped += 1
+                if row[1] < 1 or row[2] < 1:
+                    skipped += 1
                     continue
-                rows.append((t, inp, out, ids, n))
+                rows.append(row)
+            trace.rows, trace.skipped = read, skipped
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise TraceError(f"{path}: not UTF-8 text") from None
     except csv.Error as exc:
         raise TraceError(f"{path}: not CSV ({exc})") from None
-    if any(a[0] > b[0] for a, b in zip(rows, rows[1:])):
-        rows.sort(key=lambda r: r[0])
+    if not rows:
+        return trace
+    times = next(zip(*rows))
+    if any(map(operator.gt, times, times[1:])):
+        rows.sort(key=operator.itemgetter(0))
     if limit is not None:
         del rows[limit:]
-    for t, inp, out, ids, n in rows:
-        trace.times.append((t - start) / speed if window is not None else t / speed)
-        trace.inputs.append(inp)
-        trace.outputs.append(out)
-        trace.lines.append(n)
-        trace.hashes.extend(ids)
-        trace.hash_at.append(len(trace.hashes))
+    times, inputs, outputs, ids, lines = zip(*rows)
+    origin = start if window is not None else 0.0
+    trace.times = array("d", [(t - origin) / speed for t in times])
+    trace.inputs, trace.outputs, trace.lines = array("q", inputs), array("q", outputs), array("q", lines)
+    if any(ids):
+        for row_ids in ids:
+            trace.hashes.extend(row_ids)
+            trace.hash_at.append(len(trace.hashes))
+    else:
+        trace.hash_at = array("q", bytes(8 * (len(rows) + 1)))
     return trace
 
 
