@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -26,6 +27,7 @@ __all__ = ["FleetSide", "Route"]
 log = logging.getLogger("inference_lab.experiments.runner")
 
 PROGRESS_EVERY = 3600.0  # modelled seconds between progress lines of a fleet's run
+EPS = 1e-9  # modelled seconds: instants this close are the same one
 READY_WAIT = 60.0  # wall seconds more than the start-up delay the initial replicas may take
 
 
@@ -100,10 +102,12 @@ class FleetSide:
             await self._sleep_until(tick * interval)
 
     async def _prometheus(self) -> None:
-        """Every ready replica's /metrics, and the front's counters, every metrics_interval."""
+        """Every ready replica's /metrics, and the front's counters, every metrics_interval;
+        each round stamped with the instant it was due (as Prometheus stamps a scrape with
+        its scheduled time), so the same round has the same time served and virtual."""
         interval, tick = self.fleet.metrics_interval, 0
         while True:
-            t = self.now()
+            t = tick * interval
             samples: dict[object, dict[str, float]] = {
                 FRONT: {FRONT_REQUESTS: float(self.front_requests), FRONT_UNROUTED: float(self.front_unrouted)}}
             for route in list(self._ready):
@@ -114,8 +118,36 @@ class FleetSide:
                 if status == 200:
                     samples[route.index] = parse_exposition(body.decode("utf-8", "replace"), self.sc.model)
             self.store.scrape_round(t, samples)
+            self._scraped(t)
             tick += 1
             await self._sleep_until(tick * interval)
+
+    def _scraped(self, t: float) -> None:
+        self._scraped_at = t
+        waiting, self._scrape_waiters = self._scrape_waiters, []
+        for due, fut in waiting:
+            if due > t + EPS:
+                self._scrape_waiters.append((due, fut))
+            elif not fut.done():
+                fut.set_result(None)
+
+    async def _scrape_seen(self, at: float) -> None:
+        """Wait until the scrape round due at or before modelled instant `at` is stored
+        (a decision sees the round of its own instant, served as in virtual time); at
+        most one metrics_interval, then the decision reads what there is."""
+        interval = self.fleet.metrics_interval
+        if at < 0:
+            return
+        due = math.floor(at / interval + EPS) * interval
+        if self._scraped_at >= due - EPS:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._scrape_waiters.append((due, fut))
+        try:
+            async with asyncio.timeout(interval / self.k):
+                await fut
+        except TimeoutError:
+            log.debug("the scrape round due at %.1f s was not stored in time", due)
 
     def _url(self, route: Route) -> str:
         parts = urlsplit(self.base)
@@ -125,9 +157,12 @@ class FleetSide:
         scaler, tick = self.scaler, 0
         max_replicas = self.fleet.max_replicas
         while self.clock() < self.end:  # the run is judged over the load: no scaling after it
+            # the sync's scheduled instant is its time (a controller's ticker), served as in
+            # virtual time: HTTP delays do not move a stabilization window's edge
+            now = tick * scaler.interval
             try:
                 await self.read_replicas()
-                now = self.now()
+                await self._scrape_seen(now - self.fleet.metrics_delay)
                 view = FleetView(now, self.replicas, list(self.pods), self.store, self.sc.model,
                                  self.fleet.metrics_delay)
                 desired = scaler.decide(now, view)

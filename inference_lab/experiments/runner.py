@@ -214,6 +214,8 @@ class Runner(FleetSide):
         self.front_requests = 0  # requests the load sent to the fleet
         self.front_unrouted = 0  # ... that found no ready replica
         self.store = MetricStore()
+        self._scraped_at = -math.inf  # the nominal instant of the last scrape round stored
+        self._scrape_waiters: list[tuple[float, asyncio.Future]] = []
         self.pd: PdRouter | None = None  # a P/D fleet's router (started by _start_pd)
 
     # ---- clocks ------------------------------------------------------------------------

@@ -67,16 +67,45 @@ def test_the_hpa_scaled_the_served_fleet_through_control_replicas(runs):
     assert auto["gpu_hours"] == pytest.approx(auto["replica_seconds"] * 4 / 3600)
 
 
+def crossed(other: dict, t: float, before: int, after: int, within: float) -> bool:
+    """Whether `other`'s replica count (its scaling table) went as far as `after` from
+    `before` (as high on a scale-up, as low on a scale-down) at some time in [t - within,
+    t + within]: the replica timelines agree there within `within`, though one run may
+    have taken two decisions where the other took one."""
+    counts, at = [], int(other["from"][0]) if len(other["t"]) else before
+    for when, to in zip(other["t"], other["to"]):
+        if when < t - within:
+            at = int(to)
+        elif when <= t + within:
+            counts.append(int(to))
+    counts.append(at)
+    return any(c >= after for c in counts) if after > before else any(c <= after for c in counts)
+
+
+def test_the_timeline_check_can_fail():
+    one = {"t": np.array([1.0, 4.0]), "from": np.array([1, 2]), "to": np.array([2, 4])}
+    assert crossed(one, 4.2, 2, 3, 1.0) and crossed(one, 1.5, 1, 2, 1.0)
+    assert not crossed(one, 2.5, 2, 4, 1.0)  # 4 only from 4.0, 1.5 s after
+    assert not crossed(one, 6.0, 4, 1, 1.0)  # never down to 1
+    down = {"t": np.array([1.0, 5.0]), "from": np.array([1, 3]), "to": np.array([3, 1])}
+    assert crossed(down, 5.5, 3, 1, 1.0) and not crossed(down, 3.0, 3, 1, 1.0)
+
+
 def test_virtual_time_agrees_with_the_served_run(runs):
     served, virtual, _, vout = runs
     s = json.loads((served / "summary.json").read_text())["autoscaling"]
     v = json.loads((virtual / "summary.json").read_text())["autoscaling"]
     sa, va = table(served, "scaling"), table(virtual, "scaling")
-    # the same decisions, each within one sync period (1 s) of the other's: virtual time
-    # decides on the ticks, the served loop a moment after its own (up to a quarter period
-    # on a loaded machine), so a decision one tick apart is 1 s plus that lag
-    assert list(sa["to"]) == list(va["to"])
-    assert np.all(np.abs(sa["t"] - va["t"]) <= 1.25), (sa["t"], va["t"])
+    # both decide at each sync's instant on the scrape round of that instant; the served
+    # run's replicas answer its HTTP a moment later (a new replica is routed to a poll
+    # later), so a metric on a threshold may split one decision into two. The timelines
+    # agree within one sync period (1 s) and that lag (a quarter period), both ways.
+    assert len(sa["t"]) >= 1 and len(va["t"]) >= 1
+    assert np.array_equal(va["t"], np.round(va["t"]))  # virtual time decides on the 1 s ticks
+    assert sa["to"][-1] == va["to"][-1] and sa["to"].max() == va["to"].max()
+    for mine, other in ((sa, va), (va, sa)):
+        for t, before, after in zip(mine["t"], mine["from"], mine["to"]):
+            assert crossed(other, t, int(before), int(after), 1.25), (t, before, after, sa, va)
     assert abs(s["attainment"] - v["attainment"]) <= 0.05
     assert v["gpu_hours"] == pytest.approx(s["gpu_hours"], rel=0.1)
     assert "x real time" in vout
