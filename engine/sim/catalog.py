@@ -135,6 +135,7 @@ _HARDWARE_KEYS = ("name", *(f"flops_{p}" for p in PRECISION_ORDER), "memory_band
 _CALIBRATION_KEYS = ("flops_efficiency", "moe_flops_efficiency", "flops_half_tokens", "bandwidth_efficiency",
                      "comm_efficiency", "step_overhead", "request_overhead", "layer_overhead",
                      "expert_overhead", "mla_layer_overhead", "sequence_overhead",
+                     "sequence_kernel_overhead",
                      "prompt_token_overhead", "fit",
                      "transferred_from")
 _LINK_KEYS = ("bandwidth", "latency", "in_network_reduction")
@@ -142,11 +143,11 @@ _STORE_KEYS = ("name", "per", "kind", "capacity", "bandwidth", "stripe", "aggreg
                "latency", "pin")
 _MODEL_KEYS = ("name", "hidden_dim", "num_layers", "max_seq_len", "attention_precision",
                "activation_bytes", "vocab_size", "weights", "layers", "pooling", "reasoning")
-_WEIGHT_KEYS = ("precision", "active_params", "resident_params", "routing")
+_WEIGHT_KEYS = ("precision", "active_params", "resident_params", "routing", "scale_block")
 _ROUTING_KEYS = ("routed_experts", "experts_per_tok", "moe_layers")
 _LAYER_KEYS = {
     "attention": ("kind", "count", "heads", "head_dim", "kv_heads", "kv_shared", "window",
-                  "kv_precision"),
+                  "kv_precision", "norm_all_reduces"),
     "mla": ("kind", "count", "latent_dim", "rope_dim", "kv_precision", "window", "history",
             "heads", "qk_head_dim", "v_head_dim", "q_latent_dim", "o_latent_dim"),
     "linear": ("kind", "count", "state_bytes"),
@@ -270,6 +271,8 @@ def _parse_calibration(t: Table) -> Calibration:
                                  ok=lambda v: v >= 0),
         sequence_overhead=t.get("sequence_overhead", float, "a number >= 0 (seconds)", 0.0,
                                 ok=lambda v: v >= 0),
+        sequence_kernel_overhead=t.get("sequence_kernel_overhead", float, "a number >= 0 (seconds)",
+                                       0.0, ok=lambda v: v >= 0),
         prompt_token_overhead=t.get("prompt_token_overhead", float, "a number >= 0 (seconds)", 0.0,
                                     ok=lambda v: v >= 0),
         fit=t.get("fit", str, "a string", ""),
@@ -293,8 +296,9 @@ def _parse_weights(w: Table) -> WeightStream:
         routing.done()
         if resident <= active:
             raise w.error("resident_params", "more resident than active params (routed)", resident)
+    scale_block = _pos_int(w, "scale_block", default=0)
     w.done()
-    return WeightStream(precision, active, resident, experts, top_k, moe_layers)
+    return WeightStream(precision, active, resident, experts, top_k, moe_layers, scale_block)
 
 
 def _parse_history(h: Table, attention_precision: str) -> History:
@@ -331,9 +335,11 @@ def _parse_layer(layer: Table, default_kv: str, attention_precision: str) -> Lay
         kv_heads = layer.get("kv_heads", int, f"an integer >= 1 dividing heads ({heads})",
                              ok=lambda v: v >= 1 and heads % v == 0)
         shared = layer.get("kv_shared", bool, "true or false", False)
+        norm_all_reduces = _nonneg_int(layer, "norm_all_reduces")
         layer.done()
         return LayerClass(count, heads, head_dim, kv_heads, window, kind=kind,
-                          kv_precision=kv_precision, kv_shared=shared)
+                          kv_precision=kv_precision, kv_shared=shared,
+                          norm_all_reduces=norm_all_reduces)
     latent = _pos_int(layer, "latent_dim")
     rope = _nonneg_int(layer, "rope_dim")
     shape = {key: _nonneg_int(layer, key, "an integer >= 1", 0)
@@ -405,4 +411,4 @@ def compute_precision(hardware: Hardware, precision: str) -> str | None:
 
 def weight_bytes(model: Model) -> float:
     """Resident weight bytes of the whole model (before tensor parallelism splits them)."""
-    return sum(s.resident_params * BYTES_PER_VALUE[s.precision] for s in model.weight_streams)
+    return sum(s.resident_params * s.bytes_per_value for s in model.weight_streams)

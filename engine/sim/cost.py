@@ -18,9 +18,11 @@ import logging
 from dataclasses import dataclass
 
 from inference_lab.engine.sim import layers
-from inference_lab.engine.sim.specs import BYTES_PER_VALUE, PRECISION_ORDER, Deployment, Hardware
+from inference_lab.engine.sim.specs import PRECISION_ORDER, Deployment, Hardware
 
 log = logging.getLogger(__name__)
+
+NORM_STAT_BYTES = 8.0  # per token of a norm's all-reduce: two fp32 statistics (q and k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +113,8 @@ class CostModel:
         if cal:  # kernel floors: every layer and every MLA layer, every step (docs/timing.md)
             mla = sum(c.count for c in model.layer_classes if c.kind == "mla")
             self._step_overhead += model.num_layers * cal.layer_overhead + mla * cal.mla_layer_overhead
-        self._sequence_overhead = cal.sequence_overhead if cal else 0.0
+        # per sequence: host work, plus GPU work split over the TP group
+        self._sequence_overhead = cal.sequence_overhead + cal.sequence_kernel_overhead / tp if cal else 0.0
         expert_floor = cal.expert_overhead / deployment.ep if cal else 0.0
         self.request_overhead = cal.request_overhead if cal else 0.0
         self.prompt_token_overhead = cal.prompt_token_overhead if cal else 0.0
@@ -151,7 +154,7 @@ class CostModel:
         expert_floors: list[tuple[int, int, float]] = []  # (E, k, seconds per touched expert)
         for index, stream in enumerate(model.weight_streams):
             group = group_of(stream.precision)
-            bpv = BYTES_PER_VALUE[stream.precision]
+            bpv = stream.bytes_per_value
             if stream.num_experts:
                 group[4] += 2.0 * stream.active_params
             else:
@@ -204,6 +207,11 @@ class CostModel:
         self._ar_latency = all_reduce_seconds(hw, tp, 0.0) / comm
         self._ar_per_token = (all_reduce_seconds(hw, tp, float(model.hidden_size * model.activation_bytes))
                               / comm - self._ar_latency) if tp > 1 else 0.0
+        # Norms over all heads (split by TP) all-reduce their statistics: NORM_STAT_BYTES
+        # per token each (MiniMax-M2's QK norm: the fp32 variances of q and k).
+        self._norm_collectives = sum(c.count * c.norm_all_reduces for c in model.layer_classes) if tp > 1 else 0
+        self._norm_ar_per_token = (all_reduce_seconds(hw, tp, NORM_STAT_BYTES) / comm - self._ar_latency
+                                   if self._norm_collectives else 0.0)
         self._distinct_cache: dict[tuple[int, int], float] = {}
 
     def _moe_bytes(self, parts: tuple[tuple[int, int, float], ...], tokens: int) -> float:
@@ -276,6 +284,8 @@ class CostModel:
             seconds += t
         if self._collectives:
             seconds += self._collectives * (self._ar_latency + tokens * self._ar_per_token)
+        if self._norm_collectives:
+            seconds += self._norm_collectives * (self._ar_latency + tokens * self._norm_ar_per_token)
         return StepCost(self.alpha * seconds + self.beta, bound, busy_compute, busy_memory)
 
 

@@ -11,12 +11,12 @@ The pool itself is a counter (engine.scheduler owns it): no block ids are simula
 from __future__ import annotations
 
 from inference_lab.engine.sim import layers
-from inference_lab.engine.sim.specs import BYTES_PER_VALUE, Deployment
+from inference_lab.engine.sim.specs import Deployment
 
 
 def weight_bytes(deployment: Deployment) -> float:
     """Resident weight bytes across all GPUs of the deployment."""
-    return sum(s.resident_params * BYTES_PER_VALUE[s.precision]
+    return sum(s.resident_params * s.bytes_per_value
                for s in deployment.model.weight_streams)
 
 

@@ -37,7 +37,10 @@ class Calibration:
     every expert a step touches expert_overhead per MoE layer (the ramp-up and tail of
     its small weight read and the padding of its token block), on each GPU: per touched
     expert / ep. Host work grows with the batch: sequence_overhead seconds per sequence
-    in the step (input preparation, sampling, detokenisation, output processing), and a
+    in the step (input preparation, sampling, detokenisation, output processing), and
+    sequence_kernel_overhead seconds of GPU work per sequence in the step that the
+    roofline does not price (the fixed work of its attention, logits and sampling
+    kernels), split over the tensor-parallel GPUs like the heads it runs on; and a
     request reaches the scheduler prompt_token_overhead seconds per prompt token later
     still (tokenising and preparing its prompt on the host). The LM head is charged once per sequence in the step (the position that
     samples), not per position (needs the model's vocab_size)."""
@@ -53,6 +56,7 @@ class Calibration:
     expert_overhead: float = 0.0  # seconds per touched expert per MoE layer per step
     mla_layer_overhead: float = 0.0  # seconds per MLA layer per step (its longer kernel chain)
     sequence_overhead: float = 0.0  # seconds per sequence in the step (host work)
+    sequence_kernel_overhead: float = 0.0  # GPU seconds per sequence in the step, / tp
     prompt_token_overhead: float = 0.0  # seconds per prompt token before schedulable (host)
     fit: str = ""  # where the numbers come from
     # "" when fitted on this GPU; else the preset whose fit was carried over by rule
@@ -92,7 +96,9 @@ class Hardware:
 @dataclass(frozen=True, slots=True)
 class WeightStream:
     """Weights stored at one precision. MoE streams route each token to `top_k` of
-    `num_experts` experts; `active_params` counts what one token touches."""
+    `num_experts` experts; `active_params` counts what one token touches. Microscaled
+    formats store a 1-byte scale per `scale_block` values beside them (NVFP4: an FP8
+    scale per 16; MXFP4: an E8M0 scale per 32), read and held with the weights."""
 
     precision: str
     active_params: float
@@ -100,6 +106,13 @@ class WeightStream:
     num_experts: int = 0  # 0 = dense
     top_k: int = 0
     moe_layers: int = 0  # layers with a routed FFN (0 = dense stream)
+    scale_block: int = 0  # values sharing one 1-byte block scale (NVFP4 16, MXFP4 32); 0 = none
+
+    @property
+    def bytes_per_value(self) -> float:
+        """Bytes one stored weight takes: its precision's, plus its share of a block scale
+        (NVFP4: 0.5 + 1/16 = 0.5625)."""
+        return BYTES_PER_VALUE[self.precision] + (1.0 / self.scale_block if self.scale_block else 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +140,10 @@ class LayerClass:
     mla: multi-head latent attention, a cache of `latent_dim + rope_dim` values per
       position shared by all heads; `qk_head_dim`/`v_head_dim` the per-head shapes
       (0 = unknown: 4 x hidden FLOPs per pair); optional `history` path.
-    linear: recurrent state of `state_bytes` per sequence, no growth with context."""
+    linear: recurrent state of `state_bytes` per sequence, no growth with context.
+    `norm_all_reduces`: all-reduces of a few fp32 statistics per token each layer adds
+    under tensor parallelism (a norm over all heads, whose heads are split: MiniMax-M2's
+    QK norm sums the variances of q and k over the TP group, 2 values per token)."""
 
     count: int
     heads: int = 0
@@ -145,6 +161,7 @@ class LayerClass:
     o_latent_dim: int = 0
     history: History | None = None
     state_bytes: float = 0.0
+    norm_all_reduces: int = 0
 
 
 POOLING_TASKS = ("embed", "score")  # vLLM's tasks of a pooling runner that the lab serves

@@ -53,6 +53,8 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter("expert_overhead", 0.0, 1e-4, 0.2e-6, "seconds per touched expert per MoE layer"),
     Parameter("mla_layer_overhead", 0.0, 1e-3, 10e-6, "seconds per MLA layer per step"),
     Parameter("sequence_overhead", 0.0, 1e-3, 10e-6, "seconds per sequence per step"),
+    Parameter("sequence_kernel_overhead", 0.0, 1e-3, 10e-6,
+              "GPU seconds per sequence per step, split over the TP GPUs"),
     Parameter("request_overhead", 0.0, 1.0, 1e-3, "seconds from arrival to schedulable"),
     Parameter("prompt_token_overhead", 0.0, 1e-4, 1e-6, "seconds per prompt token before schedulable"),
 )}
