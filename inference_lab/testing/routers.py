@@ -43,20 +43,8 @@ def vllm_router(workers: list[str], policy: str, *extra: str,
                 timeout: float = 60.0) -> Iterator[Proc]:
     """vllm-router on a free 127.0.0.1 port in front of `workers` (base URLs) with
     `policy`; `.port` is its port once it is ready. Stopped (SIGKILL by pid) afterwards."""
-    binary = router_command()
-    if binary is None:
-        raise RuntimeError("vllm-router is not installed: pip install vllm-router")
-    port = free_port()
-    proc = Proc([binary, "--host", "127.0.0.1", "--port", str(port), "--policy", policy,
-                 "--worker-urls", *workers, "--prometheus-port", str(free_port()),
-                 "--worker-startup-check-interval", "1", "--log-level", "info", *extra],
-                env={"NO_COLOR": "1", "RUST_LOG_STYLE": "never"})
-    try:
-        proc.port = port
-        proc.wait_http_ok(f"http://127.0.0.1:{port}/readiness", timeout)
+    with _running(["--policy", policy, "--worker-urls", *workers], extra, timeout) as proc:
         yield proc
-    finally:
-        proc.close()
 
 
 @contextlib.contextmanager
@@ -65,19 +53,26 @@ def pd_router(prefill: list[str], decode: list[str], *extra: str,
     """vllm-router in its P/D mode (`--vllm-pd-disaggregation`, NixlConnector's
     kv_transfer_params) on a free 127.0.0.1 port: each request's prefill on a `prefill`
     worker, its decode on a `decode` worker. `.port` once ready; stopped afterwards."""
-    binary = router_command()
-    if binary is None:
-        raise RuntimeError("vllm-router is not installed: pip install vllm-router")
-    port = free_port()
-    argv = [binary, "--host", "127.0.0.1", "--port", str(port), "--vllm-pd-disaggregation",
-            "--kv-connector", "nixl", "--policy", "round_robin",
-            "--prometheus-port", str(free_port()), "--worker-startup-check-interval", "1",
-            "--log-level", "info"]
+    argv = ["--vllm-pd-disaggregation", "--kv-connector", "nixl", "--policy", "round_robin"]
     for url in prefill:
         argv += ["--prefill", url]
     for url in decode:
         argv += ["--decode", url]
-    proc = Proc(argv + list(extra), env={"NO_COLOR": "1", "RUST_LOG_STYLE": "never"})
+    with _running(argv, extra, timeout) as proc:
+        yield proc
+
+
+@contextlib.contextmanager
+def _running(args: list[str], extra: tuple[str, ...], timeout: float) -> Iterator[Proc]:
+    """vllm-router with `args` on a free 127.0.0.1 port (its Prometheus on another), ready;
+    `extra` last, so that it overrides the defaults (--log-level)."""
+    binary = router_command()
+    if binary is None:
+        raise RuntimeError("vllm-router is not installed: pip install vllm-router")
+    port = free_port()
+    proc = Proc([binary, "--host", "127.0.0.1", "--port", str(port), *args,
+                 "--prometheus-port", str(free_port()), "--worker-startup-check-interval", "1",
+                 "--log-level", "info", *extra], env={"NO_COLOR": "1", "RUST_LOG_STYLE": "never"})
     try:
         proc.port = port
         proc.wait_http_ok(f"http://127.0.0.1:{port}/readiness", timeout)
