@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import time
 import urllib.request
@@ -100,6 +101,7 @@ def test_a_burst_is_admitted_as_the_modelled_engine_admits_it(kept):
         served.capacity({"max_num_seqs": MAX_NUM_SEQS})
         outcome = asyncio.run(burst(served.port, kept))
         wait_until(lambda: idle(served), timeout=30, what="the lab idle again")
+        late = booked_late(served.port)
     statuses = [status for _, status, _ in outcome]
     assert set(statuses) <= {200, 529}
     for _, status, head in outcome:  # a 529 is JSON before any stream; a 200 is a stream
@@ -114,7 +116,22 @@ def test_a_burst_is_admitted_as_the_modelled_engine_admits_it(kept):
                                             for t, _, _ in outcome])))
     admitted = statuses.count(200)
     assert MAX_WAITING < min(models) and max(models) <= MAX_NUM_SEQS + MAX_WAITING < N
-    assert min(models) - 1 <= admitted <= max(models) + 1, (admitted, models)
+    # never over-admitted; and refused beyond the model's answer only as far as the lab
+    # counted arrivals booked late (a host so starved that new connections waited in the
+    # listen backlog while the engine stepped: docs/serving.md). On a host that keeps up,
+    # none is, and the count is the model's.
+    assert admitted <= max(models) + 1, (admitted, models)
+    assert min(models) - 1 - late <= admitted, (admitted, models, late)
+
+
+def booked_late(port: int) -> int:
+    """The lab's count of arrivals booked later than their stamp."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    counts = re.findall(r"^inference_lab_arrival_booked_late_seconds_count\{[^}]*\} (\S+)$",
+                        text, re.M)
+    assert counts, "no inference_lab_arrival_booked_late_seconds in /metrics"
+    return int(sum(float(c) for c in counts))
 
 
 def listen_backlog(port: int) -> int | None:

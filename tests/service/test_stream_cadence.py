@@ -54,9 +54,9 @@ async def read_stream(session: aiohttp.ClientSession, url: str) -> list[int]:
     return per_read
 
 
-async def run_streams(session_lane: str | None = None,
+async def run_streams(session_lane: str | None = None, time_scale: float = 0.2,
                       **engine_options) -> tuple[list[list[int]], str]:
-    async with running_engine(time_scale=0.2, **engine_options) as engine:
+    async with running_engine(time_scale=time_scale, **engine_options) as engine:
         app = create_app(f"127.0.0.1:{engine.port}", session_lane=session_lane)
         async with TestServer(app) as server:
             url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
@@ -88,8 +88,10 @@ async def test_by_default_every_token_is_its_own_write_and_nothing_is_coalesced(
 
 async def test_a_forced_cap_groups_mid_stream_tokens_never_the_first_or_the_last():
     # 20 updates/s over 4 streams: a running stream's next update 200 ms (wall) after its
-    # previous one, while ~80 steps of ~2.5 ms produce its 40 tokens.
-    streams, metrics = await run_streams(update_rate=20.0)
+    # previous one, while ~40 steps of ~10 ms (--time-scale 0.05) produce its 40 tokens: a
+    # step apart even on a loaded machine, so the first token goes alone (a wake-up late by
+    # a whole step would hand it over with its successor)
+    streams, metrics = await run_streams(time_scale=0.05, update_rate=20.0)
     for per_read in streams:
         assert sum(per_read) == TOKENS
         assert per_read[0] == 1 and per_read[-1] == 1
