@@ -135,7 +135,7 @@ _HARDWARE_KEYS = ("name", *(f"flops_{p}" for p in PRECISION_ORDER), "memory_band
 _CALIBRATION_KEYS = ("flops_efficiency", "moe_flops_efficiency", "flops_half_tokens", "bandwidth_efficiency",
                      "comm_efficiency", "step_overhead", "request_overhead", "layer_overhead",
                      "expert_overhead", "mla_layer_overhead", "sequence_overhead",
-                     "sequence_kernel_overhead",
+                     "sequence_kernel_overhead", "mixed_step_overhead",
                      "prompt_token_overhead", "fit",
                      "transferred_from")
 _LINK_KEYS = ("bandwidth", "latency", "in_network_reduction")
@@ -273,6 +273,8 @@ def _parse_calibration(t: Table) -> Calibration:
                                 ok=lambda v: v >= 0),
         sequence_kernel_overhead=t.get("sequence_kernel_overhead", float, "a number >= 0 (seconds)",
                                        0.0, ok=lambda v: v >= 0),
+        mixed_step_overhead=t.get("mixed_step_overhead", float, "a number >= 0 (seconds)", 0.0,
+                                  ok=lambda v: v >= 0),
         prompt_token_overhead=t.get("prompt_token_overhead", float, "a number >= 0 (seconds)", 0.0,
                                     ok=lambda v: v >= 0),
         fit=t.get("fit", str, "a string", ""),

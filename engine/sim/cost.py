@@ -110,6 +110,7 @@ class CostModel:
         self._moe_flops_eff = (cal.moe_flops_efficiency or cal.flops_efficiency) if cal else 1.0
         self._flops_half = cal.flops_half_tokens if cal else 0.0
         self._step_overhead = cal.step_overhead if cal else 0.0
+        self._mixed_overhead = cal.mixed_step_overhead if cal else 0.0
         if cal:  # kernel floors: every layer and every MLA layer, every step (docs/timing.md)
             mla = sum(c.count for c in model.layer_classes if c.kind == "mla")
             self._step_overhead += model.num_layers * cal.layer_overhead + mla * cal.mla_layer_overhead
@@ -257,6 +258,8 @@ class CostModel:
                 attn_flops[i] += cd * width * d + cp * n + cu * p
             attn_bytes += self._read_coefs[j] * (d + p)
         seconds = self._step_overhead + self._sequence_overhead * load.sequences
+        if self._mixed_overhead and pp and pp[0]:  # a step that carries prefill chunks
+            seconds += self._mixed_overhead
         if self._expert_floors:
             seconds += self._expert_floor(tokens)
         worst = 0.0

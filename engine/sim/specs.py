@@ -42,7 +42,9 @@ class Calibration:
     roofline does not price (the fixed work of its attention, logits and sampling
     kernels), split over the tensor-parallel GPUs like the heads it runs on; and a
     request reaches the scheduler prompt_token_overhead seconds per prompt token later
-    still (tokenising and preparing its prompt on the host). The LM head is charged once per sequence in the step (the position that
+    still (tokenising and preparing its prompt on the host). A step that carries prefill
+    tokens (a mixed step) pays mixed_step_overhead seconds more: the attention backends'
+    prefill path beside the decode path, its per-step planning and metadata. The LM head is charged once per sequence in the step (the position that
     samples), not per position (needs the model's vocab_size)."""
 
     flops_efficiency: float = 1.0  # fraction of peak FLOP/s at large steps
@@ -58,6 +60,7 @@ class Calibration:
     sequence_overhead: float = 0.0  # seconds per sequence in the step (host work)
     sequence_kernel_overhead: float = 0.0  # GPU seconds per sequence in the step, / tp
     prompt_token_overhead: float = 0.0  # seconds per prompt token before schedulable (host)
+    mixed_step_overhead: float = 0.0  # seconds more for a step that carries prefill tokens
     fit: str = ""  # where the numbers come from
     # "" when fitted on this GPU; else the preset whose fit was carried over by rule
     # (fractions of peak and fixed time costs unchanged: docs/timing.md)

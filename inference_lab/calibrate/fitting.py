@@ -55,6 +55,7 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter("sequence_overhead", 0.0, 1e-3, 10e-6, "seconds per sequence per step"),
     Parameter("sequence_kernel_overhead", 0.0, 1e-3, 10e-6,
               "GPU seconds per sequence per step, split over the TP GPUs"),
+    Parameter("mixed_step_overhead", 0.0, 0.05, 1e-3, "seconds per step that carries prefill tokens"),
     Parameter("request_overhead", 0.0, 1.0, 1e-3, "seconds from arrival to schedulable"),
     Parameter("prompt_token_overhead", 0.0, 1e-4, 1e-6, "seconds per prompt token before schedulable"),
 )}

@@ -234,3 +234,48 @@ def test_a_decode_step_reads_the_experts_its_batch_touches_not_all_of_them(batch
     one = cost.step_cost(1, empty).seconds
     assert cost.step_cost(batch, empty).seconds - one == pytest.approx(
         (expected_distinct_experts(e, k, batch) - expected_distinct_experts(e, k, 1)) * per_expert / 8e12, rel=1e-6)
+
+
+def test_a_step_that_carries_prefill_pays_the_mixed_step_overhead_and_a_decode_step_does_not():
+    # gpt-oss-120b on one B200: 3 decodes alone, then the same 3 decodes beside a
+    # 512-token prefill chunk; 5 ms more for the mixed step only.
+    def steps(cal: Calibration) -> tuple[float, float]:
+        hw = replace(catalog.load_hardware("b200"), calibration=cal)
+        cost = CostModel(Deployment(name="g", model=catalog.load_model("gpt-oss-120b"), hardware=hw,
+                                    scheduler=SchedulerConfig(block_size=16), timing="calibrated"))
+        decodes = (3000.0,) * len(cost.caps)
+        decode = cost.step_cost(3, attention_load(cost.caps, [], decodes, 1, 3)).seconds
+        mixed = cost.step_cost(515, attention_load(cost.caps, [(512, 0)], decodes, 1, 3)).seconds
+        return decode, mixed
+    base_decode, base_mixed = steps(Calibration())
+    decode, mixed = steps(Calibration(mixed_step_overhead=5e-3))
+    assert decode == base_decode
+    assert mixed - base_mixed == pytest.approx(5e-3, rel=1e-9)
+
+
+def test_a_negative_mixed_step_overhead_is_refused_by_name():
+    table = {"flops_bf16": 1e15, "memory_bandwidth": 1e12, "memory_capacity": 1e11,
+             "calibration": {"mixed_step_overhead": -1e-3}}
+    with pytest.raises(ConfigError, match="mixed_step_overhead: expected a number >= 0 \\(seconds\\), got -0.001"):
+        catalog.parse_hardware(table, "hardware.x", name="x")
+
+
+def test_the_fitter_recovers_a_mixed_step_overhead_from_ttft_and_tpot():
+    # Points measured by the lab itself with 2 ms per mixed step: a fit of that one key,
+    # from 0, finds it again (a prompt of 2048 tokens over 1024-token steps: two mixed
+    # steps per request, seen in its TTFT and, with 8 clients, in its TPOT).
+    from inference_lab.calibrate.fitting import Evaluator, fit
+    from inference_lab.calibrate.simulate import Point, simulate
+
+    hw = replace(catalog.load_hardware("b200"), calibration=Calibration(step_overhead=1e-3))
+    dep = Deployment(name="g", model=catalog.load_model("gpt-oss-20b"), hardware=hw, timing="calibrated",
+                     scheduler=SchedulerConfig(block_size=64, max_num_batched_tokens=1024))
+    truth = replace(hw.calibration, mixed_step_overhead=2e-3)
+    points = []
+    for c in (2, 8):
+        p = Point(f"c={c}", dep, c, 2048, 32, {"ttft_ms": 1.0, "tpot_ms": 1.0}, requests=4 * c)
+        sim = simulate(p, truth)
+        points.append(replace(p, measured={"ttft_ms": sim["ttft_ms"], "tpot_ms": sim["tpot_ms"]}))
+    result = fit(Evaluator(points), hw.calibration, ["mixed_step_overhead"], [0, 1], max_iter=8)
+    assert result.fitted == ["mixed_step_overhead"]
+    assert result.calibration.mixed_step_overhead == pytest.approx(2e-3, rel=0.05)
