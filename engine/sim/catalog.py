@@ -136,7 +136,7 @@ _CALIBRATION_KEYS = ("flops_efficiency", "moe_flops_efficiency", "flops_half_tok
                      "comm_efficiency", "step_overhead", "request_overhead", "layer_overhead",
                      "expert_overhead", "mla_layer_overhead", "sequence_overhead",
                      "sequence_kernel_overhead", "mixed_step_overhead",
-                     "prompt_token_overhead", "fit",
+                     "prompt_token_overhead", "unoverlapped_fraction", "routing_skew", "fit",
                      "transferred_from")
 _LINK_KEYS = ("bandwidth", "latency", "in_network_reduction")
 _STORE_KEYS = ("name", "per", "kind", "capacity", "bandwidth", "stripe", "aggregate_bandwidth",
@@ -277,6 +277,10 @@ def _parse_calibration(t: Table) -> Calibration:
                                   ok=lambda v: v >= 0),
         prompt_token_overhead=t.get("prompt_token_overhead", float, "a number >= 0 (seconds)", 0.0,
                                     ok=lambda v: v >= 0),
+        unoverlapped_fraction=t.get("unoverlapped_fraction", float, "a number in [0, 1]", 0.0,
+                                    ok=lambda v: 0 <= v <= 1),
+        routing_skew=t.get("routing_skew", float, "a number >= 0 (Zipf exponent)", 0.0,
+                           ok=lambda v: v >= 0),
         fit=t.get("fit", str, "a string", ""),
         transferred_from=t.get("transferred_from", str, "a hardware preset name", ""))
     t.done()

@@ -67,10 +67,18 @@ def rate_for(hardware: Hardware, precision: str) -> tuple[float, str]:
     raise ValueError(f"hardware {hardware.name} has no FLOP rate for {precision} or wider")
 
 
-def expected_distinct_experts(num_experts: int, top_k: int, tokens: int) -> float:
-    """E * (1 - (1 - k/E)^T): experts touched by T tokens routed uniformly, each token
-    to k distinct ones (an expert escapes one token with probability 1 - k/E)."""
-    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+def expected_distinct_experts(num_experts: int, top_k: int, tokens: int, skew: float = 0.0) -> float:
+    """Experts touched by T tokens, each routed to k distinct ones. Uniform routing (skew
+    0): E * (1 - (1 - k/E)^T) (an expert escapes one token with probability 1 - k/E).
+    A router that favours some experts (skew s > 0): the e-th most popular expert is
+    chosen by a token with probability q_e = min(1, k * e^-s / sum_j j^-s) and touched
+    with probability 1 - (1 - q_e)^T, so a step reaches fewer of them at a given T and
+    approaches all E more slowly."""
+    if not skew:
+        return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+    weights = [i ** -skew for i in range(1, num_experts + 1)]
+    scale = top_k / sum(weights)
+    return sum(1.0 - (1.0 - min(1.0, w * scale)) ** tokens for w in weights)
 
 
 def all_reduce_seconds(hw: Hardware, group: int, nbytes: float) -> float:
@@ -111,6 +119,8 @@ class CostModel:
         self._flops_half = cal.flops_half_tokens if cal else 0.0
         self._step_overhead = cal.step_overhead if cal else 0.0
         self._mixed_overhead = cal.mixed_step_overhead if cal else 0.0
+        self._unoverlapped = cal.unoverlapped_fraction if cal else 0.0
+        self._routing_skew = cal.routing_skew if cal else 0.0
         if cal:  # kernel floors: every layer and every MLA layer, every step (docs/timing.md)
             mla = sum(c.count for c in model.layer_classes if c.kind == "mla")
             self._step_overhead += model.num_layers * cal.layer_overhead + mla * cal.mla_layer_overhead
@@ -221,7 +231,7 @@ class CostModel:
         key = (id(parts), tokens)
         value = cache.get(key)
         if value is None:
-            value = sum(expected_distinct_experts(e, k, tokens) * per_expert
+            value = sum(expected_distinct_experts(e, k, tokens, self._routing_skew) * per_expert
                         for e, k, per_expert in parts)
             if len(cache) < 65536:
                 cache[key] = value
@@ -233,7 +243,7 @@ class CostModel:
         key = (-1, tokens)
         value = cache.get(key)
         if value is None:
-            value = sum(expected_distinct_experts(e, k, tokens) * seconds
+            value = sum(expected_distinct_experts(e, k, tokens, self._routing_skew) * seconds
                         for e, k, seconds in self._expert_floors)
             if len(cache) < 65536:
                 cache[key] = value
@@ -280,7 +290,10 @@ class CostModel:
             t_memory = nbytes / bandwidth
             busy_compute += t_compute
             busy_memory += t_memory
-            t = t_compute if t_compute > t_memory else t_memory
+            if t_compute > t_memory:
+                t = t_compute + self._unoverlapped * t_memory
+            else:
+                t = t_memory + self._unoverlapped * t_compute
             if t > worst:
                 worst = t
                 bound = "compute" if t_compute > t_memory else "memory"

@@ -44,7 +44,10 @@ class Calibration:
     request reaches the scheduler prompt_token_overhead seconds per prompt token later
     still (tokenising and preparing its prompt on the host). A step that carries prefill
     tokens (a mixed step) pays mixed_step_overhead seconds more: the attention backends'
-    prefill path beside the decode path, its per-step planning and metadata. The LM head is charged once per sequence in the step (the position that
+    prefill path beside the decode path, its per-step planning and metadata. A stream's math
+    and memory traffic overlap only in part: unoverlapped_fraction of the shorter of the
+    two adds to the longer (kernels far below their FLOP peak do not hide their weight
+    reads). The LM head is charged once per sequence in the step (the position that
     samples), not per position (needs the model's vocab_size)."""
 
     flops_efficiency: float = 1.0  # fraction of peak FLOP/s at large steps
@@ -61,6 +64,11 @@ class Calibration:
     sequence_kernel_overhead: float = 0.0  # GPU seconds per sequence in the step, / tp
     prompt_token_overhead: float = 0.0  # seconds per prompt token before schedulable (host)
     mixed_step_overhead: float = 0.0  # seconds more for a step that carries prefill tokens
+    # share of the shorter of a stream's math and memory times not hidden under the longer
+    # (0: the roofline's max; 1: they add)
+    unoverlapped_fraction: float = 0.0
+    # Zipf exponent of the routed experts' popularity (0: uniform routing)
+    routing_skew: float = 0.0
     fit: str = ""  # where the numbers come from
     # "" when fitted on this GPU; else the preset whose fit was carried over by rule
     # (fractions of peak and fixed time costs unchanged: docs/timing.md)

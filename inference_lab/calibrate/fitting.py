@@ -56,6 +56,9 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter("sequence_kernel_overhead", 0.0, 1e-3, 10e-6,
               "GPU seconds per sequence per step, split over the TP GPUs"),
     Parameter("mixed_step_overhead", 0.0, 0.05, 1e-3, "seconds per step that carries prefill tokens"),
+    Parameter("unoverlapped_fraction", 0.0, 1.0, 0.02,
+              "share of the shorter of a stream's math and memory time not hidden under the longer"),
+    Parameter("routing_skew", 0.0, 3.0, 0.05, "Zipf exponent of the routed experts' popularity"),
     Parameter("request_overhead", 0.0, 1.0, 1e-3, "seconds from arrival to schedulable"),
     Parameter("prompt_token_overhead", 0.0, 1e-4, 1e-6, "seconds per prompt token before schedulable"),
 )}

@@ -279,3 +279,54 @@ def test_the_fitter_recovers_a_mixed_step_overhead_from_ttft_and_tpot():
     result = fit(Evaluator(points), hw.calibration, ["mixed_step_overhead"], [0, 1], max_iter=8)
     assert result.fitted == ["mixed_step_overhead"]
     assert result.calibration.mixed_step_overhead == pytest.approx(2e-3, rel=0.05)
+
+
+def _gpt_oss_120b(cal: Calibration) -> CostModel:
+    hw = replace(catalog.load_hardware("b200"), calibration=cal)
+    return CostModel(Deployment(name="g", model=catalog.load_model("gpt-oss-120b"), hardware=hw,
+                                scheduler=SchedulerConfig(block_size=16), timing="calibrated"))
+
+
+def test_a_skewed_router_touches_fewer_experts_at_a_middling_batch_and_all_of_them_at_a_large_one():
+    from inference_lab.engine.sim.cost import expected_distinct_experts
+
+    e, k = 128, 4
+    assert expected_distinct_experts(e, k, 32, 0.0) == pytest.approx(e * (1 - (1 - k / e) ** 32), rel=1e-12)
+    # Zipf exponent 1 by hand: the e-th expert is chosen with probability k e^-1 / H_128
+    h = sum(1 / i for i in range(1, e + 1))
+    by_hand = sum(1 - (1 - min(1.0, k / (i * h))) ** 32 for i in range(1, e + 1))
+    assert expected_distinct_experts(e, k, 32, 1.0) == pytest.approx(by_hand, rel=1e-12)
+    assert by_hand < 0.7 * expected_distinct_experts(e, k, 32, 0.0)
+    assert expected_distinct_experts(e, k, 1, 1.0) == pytest.approx(k, rel=1e-12)  # one token: its k
+    assert expected_distinct_experts(e, k, 100_000, 1.0) == pytest.approx(e, rel=1e-6)
+    # and a decode step of 32 reads that many experts' bytes, no more
+    cal = Calibration()
+    plain, skewed = _gpt_oss_120b(cal), _gpt_oss_120b(replace(cal, routing_skew=1.0))
+    empty = attention_load(plain.caps, [])
+    per_expert = 114_661_785_600 / 128 * 0.5
+    saved = plain.step_cost(32, empty).seconds - skewed.step_cost(32, empty).seconds
+    assert saved == pytest.approx((expected_distinct_experts(e, k, 32) - by_hand) * per_expert / 8e12, rel=1e-6)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 1.0])
+def test_the_unhidden_share_of_a_streams_shorter_time_adds_to_its_longer(fraction):
+    # the tiny dense model at 1 token is memory-bound (312.5 us of bytes, 179.6 us of
+    # FLOPs: test_a_calibrated_decode_step_by_hand); the share of the FLOPs' time not
+    # hidden under the bytes adds to the step
+    dep = dense()
+    dep = replace(dep, hardware=replace(dep.hardware, calibration=replace(CAL, unoverlapped_fraction=fraction)))
+    cost = CostModel(dep)
+    flops_time = 2e9 / (2.25e15 * 0.5 / 101)
+    assert cost.step_cost(1, attention_load(cost.caps, [])).seconds == pytest.approx(
+        1e-3 + 2e9 / (8e12 * 0.8) + fraction * flops_time, rel=1e-9)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("unoverlapped_fraction", 1.5, "unoverlapped_fraction: expected a number in \\[0, 1\\], got 1.5"),
+    ("routing_skew", -0.1, "routing_skew: expected a number >= 0 \\(Zipf exponent\\), got -0.1"),
+])
+def test_an_out_of_range_overlap_or_routing_skew_is_refused_by_name(key, value, message):
+    table = {"flops_bf16": 1e15, "memory_bandwidth": 1e12, "memory_capacity": 1e11,
+             "calibration": {key: value}}
+    with pytest.raises(ConfigError, match=message):
+        catalog.parse_hardware(table, "hardware.x", name="x")
