@@ -8,7 +8,8 @@ as a batch of 1). What each layer kind costs per position is engine.sim.layers'.
 Per precision stream p:  t_p = max(FLOPs_p / (rate_p * tp), bytes_p / (bw * tp)).
 Streams are summed; tensor parallelism adds two collectives per layer; the deployment's
 time_correction maps t to alpha * t + beta. The calibrated model adds achieved fractions,
-kernel floors per layer and per touched expert, and charges the LM head per sequence.
+kernel floors per layer and per touched expert, a router that favours some experts, math
+and memory that overlap only in part, and charges the LM head per sequence.
 docs/timing.md has the formulas.
 """
 
