@@ -19,6 +19,7 @@ import pytest
 
 from inference_lab.common.ports import free_port
 from inference_lab.testing.launch import serve
+from inference_lab.testing.poll import wait_until
 from system_tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +40,13 @@ def post(port: int, body: dict, timeout: float = 30) -> tuple[int, dict, bytes]:
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
     finally:
         conn.close()
+
+
+def _capacity(port: int) -> dict:
+    """The replica's live capacity entry (GET /control/capacity)."""
+    status, raw = get(port, "/control/capacity")
+    assert status == 200
+    return json.loads(raw)[0]
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:
@@ -113,6 +121,9 @@ def test_leastconn_spreads_concurrent_requests_over_all_three_replicas():
                           headers={"content-type": "application/json"})
                 assert h.getresponse().status == 200  # admitted: headers come after admission
                 holders.append(h)
+                # admitted is not yet running: until a step schedules it, the first holder
+                # is the one request the waiting queue holds, and the second would be refused
+                wait_until(lambda: _capacity(served.port + 1)["running"] == 1, what="the first holder running")
             try:
                 direct = post(served.port + 1, {"model": "gpt-oss-20b", "prompt": "x",
                                                 "max_tokens": 5})

@@ -90,12 +90,16 @@ def _saturate(served) -> list:
     status, _ = post_json(base, "/control/capacity", {"max_num_seqs": 1, "max_waiting": 1})
     assert status == 200
     holders = []
-    for _ in range(2):
+    for held in range(2):
         req = urllib.request.Request(base + "/v1/messages", method="POST", data=json.dumps({
             "model": MODEL, "max_tokens": 20000, "stream": True,
             "messages": [{"role": "user", "content": "x"}]}).encode(),
             headers={"content-type": "application/json"})
         holders.append(urllib.request.urlopen(req, timeout=30))  # admitted: headers are back
+        if not held:
+            # admitted is not yet running: until a step schedules it, the first stream is
+            # the one request the waiting queue holds, and a second would be refused
+            wait_until(lambda: served.capacity()[0]["running"] == 1, what="the first stream running")
     assert [h.status for h in holders] == [200, 200]
     return holders
 

@@ -125,6 +125,9 @@ async def _saturate(served, session, holders: int = 3):
             "max_tokens": 20000, "stream": True})
         assert resp.status == 200
         streams.append(resp)
+        if len(streams) == 1:  # admitted is not yet running: until a step schedules it,
+            # the first stream takes a place in the waiting queue the last holder needs
+            await _until_capacity(served, lambda c: c["running"] == 1, "the first holder never ran")
     await _until_capacity(served, lambda c: (c["waiting"], c["running"]) == (2, 1),
                           "the holders never filled the engine")
     return streams
