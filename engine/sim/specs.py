@@ -47,7 +47,9 @@ class Calibration:
     prefill path beside the decode path, its per-step planning and metadata. A stream's math
     and memory traffic overlap only in part: unoverlapped_fraction of the shorter of the
     two adds to the longer (kernels far below their FLOP peak do not hide their weight
-    reads). The LM head is charged once per sequence in the step (the position that
+    reads). The routed experts a step touches follow routing_skew, the Zipf exponent of
+    their popularity (0: uniform routing; larger: fewer touched at a middling batch). The
+    LM head is charged once per sequence in the step (the position that
     samples), not per position (needs the model's vocab_size)."""
 
     flops_efficiency: float = 1.0  # fraction of peak FLOP/s at large steps
