@@ -58,6 +58,7 @@ def create_app(
     session_lane: str | None = None,
     saturation: Saturation | None = None,
     served_by: bool = True,
+    data_parallel: bool = False,
 ) -> web.Application:
     """The gateway application for the engine at `engine_target` ("host:port").
 
@@ -80,6 +81,8 @@ def create_app(
     engine's same-host lane. `saturation` is how a saturated model's refusal is answered
     (default: 529, no Retry-After); `served_by` names the replica and model on every
     generation response (headers x-inference-lab-replica, x-inference-lab-model).
+    `data_parallel`: the replicas are data-parallel ranks of one server (their server
+    info says their rank), not independent servers (each says rank 0).
     """
     state = GatewayState(
         engine_target=engine_target,
@@ -95,6 +98,7 @@ def create_app(
         shared_engine=engine,
         saturation=saturation or SATURATED_529,
         served_by=served_by,
+        data_parallel=data_parallel,
     )
     app = web.Application(client_max_size=max_body_bytes,
                           middlewares=[middleware.edge_middleware])

@@ -172,24 +172,50 @@ class CapacityUpdate(msgspec.Struct, forbid_unknown_fields=True):
     model: str | None = None
     max_num_seqs: _Int64 | None = None
     max_waiting: _Int64 | None = None
+    rank: Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1)] | None = None  # data-parallel only
 
 
 _capacity_decoder = msgspec.json.Decoder(CapacityUpdate)
 
 
-def _capacity_body(models: list[pb.ModelCapacity]) -> web.Response:
+def _capacity_body(models: list[pb.ModelCapacity], ranks: bool = False) -> web.Response:
+    """The rows of /control/capacity; data-parallel ranks behind one port name their rank."""
     rows = [
-        {"model": m.model, "max_waiting": m.max_waiting, "max_num_seqs": m.max_num_seqs,
+        {"model": m.model, **({"rank": m.replica} if ranks else {}),
+         "max_waiting": m.max_waiting, "max_num_seqs": m.max_num_seqs,
          "waiting": m.waiting, "running": m.running}
         for m in models
     ]
     return web.Response(body=json_encode(rows), content_type="application/json")
 
 
+def _ranks_here(state: GatewayState) -> bool:
+    """Data-parallel ranks behind this one port (each row names its rank)."""
+    return state.data_parallel and state.replica is None
+
+
+def _rank(state: GatewayState, rank: int | None) -> int | None:
+    """The replica a capacity call names: this port's, or the rank asked for where the
+    ranks share this port (a 400 elsewhere)."""
+    if rank is None:
+        return state.replica
+    if not _ranks_here(state):
+        raise invalid("rank: only data-parallel ranks behind one port (serve "
+                      "--data-parallel-size D) take a rank; a replica has its own port")
+    return rank
+
+
 async def get_capacity(request: web.Request) -> web.Response:
     state = request.app[STATE]
+    text = query_text(request.query, "rank")
+    rank = None
+    if text is not None:
+        if not text.isdigit() or int(text) >= 2**32:
+            raise invalid(f"rank: expected a rank (an integer >= 0), got {text[:40]!r}")
+        rank = int(text)
     return _capacity_body(await state.client.get_capacity(query_text(request.query, "model"),
-                                                          replica=state.replica))
+                                                          replica=_rank(state, rank)),
+                          _ranks_here(state))
 
 
 async def set_capacity(request: web.Request) -> web.Response:
@@ -206,5 +232,5 @@ async def set_capacity(request: web.Request) -> web.Response:
     except RecursionError:
         raise invalid(NESTED_TOO_DEEPLY) from None
     models = await state.client.set_capacity(update.model, update.max_num_seqs, update.max_waiting,
-                                              replica=state.replica)
-    return _capacity_body(models)
+                                              replica=_rank(state, update.rank))
+    return _capacity_body(models, _ranks_here(state))

@@ -62,6 +62,7 @@ class EngineClient:
         self, target: str, *, connect_timeout: float = 1.0, rpc_timeout: float = 5.0,
         control_token: str | None = None, probe: Probe | None = None,
         session_lane: str | None = None, api_key: str | None = None,
+        backlog: Backlog | None = None,
     ) -> None:
         self.target = target
         self._probe = probe  # an observer of the Session pipe (diagnostics), usually None
@@ -76,8 +77,9 @@ class EngineClient:
         self._refreshing = SingleFlight()
         self._models: dict[str, pb.ModelInfo] = {}
         self._models_at = float("-inf")
-        # Generation requests read and not yet sent (gateway.backlog): the Session's hold.
-        self.backlog = Backlog()
+        # Generation requests read and not yet sent (gateway.backlog): the Session's hold
+        # (shared by the clients of one gateway's engines: gateway.engines).
+        self.backlog = backlog if backlog is not None else Backlog()
         self._metrics = EngineMetrics(target, connect_timeout, self._finished_seq)
         # session_lane "auto": the Session over the engine's same-host lane when it offers
         # one, else gRPC; "off": gRPC always. None: $INFERENCE_LAB_SESSION_LANE, else "auto".
@@ -170,6 +172,11 @@ class EngineClient:
         return session.admission.refusal(model, replica or 0, arrived,
                                          prompt_tokens + (max_tokens or 1), n,
                                          self._largest_request)
+
+    def pick_rank(self, model: str) -> int | None:
+        """The data-parallel rank of a request that names none: None, one engine's own
+        default (gateway.engines balances several)."""
+        return None
 
     def may_refuse(self, arrived: float | None) -> bool:
         """Whether some queue's "full" span covers an arrival at `arrived` (None: now): a

@@ -15,6 +15,14 @@ The replica set is read from the engine when the gateway starts (and again until
 engine answers), after every /control/replicas call, and, while a replica is draining or
 starting, every RECONCILE_S until it is closed or ready; nothing is polled otherwise.
 
+Several engine processes (gateway.engines) share the indices: the listeners are the
+same, and each app's requests go to the engine that holds its replica. Data-parallel
+ranks behind one port (vLLM's internal load balancing: `replica_ports` off) open the base
+port alone, an app of no replica whose requests go to the rank `X-data-parallel-rank`
+names, else to the one the balancer picks. Several gateway processes (API servers) may
+listen on the same ports (`reuse_port`); each follows the replica set every FOLLOW_S,
+since another one may change it.
+
 Does not know: routes of the OpenAI API (gateway.app), gRPC (gateway.engine_client).
 """
 
@@ -30,6 +38,7 @@ from aiohttp import web
 from inference_lab.gateway import cors
 from inference_lab.gateway.app import STATE, create_app
 from inference_lab.gateway.engine_client import EngineClient
+from inference_lab.gateway.engines import EngineGroup
 from inference_lab.gateway.errors import GatewayError
 from inference_lab.gateway.middleware import read_json_body
 from inference_lab.gateway.protocols.base import decode, json_encode, query_text
@@ -39,6 +48,7 @@ from inference_lab.v1 import engine_pb2 as pb
 log = logging.getLogger("inference_lab.gateway.fleet")
 
 RECONCILE_S = 0.2  # how often the listeners follow a replica that is draining or starting
+FOLLOW_S = 1.0  # how often one of several API servers re-reads the replica set
 _U32 = 2**32 - 1
 
 
@@ -54,17 +64,34 @@ FLEET: web.AppKey["FleetGateway"] = web.AppKey("fleet", object)
 class FleetGateway:
     """The listeners of every replica index, in front of one engine."""
 
-    def __init__(self, engine_target: str, host: str = "127.0.0.1", port: int = 8080,
-                 header_timeout: float | None = None, backlog: int | None = None,
-                 **app_kwargs: Any) -> None:
-        self.engine_target = engine_target
+    def __init__(self, engine_target: str | list[str], host: str = "127.0.0.1", port: int = 8080,
+                 header_timeout: float | None = None, backlog: int | None = None, *,
+                 owners: list[list[int]] | None = None, balance: bool = False,
+                 replica_ports: bool = True, api_server: tuple[int, int] = (0, 1),
+                 data_parallel: bool = False, **app_kwargs: Any) -> None:
+        """`engine_target`: one engine, or several sharing the fleet (`owners[k]`: the
+        indices engine k holds; None: index mod the number of engines). `balance`:
+        data-parallel balancing of requests that name no rank; `replica_ports` False:
+        the base port alone fronts every replica. `api_server`: (this process's index,
+        how many share the ports). `data_parallel`: the replicas are the data-parallel
+        ranks of one server (what /get_server_info says), not independent servers."""
+        targets = [engine_target] if isinstance(engine_target, str) else list(engine_target)
+        self.engine_targets = targets
+        self.engine_target = ",".join(targets)
+        self.owners = owners
+        self.balance = balance
+        self.data_parallel = data_parallel
+        self.replica_ports = replica_ports
+        self.api_server = api_server
         self.host = host
         self.base_port = port
         self.app_kwargs = app_kwargs
         self.runner_kwargs = {} if header_timeout is None else {"header_timeout": header_timeout}
         if backlog is not None:
             self.runner_kwargs["backlog"] = backlog
-        self.client: EngineClient | None = None
+        if api_server[1] > 1:
+            self.runner_kwargs["reuse_port"] = True
+        self.client: EngineClient | EngineGroup | None = None
         self.listeners: dict[int, tuple[web.AppRunner, int]] = {}  # replica -> (runner, port)
         self._reconciling: asyncio.Lock = asyncio.Lock()
         self._follow: asyncio.Task | None = None
@@ -74,12 +101,20 @@ class FleetGateway:
     async def start(self) -> int:
         """Open the base port (replica 0); returns its bound port. The other replicas'
         ports open as soon as the engine says they exist."""
-        self.client = EngineClient(self.engine_target,
-                                   control_token=self.app_kwargs.get("control_token"),
-                                   api_key=self.app_kwargs.get("api_key"),
-                                   session_lane=self.app_kwargs.get("session_lane"))
+        secrets = {"control_token": self.app_kwargs.get("control_token"),
+                   "api_key": self.app_kwargs.get("api_key"),
+                   "session_lane": self.app_kwargs.get("session_lane")}
+        if len(self.engine_targets) == 1 and not self.balance:
+            self.client = EngineClient(self.engine_targets[0], **secrets)
+        else:
+            self.client = EngineGroup(self.engine_targets, owners=self.owners,
+                                      balance=self.balance, client_index=self.api_server[0],
+                                      client_count=self.api_server[1], **secrets)
         await self._open(0)
-        self._spawn(self._discover())
+        if self.replica_ports:
+            self._spawn(self._discover())
+            if self.api_server[1] > 1:
+                self._spawn(self._follow_peers())
         return self.listeners[0][1]
 
     async def stop(self) -> None:
@@ -102,6 +137,15 @@ class FleetGateway:
         task.add_done_callback(self._background.discard)
         return task
 
+    async def _follow_peers(self) -> None:
+        """One of several API servers: another may add or drain replicas; follow it."""
+        while True:
+            await asyncio.sleep(FOLLOW_S)
+            try:
+                await self.reconcile()
+            except GatewayError:
+                pass
+
     async def _discover(self) -> None:
         """Read the replica set once the engine answers (it may start after us)."""
         delay = 0.1
@@ -115,7 +159,8 @@ class FleetGateway:
 
     # ---- listeners ----------------------------------------------------------------------
     async def _open(self, index: int) -> None:
-        app = create_app(self.engine_target, replica=index, engine=self.client,
+        app = create_app(self.engine_target, replica=index if self.replica_ports else None,
+                         engine=self.client, data_parallel=self.data_parallel,
                          **self.app_kwargs)
         if index == 0:
             app[FLEET] = self

@@ -69,6 +69,10 @@ def generation_handler(dialect: Dialect, state: GatewayState,
         # 400) and what else depends on the model, before a 529 too; an unknown model is
         # its 404 (asked of the engine once, as `generate` would)
         dialect.check(gen, client.known_model(gen.model) or await client.resolve_model(gen.model))
+        if replica is None:  # data-parallel ranks behind this port: the balancer's choice
+            replica = client.pick_rank(gen.model)
+            if replica is not None and state.served_by:
+                request[SERVED_BY] = (str(replica), request[SERVED_BY][1])
         fault = _fault_for(request, state, gen)
         pump = None
         if fault is not None:

@@ -88,7 +88,7 @@ async def server_info(request: web.Request) -> web.Response:
     return _json({"model_id": model.name, "model_path": model.name,
                   "instance_id": _instance_id(request), "kv_block_size": model.block_size,
                   "max_model_len": model.max_model_len,
-                  "data_parallel_rank": state.replica or 0,
+                  "data_parallel_rank": (state.replica or 0) if state.data_parallel else 0,
                   # P/D disaggregation: the replica's role as vLLM's kv_transfer_config names
                   # it, and the engine id its handoffs carry (docs/pd.md)
                   "kv_transfer_config": {"kv_connector": "NixlConnector",

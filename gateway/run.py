@@ -25,13 +25,15 @@ log = logging.getLogger("inference_lab.gateway.server")  # the start and stop li
 
 
 async def run_gateway(
-    engine_target: str, host: str = "127.0.0.1", port: int = 8080,
+    engine_target: str | list[str], host: str = "127.0.0.1", port: int = 8080,
     on_ready: Callable[[int], None] | None = None,
     header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, backlog: int | None = None,
     **app_kwargs: Any
 ) -> None:
-    """Serve the gateway for the engine at `engine_target` until cancelled: replica i of
-    the engine's models on `port` + i (gateway.fleet; only `port` with one replica).
+    """Serve the gateway for the engine at `engine_target` (or the engines sharing one
+    fleet: a list) until cancelled: replica i of the engine's models on `port` + i
+    (gateway.fleet; only `port` with one replica, or with data-parallel ranks balanced
+    behind it).
 
     `on_ready(bound_port)` is called once it listens. `app_kwargs` go to `create_app`
     (max_body_bytes, api_key, control_token, disconnect_poll_s).
@@ -48,7 +50,7 @@ async def run_gateway(
     # grpc.aio's poller thread hands events to the loop; with the default 5 ms GIL switch
     # interval it waits behind a busy loop (a 529's latency shows it).
     sys.setswitchinterval(0.0005)
-    log.info("gateway listening on http://%s:%d (engine %s)", host, bound, engine_target)
+    log.info("gateway listening on http://%s:%d (engine %s)", host, bound, fleet.engine_target)
     if on_ready is not None:
         on_ready(bound)
     try:

@@ -31,19 +31,23 @@ DEFAULT_BACKLOG = 2048  # the listen queue, as vLLM's API server (aiohttp's defa
 async def start_gateway(
     app: web.Application, host: str = "127.0.0.1", port: int = 8080,
     header_timeout: float = DEFAULT_HEADER_TIMEOUT_S, backlog: int = DEFAULT_BACKLOG,
+    reuse_port: bool = False,
 ) -> tuple[web.AppRunner, int]:
     """Start serving `app`; returns the runner (call `runner.cleanup()`) and the bound port
     (useful with port 0). Connections answer malformed HTTP with the JSON envelope and must
     send a complete header block within `header_timeout` seconds (gateway.edge); a
     request's arrival is its bytes' kernel receive instant where the host gives it
     (gateway.stamps); both while aiohttp's fast paths are on (gateway.aiohttp_gate).
-    `backlog`: the listening socket's accept queue."""
+    `backlog`: the listening socket's accept queue. `reuse_port`: share the port with
+    other processes (SO_REUSEPORT: the API servers of one lab)."""
     runner = edge.runner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
                          header_timeout=header_timeout, **RUNNER_KWARGS)
     await runner.setup()
     try:
-        sock = stamps.listen(host, port, backlog) if aiohttp_gate.fast_paths() else None
-        site = (web.TCPSite(runner, host, port, backlog=backlog) if sock is None
+        sock = (stamps.listen(host, port, backlog, reuse_port) if aiohttp_gate.fast_paths()
+                else None)
+        site = (web.TCPSite(runner, host, port, backlog=backlog, reuse_port=reuse_port or None)
+                if sock is None
                 else web.SockSite(runner, sock, backlog=backlog))
         await site.start()
     except BaseException:

@@ -84,10 +84,12 @@ class StampingListener(socket.socket):
         return conn, address
 
 
-def listen(host: str, port: int, backlog: int = 128) -> socket.socket | None:
+def listen(host: str, port: int, backlog: int = 128,
+           reuse_port: bool = False) -> socket.socket | None:
     """A bound, listening, non-blocking StampingListener for `host`:`port`, or None when
     receive stamps are not supported here or `host` names more than one address (then
-    the caller listens its usual way)."""
+    the caller listens its usual way). `reuse_port`: SO_REUSEPORT, so that several
+    processes (API servers) share the port and the kernel spreads connections over them."""
     if not SUPPORTED:
         return None
     infos = {(family, address) for family, _, _, _, address in socket.getaddrinfo(
@@ -98,6 +100,8 @@ def listen(host: str, port: int, backlog: int = 128) -> socket.socket | None:
     sock = StampingListener(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as asyncio's servers)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:  # (on the listener too: bytes that arrive before accept are stamped as well)
             sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         except OSError:

@@ -39,6 +39,9 @@ class GatewayState:
     shared_engine: EngineClient | None = None  # owned by the caller (gateway.fleet), not the app
     saturation: Saturation = SATURATED_529  # a saturated model's status and Retry-After
     served_by: bool = True  # generation responses name their replica and model (headers)
+    # the replicas are data-parallel ranks of one server (each says its rank), not
+    # independent servers (each says rank 0, as a vLLM server of its own does)
+    data_parallel: bool = False
     inflight: dict[RequestStream, web.BaseRequest] = field(default_factory=dict)
     metrics: GatewayMetrics = field(init=False)
     engine: EngineClient | None = None

@@ -7,6 +7,12 @@ loop clock when asked: no timer, no CPU while idle), and the lifecycle of a drai
 takes the lowest free indices; draining takes the highest active ones. `scale(model, 0)`
 drains every replica of a model: it then answers "unavailable" until one is ready again.
 
+Several engine processes may share one fleet's indices (`serve --engine-processes P`, or
+one data-parallel rank a process): a process then holds the indices of its `Shard` (i
+mod P = p), and a count asked of it (`scale(model, N)`) is the fleet's: it keeps those of
+the first N indices that are its own, so P processes told the same N hold N replicas
+between them, each index in exactly one process.
+
 Does not know: what a replica runs on. The service layer passes a factory returning a
 runtime with `start()`, `open_streams() -> int`, `async drained()` (resolves once it holds
 no request) and `async stop()`; the fleet only orders their lifecycle.
@@ -58,15 +64,36 @@ class Replica:
         return 0.0 if self.draining else max(self.ready_at - now, 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """The replica indices one engine process holds: those with index mod `of` = `part`
+    (the whole fleet: 0 of 1)."""
+
+    part: int = 0
+    of: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.part < self.of:
+            raise ValueError(f"a shard is part p of P with 0 <= p < P, got {self.part} of {self.of}")
+
+    def owns(self, index: int) -> bool:
+        return index % self.of == self.part
+
+    def share(self, replicas: int) -> int:
+        """How many of the fleet's first `replicas` indices are this shard's."""
+        return len(range(self.part, replicas, self.of))
+
+
 class Fleet:
     """Every replica of every model, by model then index."""
 
     def __init__(self, deployments: list[Deployment], make_runtime: Callable[[Deployment, int], Any],
                  startup_delay: Callable[[Deployment], float],
                  on_change: Callable[[], None] | None = None,
-                 max_replicas: int = MAX_REPLICAS) -> None:
+                 max_replicas: int = MAX_REPLICAS, shard: Shard = Shard()) -> None:
         self.deployments = {d.name: d for d in deployments}
         self.max_replicas = max_replicas
+        self.shard = shard
         self._make = make_runtime
         self._delay = startup_delay
         self._on_change = on_change  # the set of replicas changed (sessions, listeners)
@@ -130,13 +157,13 @@ class Fleet:
 
     # ---- changing ---------------------------------------------------------------------
     def _new_indices(self, name: str, count: int) -> list[int]:
-        """The indices `_add(name, count)` takes: the lowest free ones (a draining replica
-        keeps its index, and its port, until it has closed)."""
-        current, out, index = self.replicas[name], [], 0
+        """The indices `_add(name, count)` takes: the lowest free ones of this shard (a
+        draining replica keeps its index, and its port, until it has closed)."""
+        current, out, index = self.replicas[name], [], self.shard.part
         while len(out) < count:
             if index not in current:
                 out.append(index)
-            index += 1
+            index += self.shard.of
         return out
 
     def check_count(self, replicas: int, model: str = "") -> None:
@@ -145,10 +172,11 @@ class Fleet:
         while some still drain takes new indices, and no index reaches max_replicas."""
         if not 0 <= replicas <= self.max_replicas:
             raise ValueError(f"replicas must be between 0 and {self.max_replicas}, got {replicas}")
+        own = self.shard.share(replicas)
         for name in [model] if model else list(self.replicas):
             current = self.replicas[name]
             active = sum(not r.draining for r in current.values())
-            new = self._new_indices(name, max(replicas - active, 0))
+            new = self._new_indices(name, max(own - active, 0))
             if new and new[-1] >= self.max_replicas:
                 raise ValueError(
                     f"{name} holds {len(current)} replicas ({len(current) - active} draining): "
@@ -158,11 +186,13 @@ class Fleet:
 
     def scale(self, model: str, replicas: int) -> list[Replica]:
         """Give `model` (every model when empty; KeyError for an unknown one) `replicas`
-        active replicas; returns the selected models' replicas afterwards."""
+        active replicas (this shard's share of them); returns the selected models'
+        replicas afterwards."""
         names = [model] if model else list(self.replicas)
         for name in names:
             self.replicas[name]  # KeyError before any change
         self.check_count(replicas, model)
+        replicas = self.shard.share(replicas)
         for name in names:
             current = self.replicas[name]
             active = sorted(i for i, r in current.items() if not r.draining)

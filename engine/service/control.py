@@ -171,7 +171,7 @@ class ControlRpcs:
         if request.HasField("replica"):
             publishers = [(i, p) for i, p in publishers if i == request.replica]
         return pb.KvEventSources(sources=[
-            pb.KvEventSource(replica=i, data_parallel_rank=p.replica, endpoint=p.endpoint,
+            pb.KvEventSource(replica=i, data_parallel_rank=p.rank, endpoint=p.endpoint,
                              replay_endpoint=p.replay_endpoint or "", topic=p.config.topic,
                              hwm=p.config.hwm, buffer_steps=p.config.buffer_steps)
             for i, p in publishers])

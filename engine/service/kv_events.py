@@ -21,8 +21,10 @@ endpoint, replay_endpoint, buffer_steps, hwm, topic) and its wire format, as vLL
 
 Each replica has a publisher of its own (`ReplicaPublishers`), as each data-parallel rank
 of vLLM has: its own sockets, sequence numbers and replay buffer, shared by the models
-served at that replica index. `data_parallel_rank` carries the replica index (plus the
-engine's `--engine-index`), and, as vLLM does for data-parallel ranks, index k > 0 offsets
+served at that replica index. `data_parallel_rank` is what a vLLM server of that shape
+would say: 0 for an independent replica (each is a server of its own, as `--replicas`
+models them), the replica index for a data-parallel rank (`--data-parallel-size`). As
+vLLM does for data-parallel ranks, index k > 0 offsets
 the endpoints' TCP port by k (an `_dp<k>` suffix on ipc/inproc names), by k times a
 larger stride when the publish and replay ports are too close for that
 (`replica_stride`: no two replicas' ports ever meet). A replica's
@@ -256,12 +258,15 @@ class ZmqEventPublisher:
 
     def __init__(self, config: KVEventsConfig, replica: int = 0,
                  contexts: tuple[zmq.Context, zmq.asyncio.Context] | None = None,
-                 expose_replay: bool = False) -> None:
+                 expose_replay: bool = False, rank: int | None = None) -> None:
         """`contexts` (a plain and an asyncio ZMQ context) are the caller's to terminate;
         without them the publisher has its own. Without `expose_replay` the replay
-        endpoint binds on loopback whatever host it names."""
+        endpoint binds on loopback whatever host it names. `replica` offsets the
+        endpoints; `rank` is the data_parallel_rank its batches carry (default: the
+        replica index)."""
         self.config = config
         self.replica = replica
+        self.rank = replica if rank is None else rank
         stride = replica_stride(config)
         self.endpoint = offset_endpoint(config.endpoint, replica, stride)
         self.replay_endpoint = offset_endpoint(config.replay_endpoint, replica, stride)
@@ -304,7 +309,7 @@ class ZmqEventPublisher:
         if not recorded:
             return
         batch = KVEventBatch(time.time(), wire_events(recorded, block_size, lora_names),
-                             self.replica)
+                             self.rank)
         payload = self._encode(batch)
         seq = self._seq
         self._seq += 1
@@ -347,9 +352,12 @@ class ReplicaPublishers:
     ZMQ contexts (and their I/O thread) are shared by all."""
 
     def __init__(self, config: KVEventsConfig, engine_index: int = 0,
-                 expose_replay: bool = False) -> None:
+                 expose_replay: bool = False, data_parallel: bool = False) -> None:
         self.config = config
-        self.engine_index = engine_index  # added to every replica index (rank and port)
+        self.engine_index = engine_index  # added to every replica index (ports, and rank)
+        # data-parallel ranks say their index; independent replicas say rank 0, as
+        # independent vLLM servers do
+        self.data_parallel = data_parallel
         self.expose_replay = expose_replay  # the replay endpoint beyond loopback, if it says so
         self._warned: set[str] = set()  # the warnings given (once per engine)
         self._contexts = (zmq.Context(), zmq.asyncio.Context())
@@ -359,8 +367,9 @@ class ReplicaPublishers:
         """Replica `replica`'s publisher (opened, and started, by its first user)."""
         entry = self._open.get(replica)
         if entry is None:
-            publisher = ZmqEventPublisher(self.config, self.engine_index + replica,
-                                          self._contexts, self.expose_replay)
+            index = self.engine_index + replica
+            publisher = ZmqEventPublisher(self.config, index, self._contexts,
+                                          self.expose_replay, index if self.data_parallel else 0)
             publisher.start()
             entry = self._open[replica] = (publisher, set())
             log.info("KV cache events of replica %d on %s%s", replica, publisher.endpoint,

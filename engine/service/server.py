@@ -31,7 +31,7 @@ from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.service.metrics import EngineMetrics, serve_metrics
 from inference_lab.engine.sim.lora import LoraError
 from inference_lab.engine.service.replica_faults import ReplicaFaults
-from inference_lab.engine.fleet.replicas import Fleet
+from inference_lab.engine.fleet.replicas import Fleet, Shard
 from inference_lab.engine.fleet.runtime import ModelRuntime
 from inference_lab.engine.fleet.startup import startup_delay
 from inference_lab.engine.service.rpc import EngineService
@@ -65,8 +65,14 @@ class EngineServer:
                  lengths: OutputLength | None = None, session_lane: str = "auto",
                  sleep_mode: bool = False, reasoning: bool = False,
                  kv_roles: tuple[str, ...] = (), kv_link: str = "rdma",
-                 kv_abort_timeout: float = ABORT_TIMEOUT_S) -> None:
+                 kv_abort_timeout: float = ABORT_TIMEOUT_S, shard: Shard = Shard(),
+                 data_parallel: bool = False) -> None:
         self.deployments = deployments
+        # The replica indices this process holds (several engine processes share a fleet:
+        # engine.fleet.replicas), and whether they are data-parallel ranks of one server
+        # (their KV events and server info say their rank) or independent servers (rank 0).
+        self.shard = shard
+        self.data_parallel = data_parallel
         # P/D disaggregation: replica i's kv_role (kv_both beyond the list), the link its
         # pulls cross, how long a producer holds a handoff nobody pulls (vLLM's
         # VLLM_NIXL_ABORT_REQUEST_TIMEOUT)
@@ -84,8 +90,11 @@ class EngineServer:
         self.sleep_mode = sleep_mode  # replicas may sleep and wake (vLLM's --enable-sleep-mode)
         self.reasoning = reasoning  # reasoning models reason unless a request says otherwise
         # Live capacity is saved here after every SetCapacity and restored at start.
-        # (one file per engine index, so replicas sharing a directory keep their own)
+        # (one file per engine index, and per shard of a fleet over several processes, so
+        # that engines sharing a directory keep their own)
         name = CAPACITY_STATE_FILE if not engine_index else f"capacity-{engine_index}.json"
+        if shard.of > 1:
+            name = name.replace(".json", f"-shard{shard.part}of{shard.of}.json")
         self.state_path = Path(state_dir) / name if state_dir else None
         # The secrets the RPCs need (engine.service.access): the control token for calls
         # that change state, either for those that generate; neither set: no check.
@@ -163,11 +172,12 @@ class EngineServer:
         events = self.kv_events_config is not None and self.kv_events_config.enabled
         if events:
             self.kv_events = ReplicaPublishers(self.kv_events_config, self.engine_index,
-                                               self.kv_events_expose_replay)
+                                               self.kv_events_expose_replay, self.data_parallel)
         self.metrics = EngineMetrics(engine_index=self.engine_index)
         setting = self.startup_delay
         self.fleet = Fleet(self.deployments, self._make_runtime,
-                           lambda d: startup_delay(d, setting), on_change=self._fleet_changed)
+                           lambda d: startup_delay(d, setting), on_change=self._fleet_changed,
+                           shard=self.shard)
         self.service = None
         self.fleet.scale("", self.replicas)
         self.service = EngineService(self.fleet, self.metrics, self.holds)

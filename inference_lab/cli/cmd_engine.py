@@ -125,6 +125,11 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
                    help="independent replicas of every model, each its own modelled GPU, "
                         "scheduler, KV cache and queue (default 1; at most 64); `serve` answers "
                         "replica i on --port + i")
+    p.add_argument("--data-parallel-size", type=_replicas, default=1, metavar="D",
+                   help="vLLM's data parallelism: D ranks of every model, each its own modelled "
+                        "GPU group, scheduler, KV cache and queue, serving as one server (their "
+                        "KV events and server info say their rank; `serve` balances requests "
+                        "over them on one port, as vLLM's API server does). Default 1")
     p.add_argument("--startup-delay", type=_startup_delay, default=0.0, metavar="SECONDS|auto",
                    help="a replica is ready this long after it is created (default 0); auto = "
                         "resident weight bytes / the hardware preset's load_bandwidth / tp, plus "
@@ -143,6 +148,41 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-abort-timeout", type=seconds, default=480.0, metavar="SECONDS",
                    help="how long a prefill replica holds KV nobody pulls before freeing it "
                         "(vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT; default 480)")
+
+
+def _shard(text: str):
+    from inference_lab.engine.fleet.replicas import Shard
+
+    part, sep, of = text.partition("/")
+    try:
+        return Shard(int(part), int(of))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected p/P with 0 <= p < P (this process holds replica indices i with "
+            f"i mod P = p), got {text!r}") from None
+
+
+def fleet_layout(args: argparse.Namespace):
+    """(the fleet's replica count, this process's Shard, data-parallel or not) from the
+    engine's fleet flags; a UsageError where they contradict each other."""
+    from inference_lab.cli import UsageError
+    from inference_lab.engine.fleet.replicas import Shard
+
+    dp = args.data_parallel_size
+    rank = getattr(args, "data_parallel_rank", None)
+    shard = getattr(args, "replica_shard", None)
+    if dp > 1 or rank is not None:
+        if args.replicas != 1:
+            raise UsageError("--replicas and --data-parallel-size: choose one (independent "
+                             "servers, or the ranks of one)")
+        if args.kv_roles:
+            raise UsageError("--kv-roles needs --replicas: prefill and decode replicas are "
+                             "independent servers, not data-parallel ranks")
+        if rank is not None and not 0 <= rank < dp:
+            raise UsageError(f"--data-parallel-rank must be in 0..{dp - 1} "
+                             f"(--data-parallel-size {dp}), got {rank}")
+        return dp, (Shard(rank, dp) if rank is not None else Shard()), True
+    return args.replicas, shard or Shard(), False
 
 
 def _kv_link(text: str) -> str:
@@ -289,6 +329,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="keep live capacity (SetCapacity) in DIR/capacity.json, written "
                         "atomically after every change, restored and logged at start, so it "
                         "survives a restart")
+    p.add_argument("--data-parallel-rank", type=int, default=None, metavar="R",
+                   help="run rank R of --data-parallel-size alone in this process (vLLM's one "
+                        "engine core per rank): replica index R, its KV events on the "
+                        "endpoints' ports + R")
+    p.add_argument("--replica-shard", type=_shard, default=None, metavar="p/P",
+                   help="hold only the replica indices i with i mod P = p of a fleet spread "
+                        "over P engine processes (`serve --engine-processes` sets it); "
+                        "--replicas stays the fleet's count")
     add_api_key_argument(p, "Submit, Session and SessionLane, as gRPC metadata `authorization: "
                             "Bearer KEY` (the control token passes too)")
     add_control_token_argument(p, "SetCapacity, SetReplicas, InjectFault and the LoRA calls, "
@@ -322,7 +370,8 @@ def check_ports(args: argparse.Namespace, named: list[tuple[str, int]]) -> None:
     from inference_lab.engine.service.kv_events import KVEventsConfig, bound_ports
 
     if args.kv_events_config:
-        named = named + bound_ports(KVEventsConfig.parse(args.kv_events_config), args.replicas)
+        replicas = max(args.replicas, getattr(args, "data_parallel_size", 1))
+        named = named + bound_ports(KVEventsConfig.parse(args.kv_events_config), replicas)
     problems = port_clashes(named)
     if problems:
         raise UsageError("the ports clash, nothing was started: " + "; ".join(problems))
@@ -333,6 +382,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_ports(args, [(what, p) for what, p in (("the engine's gRPC port", args.port),
                                                   ("the metrics port", args.metrics_port)) if p])
+    replicas, shard, data_parallel = fleet_layout(args)
     deployments = load_deployments(args)
     lengths = output_lengths(args)
     token, key = control_token(args), api_key(args)
@@ -349,7 +399,8 @@ def run(args: argparse.Namespace) -> int:
                           lora_modules=[parse_lora_module(m) for m in args.lora_modules or ()],
                           max_loras=(args.max_loras or 1) if (args.enable_lora or args.lora_modules
                                                               or args.max_loras) else 0,
-                          replicas=args.replicas, startup_delay=args.startup_delay,
+                          replicas=replicas, shard=shard, data_parallel=data_parallel,
+                          startup_delay=args.startup_delay,
                           lengths=lengths, session_lane=args.session_lane,
                           sleep_mode=args.enable_sleep_mode, reasoning=args.reasoning,
                           kv_roles=kv_roles(args), kv_link=args.kv_link,

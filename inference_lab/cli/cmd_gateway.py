@@ -30,8 +30,14 @@ DEFAULT_ENGINE = "127.0.0.1:50051"
 FAULTS_STATE_FILE = "faults.json"
 
 
+def _engine_addresses(text: str) -> list[str]:
+    """--engine: one address, or several (comma-separated) engine processes that share
+    one fleet (`serve --engine-processes`, or data-parallel ranks)."""
+    return [_engine_address(part.strip()) for part in text.split(",")]
+
+
 def _engine_address(text: str) -> str:
-    """--engine: HOST:PORT (or a gRPC target with a scheme: unix:, dns:, ipv4:, ipv6:),
+    """One engine: HOST:PORT (or a gRPC target with a scheme: unix:, dns:, ipv4:, ipv6:),
     checked while the flags are read, so a typo is not a gateway that answers only 503s."""
     if text.startswith(("unix:", "unix-abstract:", "dns:", "ipv4:", "ipv6:")):
         return text
@@ -67,8 +73,32 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
     """The gateway's flags: shared by `gateway` and `serve` (which starts its own engine)."""
     if engine_flag:
         parser.add_argument(
-            "--engine", default=DEFAULT_ENGINE, metavar="HOST:PORT", type=_engine_address,
-            help="gRPC address of the engine (`inference-lab engine`)",
+            "--engine", default=[DEFAULT_ENGINE], metavar="HOST:PORT[,HOST:PORT...]",
+            type=_engine_addresses,
+            help="gRPC address of the engine (`inference-lab engine`); several, comma-"
+            "separated, for engine processes that share one fleet: replica index i in the "
+            "i mod n-th (`engine --replica-shard`), or rank S + k in the k-th with "
+            "--data-parallel",
+        )
+        parser.add_argument(
+            "--data-parallel", choices=("internal", "external"), default=None,
+            help="the engines are the data-parallel ranks of one server (`engine "
+            "--data-parallel-size D --data-parallel-rank R`, in rank order): internal = one "
+            "port, each request on the rank X-data-parallel-rank names, else vLLM's balancer "
+            "over the ranks' waiting and running counts; external = rank k on --port + k",
+        )
+        parser.add_argument(
+            "--data-parallel-start-rank", type=number(int, lambda v: v >= 0, "an integer >= 0"),
+            default=0, metavar="S", help="the rank of the first --engine (default 0)",
+        )
+        parser.add_argument(
+            "--api-server-index", type=number(int, lambda v: v >= 0, "an integer >= 0"),
+            default=0, metavar="I", help=argparse.SUPPRESS)
+        parser.add_argument(
+            "--api-server-count", type=number(int, lambda v: v >= 1, "an integer >= 1"),
+            default=1, metavar="A",
+            help="gateway processes sharing these ports (SO_REUSEPORT; the kernel spreads "
+            "connections over them); this one is --api-server-index (default 1)",
         )
         parser.add_argument(
             "--config", type=Path, metavar="DIR",
@@ -247,12 +277,32 @@ def run(args: argparse.Namespace) -> int:
         try:
             await run_gateway(args.engine, host=args.host, port=args.port,
                               header_timeout=args.header_timeout, backlog=args.backlog,
-                              **gateway_app_kwargs(args))
+                              on_ready=lambda bound: print(
+                                  f"serving on http://{args.host}:{bound}", flush=True),
+                              **fleet_kwargs(args), **gateway_app_kwargs(args))
         except asyncio.CancelledError:
             pass
 
     loop_runner(args)(main())
     return 0
+
+
+def fleet_kwargs(args: argparse.Namespace, engines: int | None = None) -> dict:
+    """run_gateway's fleet arguments from the flags: which engine holds which ranks, the
+    data-parallel mode, this API server's place among those sharing the ports."""
+    from inference_lab.cli import UsageError
+
+    count = engines if engines is not None else len(args.engine)
+    if args.api_server_index >= args.api_server_count:
+        raise UsageError(f"--api-server-index must be below --api-server-count "
+                         f"({args.api_server_count}), got {args.api_server_index}")
+    out: dict = {"api_server": (args.api_server_index, args.api_server_count)}
+    if args.data_parallel is not None:
+        start = args.data_parallel_start_rank
+        out.update(owners=[[start + k] for k in range(count)], data_parallel=True,
+                   balance=args.data_parallel == "internal",
+                   replica_ports=args.data_parallel == "external")
+    return out
 
 
 def loop_runner(args: argparse.Namespace):

@@ -1,9 +1,13 @@
 """`inference-lab serve`: engine and gateway as one command (the embedded default).
 
-Knows the process tree: the engine runs as a child process (`inference-lab engine`, its
-own core for the pacer), the gateway in this process. Validates the configs before
-anything starts, restarts the engine if it dies (the gateway answers 503 meanwhile and
-reconnects by itself), and on Ctrl-C / SIGTERM drains the engine, then stops the gateway.
+Knows the process tree (cli.serve_layout): the engines run as child processes
+(`inference-lab engine`, one per data-parallel rank or per share of the replicas, each its
+own core for its pacers), the gateway in this process, or, with `--api-server-count A`
+> 1, as A child processes (`inference-lab gateway`) sharing the HTTP ports. Validates the
+configs before anything starts, restarts a child that dies (the gateway answers 503 for
+an engine meanwhile and reconnects by itself), and on Ctrl-C / SIGTERM drains the
+engines, then stops the gateways. Every child ends with this process, however it ends
+(common.lifeline).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from inference_lab.cli.cmd_engine import (
 )
 from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs, loop_runner
 from inference_lab.cli.flag_types import port
-from inference_lab.common.ports import free_port
+from inference_lab.cli.serve_layout import ServeLayout, add_scale_arguments, layout
+from inference_lab.common.ports import free_port, free_port_run
 
 log = logging.getLogger("inference_lab.serve")
 
@@ -35,6 +40,7 @@ process, the gateway here. With no --config it serves the embedded gpt-oss-20b.
   inference-lab serve                                   # gpt-oss-20b on a B200 at :8080
   inference-lab serve --config configs/ --hardware b200 --max-waiting 64
   inference-lab serve --replicas 4 --startup-delay auto  # replica i on :8080 + i
+  inference-lab serve --data-parallel-size 2 --api-server-count 2  # vLLM's scale-out shape
 
 then: curl localhost:8080/control/capacity
 """
@@ -54,17 +60,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "printed at start); the API port's /metrics serves the same vllm:* "
                         "series with the gateway's own")
     add_run_arguments(p)
+    add_scale_arguments(p)
     p.set_defaults(func=run)
 
 
 class EngineProcess:
     """The engine child: started, watched, restarted when it dies, stopped on request."""
 
-    def __init__(self, args: argparse.Namespace, port: int, state_dir: str) -> None:
+    def __init__(self, args: argparse.Namespace, port: int, state_dir: str,
+                 fleet: list[str] | None = None, metrics_port: int | None = None,
+                 name: str = "engine") -> None:
         self.port = port
+        self.name = name
+        metrics_port = args.metrics_port if metrics_port is None else metrics_port
         self.argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", args.log_level,
                      "engine", "--hardware", args.hardware, "--host", "127.0.0.1",
-                     "--port", str(port), "--metrics-port", str(args.metrics_port),
+                     "--port", str(port), "--metrics-port", str(metrics_port),
                      "--grace", str(args.grace), "--max-update-rate", str(args.max_update_rate),
                      "--time-scale", repr(args.time_scale)]
         if not args.coalesce_when_late:
@@ -92,9 +103,9 @@ class EngineProcess:
             self.argv += ["--timing", args.timing]
         if args.kv_cache_dtype is not None:
             self.argv += ["--kv-cache-dtype", args.kv_cache_dtype]
-        if args.replicas != 1 or args.startup_delay:
-            self.argv += ["--replicas", str(args.replicas),
-                          "--startup-delay", str(args.startup_delay)]
+        self.argv += ["--replicas", str(args.replicas)] if fleet is None else fleet
+        if args.startup_delay:
+            self.argv += ["--startup-delay", str(args.startup_delay)]
         if args.kv_roles:
             self.argv += ["--kv-roles", args.kv_roles]
         self.argv += ["--kv-link", args.kv_link, "--kv-abort-timeout", repr(args.kv_abort_timeout)]
@@ -104,11 +115,10 @@ class EngineProcess:
         # The engine requires the gateway's secrets too (engine.service.access); through
         # the environment, never argv (which any local user can list). A variable set
         # outside but overridden by a flag, or unset, is not passed on.
-        secrets = {API_KEY_ENV: api_key(args), CONTROL_TOKEN_ENV: control_token(args)}
-        self.env = {**{k: v for k, v in os.environ.items() if k not in secrets},
-                    **{k: v for k, v in secrets.items() if v}}
+        self.env = child_env(args)
         self.proc: asyncio.subprocess.Process | None = None
         self.stopping = False
+        self.ready = b"engine ready"
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
@@ -121,10 +131,13 @@ class EngineProcess:
             line = b""
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
-        if not line.startswith(b"engine ready"):
+        if not line.startswith(self.ready):
             code = await self.proc.wait()
-            raise RuntimeError(f"the engine did not start (exit status {code}); see its log above")
-        print(f"engine started: pid {self.proc.pid}, {line.decode().strip()}", flush=True)
+            raise RuntimeError(f"the {self.name} did not start (exit status {code}); "
+                               "see its log above")
+        # ("engine started: pid N, ..." for every engine: tests and scripts read the pids)
+        label = "engine" if self.ready == b"engine ready" else self.name
+        print(f"{label} started: pid {self.proc.pid}, {line.decode().strip()}", flush=True)
         asyncio.get_running_loop().create_task(self._drain_stdout(self.proc))
 
     @staticmethod
@@ -138,8 +151,9 @@ class EngineProcess:
             code = await self.proc.wait()
             if self.stopping:
                 return
-            log.error("engine exited with status %s; the gateway answers 503 until it is back. "
-                      "Restarting in %.0f s", code, RESTART_DELAY_S)
+            log.error("%s exited with status %s; restarting in %.0f s%s", self.name, code,
+                      RESTART_DELAY_S, " (the gateway answers 503 for it meanwhile)"
+                      if self.ready == b"engine ready" else "")
             await asyncio.sleep(RESTART_DELAY_S)
             try:
                 await self.start()
@@ -159,6 +173,58 @@ class EngineProcess:
             await self.proc.wait()
 
 
+def child_env(args: argparse.Namespace) -> dict[str, str]:
+    """A child's environment: the engine requires the gateway's secrets too
+    (engine.service.access), passed through the environment, never argv (which any local
+    user can list). A variable set outside but overridden by a flag, or unset, is not
+    passed on."""
+    secrets = {API_KEY_ENV: api_key(args), CONTROL_TOKEN_ENV: control_token(args)}
+    return {**{k: v for k, v in os.environ.items() if k not in secrets},
+            **{k: v for k, v in secrets.items() if v}}
+
+
+class GatewayProcess(EngineProcess):
+    """One API server child (`inference-lab gateway`, `--api-server-count` > 1): started,
+    watched, restarted when it dies, stopped on request, like an engine child."""
+
+    def __init__(self, args: argparse.Namespace, index: int, port: int, engines: list[int],
+                 shape: ServeLayout, state_dir: str) -> None:
+        self.port = port
+        self.name = f"API server {index}"
+        argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", args.log_level,
+                "gateway", "--engine", ",".join(f"127.0.0.1:{p}" for p in engines),
+                "--host", args.host, "--port", str(port),
+                "--header-timeout", repr(args.header_timeout),
+                "--api-server-index", str(index), "--api-server-count", str(shape.api_servers),
+                "--event-loop", args.event_loop,
+                "--saturated-status", str(args.saturated_status)]
+        if shape.data_parallel is not None:
+            argv += ["--data-parallel", shape.data_parallel,
+                     "--data-parallel-start-rank", str(shape.start_rank)]
+        if args.backlog is not None:
+            argv += ["--backlog", str(args.backlog)]
+        if args.enable_directives:
+            argv.append("--enable-directives")
+        if args.tokenizer is not None and getattr(args.tokenizer, "path", None):
+            argv += ["--tokenizer", os.path.abspath(args.tokenizer.path)]
+        if args.session_lane is not None:
+            argv += ["--session-lane", args.session_lane]
+        if args.saturated_retry_after is not None:
+            argv += ["--saturated-retry-after", str(args.saturated_retry_after)]
+        if not args.served_by:
+            argv.append("--no-served-by-headers")
+        if args.config is not None:
+            argv += ["--config", os.path.abspath(args.config)]
+        # each API server keeps its own fault settings (gateway.faults): a file of its own
+        argv += ["--state-dir", os.path.join(state_dir, f"api-server-{index}")]
+        os.makedirs(argv[-1], exist_ok=True)
+        self.argv = argv
+        self.env = child_env(args)
+        self.proc = None
+        self.stopping = False
+        self.ready = b"serving on "
+
+
 async def serve(args: argparse.Namespace, gateway_kwargs: dict) -> None:
     with contextlib.ExitStack() as stack:
         # Without --state-dir, live state still outlives an engine restart: a directory
@@ -168,46 +234,86 @@ async def serve(args: argparse.Namespace, gateway_kwargs: dict) -> None:
         await _serve(args, gateway_kwargs, state_dir)
 
 
+def _engines(args: argparse.Namespace, shape: ServeLayout, state_dir: str) -> list[EngineProcess]:
+    """One child per engine process of the layout: the first on --engine-port (and
+    --metrics-port), the others on free ports (and --metrics-port + k)."""
+    out = []
+    for k, fleet in enumerate(shape.engines):
+        port = args.engine_port if (k == 0 and args.engine_port) else free_port()
+        metrics = args.metrics_port + k if args.metrics_port else 0
+        name = "engine" if len(shape.engines) == 1 else f"engine {k}"
+        out.append(EngineProcess(args, port, state_dir, fleet, metrics, name))
+    return out
+
+
 async def _serve(args: argparse.Namespace, gateway_kwargs: dict, state_dir: str) -> None:
     from inference_lab.gateway.run import run_gateway
 
-    engine = EngineProcess(args, args.engine_port or free_port(), state_dir)
-    await engine.start()
-    supervisor = asyncio.get_running_loop().create_task(engine.supervise())
-    gateway = asyncio.get_running_loop().create_task(run_gateway(
-        f"127.0.0.1:{engine.port}", host=args.host, port=args.port,
-        header_timeout=args.header_timeout, backlog=args.backlog,
-        on_ready=lambda bound: print(f"serving on http://{args.host}:{bound} (Ctrl-C to stop)",
-                                     flush=True),
-        **gateway_kwargs))
-    stop = asyncio.Event()
+    shape = layout(args)
+    engines = _engines(args, shape, state_dir)
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    stopper = loop.create_task(stop.wait())
-    await asyncio.wait({gateway, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    stopper.cancel()
-    if not gateway.done():
-        # Engine first: it refuses new work (503) and lets in-flight streams finish
-        # within the grace period while the gateway still relays them.
-        log.info("stopping: draining the engine (grace %.1f s), then the gateway", args.grace)
-        await engine.stop(args.grace)
-        gateway.cancel()
-    supervisor.cancel()
-    await engine.stop(args.grace)
+    children: list[EngineProcess] = []
+    gateway: asyncio.Task | None = None
     try:
-        await gateway
-    except asyncio.CancelledError:
-        pass
+        for engine in engines:
+            await engine.start()
+            children.append(engine)
+        if len(engines) > 1 or shape.api_servers > 1:
+            log.info("serving %s", shape.describe())
+        targets = [f"127.0.0.1:{e.port}" for e in engines]
+        if shape.api_servers == 1:
+            gateway = loop.create_task(run_gateway(
+                targets if len(targets) > 1 else targets[0], host=args.host, port=args.port,
+                header_timeout=args.header_timeout, backlog=args.backlog,
+                on_ready=lambda bound: print(f"serving on http://{args.host}:{bound} "
+                                             "(Ctrl-C to stop)", flush=True),
+                **shape.gateway, **gateway_kwargs))
+        else:
+            port = args.port or free_port_run(shape.indices)
+            for index in range(shape.api_servers):
+                api = GatewayProcess(args, index, port, [e.port for e in engines], shape,
+                                     state_dir)
+                await api.start()
+                children.append(api)
+            print(f"serving on http://{args.host}:{port} (Ctrl-C to stop)", flush=True)
+        supervisors = [loop.create_task(child.supervise()) for child in children]
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        stopper = loop.create_task(stop.wait())
+        await asyncio.wait({stopper} | ({gateway} if gateway else set()),
+                           return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if gateway is None or not gateway.done():
+            # Engines first: they refuse new work (503) and let in-flight streams finish
+            # within the grace period while the gateways still relay them.
+            log.info("stopping: draining the engines (grace %.1f s), then the gateways",
+                     args.grace)
+        for task in supervisors:
+            task.cancel()
+    finally:
+        await asyncio.gather(*(e.stop(args.grace) for e in children if e in engines))
+        await asyncio.gather(*(c.stop(args.grace) for c in children if c not in engines))
+        if gateway is not None:
+            gateway.cancel()
+            try:
+                await gateway
+            except asyncio.CancelledError:
+                pass
 
 
 def run(args: argparse.Namespace) -> int:
     from inference_lab.cli import UsageError
 
+    shape = layout(args)  # contradicting flags: refused before anything starts
     named = [(what, p) for what, p in (("the engine's gRPC port", args.engine_port),
                                         ("the engine's metrics port", args.metrics_port)) if p]
+    if args.metrics_port:
+        named += [(f"engine {k}'s metrics port", args.metrics_port + k)
+                  for k in range(1, len(shape.engines))]
     if args.port:  # replica i on --port + i
-        named += [(f"replica {i}'s HTTP port", args.port + i) for i in range(args.replicas)]
+        what = "rank" if shape.data_parallel else "replica"
+        named += [(f"{what} {i}'s HTTP port", args.port + i) for i in shape.port_offsets]
     check_ports(args, named)  # clashing ports: refused before anything is bound
     load_deployments(args)  # refuse a bad config or workload before starting anything
     output_lengths(args)

@@ -55,6 +55,36 @@ def split_families(text: str) -> list[tuple[str, list[str]]]:
     return families
 
 
+def merge_expositions(texts: list[bytes]) -> bytes:
+    """Several processes' expositions of the same families as one (their samples told
+    apart by their labels, e.g. vLLM's `engine`): each family once, with the first
+    text's HELP and TYPE lines, then every text's samples of it in turn; a family only
+    some texts have is kept where it first appears."""
+    if len(texts) == 1:
+        return texts[0]
+    order: list[str] = []
+    heads: dict[str, str] = {}
+    samples: dict[str, list[str]] = {}
+    for text in texts:
+        current = None
+        for line in text.decode().splitlines(keepends=True):
+            if line.startswith("# HELP "):
+                current = line.split(" ", 3)[2]
+                if current not in heads:
+                    order.append(current)
+                    heads[current] = line
+                    samples[current] = []
+                    fresh = True
+                else:
+                    fresh = False
+            elif line.startswith("#"):
+                if current is not None and fresh:
+                    heads[current] += line
+            elif current is not None and line.strip():
+                samples[current].append(line)
+    return "".join(heads[name] + "".join(samples[name]) for name in order).encode()
+
+
 def _template(prefixes: list[str], number: str) -> str:
     return "".join(p.replace("%", "%%") + number + "\n" for p in prefixes)
 

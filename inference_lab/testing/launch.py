@@ -149,6 +149,9 @@ class Served(Proc):
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         self.wait_http_ok(self.base + "/health", timeout)
+        # every process up (several API servers share the port: the first answers before
+        # the last is listening): serve says so once they all are
+        self.wait_for_log(r"serving on http://\S+ \(Ctrl-C to stop\)", timeout)
         match = ENGINE_STARTED.findall(self.wait_for_log(ENGINE_STARTED.pattern, 10.0).string)
         self.engine_pid, self.metrics_port = int(match[-1][0]), int(match[-1][1])
 

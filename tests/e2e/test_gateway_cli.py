@@ -20,14 +20,24 @@ from inference_lab.testing.launch import command
 
 def test_gateway_subcommand_defaults():
     args = build_parser().parse_args(["gateway"])
-    assert (args.engine, args.host, args.port) == ("127.0.0.1:50051", "127.0.0.1", 8080)
+    assert (args.engine, args.host, args.port) == (["127.0.0.1:50051"], "127.0.0.1", 8080)
+    assert (args.data_parallel, args.api_server_index, args.api_server_count) == (None, 0, 1)
     assert callable(args.func)
 
 
 def test_gateway_subcommand_flags():
     args = build_parser().parse_args([
         "gateway", "--engine", "engine:9000", "--host", "0.0.0.0", "--port", "9"])
-    assert (args.engine, args.host, args.port) == ("engine:9000", "0.0.0.0", 9)
+    assert (args.engine, args.host, args.port) == (["engine:9000"], "0.0.0.0", 9)
+    args = build_parser().parse_args([  # the ranks of one data-parallel server
+        "gateway", "--engine", "a:1,b:2", "--data-parallel", "internal",
+        "--data-parallel-start-rank", "4"])
+    assert args.engine == ["a:1", "b:2"]
+    from inference_lab.cli.cmd_gateway import fleet_kwargs
+
+    assert fleet_kwargs(args) == {"api_server": (0, 1), "owners": [[4], [5]],
+                                  "data_parallel": True, "balance": True,
+                                  "replica_ports": False}
 
 
 @pytest.mark.parametrize("command_, flags, expected", [

@@ -1,11 +1,14 @@
 """vllm-project's own router (PyPI vllm-router, a Rust binary) in front of the real
 `serve --replicas 3`, each policy's documented behaviour asserted on what the lab serves:
 round_robin spreads; power_of_two avoids a replica loaded from outside (it polls GET
-/get_load); kv_aware, in its DP-aware mode over the base port, keeps each prefix group on
-the replica that holds its prefix and spreads the groups (vLLM's render API, KV events);
-a 529 reaches the client unchanged and is not retried. And a reproduction, with a fake
-worker sending vLLM's own events, of the router's defect that keeps per-port replicas
-other than 0 from any KV credit (docs/routers.md)."""
+/get_load); kv_aware keeps each prefix group on the replica that holds its prefix and
+spreads the groups (vLLM's render API, KV events), both over independent replicas (one
+worker per port, each publishing as rank 0, as independent vLLM servers do) and over the
+data-parallel ranks of `serve --data-parallel-size 3` (its DP-aware mode over the one
+port, each rank publishing its rank); a 529 reaches the client unchanged and is not
+retried. And a reproduction, with a fake worker sending vLLM's own events, of the
+router's rule that credits a plain worker's events only when they say rank 0
+(docs/routers.md)."""
 
 from __future__ import annotations
 
@@ -44,6 +47,17 @@ def lab():
                          "replay_endpoint": f"tcp://127.0.0.1:{kv + 1}"})
     with serve("--replicas", "3", "--kv-events-config", config, ports=3) as served:
         yield [f"http://127.0.0.1:{served.port + i}" for i in range(3)], kv
+
+
+@pytest.fixture(scope="module")
+def dp_lab():
+    """`serve --data-parallel-size 3` with KV events: three engine processes behind one
+    port (rank k's publisher on kv + 2k, replays on kv + 1 + 2k): (base URL, kv)."""
+    kv = free_port_run(6)
+    config = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{kv}",
+                         "replay_endpoint": f"tcp://127.0.0.1:{kv + 1}"})
+    with serve("--data-parallel-size", "3", "--kv-events-config", config) as served:
+        yield f"http://127.0.0.1:{served.port}", kv
 
 
 def session() -> aiohttp.ClientSession:
@@ -87,32 +101,43 @@ def dp_aware(replicas: list[str], kv: int) -> list[str]:
             "--kv-event-model", MODEL]
 
 
-async def test_kv_aware_keeps_each_prefix_group_together_and_spreads_the_groups(lab):
-    # DP-aware: one worker, the base port, its three replicas as ranks (X-data-parallel-
-    # rank), every replica's publisher given. The first request of each of 3 groups (800-
-    # token system prompts), all at once and long enough to overlap, cold everywhere: the
-    # router spreads them by load. Then 3 more of each group, one at a time: each credited
-    # on the replica that holds its group's prefix (its KV events), and served there.
-    replicas, kv = lab
-    with vllm_router([replicas[0]], "kv_aware", *dp_aware(replicas, kv)) as router:
-        url = f"http://127.0.0.1:{router.port}"
+async def _prefix_groups_through(url: str) -> None:
+    """The first request of each of 3 groups (800-token system prompts), all at once and
+    long enough to overlap, cold everywhere: the router spreads them by load. Then 3 more
+    of each group, one at a time: each credited on the replica (rank) that holds its
+    group's prefix (its KV events), and served there."""
+    def body(group: int, i: int, max_tokens: int = 8) -> dict:
+        return {"model": MODEL, "max_tokens": max_tokens, "messages": [
+            {"role": "system", "content": system_prompt(group, 800)},
+            {"role": "user", "content": f"question {i}"}]}
 
-        def body(group: int, i: int, max_tokens: int = 8) -> dict:
-            return {"model": MODEL, "max_tokens": max_tokens, "messages": [
-                {"role": "system", "content": system_prompt(group, 800)},
-                {"role": "user", "content": f"question {i}"}]}
-
-        async with session() as http:  # the first three last ~0.5 s: they overlap
-            first = await through(http, url, [body(g, 0, 300) for g in range(3)], at_once=3)
-            homes = [replica_of(resp) for resp in first]
-            later = await through(http, url, [body(g, i) for i in range(1, 4) for g in range(3)],
-                                  at_once=1)
+    async with session() as http:  # the first three last ~0.5 s: they overlap
+        first = await through(http, url, [body(g, 0, 300) for g in range(3)], at_once=3)
+        homes = [replica_of(resp) for resp in first]
+        later = await through(http, url, [body(g, i) for i in range(1, 4) for g in range(3)],
+                              at_once=1)
     assert [resp.status for resp in first + later] == [200] * 12
     assert len(set(homes)) >= 2, homes  # the groups spread
     assert [replica_of(resp) for resp in later] == homes * 3  # each group at its home
     cached = [json.loads(resp.body)["usage"]["prompt_tokens_details"]["cached_tokens"]
               for resp in later]
     assert min(cached) >= 768, cached  # its 12 whole blocks of the system prompt
+
+
+async def test_kv_aware_credits_independent_replicas_one_worker_per_port(lab):
+    # each replica port a worker of its own, discovered without flags (/get_server_info,
+    # /kv_event_sources): every replica publishes as rank 0, so every one is credited
+    replicas, _ = lab
+    with vllm_router(replicas, "kv_aware") as router:
+        await _prefix_groups_through(f"http://127.0.0.1:{router.port}")
+
+
+async def test_kv_aware_credits_data_parallel_ranks_behind_one_port(dp_lab):
+    # DP-aware: one worker, the one port, its three ranks addressed by X-data-parallel-
+    # rank, every rank's publisher given in rank order; each rank's batches say its rank
+    url, kv = dp_lab
+    with vllm_router([url], "kv_aware", *dp_aware([url] * 3, kv)) as router:
+        await _prefix_groups_through(f"http://127.0.0.1:{router.port}")
 
 
 async def test_a_529_reaches_the_client_unchanged_and_is_not_retried(lab):

@@ -146,7 +146,10 @@ async def test_a_subscriber_rebuilds_the_cached_block_set_exactly():
     assert follower.blocks == expected and len(expected) > 0
 
 
-async def test_each_replica_publishes_its_own_events_on_its_own_port():
+@pytest.mark.parametrize("data_parallel", [False, True], ids=["replicas", "dp-ranks"])
+async def test_each_replica_publishes_its_own_events_on_its_own_port(data_parallel):
+    # independent replicas are servers of their own: every batch says rank 0; the ranks
+    # of one data-parallel server say their rank (vLLM's data_parallel_rank)
     replicas = 3
     pub = free_port_run(2 * replicas)  # and replay = pub + 1: replica i on pub + 2i, pub + 1 + 2i
     replay = pub + 1
@@ -159,7 +162,8 @@ async def test_each_replica_publishes_its_own_events_on_its_own_port():
         subs.append(sub)
     try:
         async with running_engine(deployments=small_cache_deployments(), replicas=replicas,
-                                  kv_events=events_config(pub, replay)) as engine:
+                                  kv_events=events_config(pub, replay),
+                                  data_parallel=data_parallel) as engine:
             async with engine_stub(engine) as stub:  # a different workload on each
                 await asyncio.gather(*(workload(stub, 10 + i, i) for i in range(replicas)))
             expected = {rt.replica: set(rt.core.prefix_cache.refs) for rt in engine.runtimes}
@@ -172,7 +176,7 @@ async def test_each_replica_publishes_its_own_events_on_its_own_port():
             sub.close(0)
         ctx.term()
     for i in range(replicas):
-        follower = Follower(rank=i)  # every batch carries its replica's index
+        follower = Follower(rank=i if data_parallel else 0)
         for seq, payload in batches[i]:
             follower.apply(seq, payload)  # its own sequence, from 0, without a gap
         assert follower.blocks == expected[i] and len(expected[i]) > 0

@@ -107,7 +107,7 @@ async def test_render_gives_the_token_ids_the_replica_caches_and_its_events_carr
             while await sub.poll(300):
                 _, _, payload = await sub.recv_multipart()
                 _, events, rank = msgpack.unpackb(payload)
-                assert rank == 1
+                assert rank == 0  # an independent replica: a server of its own
                 stored += [e for e in events if e["type"] == "BlockStored"]
             if stored:
                 break
@@ -145,11 +145,14 @@ async def test_each_port_names_its_own_publisher_and_instance(lab):
     assert [i["kv_block_size"] for i in infos] == [64] * 3
     assert {i["model_id"] for i in infos} == {MODEL}
     assert len({i["instance_id"] for i in infos}) == 3  # one identity per port
-    for rank, url in enumerate(urls):
+    # independent replicas: each a server of its own, so each says rank 0 (as a vLLM
+    # server that is not a data-parallel rank does), on ports offset by its index
+    assert [i["data_parallel_rank"] for i in infos] == [0, 0, 0]
+    for index, url in enumerate(urls):
         sources = await get(http, url + "/kv_event_sources")
-        assert sources == {str(rank): {
-            "endpoint": f"tcp://127.0.0.1:{kv + 2 * rank}",
-            "replay_endpoint": f"tcp://127.0.0.1:{kv + 1 + 2 * rank}",
+        assert sources == {"0": {
+            "endpoint": f"tcp://127.0.0.1:{kv + 2 * index}",
+            "replay_endpoint": f"tcp://127.0.0.1:{kv + 1 + 2 * index}",
             "topic": f"kv@lab@{MODEL}", "hwm": 100_000, "buffer_steps": 10_000,
             "enable_kv_cache_events": True, "publisher": "zmq", "encoding": "msgpack",
             "schema_version": 1}}

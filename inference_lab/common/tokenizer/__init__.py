@@ -144,6 +144,7 @@ class HFTokenizer:
             raise TokenizerError(f"--tokenizer needs the `tokenizers` package: {exc}") from None
         if not os.path.isfile(path):
             raise TokenizerError(f"tokenizer file {path} does not exist (or is not a file)")
+        self.path = str(path)  # (a process started with the same flags loads it again)
         try:
             self._tok = _Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a plain Exception for bad JSON
