@@ -310,7 +310,7 @@ async def test_a_first_frame_longer_than_a_hello_is_refused_before_its_bytes_are
         reader, writer = await asyncio.open_connection(info.host, info.port)
         # a 64 MiB frame's header and its first MiB: closed on the header, nothing buffered
         writer.write((64 * 1024 * 1024).to_bytes(4, "big") + bytes(1024 * 1024))
-        assert await _closed(reader)
+        assert await _closed(reader, timeout=2.0)  # (well before the hello's deadline)
         writer.close()
         await until(lambda: not engine.lane.connections, what="the connection to go")
         # a hello of any length up to the bound is still a hello
