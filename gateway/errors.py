@@ -35,6 +35,7 @@ class ErrorKind(enum.StrEnum):
     REPLICA_NOT_FOUND = "replica_not_found"
     REPLICA_UNAVAILABLE = "replica_unavailable"
     ENGINE_SLEEPING = "engine_sleeping"
+    KV_TRANSFER_FULL = "kv_transfer_full"
     INVALID_REQUEST = "invalid_request"
     INVALID_FAULT_DIRECTIVE = "invalid_fault_directive"
     REQUEST_TIMEOUT = "request_timeout"
@@ -85,6 +86,12 @@ ERRORS: dict[ErrorKind, ErrorSpec] = {
     ErrorKind.REPLICA_UNAVAILABLE: ErrorSpec(503, "server_error", "replica_unavailable", None),
     # Sleep mode: the replica sleeps (POST /sleep) until POST /wake_up.
     ErrorKind.ENGINE_SLEEPING: ErrorSpec(503, "server_error", "engine_sleeping", None, "api_error"),
+    # P/D: a do_remote_decode prefill on a replica whose handoffs hold their share of its KV
+    # cache (--kv-hold-share). A 503, as vLLM answers a server that cannot take the work
+    # now: the OpenAI SDK and vllm-router retry it; not a 529 (the queue is not full, and
+    # clients shed ordinary load on a 529) nor a 429 (no client's rate is at fault).
+    ErrorKind.KV_TRANSFER_FULL: ErrorSpec(503, "server_error", "kv_transfer_full", None,
+                                          "api_error"),
     ErrorKind.INVALID_REQUEST: ErrorSpec(
         400, "invalid_request_error", "invalid_request", grpc.StatusCode.INVALID_ARGUMENT
     ),
@@ -233,8 +240,10 @@ def from_rejected(
     return GatewayError(kind, message or reason or f"engine refused the request (code {code})")
 
 
-# Session refusal reasons about replicas (engine.fleet) and their kinds.
+# Session refusal reasons with a kind of their own: about replicas (engine.fleet), and
+# the P/D handoffs' cap (engine.sim.kv_transfer).
 _REPLICA_REASONS = {
+    "KV_TRANSFER_FULL": ErrorKind.KV_TRANSFER_FULL,
     "REPLICA_NOT_FOUND": ErrorKind.REPLICA_NOT_FOUND,
     "REPLICA_NOT_READY": ErrorKind.REPLICA_UNAVAILABLE,
     "REPLICA_DRAINING": ErrorKind.REPLICA_UNAVAILABLE,

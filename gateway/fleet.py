@@ -213,7 +213,7 @@ class FleetGateway:
             {"model": r.model, "replica": r.replica, "port": self.port_of(r.replica),
              "ready": not (r.starting or r.draining), "starting": r.starting,
              "draining": r.draining, "ready_in_s": round(r.ready_in_s, 3),
-             "waiting": r.waiting, "running": r.running, "kv_role": r.kv_role or "kv_both"}
+             "waiting": r.waiting, "running": r.running, "kv_role": r.kv_role or None}
             for r in rows])
 
 

@@ -90,10 +90,12 @@ async def server_info(request: web.Request) -> web.Response:
                   "max_model_len": model.max_model_len,
                   "data_parallel_rank": (state.replica or 0) if state.data_parallel else 0,
                   # P/D disaggregation: the replica's role as vLLM's kv_transfer_config names
-                  # it, and the engine id its handoffs carry (docs/pd.md)
+                  # it, and the engine id its handoffs carry (docs/pd.md); null without a
+                  # connector (no --kv-roles), as vLLM's without --kv-transfer-config
                   "kv_transfer_config": {"kv_connector": "NixlConnector",
-                                         "kv_role": (row.kv_role if row else "") or "kv_both",
-                                         "engine_id": row.kv_engine_id if row else ""}})
+                                         "kv_role": row.kv_role,
+                                         "engine_id": row.kv_engine_id}
+                  if row is not None and row.kv_role else None})
 
 
 async def kv_event_sources(request: web.Request) -> web.Response:

@@ -238,7 +238,7 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
         handoff = flow.prefill.handoff
         pcore = cores[producer]
         if handoff is not None:
-            handoff = pcore.take_handoff(handoff.request_id, now)
+            handoff = pcore.take_handoff(handoff.request_id, handoff.digest, now)
         j = decode.pick(policy)
         dcore = cores[npre + j]
         kv = KvTransfer(False, handoff.tokens if handoff is not None else 0)

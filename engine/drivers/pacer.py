@@ -60,7 +60,9 @@ from collections.abc import Callable
 from inference_lab.engine.drivers.alarm import Alarm
 from inference_lab.engine.drivers.arrivals import Arrival, Arrivals
 from inference_lab.engine.drivers.cadence import Cadence
-from inference_lab.engine.sim.core import EngineCore, QueueSaturated, StepResult, SubmitError
+from inference_lab.engine.sim.core import (
+    EngineCore, HandoffsFull, QueueSaturated, StepResult, SubmitError,
+)
 from inference_lab.engine.sim.request import Request, Status
 
 log = logging.getLogger(__name__)
@@ -529,7 +531,7 @@ class Pacer:
                                    priority=arrival.priority, tag=arrival.tag,
                                    token_ids=arrival.token_ids, n=arrival.n, lora=arrival.lora,
                                    kv=arrival.kv)
-        except (QueueSaturated, SubmitError) as exc:
+        except (QueueSaturated, SubmitError, HandoffsFull) as exc:
             arrival.decided(arrival, None, exc)
             return
         self._live[req.id] = req

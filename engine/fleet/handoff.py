@@ -52,13 +52,14 @@ class Pull:
         producer.metrics.touch()
 
 
-def find(fleet, model: str, engine_id: str, request_id: str) -> Pull | None:
+def find(fleet, model: str, engine_id: str, request_id: str, digest: bytes) -> Pull | None:
     """The handoff `engine_id`'s replica of `model` holds under `request_id`, claimed for a
-    pull; None when no replica has that id or the handoff is gone."""
+    pull; None when no replica has that id, the handoff is gone, or it holds another prompt
+    than the one whose prompt_digest is `digest`."""
     for replica in fleet.replicas.get(model, {}).values():
         runtime = replica.runtime
         if runtime.engine_id == engine_id:
-            handoff = runtime.core.take_handoff(request_id, runtime.pacer.sim_now())
+            handoff = runtime.core.take_handoff(request_id, digest, runtime.pacer.sim_now())
             return Pull(runtime, handoff) if handoff is not None else None
     return None
 

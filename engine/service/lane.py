@@ -12,7 +12,11 @@ listens on 127.0.0.1 only (a Kubernetes pod's containers share it); the per-proc
 handed out by the gRPC API, keeps the lane exactly as reachable as the Session itself.
 
 A connection's first frame must be a LaneHello with the token (compared in constant time),
-else it is closed. A frame that does not parse, or one above the size limit, closes that
+at most HELLO_MAX_FRAME bytes and within HELLO_TIMEOUT_S, else it is closed: only a
+connection that said the token may send frames of up to MAX_FRAME, so one without it costs
+the engine a few KB at most. At most MAX_CONNECTIONS are open at once (the lane serves the
+gateways of this host; a connection beyond them is closed at once, and a gateway refused
+keeps its gRPC Session). A frame that does not parse, or one above the size limit, closes that
 connection (logged once per engine): its requests are cancelled as for a lost Session, and
 the engine serves everyone else on.
 """
@@ -37,6 +41,9 @@ log = logging.getLogger(__name__)
 LANE_HOST = "127.0.0.1"
 TOKEN_BYTES = 32
 HELLO_TIMEOUT_S = 5.0  # a connection that sends no hello by then is closed
+# A LaneHello is a 32-byte token and a clock id: a first frame longer than this is no hello.
+HELLO_MAX_FRAME = 4096
+MAX_CONNECTIONS = 32
 MODES = ("auto", "off")  # --session-lane: auto = listen; off = gRPC Session only
 
 
@@ -69,10 +76,16 @@ class LaneConnection(FrameProtocol):
         self.sink: SessionSink | None = None
         self.writer: asyncio.Task[None] | None = None
         self.on_frame = self._hello
+        self.max_frame = HELLO_MAX_FRAME  # until the hello has said the token
         self._hello_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        if len(self.lane.connections) >= MAX_CONNECTIONS:
+            self.lane.once.warn("connections", "session lane: a connection beyond %d closed",
+                                MAX_CONNECTIONS)
+            self.fail(ConnectionRefusedError("too many lane connections"))
+            return
         self.lane.connections.add(self)
         self._hello_timer = asyncio.get_running_loop().call_later(
             HELLO_TIMEOUT_S, self.fail, MalformedFrame("no hello"))
@@ -89,6 +102,7 @@ class LaneConnection(FrameProtocol):
             lane.once.warn("token", "session lane: a connection with a wrong token closed")
             self.close()
             return
+        self.max_frame = MAX_FRAME
         self.write(pb.LaneHello(clock_id=lane.clock).SerializeToString())
         sink = self.sink = SessionSink(lane.service)
         sink.lane = True  # a batch finishing requests carries their replicas' metrics

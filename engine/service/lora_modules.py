@@ -3,17 +3,24 @@
 Knows `--lora-modules` (each value `name=path`, or vLLM's JSON form
 `{"name": ..., "path": ..., "base_model_name": ...}`), `--max-loras` and `--enable-lora`,
 and that the only file of an adapter the lab reads is its `adapter_config.json` (for its
-rank `r`; absent: rank 16, DEFAULT_RANK). Does not know scheduling or costs
+rank `r`; absent: rank 16, DEFAULT_RANK): a regular file of at most MAX_CONFIG_BYTES, read
+at once on the caller's loop (a PEFT config is about 1 KB), whose content no error quotes
+(a path can name any file the engine may read). Does not know scheduling or costs
 (engine.sim.lora) or gRPC (engine.service.control).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from inference_lab.engine.sim.lora import DEFAULT_RANK, LoraError
+
+CONFIG_NAME = "adapter_config.json"
+MAX_CONFIG_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,18 +32,49 @@ class LoraModule:
 
 def read_rank(path: str) -> int:
     """The rank `r` in `path`/adapter_config.json, or DEFAULT_RANK when there is none;
-    LoraError for one that cannot be read."""
-    config = Path(path) / "adapter_config.json" if path else None
+    LoraError for one that cannot be read, is larger than MAX_CONFIG_BYTES, or has no
+    valid `r`. The error names the file and the field, never what the file holds."""
+    config = Path(path) / CONFIG_NAME if path else None
     if config is None or not config.is_file():
         return DEFAULT_RANK
+    text = _read_config(config)
     try:
-        doc = json.loads(config.read_text())
-        rank = doc.get("r", DEFAULT_RANK) if isinstance(doc, dict) else None
-    except (OSError, ValueError) as exc:
-        raise LoraError(f"{config} is not a readable adapter_config.json: {exc}") from None
+        doc = json.loads(text)
+    except ValueError:
+        raise LoraError(f"{config} is not a JSON object (a PEFT {CONFIG_NAME})") from None
+    if not isinstance(doc, dict):
+        raise LoraError(f"{config} is not a JSON object (a PEFT {CONFIG_NAME})")
+    rank = doc.get("r", DEFAULT_RANK)
     if type(rank) is not int or rank < 1:
-        raise LoraError(f"{config}: `r` must be an integer >= 1, got {rank!r}")
+        raise LoraError(f"{config}: `r` must be an integer >= 1")
     return rank
+
+
+def _read_config(config: Path) -> bytes:
+    """The file's bytes, if it is a regular file of at most MAX_CONFIG_BYTES (opened
+    without blocking, so a FIFO swapped in after the check cannot hang the loop)."""
+    unreadable = LoraError(f"{config} is not a readable {CONFIG_NAME}")
+    try:
+        fd = os.open(config, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        raise unreadable from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise unreadable
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise LoraError(f"{config} is larger than {MAX_CONFIG_BYTES} bytes: not a PEFT "
+                            f"{CONFIG_NAME}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError:
+        raise unreadable from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:  # (it grew after fstat)
+        raise LoraError(f"{config} is larger than {MAX_CONFIG_BYTES} bytes: not a PEFT "
+                        f"{CONFIG_NAME}")
+    return data
 
 
 def parse_lora_module(text: str) -> LoraModule:

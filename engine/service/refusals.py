@@ -16,7 +16,7 @@ from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from inference_lab.engine.fleet.replicas import ReplicaNotFound, ReplicaUnavailable
-from inference_lab.engine.sim.core import CapacityError, QueueSaturated, SubmitError
+from inference_lab.engine.sim.core import CapacityError, HandoffsFull, QueueSaturated, SubmitError
 from inference_lab.v1 import engine_pb2 as pb
 
 DOMAIN = "inference-lab"
@@ -44,6 +44,10 @@ class Unauthenticated(Exception):
 # reason (ErrorInfo.reason under Submit and unary calls, Rejected.reason in a Session).
 REFUSALS: dict[type[Exception], tuple[grpc.StatusCode, str]] = {
     QueueSaturated: (grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_SATURATED"),
+    # P/D: the replica's handoffs hold their cap of its KV cache (engine.sim.kv_transfer);
+    # UNAVAILABLE, not RESOURCE_EXHAUSTED: the queue is not full, this replica cannot hold
+    # another handoff until one is pulled (the gateway answers a 503 kv_transfer_full)
+    HandoffsFull: (grpc.StatusCode.UNAVAILABLE, "KV_TRANSFER_FULL"),
     SubmitError: (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_REQUEST"),
     CapacityError: (grpc.StatusCode.INVALID_ARGUMENT, "INVALID_CAPACITY"),
     UnknownModel: (grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND"),

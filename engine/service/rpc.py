@@ -39,7 +39,7 @@ from inference_lab.engine.service.refusals import (REFUSALS, REFUSED, ShuttingDo
 from inference_lab.engine.service.session import SessionSink
 from inference_lab.engine.service.sleep import SleepRpcs
 from inference_lab.engine.sim.core import QueueSaturated, SubmitError
-from inference_lab.engine.sim.kv_transfer import PRODUCER, KvTransfer
+from inference_lab.engine.sim.kv_transfer import NONE, PRODUCER, KvTransfer, prompt_digest
 from inference_lab.engine.sim.reasoning import reasoning_tokens
 from inference_lab.engine.sim.request import Request
 from inference_lab.v1 import engine_pb2 as pb
@@ -205,13 +205,17 @@ class EngineService(ControlRpcs, SleepRpcs, engine_pb2_grpc.EngineServicer):
     def _connector(self, rt: ModelRuntime, request: pb.SubmitRequest):
         """(what the request asks of the KV connector, the producer's handoff it pulls,
         whether it wanted one): vLLM's kv_transfer_params as NixlConnector acts on them.
-        A kv_producer replica pulls nothing (it prefills what it is given)."""
-        if not request.HasField("kv_transfer_params"):
+        A kv_producer replica pulls nothing (it prefills what it is given); a replica without
+        a connector (no --kv-roles) ignores them, as vLLM without --kv-transfer-config. A
+        pull presents its prompt's digest: a handoff of another prompt is a miss."""
+        if not request.HasField("kv_transfer_params") or rt.kv_role == NONE:
             return None, None, False
         params = request.kv_transfer_params
         wanted = params.do_remote_prefill and rt.kv_role != PRODUCER
         pull = (handoff.find(self.fleet, rt.core.name, params.remote_engine_id,
-                             params.remote_request_id) if wanted else None)
+                             params.remote_request_id,
+                             prompt_digest(request.prompt_token_ids, request.prompt_tokens))
+                if wanted else None)
         kv = KvTransfer(params.do_remote_decode, pull.tokens if pull is not None else 0)
         return kv, pull, wanted
 

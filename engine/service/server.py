@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from inference_lab.common.state_file import read_state, write_state
 from inference_lab.engine.sim.core import CapacityError, EngineCore
 from inference_lab.engine.sim.kv_transfer import (
-    ABORT_TIMEOUT_S, BOTH, SIDE_CHANNEL_PORT, LinkQueue, link_preset,
+    ABORT_TIMEOUT_S, BOTH, HOLD_SHARE, NONE, SIDE_CHANNEL_PORT, LinkQueue, link_preset,
 )
 from inference_lab.engine.service.holds import Holds
 from inference_lab.engine.service.kv_events import KVEventsConfig, ReplicaPublishers
@@ -65,7 +65,8 @@ class EngineServer:
                  lengths: OutputLength | None = None, session_lane: str = "auto",
                  sleep_mode: bool = False, reasoning: bool = False,
                  kv_roles: tuple[str, ...] = (), kv_link: str = "rdma",
-                 kv_abort_timeout: float = ABORT_TIMEOUT_S, shard: Shard = Shard(),
+                 kv_abort_timeout: float = ABORT_TIMEOUT_S,
+                 kv_hold_share: float = HOLD_SHARE, shard: Shard = Shard(),
                  data_parallel: bool = False) -> None:
         self.deployments = deployments
         # The replica indices this process holds (several engine processes share a fleet:
@@ -73,12 +74,14 @@ class EngineServer:
         # (their KV events and server info say their rank) or independent servers (rank 0).
         self.shard = shard
         self.data_parallel = data_parallel
-        # P/D disaggregation: replica i's kv_role (kv_both beyond the list), the link its
-        # pulls cross, how long a producer holds a handoff nobody pulls (vLLM's
-        # VLLM_NIXL_ABORT_REQUEST_TIMEOUT)
+        # P/D disaggregation: replica i's kv_role (kv_both beyond the list; no connector
+        # without one), the link its pulls cross, how long a producer holds a handoff nobody
+        # pulls (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT), the share of a replica's KV cache
+        # its handoffs may hold
         self.kv_roles = tuple(kv_roles)
         self.kv_link = kv_link
         self.kv_abort_timeout = kv_abort_timeout
+        self.kv_hold_share = kv_hold_share
         self.session_lane = session_lane  # "auto": a same-host Session lane; "off": gRPC only
         self.lane: SessionLane | None = None
         self.replicas = replicas  # of every model at start
@@ -156,10 +159,16 @@ class EngineServer:
 
     def _connect(self, core: EngineCore, replica: int) -> None:
         """The replica's KV connector, as vLLM's NixlConnector names itself: its role, a
-        fresh engine id, the side channel (host, VLLM_NIXL_SIDE_CHANNEL_PORT + its rank)."""
-        core.kv_role = self.kv_roles[replica] if replica < len(self.kv_roles) else BOTH
+        fresh engine id, the side channel (host, VLLM_NIXL_SIDE_CHANNEL_PORT + its rank).
+        Without --kv-roles it has none (NONE: kv_transfer_params are ignored)."""
+        if not self.kv_roles:
+            core.kv_role = NONE
+        else:
+            core.kv_role = self.kv_roles[replica] if replica < len(self.kv_roles) else BOTH
         core.link = LinkQueue(link_preset(self.kv_link, core.deployment.hardware))
         core.handoffs.timeout = self.kv_abort_timeout
+        # at least one block, so that a share of a small cache still holds a handoff
+        core.handoffs.max_blocks = max(1, int(core.total_blocks * self.kv_hold_share))
         host = self.host if self.host not in ("", "0.0.0.0", "::") else socket.gethostname()
         core.kv_identity = {"remote_engine_id": str(uuid.uuid4()), "remote_host": host,
                             "remote_port": SIDE_CHANNEL_PORT + replica}

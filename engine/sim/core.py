@@ -17,7 +17,8 @@ from inference_lab.engine.sim.cost import CostModel, attention_load, rate_for
 from inference_lab.engine.sim.speculative import draft_seconds
 from inference_lab.engine.sim.kv import bytes_per_token, fixed_blocks, total_blocks
 from inference_lab.engine.sim.kv_transfer import (
-    BOTH, CONSUMER, Handoff, Handoffs, KvTransfer, LinkQueue, link_preset,
+    BOTH, CONSUMER, NONE, Handoff, Handoffs, HandoffsFull, KvTransfer, LinkQueue, link_preset,
+    prompt_digest,
 )
 from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.sim.lora import MAX_ADAPTERS, LoraAdapter, LoraRegistry
@@ -26,7 +27,8 @@ from inference_lab.engine.sim.request import Request, Status
 from inference_lab.engine.sim.scheduler import Scheduler
 from inference_lab.engine.sim.specs import Deployment
 
-__all__ = ["CapacityError", "EngineCore", "QueueSaturated", "StepResult", "SubmitError"]
+__all__ = ["CapacityError", "EngineCore", "HandoffsFull", "QueueSaturated", "StepResult",
+           "SubmitError"]
 
 
 class SubmitError(ValueError):
@@ -323,17 +325,22 @@ class EngineCore:
             if self.record_kv_events:
                 req.token_bytes = token_ids
         if kv is not None:
-            self._connect(req, kv)
+            self._connect(req, kv, token_ids)
         self.scheduler.waiting.push(req)
         return req
 
     # ---- P/D disaggregation (engine.sim.kv_transfer) ------------------------------------
-    def _connect(self, req: Request, kv: KvTransfer) -> None:
-        """A producer holds a remote-decode request's KV once prefilled; a consumer pulls
-        a remote prefill's KV over its link, from when the request may be scheduled, and
-        schedules it once the last byte has come."""
+    def _connect(self, req: Request, kv: KvTransfer, token_ids: bytes) -> None:
+        """A producer holds a remote-decode request's KV once prefilled (its blocks booked
+        against the handoffs' cap now: HandoffsFull past it); a consumer pulls a remote
+        prefill's KV over its link, from when the request may be scheduled, and schedules
+        it once the last byte has come. Without a connector (NONE) nothing happens."""
+        if self.kv_role == NONE:
+            return
         if kv.remote_decode and self.kv_role != CONSUMER and req.n == 1 and not req.pooling:
+            self.handoffs.reserve(self.name, -(-req.prompt_len // self.block_size))
             req.remote_decode = True
+            req.kv_digest = prompt_digest(token_ids, req.prompt_len)
         if kv.remote_tokens:
             tokens = min(kv.remote_tokens, req.prompt_len)
             blocks = -(-tokens // self.block_size)
@@ -349,10 +356,13 @@ class EngineCore:
         return self.link.link.seconds(blocks * self.block_size * bytes_per_token(self.deployment))
 
     def _hand_off(self, req: Request, now: float) -> None:
-        """A remote-decode prefill finished: its prompt's blocks stay held for a consumer."""
-        blocks = self.scheduler.hold_blocks(-(-req.prompt_len // self.block_size))
+        """A remote-decode prefill finished: its prompt's blocks stay held for a consumer
+        (its reservation becomes the hold)."""
+        need = -(-req.prompt_len // self.block_size)
+        self.handoffs.unreserve(need)
+        blocks = self.scheduler.hold_blocks(need)
         if blocks:
-            req.handoff = self.handoffs.hold(str(req.id), req.prompt_len, blocks, now)
+            req.handoff = self.handoffs.hold(req.kv_digest, req.prompt_len, blocks, now)
             req.handoff.params = self.kv_params(req)
 
     def kv_params(self, req: Request) -> dict | None:
@@ -365,11 +375,12 @@ class EngineCore:
                 "remote_block_ids": handoff.block_ids, **self.kv_identity,
                 "remote_request_id": handoff.request_id, "tp_size": self.deployment.tp}
 
-    def take_handoff(self, request_id: str, now: float) -> Handoff | None:
+    def take_handoff(self, request_id: str, digest: bytes, now: float) -> Handoff | None:
         """A consumer pulls a handoff (its blocks are held until `free_handoff`), or None
-        when it is gone (never held, pulled already, timed out)."""
+        when it is gone (never held, pulled already, timed out) or `digest` (the consumer's
+        prompt_digest) is not its prompt's."""
         self.expire_handoffs(now)
-        return self.handoffs.take(request_id, now)
+        return self.handoffs.take(request_id, digest, now)
 
     def free_handoff(self, handoff: Handoff, pulled: bool = True) -> None:
         freed = self.handoffs.free(handoff)
@@ -399,6 +410,8 @@ class EngineCore:
             return False
         if req.status is Status.WAITING and self.capacity.max_waiting:
             self._freed += 1  # its place is free from the next step (see `saturation`)
+        if req.remote_decode:  # no handoff will come of it: its reservation goes
+            self.handoffs.unreserve(-(-req.prompt_len // self.block_size))
         self.scheduler.finish(req, status)  # writes its live counters back
         req.finish_time = now
         return True

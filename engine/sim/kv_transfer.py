@@ -1,9 +1,11 @@
 """Prefill/decode disaggregation as vLLM's NixlConnector runs it: roles, the KV a prefill
 hands over, and the modelled link it crosses.
 
-Knows: a replica's role (vLLM's `kv_role`), the blocks a producer holds for a consumer
-after a `do_remote_decode` prefill (`Handoffs`: until the consumer pulls them or vLLM's
-abort timeout frees them), and what a pull costs: setup latency + bytes / bandwidth, the
+Knows: a replica's role (vLLM's `kv_role`; NONE: no connector, as vLLM without
+`--kv-transfer-config`), the blocks a producer holds for a consumer after a
+`do_remote_decode` prefill (`Handoffs`: until the consumer pulls them or vLLM's abort
+timeout frees them, under a cap on what one replica may hold), who may pull them (an
+unguessable id, and the digest of the prompt they hold), and what a pull costs: setup latency + bytes / bandwidth, the
 bytes being the blocks' positions x the KV bytes one position takes on each GPU (each GPU
 of a tensor-parallel group moves its own shard over its own link, in parallel), on a link
 that carries one pull's bytes at a time in the order the pulls start (`LinkQueue`:
@@ -16,15 +18,25 @@ pool is the scheduler's: `Handoffs` only counts what it asked it to hold.
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from dataclasses import dataclass, field
 
 from inference_lab.engine.sim.specs import Hardware
 
 PRODUCER, CONSUMER, BOTH = "kv_producer", "kv_consumer", "kv_both"
 ROLES = (PRODUCER, CONSUMER, BOTH)
+# No KV connector (a replica started without --kv-roles): kv_transfer_params are ignored,
+# as vLLM ignores them without --kv-transfer-config.
+NONE = ""
 _ALIASES = {"prefill": PRODUCER, "p": PRODUCER, "decode": CONSUMER, "d": CONSUMER, "both": BOTH}
 # vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT default: a producer frees unpulled blocks after it.
 ABORT_TIMEOUT_S = 480.0
+# Of a replica's KV cache, the share that handoffs may hold, those of admitted
+# remote-decode requests not yet prefilled included: a prefill past it is refused, so the
+# rest of the cache always serves other requests (vLLM has no such cap; its producers are
+# reached by its router alone).
+HOLD_SHARE = 0.5
 # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default; a replica's is this + its data-parallel rank.
 SIDE_CHANNEL_PORT = 5600
 
@@ -146,11 +158,30 @@ class LinkQueue:
         return end
 
 
+class HandoffsFull(Exception):
+    """A remote-decode prefill whose blocks would take the replica's handoffs past their
+    cap: refused at admission, before it runs."""
+
+    def __init__(self, model: str, held: int, blocks: int, cap: int) -> None:
+        self.model = model
+        super().__init__(
+            f"KV transfer capacity exhausted on this {model} replica: handoffs hold or "
+            f"reserve {held} of the {cap} KV blocks they may take, and this prefill needs "
+            f"{blocks}. Retry once the held handoffs are pulled.")
+
+
+def prompt_digest(token_ids: bytes, prompt_len: int) -> bytes:
+    """What binds a handoff to its prompt: a digest of its token IDs (packed uint32), or of
+    its length alone when it has none."""
+    return hashlib.blake2b(token_ids or prompt_len.to_bytes(8, "little"), digest_size=16).digest()
+
+
 @dataclass(slots=True)
 class Handoff:
     """A finished prefill's KV, held on its producer for a consumer to pull."""
 
-    request_id: str
+    request_id: str  # unguessable (secrets.token_hex): the params' remote_request_id
+    digest: bytes  # prompt_digest of the prompt it holds: a pull must present the same
     tokens: int  # prompt positions the blocks hold
     block_ids: list[int]
     expires: float  # sim time at which the abort timeout frees it
@@ -171,27 +202,42 @@ class TransferStats:
 
 @dataclass(slots=True)
 class Handoffs:
-    """A producer's held handoffs, by request id; block ids from a counter (the
-    simulation keeps no block table: the ids name the handoff's blocks, nothing more)."""
+    """A producer's held handoffs, by their unguessable id; block ids from a counter (the
+    simulation keeps no block table: the ids name the handoff's blocks, nothing more).
+    `max_blocks` caps what they hold and what admitted remote-decode prefills reserve."""
 
     timeout: float = ABORT_TIMEOUT_S
+    max_blocks: int = 0  # held + reserved blocks at most (0: no cap)
     held: dict[str, Handoff] = field(default_factory=dict)
     held_blocks: int = 0  # blocks of every handoff not freed yet (pulling ones included)
+    reserved: int = 0  # blocks of admitted remote-decode requests not finished yet
     next_block: int = 1
 
-    def hold(self, request_id: str, tokens: int, blocks: int, now: float) -> Handoff:
+    def reserve(self, model: str, blocks: int) -> None:
+        """Book a remote-decode request's blocks at its admission, or HandoffsFull."""
+        taken = self.held_blocks + self.reserved
+        if self.max_blocks and taken + blocks > self.max_blocks:
+            raise HandoffsFull(model, taken, blocks, self.max_blocks)
+        self.reserved += blocks
+
+    def unreserve(self, blocks: int) -> None:
+        self.reserved -= blocks
+
+    def hold(self, digest: bytes, tokens: int, blocks: int, now: float) -> Handoff:
         ids = list(range(self.next_block, self.next_block + blocks))
         self.next_block += blocks
-        handoff = Handoff(request_id, tokens, ids, now + self.timeout)
-        self.held[request_id] = handoff
+        handoff = Handoff(secrets.token_hex(16), digest, tokens, ids, now + self.timeout)
+        self.held[handoff.request_id] = handoff
         self.held_blocks += blocks
         return handoff
 
-    def take(self, request_id: str, now: float) -> Handoff | None:
+    def take(self, request_id: str, digest: bytes, now: float) -> Handoff | None:
         """The handoff a consumer pulls (its blocks stay held until `free`), or None when
-        it is gone: never held here, pulled already, or past its timeout."""
+        it is gone (never held here, pulled already, past its timeout) or holds another
+        prompt than the one the consumer presents (a miss: the handoff stays)."""
         handoff = self.held.get(request_id)
-        if handoff is None or handoff.pulling or handoff.expires <= now:
+        if handoff is None or handoff.pulling or handoff.expires <= now \
+                or not secrets.compare_digest(handoff.digest, digest):
             return None
         handoff.pulling = True
         return handoff

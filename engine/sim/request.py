@@ -76,6 +76,7 @@ class Request:
     external_tokens: int = 0  # P/D: prompt positions pulled from a producer (<= prompt_len - 1 used)
     transfer_s: float = 0.0  # P/D: the pull's time, its wait for the link included (sim s)
     handoff: object = None  # P/D: the producer's Handoff of its KV (engine.sim.kv_transfer)
+    kv_digest: bytes = b""  # P/D: its prompt's digest, which a pull of its handoff presents
 
     def __post_init__(self) -> None:
         if self.ready < self.arrival:

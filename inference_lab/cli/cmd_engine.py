@@ -139,7 +139,8 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
                         "first P replicas kv_producer (prefill), the next D kv_consumer "
                         "(decode), P + D = --replicas; or one role per replica, comma-separated "
                         "(kv_producer, kv_consumer, kv_both; or prefill, decode, both). "
-                        "Default: every replica kv_both")
+                        "Default: no KV connector (kv_transfer_params are ignored, as vLLM "
+                        "ignores them without --kv-transfer-config)")
     p.add_argument("--kv-link", type=_kv_link, default="rdma", metavar="nvlink|rdma|GBPS[@MS]",
                    help="the link a decode replica pulls KV over: nvlink (within a node: the "
                         "hardware preset's scale-up fabric), rdma (across nodes: its scale-out "
@@ -148,6 +149,20 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-abort-timeout", type=seconds, default=480.0, metavar="SECONDS",
                    help="how long a prefill replica holds KV nobody pulls before freeing it "
                         "(vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT; default 480)")
+    p.add_argument("--kv-hold-share", type=_share, default=0.5, metavar="SHARE",
+                   help="of a replica's KV cache, the share its P/D handoffs may hold, those of "
+                        "admitted prefills included; a prefill past it is refused (503 "
+                        "kv_transfer_full). 0 < SHARE <= 1; default 0.5")
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"a share is a number in (0, 1], got {text!r}")
+    return value
 
 
 def _shard(text: str):
@@ -404,7 +419,8 @@ def run(args: argparse.Namespace) -> int:
                           lengths=lengths, session_lane=args.session_lane,
                           sleep_mode=args.enable_sleep_mode, reasoning=args.reasoning,
                           kv_roles=kv_roles(args), kv_link=args.kv_link,
-                          kv_abort_timeout=args.kv_abort_timeout)
+                          kv_abort_timeout=args.kv_abort_timeout,
+                          kv_hold_share=args.kv_hold_share)
     if token:
         log.info("the control calls require the control token")
     if key or token:

@@ -108,7 +108,8 @@ class EngineProcess:
             self.argv += ["--startup-delay", str(args.startup_delay)]
         if args.kv_roles:
             self.argv += ["--kv-roles", args.kv_roles]
-        self.argv += ["--kv-link", args.kv_link, "--kv-abort-timeout", repr(args.kv_abort_timeout)]
+        self.argv += ["--kv-link", args.kv_link, "--kv-abort-timeout", repr(args.kv_abort_timeout),
+                      "--kv-hold-share", repr(args.kv_hold_share)]
         self.argv += ["--seed", str(args.seed), "--default-max-tokens", str(args.default_max_tokens)]
         if args.workload is not None:
             self.argv += ["--workload", os.path.abspath(args.workload)]

@@ -82,6 +82,43 @@ def test_the_rank_comes_from_adapter_config_json(tmp_path):
         read_rank(str(tmp_path))
 
 
+@pytest.mark.parametrize("content", ['{"r": "SECRET-VALUE"}', '"SECRET-VALUE"',
+                                     'SECRET-VALUE', b'\xffSECRET-VALUE'])
+def test_a_bad_adapter_config_is_refused_naming_the_field_never_quoting_the_file(tmp_path, content):
+    config = tmp_path / "adapter_config.json"
+    config.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(LoraError) as err:
+        read_rank(str(tmp_path))
+    assert "SECRET" not in str(err.value) and "\\x" not in str(err.value)
+    assert str(config) in str(err.value)
+
+
+def test_an_adapter_config_larger_than_the_bound_is_refused_without_reading_it(tmp_path):
+    from inference_lab.engine.service.lora_modules import MAX_CONFIG_BYTES
+
+    config = tmp_path / "adapter_config.json"
+    with open(config, "wb") as f:  # 300 MB, sparse: what a read of it would allocate
+        f.truncate(300 * 1024 * 1024)
+    start = time.perf_counter()
+    with pytest.raises(LoraError, match=f"larger than {MAX_CONFIG_BYTES} bytes"):
+        read_rank(str(tmp_path))
+    assert time.perf_counter() - start < 0.05  # not read: its size is enough
+    config.write_text(json.dumps({"r": 8, "pad": " " * (MAX_CONFIG_BYTES - 100)}))
+    assert read_rank(str(tmp_path)) == 8  # up to the bound, read as before
+
+
+async def test_the_load_route_answers_a_bad_config_with_a_400_that_quotes_nothing(tmp_path):
+    (tmp_path / "adapter_config.json").write_text('{"r": "SECRET-VALUE"}')
+    async with running_engine(max_loras=2) as engine:
+        async with TestServer(create_app(f"127.0.0.1:{engine.port}")) as server, \
+                ClientSession() as http:
+            resp = await http.post(f"http://127.0.0.1:{server.port}/v1/load_lora_adapter",
+                                   json={"lora_name": "x", "lora_path": str(tmp_path)})
+            text = await resp.text()
+            assert resp.status == 400, text
+            assert "SECRET" not in text and "`r` must be an integer" in text
+
+
 def test_lora_requests_info_reports_running_and_waiting_adapters_as_vllm_does():
     engine = core()
     loras = engine.enable_lora(max_loras=1)

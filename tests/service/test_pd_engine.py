@@ -4,8 +4,11 @@ decode replica pulls them; params that point at nothing (an engine id no replica
 handoff timed out or pulled already) are recomputed and counted; the roles show on
 GetCapacity and /metrics."""
 
+import asyncio
+import time
 import urllib.request
 
+import grpc
 import pytest
 
 from engine_helpers import collect, engine_stub, running_engine
@@ -80,3 +83,83 @@ async def test_params_of_an_unknown_engine_or_a_timed_out_handoff_are_recomputed
             assert (fin.external_tokens, fin.completion_tokens) == (0, 4)
         assert series(server, "inference_lab_kv_transfer_recomputed_total", 1) == 2
         assert series(server, "vllm:external_prefix_cache_hits_total", 1) == 0
+
+
+async def test_without_kv_roles_the_params_are_ignored_as_vllm_without_a_connector():
+    async with running_engine() as server, engine_stub(server) as stub:
+        [row] = (await stub.GetCapacity(pb.GetCapacityRequest())).models
+        assert row.kv_role == ""
+        [done] = [e.finished for e in await collect(stub.Submit(prefill())) if e.HasField("finished")]
+        assert not done.HasField("kv_transfer_params")
+        assert server.fleet.replicas["gpt-oss-20b"][0].runtime.core.handoffs.held_blocks == 0
+
+
+async def test_a_pull_must_present_the_handoffs_prompt_and_another_prompt_is_recomputed():
+    async with running_engine(replicas=2, kv_roles=("kv_producer", "kv_consumer")) as server, \
+            engine_stub(server) as stub:
+        [done] = [e.finished for e in await collect(stub.Submit(prefill())) if e.HasField("finished")]
+        params = done.kv_transfer_params
+        assert len(params.remote_request_id) == 32  # random, not a counter
+        other = pb.SubmitRequest(prompt_token_ids=PROMPT[4:] + PROMPT[:4], max_tokens=4,
+                                 replica=1, kv_transfer_params=params)
+        [stolen] = [e.finished for e in await collect(stub.Submit(other)) if e.HasField("finished")]
+        assert stolen.external_tokens == 0  # a miss: computed here
+        assert series(server, "inference_lab_kv_transfer_recomputed_total", 1) == 1
+        producer = server.fleet.replicas["gpt-oss-20b"][0].runtime.core
+        assert producer.handoffs.held_blocks == 24  # still the victim's
+        [fin] = [e.finished for e in await collect(stub.Submit(decode(params)))
+                 if e.HasField("finished")]
+        assert fin.external_tokens == 1499
+
+
+async def test_prefills_past_the_hold_cap_are_refused_and_a_short_request_is_answered_in_time():
+    from engine_helpers import default_deployments
+    from inference_lab.engine.sim.kv import total_blocks
+
+    long = 130_000  # 2,032 blocks of 64
+    share = 2 * 2032 / total_blocks(default_deployments("b200", None)[0])  # two of them
+    async with running_engine(kv_roles=("kv_both",), kv_hold_share=share + 1e-9) as server, \
+            engine_stub(server) as stub:
+        attack = [stub.Submit(pb.SubmitRequest(
+            prompt_tokens=long, max_tokens=1,
+            kv_transfer_params=pb.KvTransferParams(do_remote_decode=True))) for _ in range(4)]
+        outcomes = []
+        for call in attack:
+            try:
+                outcomes.append((await call.read()).HasField("admitted"))
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() is grpc.StatusCode.UNAVAILABLE
+                assert "KV transfer capacity exhausted" in exc.details()
+                outcomes.append(False)
+        assert outcomes.count(True) == 2 and outcomes.count(False) == 2
+        # while the two admitted prefills run and hold: a 5-token request is answered by
+        # the wall clock within its modelled e2e (plus the hops of a shared host)
+        start = time.monotonic()
+        [short] = [e.finished for e in await collect(stub.Submit(pb.SubmitRequest(
+            prompt_tokens=5, max_tokens=1))) if e.HasField("finished")]
+        wall = time.monotonic() - start
+        assert short.completion_tokens == 1 and wall < short.e2e_s + 0.5, (wall, short.e2e_s)
+        await asyncio.gather(*(collect(call) for call, ok in zip(attack, outcomes) if ok))
+        producer = server.fleet.replicas["gpt-oss-20b"][0].runtime.core
+        assert producer.handoffs.held_blocks == 2 * 2032
+        assert series(server, "inference_lab_kv_transfer_pending_blocks", 0) == 2 * 2032
+
+
+async def test_the_gateway_answers_the_hold_caps_refusal_with_a_503_kv_transfer_full():
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+    from inference_lab.gateway import create_app
+
+    async with running_engine(kv_roles=("kv_both",), kv_hold_share=1e-9) as engine:  # 1 block
+        async with TestServer(create_app(f"127.0.0.1:{engine.port}")) as server, \
+                ClientSession() as http:
+            url = f"http://127.0.0.1:{server.port}/v1/completions"
+            body = {"model": "gpt-oss-20b", "prompt": [11] * 130, "max_tokens": 1,
+                    "kv_transfer_params": {"do_remote_decode": True}}
+            resp = await http.post(url, json=body)
+            error = (await resp.json())["error"]
+            assert resp.status == 503, error
+            assert (error["type"], error["code"]) == ("server_error", "kv_transfer_full")
+            assert "KV transfer capacity exhausted" in error["message"]
+            del body["kv_transfer_params"]  # the same prompt without a handoff: served
+            assert (await http.post(url, json=body)).status == 200

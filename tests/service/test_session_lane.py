@@ -291,3 +291,85 @@ async def test_a_reader_a_window_behind_makes_the_engine_wait_and_merge_tokens()
         assert all(t[-1] == 300 for t in totals.values())
         assert any(b - a > 5 for t in totals.values() for a, b in zip(t, t[1:]))  # merged
         lane.close()
+
+
+async def _closed(reader: asyncio.StreamReader, timeout: float = 5.0) -> bool:
+    """The engine closed the connection (EOF or reset) within `timeout`."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await reader.read(1) == b""
+    except ConnectionError:
+        return True
+
+
+async def test_a_first_frame_longer_than_a_hello_is_refused_before_its_bytes_are_buffered():
+    from inference_lab.engine.service.lane import HELLO_MAX_FRAME
+
+    async with running_engine() as engine:
+        info = engine.lane.info()
+        reader, writer = await asyncio.open_connection(info.host, info.port)
+        # a 64 MiB frame's header and its first MiB: closed on the header, nothing buffered
+        writer.write((64 * 1024 * 1024).to_bytes(4, "big") + bytes(1024 * 1024))
+        assert await _closed(reader, timeout=2.0)  # (well before the hello's deadline)
+        writer.close()
+        await until(lambda: not engine.lane.connections, what="the connection to go")
+        # a hello of any length up to the bound is still a hello
+        reader, writer = await asyncio.open_connection(info.host, info.port)
+        hello = pb.LaneHello(token=info.token, clock_id="c" * (HELLO_MAX_FRAME - 64))
+        writer.write(len(hello.SerializeToString()).to_bytes(4, "big") + hello.SerializeToString())
+        assert await asyncio.wait_for(reader.readexactly(4), 5)  # its hello back
+        writer.close()
+
+
+async def test_past_the_hello_a_frame_may_be_as_large_as_the_lane_allows():
+    async with running_engine(time_scale=0.2) as engine:
+        lane = await RawLane.connect(engine.lane.info())
+        assert await lane.hello(engine.lane.token) is not None
+        tokens = bytes(4 * 50_000)  # a 200 KB Open: above a hello's bound, well below MAX_FRAME
+        await lane.write(pb.SessionActions(actions=[pb.SessionAction(open=pb.Open(
+            tag=1, request=pb.SubmitRequest(prompt_token_ids=tokens, max_tokens=1)))]))
+        admitted = False
+        while not admitted:
+            batch = await lane.read()
+            assert batch is not None
+            admitted = any(e.HasField("admitted") for e in batch.events)
+        lane.close()
+
+
+async def test_connections_beyond_the_cap_are_closed_and_a_gateway_still_gets_a_session():
+    from inference_lab.engine.service.lane import MAX_CONNECTIONS
+
+    async with running_engine() as engine:
+        info = engine.lane.info()
+        held = [await asyncio.open_connection(info.host, info.port)
+                for _ in range(MAX_CONNECTIONS)]
+        await until(lambda: len(engine.lane.connections) == MAX_CONNECTIONS,
+                    what="the connections to be served")
+        reader, writer = await asyncio.open_connection(info.host, info.port)
+        assert await _closed(reader, timeout=2.0)  # one beyond the cap: closed at once
+        writer.close()
+        client = EngineClient(f"127.0.0.1:{engine.port}")  # the gateway falls back to gRPC
+        try:
+            assert await run_one(client) == 8
+            assert client._session.transport == "grpc"
+        finally:
+            await client.close()
+        for _, w in held:
+            w.close()
+        await until(lambda: not engine.lane.connections, what="the held ones to go")
+        good = await RawLane.connect(info)
+        assert await good.hello(info.token) is not None  # room again
+        good.close()
+
+
+async def test_a_connection_that_sends_no_hello_is_closed_by_the_deadline(monkeypatch):
+    from inference_lab.engine.service import lane as engine_lane
+
+    monkeypatch.setattr(engine_lane, "HELLO_TIMEOUT_S", 0.2)
+    async with running_engine() as engine:
+        info = engine.lane.info()
+        reader, writer = await asyncio.open_connection(info.host, info.port)
+        writer.write(b"\x00\x00")  # half a header, then nothing
+        assert await _closed(reader, timeout=3.0)
+        writer.close()
+        await until(lambda: not engine.lane.connections, what="the connection to go")
