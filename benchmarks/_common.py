@@ -245,7 +245,8 @@ def measure_window(served: "Served", loadgens: list[subprocess.Popen], start: fl
     py-spy of engine and gateway when `profile` is a directory. Returns (cpu, metrics
     before, metrics after, wall seconds, the load generators' results, {process: py-spy
     output file})."""
-    pids = {"gateway": [served.gateway_pid], "engine": [served.engine_pid],
+    pids = {"gateway": [served.gateway_pid, *served.api_server_pids()],
+            "engine": sorted(set(served.engine_pids())) or [served.engine_pid],
             "loadgen": [p.pid for p in loadgens]}
     time.sleep(max(0.0, start - time.monotonic()))
     spies = start_profiles(profile, pids, duration, suffix)

@@ -15,7 +15,9 @@ engine's word, a 400, a scripted fault), when its body turns out to be still on 
 (then it is not an arrival yet: the edge marks it once the body is in), or when the
 connection goes. `on_change(first)` is called when the oldest stamp changes: with first
 True when the backlog goes from empty to not empty, so that the hold reaches the engine at
-once rather than with the next message.
+once rather than with the next message. A gateway with several engines (gateway.engines)
+shares one backlog among their Sessions, each told through `listen`: a request read here
+may go to any of them.
 
 Does not know HTTP, the Session or the engine's messages.
 """
@@ -27,13 +29,23 @@ from collections.abc import Callable
 
 
 class Backlog:
-    __slots__ = ("_marks", "_heap", "_seq", "on_change")
+    __slots__ = ("_marks", "_heap", "_seq", "on_change", "_listeners")
 
     def __init__(self) -> None:
         self._marks: dict[object, tuple[float, int]] = {}  # connection -> (stamp, seq)
         self._heap: list[tuple[float, int, object]] = []  # (stamp, seq, connection), lazily pruned
         self._seq = 0
         self.on_change: Callable[[bool], None] | None = None  # the oldest moved (True: the first)
+        self._listeners: list[Callable[[bool], None]] = []  # (listen: several Sessions)
+
+    def listen(self, callback: Callable[[bool], None]) -> None:
+        """Call `callback` as `on_change` is called (one more Session told of the hold)."""
+        self._listeners.append(callback)
+        self.on_change = callback if len(self._listeners) == 1 else self._tell_every
+
+    def _tell_every(self, first: bool) -> None:
+        for listener in self._listeners:
+            listener(first)
 
     def __len__(self) -> int:
         return len(self._marks)

@@ -121,7 +121,7 @@ class Connection:
         self._background: set[asyncio.Task[None]] = set()  # old channels being closed
         # Generation requests read and not yet sent (gateway.backlog): the Session's hold.
         self.backlog = backlog
-        backlog.on_change = self._hold_moved
+        backlog.listen(self._hold_moved)
 
     def live(self) -> Session | None:
         """The Session, unless there is none or it broke."""

@@ -124,7 +124,8 @@ class Proc:
 
     def close(self) -> None:
         self.kill()
-        for pid in self.engine_pids():
+        for pid in self.engine_pids() + [int(p) for p in re.findall(
+                r"API server \d+ started: pid (\d+)", self.log())]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
@@ -155,8 +156,16 @@ class Served(Proc):
         match = ENGINE_STARTED.findall(self.wait_for_log(ENGINE_STARTED.pattern, 10.0).string)
         self.engine_pid, self.metrics_port = int(match[-1][0]), int(match[-1][1])
 
+    def api_server_pids(self) -> list[int]:
+        """Every API server child `serve --api-server-count A` logged as started."""
+        return [int(p) for p in re.findall(r"API server \d+ started: pid (\d+)", self.log())]
+
     def engine_metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+        """The engines' series: the engine's own /metrics, or with several engine
+        processes the API port's, which merges every one's (data-parallel ranks)."""
+        many = len(set(self.engine_pids())) > 1
+        url = self.base + "/metrics" if many else f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
             return r.read().decode()
 
     def capacity(self, update: dict | None = None) -> list:

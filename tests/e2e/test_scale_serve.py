@@ -33,12 +33,6 @@ def rank_of(resp: aiohttp.ClientResponse) -> int:
     return int(resp.headers["x-inference-lab-replica"])
 
 
-def api_server_pids(served) -> list[int]:
-    import re
-
-    return [int(p) for p in re.findall(r"API server \d+ started: pid (\d+)", served.log())]
-
-
 @pytest.fixture(scope="module")
 def dp(tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
@@ -60,7 +54,7 @@ async def set_capacity(http: aiohttp.ClientSession, base: str, body: dict) -> tu
 
 async def test_every_rank_is_an_engine_process_of_its_own_behind_two_api_servers(dp):
     assert len(set(dp.engine_pids())) == 2  # one engine core per rank
-    assert len(set(api_server_pids(dp))) == 2  # two gateways share the one port
+    assert len(set(dp.api_server_pids())) == 2  # two gateways share the one port
     base = f"http://127.0.0.1:{dp.port}"
     async with aiohttp.ClientSession() as http:
         rows = await capacity(http, base)
@@ -255,3 +249,35 @@ def test_counter_of_ranks_is_even_over_a_burst_through_both_api_servers(dp):
 
     counts = asyncio.run(burst())
     assert set(counts) == {0, 1} and min(counts.values()) >= 10, counts
+
+
+def test_a_burst_is_admitted_exactly_per_rank_in_arrival_order(dp):
+    # every rank: 2 running places, 4 waiting; 60 requests at once, none naming a rank,
+    # through both API servers: each rank is sent far more than its 6 places, and admits
+    # exactly 6 (none over, none wrongly refused: each rank's engine holds its decisions
+    # until every request read before them reached it), refusing the rest with its own 529
+    base = f"http://127.0.0.1:{dp.port}"
+
+    async def run() -> tuple[Counter, Counter]:
+        sent, admitted = Counter(), Counter()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            status, _ = await set_capacity(http, base, {"max_num_seqs": 2, "max_waiting": 4})
+            assert status == 200
+            try:
+                async def one():
+                    async with http.post(base + "/v1/chat/completions", json=chat(1000)) as resp:
+                        rank = rank_of(resp)
+                        sent[rank] += 1
+                        assert resp.status in (200, 529), resp.status
+                        admitted[rank] += resp.status == 200
+                        await resp.read()
+
+                await asyncio.gather(*(one() for _ in range(60)))
+            finally:
+                await set_capacity(http, base, {"max_num_seqs": 256, "max_waiting": 0})
+        return sent, admitted
+
+    sent, admitted = asyncio.run(run())
+    assert sum(sent.values()) == 60 and set(sent) == {0, 1}
+    assert min(sent.values()) > 6, sent
+    assert admitted == Counter({0: 6, 1: 6}), (sent, admitted)

@@ -171,3 +171,14 @@ async def test_over_grpc_no_open_ever_leaves_behind_a_hold_it_makes_stale(fake):
     await fake.opened.wait(20)
     holds = fake.holds.items
     assert not holds or holds[-1][0] == 0.0  # nothing held at the end
+
+
+def test_a_shared_backlog_tells_every_session_listening():
+    # one gateway, several engines (gateway.engines): each Session hears the hold move
+    backlog = Backlog()
+    first, second = [], []
+    backlog.listen(first.append)
+    backlog.listen(second.append)
+    backlog.mark("a", 1.0)
+    backlog.clear("a")
+    assert first == second == [True, False]
