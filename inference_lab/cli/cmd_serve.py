@@ -4,6 +4,10 @@ Knows the process tree: the engine runs as a child process (`inference-lab engin
 own core for the pacer), the gateway in this process. Validates the configs before
 anything starts, restarts the engine if it dies (the gateway answers 503 meanwhile and
 reconnects by itself), and on Ctrl-C / SIGTERM drains the engine, then stops the gateway.
+Its children are bound to it (common.lifeline): if it dies, even by SIGKILL, the engine
+stops without a grace period and removes the temporary state directory (it is told the
+directory is temporary); if its own parent dies, it exits at once and leaves the engine to
+that lifeline.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from inference_lab.cli.cmd_engine import (
 )
 from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs, loop_runner
 from inference_lab.cli.flag_types import port
+from inference_lab.common import lifeline
 from inference_lab.common.ports import free_port
 
 log = logging.getLogger("inference_lab.serve")
@@ -60,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 class EngineProcess:
     """The engine child: started, watched, restarted when it dies, stopped on request."""
 
-    def __init__(self, args: argparse.Namespace, port: int, state_dir: str) -> None:
+    def __init__(self, args: argparse.Namespace, port: int, state_dir: str,
+                 state_dir_temporary: bool = False) -> None:
         self.port = port
         self.argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", args.log_level,
                      "engine", "--hardware", args.hardware, "--host", "127.0.0.1",
@@ -79,6 +85,8 @@ class EngineProcess:
             self.argv += ["--config", str(args.config)]
         # Live capacity survives the engine's restarts: it saves it there and restores it.
         self.argv += ["--state-dir", state_dir]
+        if state_dir_temporary:  # the engine removes it if this process dies first
+            self.argv.append("--state-dir-temporary")
         if args.max_waiting is not None:
             self.argv += ["--max-waiting", str(args.max_waiting)]
         if args.kv_events_config:
@@ -105,12 +113,14 @@ class EngineProcess:
         # the environment, never argv (which any local user can list). A variable set
         # outside but overridden by a flag, or unset, is not passed on.
         secrets = {API_KEY_ENV: api_key(args), CONTROL_TOKEN_ENV: control_token(args)}
-        self.env = {**{k: v for k, v in os.environ.items() if k not in secrets},
-                    **{k: v for k, v in secrets.items() if v}}
+        self.env = lifeline.child_env({**{k: v for k, v in os.environ.items() if k not in secrets},
+                                       **{k: v for k, v in secrets.items() if v}})
         self.proc: asyncio.subprocess.Process | None = None
         self.stopping = False
 
     async def start(self) -> None:
+        # On the loop's thread, the main one: the engine's lifeline fires when the thread
+        # that forked it exits.
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
             env=self.env, start_new_session=True)  # Ctrl-C reaches us; we stop the engine in order
@@ -163,15 +173,18 @@ async def serve(args: argparse.Namespace, gateway_kwargs: dict) -> None:
     with contextlib.ExitStack() as stack:
         # Without --state-dir, live state still outlives an engine restart: a directory
         # for this run only.
-        state_dir = str(args.state_dir) if args.state_dir is not None else stack.enter_context(
-            tempfile.TemporaryDirectory(prefix="inference-lab-state-"))
-        await _serve(args, gateway_kwargs, state_dir)
+        # (The engine removes it too when this process dies first: errors ignored here.)
+        temporary = args.state_dir is None
+        state_dir = str(args.state_dir) if not temporary else stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="inference-lab-state-", ignore_cleanup_errors=True))
+        await _serve(args, gateway_kwargs, state_dir, temporary)
 
 
-async def _serve(args: argparse.Namespace, gateway_kwargs: dict, state_dir: str) -> None:
+async def _serve(args: argparse.Namespace, gateway_kwargs: dict, state_dir: str,
+                 state_dir_temporary: bool) -> None:
     from inference_lab.gateway.run import run_gateway
 
-    engine = EngineProcess(args, args.engine_port or free_port(), state_dir)
+    engine = EngineProcess(args, args.engine_port or free_port(), state_dir, state_dir_temporary)
     await engine.start()
     supervisor = asyncio.get_running_loop().create_task(engine.supervise())
     gateway = asyncio.get_running_loop().create_task(run_gateway(
@@ -187,6 +200,14 @@ async def _serve(args: argparse.Namespace, gateway_kwargs: dict, state_dir: str)
     stopper = loop.create_task(stop.wait())
     await asyncio.wait({gateway, stopper}, return_when=asyncio.FIRST_COMPLETED)
     stopper.cancel()
+    if lifeline.orphaned():
+        # Nobody is left to drain for, and the cleanup that matters is the engine's (its
+        # sockets, the temporary state directory): its own lifeline stops it without a
+        # grace period once this process is gone. Gone at once, then: an orderly exit
+        # would close the engine's subprocess transport, which SIGKILLs it.
+        log.warning("stopping: the parent process is gone; the engine follows")
+        logging.shutdown()
+        os._exit(128 + signal.SIGTERM)
     if not gateway.done():
         # Engine first: it refuses new work (503) and lets in-flight streams finish
         # within the grace period while the gateway still relays them.
