@@ -28,7 +28,8 @@ vLLM does for data-parallel ranks, index k > 0 offsets
 the endpoints' TCP port by k (an `_dp<k>` suffix on ipc/inproc names), by k times a
 larger stride when the publish and replay ports are too close for that
 (`replica_stride`: no two replicas' ports ever meet). A replica's
-publisher opens with the replica and closes once it is drained. The topic may contain
+publisher opens with the replica and closes once it is drained (removing the socket files
+of the ipc:// endpoints it bound, which libzmq leaves behind). The topic may contain
 `{model}`, replaced by the served model's name (an engine may serve several models; vLLM
 serves one). Does not know the cache itself: the core records the events
 (engine.sim.prefix_cache), and the service hands each step's to `publish`.
@@ -44,7 +45,9 @@ names unless `expose_replay` is set (the engine's --kv-events-expose-replay).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import logging
 import time
 from array import array
@@ -278,9 +281,12 @@ class ZmqEventPublisher:
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(config.hwm)
         self._pub.linger = 0
+        self._bound: list[tuple[str, bool]] = []  # (endpoint as bound, named by a wildcard)
         if _binds(self.endpoint):
             self._pub.bind(self.endpoint)
+            wildcard = "*" in self.endpoint
             self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+            self._bound.append((self.endpoint, wildcard))
         else:
             self._pub.connect(self.endpoint)
         self._replay = None
@@ -290,7 +296,9 @@ class ZmqEventPublisher:
             self._replay = self._actx.socket(zmq.ROUTER)
             self._replay.linger = 0
             self._replay.bind(self.replay_endpoint)
+            wildcard = "*" in self.replay_endpoint
             self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+            self._bound.append((self.replay_endpoint, wildcard))
         self._encode = msgspec.msgpack.Encoder().encode
         self._seq = 0
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
@@ -335,15 +343,36 @@ class ZmqEventPublisher:
             await sock.send_multipart((client, b"", END_SEQ, b""))
 
     def close(self) -> None:
+        """Closes the sockets and removes the files of the ipc:// endpoints it bound
+        (libzmq leaves them on disk)."""
         if self._replay_task is not None:
             self._replay_task.cancel()
         self._pub.close(linger=0)
         if self._replay is not None:
             self._replay.close(linger=0)
+        for endpoint, wildcard in self._bound:
+            _remove_ipc_file(endpoint, wildcard)
         if self._own_contexts:
             if self._actx is not None:
                 self._actx.term()
             self._ctx.term()
+
+
+def _remove_ipc_file(endpoint: str, wildcard: bool) -> None:
+    """The socket file of a bound ipc:// endpoint (its resolved name; for `ipc://*` libzmq
+    made a directory for it, removed too)."""
+    if not endpoint.startswith("ipc://"):
+        return
+    path = endpoint.removeprefix("ipc://")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # (the close goes on)
+        log.warning("cannot remove the KV event socket file %s: %s", path, exc)
+    if wildcard:
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(path))
 
 
 class ReplicaPublishers:

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from inference_lab.calibrate.simulate import DEFAULT_MAX_REQUESTS, Point, simulate
+from inference_lab.common import lifeline
 from inference_lab.engine.sim.specs import Calibration
 
 
@@ -105,7 +107,10 @@ class Evaluator:
             if self.jobs > 1 and len(todo) > 1:
                 global _POOL_POINTS
                 _POOL_POINTS = (self.points, self.max_requests)
-                with multiprocessing.get_context("fork").Pool(min(self.jobs, len(todo))) as pool:
+                # Workers bound to this process: they end with it, however it ends (a
+                # killed parent leaves a fork pool's workers waiting on its queue).
+                with multiprocessing.get_context("fork").Pool(
+                        min(self.jobs, len(todo)), lifeline.bind_to, (os.getpid(),)) as pool:
                     results = pool.map(_pool_simulate, todo, chunksize=1)
             else:
                 results = [simulate(self.points[i], c, self.max_requests) for i, c in todo]

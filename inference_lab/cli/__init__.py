@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from inference_lab.common import lifeline
+
+    # First: a child whose parent dies while this one is still starting ends too.
+    lifeline.bind_to_parent()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

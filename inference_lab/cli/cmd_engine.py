@@ -1,4 +1,9 @@
-"""`inference-lab engine`: the engine service alone (gRPC + Prometheus metrics)."""
+"""`inference-lab engine`: the engine service alone (gRPC + Prometheus metrics).
+
+On SIGTERM / Ctrl-C it drains for --grace; started by `serve` and orphaned (its lifeline's
+SIGTERM: common.lifeline) it stops without a grace period, and removes a state directory
+`serve` made for the run (--state-dir-temporary), since nobody else is left to.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -16,6 +22,7 @@ from inference_lab.cli.flag_types import port, positive_int, seconds, time_scale
 from inference_lab.cli.catalog_flags import (
     add_catalog_argument, add_kv_cache_dtype_argument, add_timing_argument, build_catalog,
 )
+from inference_lab.common import lifeline
 
 log = logging.getLogger("inference_lab.engine")
 
@@ -352,6 +359,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="hold only the replica indices i with i mod P = p of a fleet spread "
                         "over P engine processes (`serve --engine-processes` sets it); "
                         "--replicas stays the fleet's count")
+    p.add_argument("--state-dir-temporary", action="store_true",
+                   help="--state-dir is a directory the parent made for its run (as `serve` "
+                        "does): removed at exit when the parent is gone")
     add_api_key_argument(p, "Submit, Session and SessionLane, as gRPC metadata `authorization: "
                             "Bearer KEY` (the control token passes too)")
     add_control_token_argument(p, "SetCapacity, SetReplicas, InjectFault and the LoRA calls, "
@@ -373,6 +383,7 @@ async def run_until_signal(server, grace: float) -> None:
     sys.setswitchinterval(0.0005)  # grpc.aio's poller thread should not wait 5 ms for the GIL
     print(f"engine ready: grpc {server.host}:{server.port} metrics {server.metrics_port}", flush=True)
     await stop.wait()
+    grace = lifeline.shutdown_grace(grace)  # 0 when the parent is gone
     log.info("stopping: draining in-flight requests for up to %.1f s", grace)
     await server.stop(grace)
 
@@ -441,4 +452,8 @@ def run(args: argparse.Namespace) -> int:
         from inference_lab.cli import UsageError
 
         raise UsageError(str(exc)) from None
+    finally:
+        # While the parent lives it owns the directory (and restarts this engine on it).
+        if args.state_dir_temporary and args.state_dir is not None and lifeline.orphaned():
+            shutil.rmtree(args.state_dir, ignore_errors=True)
     return 0

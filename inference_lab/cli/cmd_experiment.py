@@ -2,8 +2,10 @@
 `inference-lab experiment compare DIR...`: several runs side by side.
 
 Knows the flags and the private server's lifecycle (`--serve` starts `inference-lab serve`
-on free loopback ports with the scenario's model config, and stops it afterwards). The
-experiment itself is inference_lab.experiments.
+on free loopback ports with the scenario's model config, and stops it afterwards, also when
+the run is stopped: SIGTERM, as `timeout`, CI runners and Kubernetes send it, stops it as
+Ctrl-C does; if this process is killed outright, the server's lifeline ends it:
+common.lifeline). The experiment itself is inference_lab.experiments.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 from inference_lab.cli.auth_flags import API_KEY_ENV, CONTROL_TOKEN_ENV
+from inference_lab.common import lifeline
 
 HELP = """\
 Run a capacity experiment: a scenario TOML (load, controller, timeline of actions) against
@@ -116,13 +119,25 @@ class PrivateServer:
         self.metrics_url = ""
 
     def __enter__(self) -> "PrivateServer":
-        from inference_lab.cli import UsageError
-
         env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, CONTROL_TOKEN_ENV)}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
+        # From the main thread (the server's lifeline fires when the forking thread exits);
+        # a session of its own, so a terminal's Ctrl-C reaches only this process, which
+        # stops the server in order.
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=self._log,
-                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, env=lifeline.child_env(env),
+                                     start_new_session=True)
+        try:
+            self._wait_ready()
+        except BaseException:  # a stop while it starts (Ctrl-C, SIGTERM) stops it too
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        from inference_lab.cli import UsageError
+
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline().decode(errors="replace")
@@ -135,13 +150,11 @@ class PrivateServer:
                 self.url = m.group(1)
                 break
         if not self.url:
-            self.__exit__(None, None, None)
             raise UsageError(f"--serve: the server did not start; its log: {self.log_path}")
         # Keep reading its stdout so that it never blocks on a full pipe.
         self._drain = threading.Thread(target=shutil.copyfileobj, args=(self.proc.stdout, self._log),
                                        daemon=True)
         self._drain.start()
-        return self
 
     def __exit__(self, *exc) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -336,7 +349,34 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stop_on_sigterm() -> list[int]:
+    """SIGTERM stops a run as Ctrl-C does (the same handler, whichever is installed:
+    asyncio's while the run's loop runs, else the one that raises KeyboardInterrupt), so
+    the private server is stopped in order. The list receives the signal's number."""
+    received: list[int] = []
+
+    def on_sigterm(signum: int, frame) -> None:
+        received.append(signum)
+        # Once stopping, a second SIGTERM must not cut the server's stop short (a kill
+        # still ends this process, and the server's lifeline the server).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        handler = signal.getsignal(signal.SIGINT)
+        if not callable(handler):  # (SIGINT ignored or default: the run still ends)
+            raise KeyboardInterrupt
+        handler(signal.SIGINT, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return received
+
+
 def run(args: argparse.Namespace) -> int:
     if args.target == "compare":
         return _compare(args)
-    return _run_scenario(args)
+    received = _stop_on_sigterm()
+    try:
+        return _run_scenario(args)
+    except KeyboardInterrupt:
+        if received:  # 128 + the signal, as a shell reports it
+            print("stopped by SIGTERM", file=sys.stderr, flush=True)
+            return 128 + received[0]
+        raise

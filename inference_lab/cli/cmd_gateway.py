@@ -23,6 +23,7 @@ from inference_lab.cli.auth_flags import (
     warn_exposure,
 )
 from inference_lab.cli.cmd_engine import LENGTH_FLAGS
+from inference_lab.common import lifeline
 
 log = logging.getLogger("inference_lab.gateway")
 
@@ -269,9 +270,15 @@ def run(args: argparse.Namespace) -> int:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         assert task is not None
+        def stop() -> None:
+            # An orphan (its parent, a lab process, is gone) still closes its listeners,
+            # but gets a deadline: open streams are nobody's to wait for.
+            lifeline.shutdown_grace(0.0)
+            task.cancel()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                loop.add_signal_handler(sig, task.cancel)
+                loop.add_signal_handler(sig, stop)
             except (NotImplementedError, RuntimeError):  # not on this platform
                 pass
         try:

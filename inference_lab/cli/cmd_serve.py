@@ -6,8 +6,10 @@ own core for its pacers), the gateway in this process, or, with `--api-server-co
 > 1, as A child processes (`inference-lab gateway`) sharing the HTTP ports. Validates the
 configs before anything starts, restarts a child that dies (the gateway answers 503 for
 an engine meanwhile and reconnects by itself), and on Ctrl-C / SIGTERM drains the
-engines, then stops the gateways. Every child ends with this process, however it ends
-(common.lifeline).
+engines, then stops the gateways. Its children are bound to it (common.lifeline): if it
+dies, even by SIGKILL, the engines stop without a grace period (one removes the temporary
+state directory: it is told the directory is temporary) and so do the API servers; if its
+own parent dies, it exits at once and leaves its children to that lifeline.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from inference_lab.cli.cmd_engine import (
 from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs, loop_runner
 from inference_lab.cli.flag_types import port
 from inference_lab.cli.serve_layout import ServeLayout, add_scale_arguments, layout
+from inference_lab.common import lifeline
 from inference_lab.common.ports import free_port, free_port_run
 
 log = logging.getLogger("inference_lab.serve")
@@ -69,7 +72,7 @@ class EngineProcess:
 
     def __init__(self, args: argparse.Namespace, port: int, state_dir: str,
                  fleet: list[str] | None = None, metrics_port: int | None = None,
-                 name: str = "engine") -> None:
+                 name: str = "engine", state_dir_temporary: bool = False) -> None:
         self.port = port
         self.name = name
         metrics_port = args.metrics_port if metrics_port is None else metrics_port
@@ -90,6 +93,8 @@ class EngineProcess:
             self.argv += ["--config", str(args.config)]
         # Live capacity survives the engine's restarts: it saves it there and restores it.
         self.argv += ["--state-dir", state_dir]
+        if state_dir_temporary:  # the engine removes it if this process dies first
+            self.argv.append("--state-dir-temporary")
         if args.max_waiting is not None:
             self.argv += ["--max-waiting", str(args.max_waiting)]
         if args.kv_events_config:
@@ -122,6 +127,8 @@ class EngineProcess:
         self.ready = b"engine ready"
 
     async def start(self) -> None:
+        # On the loop's thread, the main one: the engine's lifeline fires when the thread
+        # that forked it exits.
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
             env=self.env, start_new_session=True)  # Ctrl-C reaches us; we stop the engine in order
@@ -180,8 +187,8 @@ def child_env(args: argparse.Namespace) -> dict[str, str]:
     user can list). A variable set outside but overridden by a flag, or unset, is not
     passed on."""
     secrets = {API_KEY_ENV: api_key(args), CONTROL_TOKEN_ENV: control_token(args)}
-    return {**{k: v for k, v in os.environ.items() if k not in secrets},
-            **{k: v for k, v in secrets.items() if v}}
+    return lifeline.child_env({**{k: v for k, v in os.environ.items() if k not in secrets},
+                               **{k: v for k, v in secrets.items() if v}})
 
 
 class GatewayProcess(EngineProcess):
@@ -230,28 +237,34 @@ async def serve(args: argparse.Namespace, gateway_kwargs: dict) -> None:
     with contextlib.ExitStack() as stack:
         # Without --state-dir, live state still outlives an engine restart: a directory
         # for this run only.
-        state_dir = str(args.state_dir) if args.state_dir is not None else stack.enter_context(
-            tempfile.TemporaryDirectory(prefix="inference-lab-state-"))
-        await _serve(args, gateway_kwargs, state_dir)
+        # (The engine removes it too when this process dies first: errors ignored here.)
+        temporary = args.state_dir is None
+        state_dir = str(args.state_dir) if not temporary else stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="inference-lab-state-", ignore_cleanup_errors=True))
+        await _serve(args, gateway_kwargs, state_dir, temporary)
 
 
-def _engines(args: argparse.Namespace, shape: ServeLayout, state_dir: str) -> list[EngineProcess]:
+def _engines(args: argparse.Namespace, shape: ServeLayout, state_dir: str,
+             state_dir_temporary: bool) -> list[EngineProcess]:
     """One child per engine process of the layout: the first on --engine-port (and
-    --metrics-port), the others on free ports (and --metrics-port + k)."""
+    --metrics-port), the others on free ports (and --metrics-port + k). The first removes
+    a temporary state directory if this process dies first."""
     out = []
     for k, fleet in enumerate(shape.engines):
         port = args.engine_port if (k == 0 and args.engine_port) else free_port()
         metrics = args.metrics_port + k if args.metrics_port else 0
         name = "engine" if len(shape.engines) == 1 else f"engine {k}"
-        out.append(EngineProcess(args, port, state_dir, fleet, metrics, name))
+        out.append(EngineProcess(args, port, state_dir, fleet, metrics, name,
+                                 state_dir_temporary and k == 0))
     return out
 
 
-async def _serve(args: argparse.Namespace, gateway_kwargs: dict, state_dir: str) -> None:
+async def _serve(args: argparse.Namespace, gateway_kwargs: dict, state_dir: str,
+                 state_dir_temporary: bool) -> None:
     from inference_lab.gateway.run import run_gateway
 
     shape = layout(args)
-    engines = _engines(args, shape, state_dir)
+    engines = _engines(args, shape, state_dir, state_dir_temporary)
     loop = asyncio.get_running_loop()
     children: list[EngineProcess] = []
     gateway: asyncio.Task | None = None
@@ -285,6 +298,14 @@ async def _serve(args: argparse.Namespace, gateway_kwargs: dict, state_dir: str)
         await asyncio.wait({stopper} | ({gateway} if gateway else set()),
                            return_when=asyncio.FIRST_COMPLETED)
         stopper.cancel()
+        if lifeline.orphaned():
+            # Nobody is left to drain for, and the cleanup that matters is the engines'
+            # (their sockets, the temporary state directory): their own lifelines stop them
+            # without a grace period once this process is gone. Gone at once, then: an
+            # orderly exit would close their subprocess transports, which SIGKILLs them.
+            log.warning("stopping: the parent process is gone; the children follow")
+            logging.shutdown()
+            os._exit(128 + signal.SIGTERM)
         if gateway is None or not gateway.done():
             # Engines first: they refuse new work (503) and let in-flight streams finish
             # within the grace period while the gateways still relay them.
