@@ -128,6 +128,27 @@ def test_serve_killed_outright_takes_its_engine_ports_state_dir_and_sockets_alon
         assert not sockets.exists()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_serve_of_two_ranks_and_two_api_servers_leaves_nothing_whatever_ends_it(
+        tmpdir_env, tmp_path, sig):
+    # vLLM's shape: an engine process per rank, two gateways sharing the port; SIGKILL of
+    # `serve` (their lifelines end them) or SIGTERM (its orderly stop): within 5 s no
+    # process of the run is left, every port is free, and no state directory or socket
+    tmpdir, env = tmpdir_env
+    sockets = tmp_path / "kv-events"
+    with serve(*kv_events(f"ipc://{sockets}"), "--data-parallel-size", "2",
+               "--api-server-count", "2", env=env) as served:
+        children = set(served.engine_pids()) | set(served.api_server_pids())
+        assert len(children) == 4 and children <= set(lab_processes(tmpdir))
+        ports = [served.port] + [int(cmdline(p)[cmdline(p).index("--port") + 1])
+                                 for p in served.engine_pids()]
+        assert sockets.exists() and Path(f"{sockets}_dp1").exists()
+        served.proc.send_signal(sig)
+        served.proc.wait(timeout=30)
+        assert_nothing_left(tmpdir, ports)
+        assert not sockets.exists() and not Path(f"{sockets}_dp1").exists()
+
+
 def test_serve_stopped_in_order_removes_the_ipc_socket_files(tmpdir_env, tmp_path):
     tmpdir, env = tmpdir_env
     sockets = tmp_path / "kv-events"
