@@ -39,7 +39,7 @@ from inference_lab.gateway import cors
 from inference_lab.gateway.app import STATE, create_app
 from inference_lab.gateway.engine_client import EngineClient
 from inference_lab.gateway.engines import EngineGroup
-from inference_lab.gateway.errors import GatewayError
+from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.middleware import read_json_body
 from inference_lab.gateway.protocols.base import decode, json_encode, query_text
 from inference_lab.gateway.server import start_gateway
@@ -233,6 +233,11 @@ async def set_replicas(request: web.Request) -> web.Response:
     body = await read_json_body(request, request.app[STATE].max_body_bytes)
     update = decode(_replicas_decoder, body, "replicas update",
                     'expected {"model"?: string, "replicas": integer >= 0}')
+    if fleet.data_parallel:
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           "the data-parallel ranks are set at start (serve "
+                           "--data-parallel-size D): /control/replicas adds and drains "
+                           "independent replicas (serve --replicas N) only")
     rows = await fleet.client.set_replicas(update.model, update.replicas)
     everything = await fleet.reconcile()  # new ports open before the answer
     rows = [r for r in everything if not update.model or r.model == update.model]

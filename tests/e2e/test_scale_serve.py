@@ -62,6 +62,12 @@ async def test_every_rank_is_an_engine_process_of_its_own_behind_two_api_servers
         assert [r["rank"] for r in await capacity(http, base, rank="1")] == [1]
         async with http.get(base + "/control/capacity", params={"rank": "x"}) as resp:
             assert resp.status == 400 and "rank" in (await resp.json())["error"]["message"]
+        async with http.get(base + "/control/replicas") as resp:  # the ranks, as replicas
+            assert [r["replica"] for r in await resp.json()] == [0, 1]
+        async with http.post(base + "/control/replicas", json={"replicas": 1}) as resp:
+            assert resp.status == 400  # the ranks are fixed at start
+            assert "--data-parallel-size" in (await resp.json())["error"]["message"]
+        assert [r["rank"] for r in await capacity(http, base)] == [0, 1]
 
 
 async def test_requests_naming_no_rank_are_balanced_and_a_header_pins_one(dp):
