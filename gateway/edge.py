@@ -25,10 +25,15 @@ request from its headers and body alone (the generation routes' 529 while the mo
 saturated): the read must be exactly one POST of such a path with a Content-Length body,
 plain headers (no Transfer-Encoding, Content-Encoding, Expect, Upgrade or Origin, a
 Connection header only as keep-alive, no header twice); the app's answer of None (not a
-refusal, a 400, anything unusual) hands the read to aiohttp unchanged.
+refusal, a 400, anything unusual) hands the read to aiohttp unchanged. (7) A send
+deadline: once the client's socket pushes back (asyncio pauses the connection's writing),
+the bytes waiting for it must shrink within SEND_TIMEOUT_S, and again each SEND_TIMEOUT_S
+until writing resumes; a client that stops reading has its connection aborted, which ends
+the response's handler as a hang-up does (aiohttp alone would wait on the drain for ever,
+holding the response's bytes).
 
 With the fast paths off (gateway.aiohttp_gate) `runner` is aiohttp's own AppRunner: none of
-(1), (2), (4), (5), (6) and no backlog marks; `read_body` and `arrival_stamp` (the handler's
+(1), (2), (4), (5), (6), (7) and no backlog marks; `read_body` and `arrival_stamp` (the handler's
 read instant) work the same under any server.
 
 Where aiohttp does not allow the envelope, it is not sent: a parse error after the
@@ -44,6 +49,8 @@ import asyncio
 import functools
 import logging
 import re
+import struct
+import sys
 import time
 
 from aiohttp import web
@@ -81,6 +88,16 @@ _NAME, _VALUE = rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+", rb"[!-~](?:[ \t!-~]*[!-~])?"
 _HEADER = re.compile(rb"(%s):[ \t]*(%s)[ \t]*\r\n" % (_NAME, _VALUE))
 _HEADERS = re.compile(rb"(?:%s:[ \t]*%s[ \t]*\r\n)*" % (_NAME, _VALUE))
 BODY_TIMEOUT_S = 30.0  # a request body (at most 1 MiB) must arrive within this
+# A response the client stops reading: once the socket pushes back (asyncio pauses the
+# connection's writing), the bytes waiting must shrink within this many seconds, again and
+# again until the socket takes more, or the connection is aborted.
+SEND_TIMEOUT_S = 30.0
+if sys.platform == "linux":  # a socket's unsent bytes (the kernel's send queue)
+    import fcntl
+    import termios
+    _OUTQ: int | None = termios.TIOCOUTQ
+else:  # (elsewhere the transport's buffer alone says whether bytes left)
+    _OUTQ = None
 _CODES = {400: "bad_http_request", 408: "request_timeout", 413: "request_too_large",
           431: "headers_too_large", 500: "internal_error", 501: "not_implemented",
           505: "http_version_not_supported"}
@@ -125,14 +142,19 @@ class EdgeRequestHandler(aiohttp_gate.Connection):
     """One HTTP connection (aiohttp's protocol) with JSON refusals and a header deadline."""
 
     __slots__ = ("_header_timeout", "_header_timer", "received_at", "_fast", "_fast_gets",
-                 "_fast_posts", "_stamped", "_backlog", "_arrival_paths", "_body_awaited")
+                 "_fast_posts", "_stamped", "_backlog", "_arrival_paths", "_body_awaited",
+                 "_send_timeout", "_send_timer", "_send_waiting")
 
     def __init__(self, *args, header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
+                 send_timeout: float | None = None,
                  fast: dict | None = None, fast_posts: dict | None = None,
                  arrivals: tuple | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._header_timeout = header_timeout
         self._header_timer: asyncio.TimerHandle | None = None
+        self._send_timeout = SEND_TIMEOUT_S if send_timeout is None else send_timeout
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._send_waiting = 0  # bytes the transport held when the send timer was armed
         self.received_at: float | None = None  # time.monotonic() of the latest bytes read
         self._stamped: StampedSocket | None = None  # reads with kernel receive stamps
         self._fast_gets = fast or None  # FAST_GETS
@@ -284,8 +306,58 @@ class EdgeRequestHandler(aiohttp_gate.Connection):
         self.force_close()
         transport.close()
 
+    # ---- the send deadline -----------------------------------------------------------------
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timeout > 0 and self._send_timer is None:
+            self._arm_send()
+
+    def resume_writing(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+        super().resume_writing()
+
+    def _unsent(self) -> int:
+        """Bytes written and not yet taken by the client: the transport's buffer and, where
+        the host tells (Linux's SIOCOUTQ), the socket's send queue (it can hold megabytes,
+        which a slow reader drains while the transport's buffer stays put)."""
+        transport = self.transport
+        if transport is None:
+            return 0
+        unsent = transport.get_write_buffer_size()
+        sock = transport.get_extra_info("socket")
+        if sock is not None and _OUTQ is not None:
+            try:
+                unsent += struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0" * 4))[0]
+            except OSError:
+                pass
+        return unsent
+
+    def _arm_send(self) -> None:
+        self._send_waiting = self._unsent()
+        self._send_timer = self.event_loop.call_later(self._send_timeout, self._send_late)
+
+    def _send_late(self) -> None:
+        """The send timer: bytes left the buffer since it was armed (a slow reader) arm it
+        again; none did (a reader that stopped) abort the connection, which ends its
+        handler as a hang-up does (its engine requests are cancelled)."""
+        self._send_timer = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self._unsent() < self._send_waiting:
+            self._arm_send()
+            return
+        log.info("aborting a connection to %s: its client took no response bytes for %.1f s",
+                 transport.get_extra_info("peername"), self._send_timeout)
+        transport.abort()
+
     def connection_lost(self, exc: BaseException | None) -> None:
         self._disarm()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
         if self._backlog is not None:
             self._body_awaited = None
             self._backlog.clear(self)
@@ -320,6 +392,7 @@ def runner(app: web.Application, *, header_timeout: float = DEFAULT_HEADER_TIMEO
             paths, backlog = arrivals[0], arrivals[1]()
             arrivals = (paths, backlog) if backlog is not None else None
         return functools.partial(EdgeRequestHandler, header_timeout=header_timeout,
+                                 send_timeout=SEND_TIMEOUT_S,
                                  fast=started.get(FAST_GETS) or None,
                                  fast_posts=started.get(FAST_POSTS) or None,
                                  arrivals=arrivals)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from typing import Annotated, Any
 
@@ -273,6 +273,11 @@ class BatchReply(ABC):
 
     @abstractmethod
     def error_frame(self, err: GatewayError) -> bytes: ...
+
+    def chunks(self, outcomes: list[Outcome]) -> Iterator[bytes]:
+        """`body(outcomes)` in the pieces it is written in (one, unless a reply makes a
+        large body piece by piece)."""
+        yield self.body(outcomes)
 
 
 @dataclass(slots=True)

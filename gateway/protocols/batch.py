@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from inference_lab.gateway.engine_client import EngineClient, RequestStream, any_ready
+from inference_lab.gateway.engine_client import (
+    ClientGone, EngineClient, RequestStream, any_ready,
+)
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.protocols.base import Batch, BatchReply, Outcome
 from inference_lab.gateway.protocols.generate import (
@@ -63,7 +65,7 @@ async def generate_batch(request: web.Request, batch: Batch, client: EngineClien
         if batch.stream:
             return await sse_response(
                 request, lambda resp: _pump(streams, reply, resp, events, batch), reply.error_frame)
-        return await _collect(streams, reply, events, batch)
+        return await _collect(request, streams, reply, events, batch)
     finally:
         for stream in streams:
             del inflight[stream]
@@ -118,10 +120,13 @@ async def _pump(streams: list[RequestStream], reply: BatchReply, resp: web.Strea
     await resp.write(b"".join(out))
 
 
-async def _collect(streams: list[RequestStream], reply: BatchReply,
-                   events: list[list[pb.Progress]], batch: Batch) -> web.Response:
+async def _collect(request: web.Request, streams: list[RequestStream], reply: BatchReply,
+                   events: list[list[pb.Progress]], batch: Batch) -> web.StreamResponse:
     """Not streaming: wait for every prompt's every Finished; each text has exactly the
-    engine's token count."""
+    engine's token count. The body is written in the reply's pieces (`BatchReply.chunks`):
+    one piece is a plain response with its length; more are written one at a time
+    (chunked), each once the client has taken the one before it, so a large body is never
+    held whole."""
     finished: list[list[pb.Finished]] = [[] for _ in streams]
     pending = list(range(len(streams)))
     for p in pending:
@@ -140,4 +145,22 @@ async def _collect(streams: list[RequestStream], reply: BatchReply,
         if stream.n == 1 and not outcome.counts[0]:
             outcome.counts[0] = stream.total  # an engine that reported no count
         outcomes.append(outcome)
-    return web.Response(body=reply.body(outcomes), content_type="application/json")
+    pieces = reply.chunks(outcomes)
+    first = next(pieces)
+    second = next(pieces, None)
+    if second is None:
+        return web.Response(body=first, content_type="application/json")
+    resp = web.StreamResponse()
+    resp.content_type = "application/json"
+    try:
+        await resp.prepare(request)
+        await resp.write(first)
+        del first
+        await resp.write(second)
+        del second
+        for piece in pieces:
+            await resp.write(piece)
+        await resp.write_eof()
+    except ConnectionError:  # the client went away: the caller's finally cancels
+        raise ClientGone() from None
+    return resp

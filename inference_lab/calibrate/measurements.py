@@ -17,17 +17,22 @@ guidellm's inter-token latency, inference-perf's time_per_output_token. A file's
 median is used when it has one (a benchmark's TTFT mean carries its opening burst and
 queueing tails), else its mean. Only closed-loop runs are points: a run at a request
 rate without a concurrency cap is refused, naming the file.
+Files are read within inference_lab.common.reading's bounds (64 MiB a file, JSON as
+deep as Python's parser takes, a CSV field of csv's limit); a point's concurrency is at
+most MAX_CONCURRENCY clients (each one a simulated closed-loop user: more would run for
+hours). Anything unreadable is a MeasurementError naming the file and the place.
 Does not know deployments or the simulator (calibrate.simulate).
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from inference_lab.common.reading import csv_rows, loads, read_text
 
 
 class MeasurementError(ValueError):
@@ -49,16 +54,22 @@ class Measurement:
 
 CSV_REQUIRED = ("concurrency", "input_len", "output_len", "ttft_ms", "tpot_ms")
 CSV_OPTIONAL = ("num_prompts", "ttft_p50_ms")
+MAX_CONCURRENCY = 4096  # a point's clients (simulated users) at most
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _number(value: Any, what: str, where: str, integer: bool = False) -> float:
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise MeasurementError(f"{where}: {what}: expected a number, got {value!r}") from None
+        raise MeasurementError(f"{where}: {what}: expected a number, got {_short(value)}") from None
     if not math.isfinite(x) or x <= 0 or (integer and x != int(x)):
         kind = "a positive integer" if integer else "a positive number"
-        raise MeasurementError(f"{where}: {what}: expected {kind}, got {value!r}")
+        raise MeasurementError(f"{where}: {what}: expected {kind}, got {_short(value)}")
     return x
 
 
@@ -66,6 +77,9 @@ def _point(where: str, concurrency: Any, input_len: Any, output_len: Any, num_pr
            metrics: dict[str, Any]) -> Measurement:
     """A Measurement from raw values, each checked; metrics with a None value are dropped."""
     c = int(_number(concurrency, "concurrency", where, integer=True))
+    if c > MAX_CONCURRENCY:
+        raise MeasurementError(f"{where}: concurrency {c}: at most {MAX_CONCURRENCY} clients "
+                               "(each is simulated)")
     isl = round(_number(input_len, "input length", where))
     osl = round(_number(output_len, "output length", where))
     if osl < 2:
@@ -78,7 +92,7 @@ def _point(where: str, concurrency: Any, input_len: Any, output_len: Any, num_pr
 
 
 def read_csv(path: Path, text: str) -> list[Measurement]:
-    rows = list(csv.reader(text.splitlines()))
+    rows = list(csv_rows(csv.reader(text.splitlines()), path, MeasurementError))
     if not rows:
         raise MeasurementError(f"{path}: empty file")
     header = [h.strip() for h in rows[0]]
@@ -137,13 +151,16 @@ def _inference_perf(path: Path, d: dict) -> list[Measurement]:
     prompt = ok.get("prompt_tokens") or ok.get("prompt_len") or {}
     output = ok.get("output_tokens") or ok.get("output_len") or {}
 
-    def ms(stats: dict, key: str) -> float | None:
-        return None if stats.get(key) is None else 1000.0 * float(stats[key])
+    def ms(stats: dict, name: str, key: str) -> float | None:
+        if stats.get(key) is None:
+            return None
+        return 1000.0 * _number(stats[key], f"successes.latency.{name}.{key}", where)
 
     return [_point(where, concurrency, prompt.get("mean"), output.get("mean"), ok.get("count"),
-                   {"ttft_p50_ms": ms(ttft, "median"),
-                    "ttft_ms": None if ttft.get("median") is not None else ms(ttft, "mean"),
-                    "tpot_ms": ms(tpot, "mean")})]
+                   {"ttft_p50_ms": ms(ttft, "time_to_first_token", "median"),
+                    "ttft_ms": None if ttft.get("median") is not None
+                    else ms(ttft, "time_to_first_token", "mean"),
+                    "tpot_ms": ms(tpot, "time_per_output_token", "mean")})]
 
 
 _AIPERF_TAGS = {"ttft": "time_to_first_token", "itl": "inter_token_latency",
@@ -173,7 +190,7 @@ def _aiperf(path: Path, d: dict) -> list[Measurement]:
         if value is None:
             return None
         unit = m.get("unit", "ms")
-        return float(value) * {"s": 1000.0, "sec": 1000.0, "ns": 1e-6, "us": 1e-3}.get(unit, 1.0)
+        return _number(value, f"{tag}.{key}", where) * {"s": 1000.0, "sec": 1000.0, "ns": 1e-6, "us": 1e-3}.get(unit, 1.0)
 
     concurrency = _find(d.get("input_config") or {}, "concurrency")
     if concurrency is None:
@@ -220,18 +237,10 @@ def _guidellm(path: Path, d: dict) -> list[Measurement]:
 
 def read_file(path: Path) -> list[Measurement]:
     """The points of one file, whatever its format."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MeasurementError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MeasurementError(f"{path}: cannot read: {exc}") from None
+    text = read_text(path, MeasurementError)
     if not text.lstrip().startswith(("{", "[")):
         return read_csv(path, text)
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MeasurementError(f"{path}: invalid JSON: {exc}") from None
+    d = loads(text, str(path), MeasurementError)
     try:
         if isinstance(d, dict) and isinstance(d.get("benchmarks"), list):
             return _guidellm(path, d)
@@ -243,7 +252,8 @@ def read_file(path: Path) -> list[Measurement]:
             return _aiperf(path, d)
     except MeasurementError:
         raise
-    except (KeyError, TypeError, AttributeError, ZeroDivisionError) as exc:
+    except (KeyError, TypeError, AttributeError, ZeroDivisionError, ValueError,
+            OverflowError) as exc:
         raise MeasurementError(f"{path}: a malformed result file ({type(exc).__name__}: {exc})") from None
     raise MeasurementError(f"{path}: not a format calibrate reads (CSV with {','.join(CSV_REQUIRED)}, "
                            "or the JSON of vllm bench serve --save-result, inference-perf, aiperf "

@@ -337,13 +337,14 @@ def _print_autoscaling(summary: dict) -> None:
 def _compare(args: argparse.Namespace) -> int:
     from inference_lab.cli import UsageError
     from inference_lab.experiments.experiment import compare
+    from inference_lab.experiments.records import RunFileError
 
     if not args.dirs:
         raise UsageError("compare: give one or more run directories")
     out = args.out or Path("compare")
     try:
         path = compare([Path(d) for d in args.dirs], out)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, RunFileError) as exc:
         raise UsageError(str(exc)) from None
     print(f"wrote {path}")
     return 0

@@ -8,15 +8,17 @@ format, one request a line:
 string), and optionally `max_tokens` (or `max_completion_tokens`): the cap of that
 request's output. Prompts become token IDs with the lab's tokenizer (the built-in one by
 default), packed as the engine takes them, so prompts sharing a prefix share blocks in the
-prefix cache. Blank lines are skipped. Does not know the engine or the clock.
+prefix cache. Blank lines are skipped; a line is at most inference_lab.common.reading's
+MAX_LINE_CHARS, its JSON as deep as Python's parser takes. Does not know the engine or
+the clock.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from inference_lab.common.reading import lines, loads
 from inference_lab.common.tokenizer import ByteTokenizer, Tokenizer, ids_to_bytes
 
 __all__ = ["Dataset", "DatasetError"]
@@ -37,10 +39,7 @@ def _text(content: object, where: str) -> str:
 
 
 def _entry(line: str, where: str, tokenizer: Tokenizer) -> tuple[bytes, int | None]:
-    try:
-        doc = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DatasetError(f"{where}: not JSON ({exc.msg})") from None
+    doc = loads(line, where, DatasetError)
     body = doc.get("body") if isinstance(doc, dict) else None
     if not isinstance(body, dict):
         raise DatasetError(f"{where}: body: missing; expected an object (OpenAI batch format)")
@@ -73,7 +72,7 @@ class Dataset:
         """(prompt token IDs packed as uint32, max_tokens or None) per line, in order."""
         try:
             with open(self.path, encoding="utf-8") as f:
-                for n, line in enumerate(f, 1):
+                for n, line in lines(f, self.path, DatasetError):
                     if line.strip():
                         yield _entry(line, f"{self.path}: line {n}", self.tokenizer)
         except OSError as exc:

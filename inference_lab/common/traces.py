@@ -33,13 +33,14 @@ from __future__ import annotations
 import csv
 import datetime
 import hashlib
-import json
 import math
 import operator
 import os
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
+
+from inference_lab.common.reading import csv_rows, lines, loads
 
 __all__ = ["FORMATS", "MOONCAKE_BLOCK", "Trace", "TraceError", "TraceRequest", "load_trace",
            "cached_trace", "block_tokens"]
@@ -181,14 +182,11 @@ def _azure_time(text: str, where: str) -> tuple[int, float]:
 
 
 def _rows_mooncake(f, path: str):
-    for n, line in enumerate(f, 1):
+    for n, line in lines(f, path, TraceError):
         if not line.strip():
             continue
         where = f"{path}: line {n}"
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{where}: not JSON ({exc.msg})") from None
+        doc = loads(line, where, TraceError)
         if not isinstance(doc, dict):
             raise TraceError(f"{where}: expected an object with timestamp, input_length, "
                              "output_length, hash_ids")
@@ -211,8 +209,9 @@ def _rows_mooncake(f, path: str):
 def _csv_rows(f, path: str, columns: tuple[str, ...]):
     """(line number, the named columns' values) per data row, after the header."""
     reader = csv.reader(f)
+    rows = csv_rows(reader, path, TraceError)  # (a field over csv's limit: its line named)
     header = None
-    for row in reader:
+    for row in rows:
         if row and any(cell.strip() for cell in row):
             header = [cell.strip() for cell in row]
             break
@@ -224,7 +223,7 @@ def _csv_rows(f, path: str, columns: tuple[str, ...]):
                          f"{', '.join(missing)} (got {', '.join(header)})")
     pick = operator.itemgetter(*[header.index(c) for c in columns])
     width = len(header)
-    for row in reader:
+    for row in rows:
         if not row or not row[0].strip() and not any(cell.strip() for cell in row):
             continue
         if len(row) != width:

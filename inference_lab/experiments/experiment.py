@@ -23,11 +23,12 @@ from pathlib import Path
 
 from inference_lab.autoscale.capacity import Slo, lengths_of, replica_capacity, with_capacity
 from inference_lab.autoscale.registry import make_autoscaler
+from inference_lab.common.reading import loads, read_text
 from inference_lab.engine.fleet.startup import startup_delay
 from inference_lab.experiments.autoscaling import fleet_summary
 from inference_lab.experiments.controllers import make_controller
 from inference_lab.experiments.oracle import deployment_for, oracles
-from inference_lab.experiments.records import load_run
+from inference_lab.experiments.records import RunFileError, load_run
 from inference_lab.experiments.report import write_comparison, write_pd_sweep, write_report
 from inference_lab.experiments.runner import Runner
 from inference_lab.experiments.scenario import Scenario
@@ -202,7 +203,9 @@ def compare(directories: list[Path], out: Path) -> Path:
         summary_path = d / "summary.json"
         if not summary_path.is_file():
             raise FileNotFoundError(f"{d}: no summary.json (not an experiment's output directory?)")
-        summary = json.loads(summary_path.read_text())
+        summary = loads(read_text(summary_path, RunFileError), str(summary_path), RunFileError)
+        if not isinstance(summary, dict):
+            raise RunFileError(f"{summary_path}: expected a JSON object")
         runs.append((f"{d.name}", load_run(d), summary))
     return write_comparison(out, runs, runs[0][2].get("window_s", 2.0))
 

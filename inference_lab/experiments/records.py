@@ -24,6 +24,8 @@ import json
 import math
 from pathlib import Path
 
+from inference_lab.common.reading import loads, read_text
+
 __all__ = ["Records", "REQUEST_COLUMNS", "load_run"]
 
 REQUEST_COLUMNS = (
@@ -201,16 +203,31 @@ class Records:
         (out / "actions.json").write_text(json.dumps({"actions": self.actions, **self.facts}, indent=1))
 
 
+class RunFileError(ValueError):
+    """A run directory's file that cannot be read: one line naming it."""
+
+
 def load_run(directory: Path) -> dict:
     """{"requests": columns, "controller": ..., "server": ..., "actions": [...], facts...}
-    with each table as a dict of numpy arrays."""
+    with each table as a dict of numpy arrays. A missing or unreadable file is a
+    RunFileError naming it."""
     import pyarrow.parquet as pq
 
     run: dict = {}
     for name in ("requests", "controller", "server", "fleet", "scaling"):
-        if name in ("fleet", "scaling") and not (directory / f"{name}.parquet").is_file():
+        path = directory / f"{name}.parquet"
+        if name in ("fleet", "scaling") and not path.is_file():
             continue
-        table = pq.read_table(directory / f"{name}.parquet")
-        run[name] = {col: table.column(col).to_numpy(zero_copy_only=False) for col in table.column_names}
-    run.update(json.loads((directory / "actions.json").read_text()))
+        try:
+            table = pq.read_table(path)
+            run[name] = {col: table.column(col).to_numpy(zero_copy_only=False)
+                         for col in table.column_names}
+        except (OSError, ValueError) as exc:  # (pyarrow's errors: ArrowIOError, ArrowInvalid)
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RunFileError(f"{path}: not a readable Parquet table ({reason})") from None
+    path = directory / "actions.json"
+    actions = loads(read_text(path, RunFileError), str(path), RunFileError)
+    if not isinstance(actions, dict):
+        raise RunFileError(f"{path}: expected a JSON object")
+    run.update(actions)
     return run

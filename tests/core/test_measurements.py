@@ -116,7 +116,7 @@ def test_a_guidellm_report_gives_one_point_per_closed_loop_benchmark(tmp_path):
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"mean_ttft_ms": 1', "invalid JSON"),
+    ('{"mean_ttft_ms": 1', "not JSON"),
     ({"something": 1}, "not a format calibrate reads"),
     ({"mean_ttft_ms": 5, "max_concurrency": 4, "completed": 4}, "a malformed result file (KeyError"),
 ])

@@ -16,15 +16,19 @@ Does not know: request bodies (gateway.protocols.pooling.requests), aiohttp, gRP
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 from inference_lab.gateway.errors import GatewayError, sse_error_frame
 from inference_lab.gateway.protocols.base import BatchReply, Outcome, json_encode, random_id
 from inference_lab.gateway.protocols.openai.render import batch_modelled
 from inference_lab.gateway.protocols.pooling.requests import Job
 from inference_lab.gateway.protocols.pooling.vectors import (
-    cosine, cross_logit, embedding, encode, sigmoid,
+    cosine, cross_logit, cross_logits, embedding, encode, sigmoid,
 )
 
+# A response is written in pieces of about this many bytes (gateway.protocols.batch): an
+# embeddings response of 2,048 float vectors of 1,024 values is ~45 MB as JSON.
+CHUNK_BYTES = 64 * 1024
 _PREFIX = {"embed": "embd", "pool": "pool", "score": "score", "rerank": "rerank"}
 
 
@@ -46,17 +50,43 @@ class PoolingReply(BatchReply):
         return sse_error_frame(err)
 
     def body(self, outcomes: list[Outcome]) -> bytes:
+        return b"".join(self.chunks(outcomes))
+
+    def chunks(self, outcomes: list[Outcome], size: int = CHUNK_BYTES) -> Iterator[bytes]:
+        """`body(outcomes)` in pieces of about `size` bytes (one vector more at most), each
+        made when asked for: an embeddings or pooling response of thousands of vectors is
+        written piece by piece, never held whole. A score or rerank response (a number
+        per pair) is one piece."""
         job = self.job
         prompt_tokens = sum(o.prompt_tokens for o in outcomes)
-        if job.kind in ("embed", "pool"):
-            data = self._vectors()
-        else:
-            scores = self._scores()
-            if job.kind == "rerank":
-                return self._rerank(scores, outcomes)
-            if not job.cross:  # a pair's tokens: its query's and its document's
-                prompt_tokens = sum(len(job.prompts[i]) + len(job.prompts[j]) for i, j in job.pairs)
-            data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
+        if job.kind not in ("embed", "pool"):
+            yield self._scored(outcomes, prompt_tokens)
+            return
+        head = {"id": self.id, "object": "list", "created": self.created, "model": job.model}
+        piece = [json_encode(head)[:-1], b',"data":[']  # (the object left open)
+        held = 0
+        for i, item in enumerate(self._vectors()):
+            encoded = json_encode(item)
+            piece.append(b"," + encoded if i else encoded)
+            held += len(encoded) + 1
+            if held >= size:
+                yield b"".join(piece)
+                piece, held = [], 0
+        piece.append(b'],"usage":' + json_encode(_usage(prompt_tokens)))
+        modelled = batch_modelled(outcomes)
+        if modelled:
+            piece.append(b',"inference_lab":' + json_encode(modelled))
+        piece.append(b"}")
+        yield b"".join(piece)
+
+    def _scored(self, outcomes: list[Outcome], prompt_tokens: int) -> bytes:
+        job = self.job
+        scores = self._scores()
+        if job.kind == "rerank":
+            return self._rerank(scores, outcomes)
+        if not job.cross:  # a pair's tokens: its query's and its document's
+            prompt_tokens = sum(len(job.prompts[i]) + len(job.prompts[j]) for i, j in job.pairs)
+        data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
         out = {"id": self.id, "object": "list", "created": self.created, "model": job.model,
                "data": data, "usage": _usage(prompt_tokens)}
         modelled = batch_modelled(outcomes)
@@ -65,11 +95,11 @@ class PoolingReply(BatchReply):
         return json_encode(out)
 
     # ---- the numbers ---------------------------------------------------------------------
-    def _vectors(self) -> list[dict]:
+    def _vectors(self) -> Iterator[dict]:
+        """Each input's item of `data`, made when the response's writer reaches it."""
         job, pooling = self.job, self.job.info.pooling
         obj = "embedding" if job.kind == "embed" else "pooling"
         key = "embedding" if job.kind == "embed" else "data"
-        out = []
         for i, ids in enumerate(job.prompts):
             if pooling.task == "embed":
                 normalize = pooling.normalize if job.normalize is None else job.normalize
@@ -79,13 +109,12 @@ class PoolingReply(BatchReply):
                 text = ",".join(map(str, ids))
                 logit = cross_logit(job.model, text, text)
                 value = [sigmoid(logit) if job.activation else logit]
-            out.append({"index": i, "object": obj, key: value})
-        return out
+            yield {"index": i, "object": obj, key: value}
 
     def _scores(self) -> list[float]:
         job = self.job
         if job.cross:  # one engine request per pair: its query, separator, document
-            logits = [cross_logit(job.model, job.strings[i], job.strings[j]) for i, j in job.pairs]
+            logits = cross_logits(job.model, job.strings, job.pairs)
             return [sigmoid(x) for x in logits] if job.activation else logits
         dims = job.info.pooling.dimensions
         vectors = [embedding(job.model, dims, ids) for ids in job.prompts]

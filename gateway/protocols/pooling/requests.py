@@ -17,13 +17,14 @@ Does not know: response shapes (gateway.protocols.pooling.replies), aiohttp, gRP
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 import msgspec
 
-from inference_lab.common.tokenizer import Tokenizer
+from inference_lab.common.tokenizer import JoinedIds, Tokenizer
 from inference_lab.gateway.protocols.base import (
     _U31, checked_ids, decode, invalid, text_ids,
 )
@@ -33,6 +34,7 @@ from inference_lab.gateway.protocols.pooling.vectors import EMBED_DTYPES, ENDIAN
 MAX_INPUTS = 2048  # inputs of one embeddings request (OpenAI's own bound)
 MAX_DOCUMENTS = 1024  # texts on either side of one score or rerank request
 SEPARATOR = 0xFFFFFF01  # between a pair's query and document (a cross-encoder's [SEP])
+_SEPARATOR = array("I", (SEPARATOR,))
 
 Priority = Annotated[int, msgspec.Meta(ge=-(2**31), le=_U31)]
 Truncate = Annotated[int, msgspec.Meta(ge=-1)]
@@ -277,7 +279,10 @@ def prepare(job: Job, info) -> None:
         seconds = job.texts[job.n_first:]
         if len(firsts) == 1:
             firsts = firsts * len(seconds)
-        prompts = [[*q, SEPARATOR, *d] for q, d in zip(firsts, seconds)]
+        # each pair reads its query's IDs where they are (one query is never copied per
+        # document: JoinedIds); the engine still receives every pair's IDs, packed one
+        # pair at a time as it is sent, so its prompt lengths and prefix cache are the same
+        prompts = [JoinedIds(q, _SEPARATOR, d) for q, d in zip(firsts, seconds)]
     else:
         prompts = list(job.texts)
     job.prompts = _truncated(prompts, job, info)

@@ -89,11 +89,33 @@ _WORD = re.compile(r"\w+")
 def cross_logit(model: str, query: str, document: str) -> float:
     """A cross-encoder's logit for (query, document): 8 x the share of the query's distinct
     words found in the document, less 4, plus a jitter in [-0.5, 0.5) from their hash."""
-    q = words(query)
-    share = len(q & words(document)) / len(q) if q else 0.0
-    digest = hashlib.sha256("\0".join((model, query, document)).encode())
-    jitter = int.from_bytes(digest.digest()[:8], "little") / 2**64 - 0.5
-    return 8.0 * share - 4.0 + jitter
+    return cross_logits(model, [query, document], [(0, 1)])[0]
+
+
+def cross_logits(model: str, texts: Sequence[str], pairs: Sequence[tuple[int, int]]) -> list[float]:
+    """`cross_logit(model, texts[i], texts[j])` of each pair (i, j), in work linear in the
+    texts' and pairs' sizes: each text's words are found once, and a query's part of the
+    hash (model, query) is taken once and copied per pair, so one query against N
+    documents costs one pass over the query, not N."""
+    found: dict[int, frozenset[str]] = {}
+    heads: dict[int, object] = {}
+    out = []
+    for i, j in pairs:
+        q = found.get(i)
+        if q is None:
+            q = found[i] = words(texts[i])
+        d = found.get(j)
+        if d is None:
+            d = found[j] = words(texts[j])
+        share = len(q & d) / len(q) if q else 0.0
+        head = heads.get(i)
+        if head is None:  # sha256 of "model\0query\0document", its prefix hashed once
+            head = heads[i] = hashlib.sha256(f"{model}\0{texts[i]}\0".encode())
+        digest = head.copy()
+        digest.update(texts[j].encode())
+        jitter = int.from_bytes(digest.digest()[:8], "little") / 2**64 - 0.5
+        out.append(8.0 * share - 4.0 + jitter)
+    return out
 
 
 def sigmoid(x: float) -> float:

@@ -26,8 +26,8 @@ import zlib
 from array import array
 from collections.abc import Iterable, Sequence
 
-__all__ = ["ByteTokenizer", "HFTokenizer", "Tokenizer", "TokenizerError", "ids_to_bytes",
-           "load_tokenizer"]
+__all__ = ["ByteTokenizer", "HFTokenizer", "JoinedIds", "Tokenizer", "TokenizerError",
+           "ids_to_bytes", "load_tokenizer"]
 
 Messages = Iterable[tuple[str, str]]  # (role, content text)
 
@@ -44,8 +44,54 @@ class TokenizerError(ValueError):
     """A tokenizer file that cannot be used (missing, unreadable or not a tokenizer)."""
 
 
+class JoinedIds(Sequence[int]):
+    """Token ID sequences read as one, without copying them into one: a cross-encoder's
+    (query, separator, document) pair shares its query's IDs with every other pair, so
+    a request of one query and N documents holds the query once. Its packed form
+    (`ids_to_bytes`) is made when asked for, one pair at a time."""
+
+    __slots__ = ("parts", "_len")
+
+    def __init__(self, *parts: Sequence[int]) -> None:
+        self.parts = tuple(p if isinstance(p, array) and p.typecode == "I" else array("I", p)
+                           for p in parts if len(p))
+        self._len = sum(len(p) for p in self.parts)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            if step == 1 and start <= stop:  # (truncation keeps a tail: no part is copied whole)
+                kept, at = [], 0
+                for part in self.parts:
+                    lo, hi = max(start - at, 0), min(stop - at, len(part))
+                    if lo < hi:
+                        kept.append(part if (lo, hi) == (0, len(part)) else part[lo:hi])
+                    at += len(part)
+                return JoinedIds(*kept)
+            return array("I", self.tobytes())[index]
+        if index < 0:
+            index += self._len
+        for part in self.parts:
+            if 0 <= index < len(part):
+                return part[index]
+            index -= len(part)
+        raise IndexError("JoinedIds index out of range")
+
+    def __iter__(self):
+        for part in self.parts:
+            yield from part
+
+    def tobytes(self) -> bytes:
+        return b"".join(ids_to_bytes(p) for p in self.parts)
+
+
 def ids_to_bytes(ids: Sequence[int]) -> bytes:
     """Token IDs as packed little-endian uint32, the form the engine's API takes."""
+    if isinstance(ids, JoinedIds):
+        return ids.tobytes()
     if isinstance(ids, array) and ids.typecode == "I" and ids.itemsize == 4:
         return ids.tobytes()
     return array("I", ids).tobytes()
