@@ -27,7 +27,7 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 
 from inference_lab.common.conversations import Conversations
@@ -66,7 +66,7 @@ class DataParallelRanks:
     lockstep (MoE) or independently (dense). Told the time by its driver."""
 
     __slots__ = ("cores", "lockstep", "balancer", "coordinator", "ranks", "_published",
-                 "publications", "dummy_passes", "aligned_steps")
+                 "_now", "publications", "dummy_passes", "aligned_steps")
 
     def __init__(self, deployment: Deployment, size: int, *, lockstep: bool | None = None,
                  slowdown: float = 1.0) -> None:
@@ -80,6 +80,7 @@ class DataParallelRanks:
         self.coordinator = Coordinator()
         self.ranks = [RankRecord() for _ in range(size)]
         self._published: list[tuple[int, int]] | None = None  # the counts last published
+        self._now = 0.0  # the latest time told
         self.publications = 0
         self.dummy_passes = 0  # rank-steps that ran vLLM's one-token dummy batch
         self.aligned_steps = 0  # lockstep steps in which some rank ran real work
@@ -91,6 +92,8 @@ class DataParallelRanks:
 
     def observe(self, now: float) -> bool:
         """The coordinator looks at the counts at `now` and publishes them if due."""
+        if now > self._now:
+            self._now = now
         at = self.balancer.published_at
         if at is not None and now < at + self.coordinator.interval:
             return False  # (too soon for any publication: the counts need not be read)
@@ -103,13 +106,16 @@ class DataParallelRanks:
         return True
 
     def next_publication(self, before: float = math.inf) -> float | None:
-        """When the coordinator would next publish, the counts staying as they are now;
-        None before its first publication, or when that is not before `before`."""
+        """When the coordinator would next publish, the counts staying as they are now
+        (no earlier than the latest time told: counts that moved after the interval had
+        passed are published at once); None before its first publication, or when that
+        is not before `before`."""
         at = self.balancer.published_at
         if at is None or at + self.coordinator.interval >= before:
             return None
         moved = self.counts() != self._published
         t = at + (self.coordinator.interval if moved else self.coordinator.idle_interval)
+        t = t if t > self._now else self._now
         return t if t < before else None
 
     def route(self, now: float, rank: int | None = None) -> int:
@@ -121,23 +127,52 @@ class DataParallelRanks:
             return rank
         return self.balancer.pick()
 
+    def submit(self, rank: int, now: float, prompt_len: int, max_tokens: int | None,
+               **kwargs) -> Request:
+        """`EngineCore.submit` on `rank`'s core, counted in its figures (QueueSaturated
+        and SubmitError pass through, counted as refused and invalid)."""
+        record = self.ranks[rank]
+        record.requests += 1
+        try:
+            req = self.cores[rank].submit(prompt_len, max_tokens, now, **kwargs)
+        except QueueSaturated:
+            record.refused += 1
+            raise
+        except SubmitError:
+            record.invalid += 1
+            raise
+        record.admitted += 1
+        return req
+
+    def finished(self, rank: int, req: Request) -> None:
+        """A request of `rank` finished: its TTFT and end-to-end latency count."""
+        record = self.ranks[rank]
+        record.ttft.append(req.first_token - req.arrival)
+        record.e2e.append(req.finish_time - req.arrival)
+
     # ---- steps -------------------------------------------------------------------------
-    def next_step_time(self) -> float | None:
-        """When the next step starts (the earliest rank's next event), or None: no work."""
+    def next_step_time(self, skip: Container[int] = ()) -> float | None:
+        """When the next step starts (the earliest rank's next event, ranks in `skip`
+        left out), or None: no work."""
         best = None
-        for core in self.cores:
+        for rank, core in enumerate(self.cores):
+            if rank in skip:
+                continue
             t = core.next_event_time()
             if t is not None and (best is None or t < best):
                 best = t
         return best
 
-    def step(self, now: float) -> list[tuple[int, StepResult]]:
-        """Step every rank whose next event is due at `now` (the earliest: `next_step_time`).
+    def step(self, now: float, skip: Container[int] = ()) -> list[tuple[int, StepResult]]:
+        """Step every rank whose next event is due at `now` (the earliest: `next_step_time`),
+        but those in `skip` (dense ranks whose last step a driver has not yet delivered).
         Lockstep: the step's end is the latest of those ranks' ends and of the other
         ranks' dummy passes, imposed on every rank."""
         self.observe(now)
         stepped = []
         for rank, core in enumerate(self.cores):
+            if rank in skip:
+                continue
             t = core.next_event_time()
             if t is not None and t <= now:
                 stepped.append((rank, core.step(now)))
@@ -237,8 +272,6 @@ def run_data_parallel(deployment: Deployment, spec: WorkloadSpec, size: int, *,
     def submit(now: float, prompt_len: int, output_len: int, key: object,
                token_ids: bytes = b"", named: int | None = None) -> bool:
         rank = dp.route(now, named)
-        rr = dp.ranks[rank]
-        rr.requests += 1
         rec.total += 1
         if now < rec.first_arrival:
             rec.first_arrival = now
@@ -246,15 +279,12 @@ def run_data_parallel(deployment: Deployment, spec: WorkloadSpec, size: int, *,
         req = None
         try:
             lora = draw_adapter(adapters[rank], pick) if adapters[rank] else None
-            req = cores[rank].submit(prompt_len if not tokens else 0, output_len, now, tag=key,
-                                     token_ids=tokens, lora=lora)
-            rr.admitted += 1
+            req = dp.submit(rank, now, prompt_len if not tokens else 0, output_len, tag=key,
+                            token_ids=tokens, lora=lora)
         except QueueSaturated:
             rec.rejected_saturated += 1
-            rr.refused += 1
         except SubmitError:
             rec.rejected_invalid += 1
-            rr.invalid += 1
         if records is not None:
             records.append((rank, req))
         return req is not None
@@ -305,16 +335,14 @@ def run_data_parallel(deployment: Deployment, spec: WorkloadSpec, size: int, *,
             steps += 1
             core = cores[rank]
             rec.step(core, result)
-            rr = dp.ranks[rank]
             for req in result.finished:
+                dp.finished(rank, req)
                 rec.input_tokens += req.prompt_len
                 rec.output_tokens += 0 if req.pooling else req.max_tokens
                 ttft = req.first_token - req.arrival
                 e2e = req.finish_time - req.arrival
                 rec.ttft.append(ttft)
                 rec.e2e.append(e2e)
-                rr.ttft.append(ttft)
-                rr.e2e.append(e2e)
                 if req.max_tokens > 1:
                     rec.per_token.append((e2e - ttft) / (req.max_tokens - 1))
                 if req.finish_time > rec.last_finish:

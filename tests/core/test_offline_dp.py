@@ -170,6 +170,9 @@ def test_the_balancer_is_published_the_cores_counts_on_the_coordinators_schedule
     assert dp.route(0.2) == 1  # 4 x 1 + 0 against 4 x 0 + 1
     assert dp.route(0.2, rank=0) == 0 and dp.balancer.estimate()[0] == (1, 0)  # pinned:
     # no local addition
+    assert not dp.observe(0.3)  # an event at 0.3: nothing moved since 0.1, not due
+    dp.cores[0].submit(16, 100, 0.3)  # the counts move at 0.3, after 0.1 + 100 ms:
+    assert dp.next_publication() == pytest.approx(0.3)  # published at once, not at 0.2
     with pytest.raises(ValueError, match="out of range"):
         dp.route(0.3, rank=2)
 
