@@ -5,9 +5,10 @@ B200 through the offline driver and prints the figures. No pass/fail: a benchmar
 
     python benchmarks/sim_speed.py [--requests N] [--workload FILE] [--config FILE]
         [--hardware NAME] [--timing roofline|calibrated] [--pd P:D [--kv-link LINK]]
-        [--json FILE]
+        [--data-parallel-size D] [--json FILE]
 
---pd runs the workload disaggregated (P prefill and D decode replicas, engine.drivers.disagg).
+--pd runs the workload disaggregated (P prefill and D decode replicas, engine.drivers.disagg);
+--data-parallel-size on D data-parallel ranks (engine.drivers.data_parallel).
 Besides output tokens, the figures count all simulated tokens (prompt + output).
 """
 
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 from inference_lab.engine.sim.config import load_deployment
+from inference_lab.engine.drivers.data_parallel import run_data_parallel
 from inference_lab.engine.drivers.disagg import run_disaggregated
 from inference_lab.engine.drivers.offline import run_offline
 from inference_lab.engine.sim.kv_transfer import PdLayout, parse_pools
@@ -39,6 +41,8 @@ def main() -> None:
     parser.add_argument("--timing", choices=("roofline", "calibrated"), help="timing model")
     parser.add_argument("--pd", metavar="P:D", help="disaggregated: P prefill, D decode replicas")
     parser.add_argument("--kv-link", default="rdma", help="with --pd: nvlink | rdma | GBPS[@MS]")
+    parser.add_argument("--data-parallel-size", type=int, default=1, metavar="D",
+                        help="D data-parallel ranks (an MoE model's in lockstep)")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
 
@@ -49,6 +53,8 @@ def main() -> None:
     wall0 = time.perf_counter()
     if args.pd:
         summary = run_disaggregated(deployment, spec, PdLayout(*parse_pools(args.pd), args.kv_link))
+    elif args.data_parallel_size > 1:
+        summary = run_data_parallel(deployment, spec, args.data_parallel_size)
     else:
         summary = run_offline(deployment, spec)
     wall = time.perf_counter() - wall0
@@ -56,7 +62,8 @@ def main() -> None:
     out_tokens = summary["throughput_metrics"]["output_tokens_per_sec"] * sim["simulated_seconds"]
     in_tokens = summary["throughput_metrics"]["input_tokens_per_sec"] * sim["simulated_seconds"]
     all_per_cpu = (in_tokens + out_tokens) / sim["cpu_seconds"] if sim["cpu_seconds"] else 0.0
-    layout = f", disaggregated {args.pd} over {args.kv_link}" if args.pd else ""
+    layout = (f", disaggregated {args.pd} over {args.kv_link}" if args.pd else
+              f", {args.data_parallel_size} data-parallel ranks" if args.data_parallel_size > 1 else "")
     print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}")
     print(f"workload: {args.workload.name}, {spec.num_requests:,} requests, "
           f"{spec.num_concurrent_users} users, {deployment.name} on {deployment.hardware.name}, "
@@ -75,7 +82,8 @@ def main() -> None:
                        "cpu_seconds": sim["cpu_seconds"], "wall_seconds": wall,
                        "output_tokens_per_cpu_second": sim["output_tokens_per_cpu_second"],
                        "tokens_per_cpu_second": all_per_cpu, "pd": args.pd,
-                       "kv_link": args.kv_link if args.pd else None},
+                       "kv_link": args.kv_link if args.pd else None,
+                       "data_parallel_size": args.data_parallel_size},
                       f, indent=1)
 
 

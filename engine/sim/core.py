@@ -227,6 +227,21 @@ class EngineCore:
         if until > self.admit_after:
             self.admit_after = until
 
+    def hold_until(self, end: float, result: StepResult | None = None) -> None:
+        """The engine is busy until `end`: its latest step (`result`), when given, ends
+        there instead of at its own end (that step's first tokens and finishes move with
+        it). A driver of data-parallel MoE ranks imposes the slowest rank's end on every
+        rank this way (the expert layers synchronise each step); a rank that ran no step
+        of its own ran a dummy pass until then."""
+        if result is not None and end > result.end:
+            result.end = end
+            for req in result.first_token:
+                req.first_token = end
+            for req in result.finished:
+                req.finish_time = end
+        if end > self.clock:
+            self.clock = end
+
     def fastest_first_token(self) -> float:
         """A lower bound on any request's time from arrival to its first token: its
         overhead before it may be scheduled plus the cheapest step (simulated s)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import re
 import shutil
@@ -62,6 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="start a private `inference-lab serve` for the run, stop it after")
     where.add_argument("--virtual", action="store_true",
                        help="no server: the same scenario on the simulated clock (virtual time)")
+    p.add_argument("--data-parallel-size", type=int, metavar="D",
+                   help="with --virtual: D data-parallel ranks per replica, behind vLLM's "
+                        "internal balancer, an MoE model's in lockstep (overrides the "
+                        "scenario's [server] data_parallel_size)")
     p.add_argument("--controller", metavar="NAME", help="override the scenario's controller")
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="a controller parameter (repeatable), e.g. --param min_limit=1")
@@ -185,6 +190,11 @@ def _run_scenario(args: argparse.Namespace) -> int:
     if args.out is None:
         raise UsageError("--out DIR is required")
     scenario = load_scenario(args.target)
+    if args.data_parallel_size is not None:
+        if not 1 <= args.data_parallel_size <= 64:
+            raise UsageError(f"--data-parallel-size: expected an integer in [1, 64], got "
+                             f"{args.data_parallel_size}")
+        scenario = dataclasses.replace(scenario, data_parallel_size=args.data_parallel_size)
     if args.controller or args.param:
         params = dict(_param(p) for p in args.param)
         scenario = scenario.with_controller(args.controller or scenario.controller,
@@ -214,6 +224,12 @@ def _run_scenario(args: argparse.Namespace) -> int:
                          if args.url else
                          f"{scenario.path}: fleet.kv_roles: virtual time does not model a P/D fleet "
                          "(run it with --serve or --url)")
+    if scenario.data_parallel_size > 1 and not args.virtual:
+        raise UsageError(f"{scenario.path}: server.data_parallel_size: data-parallel ranks are "
+                         "modelled in virtual time only (run it with --virtual)")
+    if scenario.data_parallel_size > 1 and scenario.ratios:
+        raise UsageError(f"{scenario.path}: server.data_parallel_size: not with a P/D fleet "
+                         "(fleet.kv_roles)")
     if len(scenario.ratios) > 1:
         return _pd_sweep(args, scenario, scale)
 

@@ -27,6 +27,11 @@ example:
 disaggregated (1 prefill replica, 3 decode replicas, KV pulled over RDMA):
   inference-lab sim -c configs/gpt-oss-20b.toml \\
       -w configs/workloads/chat-closed-loop-24.toml --pd 1:3 --kv-link rdma
+
+data parallel (4 ranks behind vLLM's internal balancer; an MoE model's ranks step in
+lockstep, idle ranks running one-token dummy passes):
+  inference-lab sim -c configs/gpt-oss-20b.toml \
+      -w configs/workloads/chat-closed-loop-24.toml --data-parallel-size 4
 """
 
 
@@ -60,6 +65,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pd-policy", choices=PD_POLICIES,
                    help="with --pd: how the router picks a replica of each pool "
                         "(default: the config's, else least_loaded)")
+    p.add_argument("-dp", "--data-parallel-size", dest="data_parallel_size", type=int,
+                   default=1, metavar="D",
+                   help="run D data-parallel ranks of the deployment, as vLLM's "
+                        "--data-parallel-size: each its own scheduler, KV cache and "
+                        "max_waiting; requests routed by vLLM's internal balancer (score "
+                        "4 x waiting + running, counts published every 100 ms); an MoE "
+                        "model's ranks step in lockstep (each step as long as the slowest "
+                        "rank's, idle ranks run one-token dummy passes), a dense model's "
+                        "independently (default 1)")
     add_catalog_argument(p)
     add_timing_argument(p)
     add_kv_cache_dtype_argument(p)
@@ -162,6 +176,31 @@ def print_pools(summary: dict) -> None:
     console.print("\n".join(lines))
 
 
+def print_ranks(summary: dict) -> None:
+    """A data-parallel run's ranks: what the balancer sent each, what it admitted, its
+    latencies; and the lockstep's dummy passes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    dp = summary["data_parallel"]
+    mode = "lockstep (MoE)" if dp["lockstep"] else "independent (dense)"
+    table = Table(title=f"{dp['size']} data-parallel ranks, {mode}")
+    for col in ("rank", "requests", "admitted", "refused", "completed", "TTFT p50 (ms)",
+                "e2e p50 (ms)", "steps"):
+        table.add_column(col, justify="right")
+    for r in dp["ranks"]:
+        table.add_row(str(r["rank"]), f"{r['requests']:,}", f"{r['admitted']:,}",
+                      f"{r['refused']:,}", f"{r['completed']:,}", f"{r['ttft_p50_ms']:.2f}",
+                      f"{r['e2e_p50_ms']:.2f}", f"{r['steps']:,}")
+    console = Console()
+    console.print(table)
+    line = f"balancer: {dp['publications']:,} publications of the ranks' counts"
+    if dp["lockstep"]:
+        line += (f"; {dp['aligned_steps']:,} aligned steps, "
+                 f"{dp['dummy_passes']:,} dummy passes")
+    console.print(line)
+
+
 def print_table(summary: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -215,6 +254,12 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--tokenizer: {exc}") from None
 
     layout = pd_layout(args, deployment)
+    size = args.data_parallel_size
+    if size < 1:
+        raise UsageError(f"--data-parallel-size: must be at least 1, got {size}")
+    if size > 1 and layout is not None:
+        raise UsageError("--data-parallel-size: not with a disaggregated deployment "
+                         "(--pd or the config's [pd])")
     show = (not args.no_progress and sys.stderr.isatty()
             and spec.num_requests is not None and spec.num_requests >= 2000)
     simulate = run_offline
@@ -226,6 +271,11 @@ def run(args: argparse.Namespace) -> int:
                 return run_disaggregated(*a[:2], layout, **kw)
             except PdError as exc:
                 raise UsageError(f"--pd: {args.workload}: {exc}") from None
+    elif size > 1:
+        from inference_lab.engine.drivers.data_parallel import run_data_parallel
+
+        def simulate(*a, **kw):
+            return run_data_parallel(*a[:2], size, **kw)
     if show:
         from rich.progress import Progress
 
@@ -238,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
     print_table(summary)
     if "pd" in summary:
         print_pools(summary)
+    if "data_parallel" in summary:
+        print_ranks(summary)
     if args.output:
         args.output.write_text(json.dumps(summary, indent=2) + "\n")
         print(f"wrote {args.output}")

@@ -137,7 +137,8 @@ def run_virtual(scenario: Scenario, out: Path,
                 on_progress: Callable[[str], None] | None = None) -> dict:
     """Run `scenario` on the simulated clock (no server, no wall-clock pacing); the same
     files as run_experiment, plus virtual_run.json (`wall_s`, `cpu_s`, `speed`: modelled
-    seconds per wall second, `engine_steps`), which summary.json repeats."""
+    seconds per wall second, `engine_steps`; with data-parallel ranks `data_parallel`,
+    each replica's ranks as `sim` reports them), which summary.json repeats."""
     from inference_lab.experiments.virtual import VirtualBackend, VirtualLab, VirtualLoop
 
     if scenario.ratios:
@@ -158,12 +159,15 @@ def run_virtual(scenario: Scenario, out: Path,
     with asyncio.Runner(loop_factory=VirtualLoop) as runner:
         lab = VirtualLab(runner.get_loop(), dep,
                          replicas=scenario.fleet.replicas if scenario.fleet else 1,
-                         startup_delay=delay, max_loras=scenario.workload.max_loras)
+                         startup_delay=delay, max_loras=scenario.workload.max_loras,
+                         data_parallel_size=scenario.data_parallel_size)
         runner.run(_run(scenario, "", out, on_progress=on_progress, backend=VirtualBackend(lab)))
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    (out / "virtual_run.json").write_text(json.dumps({
-        "wall_s": wall, "cpu_s": cpu, "speed": scenario.duration / wall if wall else None,
-        "engine_steps": lab.steps}, indent=1))
+    run = {"wall_s": wall, "cpu_s": cpu, "speed": scenario.duration / wall if wall else None,
+           "engine_steps": lab.steps}
+    if scenario.data_parallel_size > 1:  # the ranks of the replicas up at the end
+        run["data_parallel"] = {str(i): r.dp.summary() for i, r in sorted(lab.replicas.items())}
+    (out / "virtual_run.json").write_text(json.dumps(run, indent=1))
     return analyse(scenario, out)
 
 

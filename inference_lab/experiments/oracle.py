@@ -23,6 +23,10 @@ Faults: a `slow` fault in force is simulated (every step time x its factor, as t
 does); under a stall, after a crash or with injected errors the oracle is the fault-free
 prediction, so the score shows what the fault cost (`oracle.fault_modelled` says which).
 
+Data-parallel ranks (`[server] data_parallel_size` D): the phase runs on D ranks of the
+deployment behind vLLM's balancer (engine.drivers.data_parallel, an MoE model's ranks in
+lockstep), whose sustainable concurrency is min(users, D x max_num_seqs).
+
 Knows the offline driver and the deployment configs. Does not know HTTP or the records.
 """
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from inference_lab.common.workload import WorkloadSpec
+from inference_lab.engine.drivers.data_parallel import run_data_parallel
 from inference_lab.engine.drivers.offline import run_offline
 from inference_lab.engine.sim.config import default_deployments, load_config_dir
 from inference_lab.engine.sim.specs import Deployment
@@ -76,21 +81,30 @@ def _facts(summary: dict, concurrency: float, kind: str) -> dict:
     }
 
 
-def _closed(dep: Deployment, spec: WorkloadSpec, users: int, slowdown: float = 1.0) -> dict:
+def _simulate(dep: Deployment, spec: WorkloadSpec, slowdown: float, ranks: int) -> dict:
+    """The offline run of `spec`: on one core, or on `ranks` data-parallel ranks."""
+    if ranks > 1:
+        return run_data_parallel(dep, spec, ranks, slowdown=slowdown)
+    return run_offline(dep, spec, slowdown=slowdown)
+
+
+def _closed(dep: Deployment, spec: WorkloadSpec, users: int, slowdown: float = 1.0,
+            ranks: int = 1) -> dict:
     n = max(MIN_REQUESTS, min(MAX_REQUESTS, users * REQUESTS_PER_USER))
-    run = run_offline(dep, replace(spec, arrival_pattern="closed_loop", num_concurrent_users=users,
-                                   num_requests=n, arrival_rate=None), slowdown=slowdown)
+    run = _simulate(dep, replace(spec, arrival_pattern="closed_loop", num_concurrent_users=users,
+                                 num_requests=n, arrival_rate=None), slowdown, ranks)
     return _facts(run, users, "closed_loop")
 
 
-def phase_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase) -> dict:
-    facts = _phase_oracle(dep, spec, phase)
+def phase_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase, ranks: int = 1) -> dict:
+    """The phase's oracle on one core, or on `ranks` data-parallel ranks."""
+    facts = _phase_oracle(dep, spec, phase, ranks)
     facts["fault"] = phase.fault
     facts["fault_modelled"] = phase.fault_modelled
     return facts
 
 
-def _trace_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase) -> dict:
+def _trace_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase, ranks: int) -> dict:
     """A trace's phase: its own requests of that stretch, simulated as they came."""
     start, speed = (spec.trace_window or (0.0, 0.0))[0], spec.trace_speed
     window = (start + phase.start * speed, start + phase.end * speed)
@@ -99,31 +113,32 @@ def _trace_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase) -> dict:
         return {"kind": "idle", "concurrency": 0, "goodput_tok_s": 0.0, "requests_per_s": 0.0,
                 "e2e_p50_s": 0.0, "e2e_p99_s": 0.0, "ttft_p50_s": 0.0, "ttft_p99_s": 0.0,
                 "e2e_mean_s": 0.0, "cache_hit_rate": None}
-    run = run_offline(dep, part, slowdown=phase.slowdown)
+    run = _simulate(dep, part, phase.slowdown, ranks)
     facts = _facts(run, 0.0, "trace")
     facts["concurrency"] = facts["requests_per_s"] * facts["e2e_mean_s"]  # Little's law
     return facts
 
 
-def _phase_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase) -> dict:
+def _phase_oracle(dep: Deployment, spec: WorkloadSpec, phase: Phase, ranks: int) -> dict:
     dep = _with_capacity(dep, phase.max_num_seqs)
     slow = phase.slowdown
+    seats = phase.max_num_seqs * ranks  # running places over the ranks
     if spec.arrival_pattern == "trace":
-        return _trace_oracle(dep, spec, phase)
+        return _trace_oracle(dep, spec, phase, ranks)
     if phase.users is not None and spec.arrival_pattern == "closed_loop":
         if phase.users == 0:
             return {"kind": "idle", "concurrency": 0, "goodput_tok_s": 0.0, "requests_per_s": 0.0,
                     "e2e_p50_s": 0.0, "e2e_p99_s": 0.0, "ttft_p50_s": 0.0, "ttft_p99_s": 0.0,
                     "e2e_mean_s": 0.0, "cache_hit_rate": None}
-        return _closed(dep, spec, min(phase.users, phase.max_num_seqs), slow)
-    saturated = _closed(dep, spec, phase.max_num_seqs, slow)
+        return _closed(dep, spec, min(phase.users, seats), slow, ranks)
+    saturated = _closed(dep, spec, seats, slow, ranks)
     rate = phase.rate or 0.0
     if rate >= 0.98 * saturated["requests_per_s"]:
         saturated["kind"] = "open_loop_overloaded"
         return saturated
     n = max(MIN_REQUESTS, min(MAX_REQUESTS, int(rate * (phase.end - phase.start) * 2)))
-    run = run_offline(dep, replace(spec, arrival_pattern="poisson", arrival_rate=rate,
-                                   num_requests=n, num_concurrent_users=None), slowdown=slow)
+    run = _simulate(dep, replace(spec, arrival_pattern="poisson", arrival_rate=rate,
+                                 num_requests=n, num_concurrent_users=None), slow, ranks)
     facts = _facts(run, 0.0, "open_loop")
     facts["concurrency"] = rate * facts["e2e_mean_s"]  # Little's law
     return facts
@@ -137,6 +152,6 @@ def oracles(scenario: Scenario) -> list[dict]:
     for phase in scenario.phases():
         key = (phase.max_num_seqs, phase.users, phase.rate, phase.slowdown, phase.fault)
         if key not in cache:
-            cache[key] = phase_oracle(dep, scenario.workload, phase)
+            cache[key] = phase_oracle(dep, scenario.workload, phase, scenario.data_parallel_size)
         out.append(dict(cache[key]))
     return out

@@ -12,6 +12,8 @@ timeline of actions at given (modelled) seconds.
     max_num_seqs = 256                  # set through /control/capacity at the start
     max_waiting = 0
     time_scale = 1.0                    # --time-scale overrides
+    data_parallel_size = 1              # ranks per replica (--virtual only): vLLM's
+                                        # balancer, an MoE model's ranks in lockstep
 
     [load]                              # the keys of inference_lab.common.workload ...
     arrival_pattern = "closed_loop"     # closed_loop | poisson
@@ -105,7 +107,7 @@ PD_POLICIES = ("least_loaded", "round_robin")
 _AUTOSCALER = ("name", "params")
 _SLO = ("ttft_s", "e2e_s", "attainment", "window")
 MAX_REPLICAS = 64
-_SERVER = ("config", "hardware", "max_num_seqs", "max_waiting", "time_scale")
+_SERVER = ("config", "hardware", "max_num_seqs", "max_waiting", "time_scale", "data_parallel_size")
 _CONTROLLER = ("name", "rtt", "params")
 _ACTION = ("at", "capacity", "load", "fault", "label", "replicas")
 _CAPACITY = ("max_num_seqs", "max_waiting")
@@ -221,6 +223,7 @@ class Scenario:
     max_num_seqs: int = 256
     max_waiting: int = 0
     time_scale: float = 1.0
+    data_parallel_size: int = 1  # ranks per replica (virtual time only)
     timeline: tuple[Action, ...] = ()
     path: str = ""
     fleet: FleetSpec | None = None  # a fleet of replicas (autoscaling scenarios)
@@ -440,7 +443,7 @@ def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
 
     st = top.table("server", None, keys=_SERVER)
     config = hardware = None
-    seqs, waiting, scale = 256, 0, 1.0
+    seqs, waiting, scale, dp_size = 256, 0, 1.0, 1
     if st is not None:
         config_text = st.get("config", str, "a path to a model TOML file or directory", None)
         if config_text is not None:
@@ -449,6 +452,8 @@ def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
         seqs = st.get("max_num_seqs", int, "an integer >= 1", 256, ok=lambda v: v >= 1)
         waiting = st.get("max_waiting", int, "an integer >= 0", 0, ok=lambda v: v >= 0)
         scale = st.get("time_scale", float, "a number > 0", 1.0, ok=lambda v: v > 0)
+        dp_size = st.get("data_parallel_size", int, "an integer in [1, 64]", 1,
+                         ok=lambda v: 1 <= v <= 64)
         st.done()
 
     lt = top.table("load")
@@ -507,7 +512,7 @@ def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
                     controller=controller, controller_params=params, rtt=rtt,
                     retry_after_529=float(retry), window=window, description=description,
                     config=config, hardware=hardware or "b200", max_num_seqs=seqs,
-                    max_waiting=waiting, time_scale=scale,
+                    max_waiting=waiting, time_scale=scale, data_parallel_size=dp_size,
                     timeline=tuple(sorted(actions, key=lambda a: a.at)), path=where,
                     fleet=fleet, autoscaler=autoscaler, autoscaler_params=autoscaler_params,
                     slo=slo, scrape_interval=scrape)

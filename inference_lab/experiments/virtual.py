@@ -16,6 +16,9 @@ simulated fleet that answers the same requests a served lab answers.
   port), GET /metrics (a replica's vLLM series and the lab's capacity gauges), GET
   /v1/models, POST /v1/load_lora_adapter, POST /control/faults/replica (`slow` and
   `clear`; other faults are not modelled here and are refused when the scenario loads).
+  With `data_parallel_size` D > 1 each replica is D ranks (engine.drivers.data_parallel):
+  its requests routed by vLLM's balancer, an MoE model's ranks stepped in lockstep, a
+  step's tokens delivered at its end as for one core; the replica's series sum its ranks.
 - `VirtualBackend`: the runner's clock, timer, control client and endpoints over them.
 
 Every response carries the engine's modelled timings, and the client's measurements are
@@ -34,6 +37,7 @@ import selectors
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from inference_lab.engine.drivers.data_parallel import DataParallelRanks
 from inference_lab.engine.sim.core import EngineCore, QueueSaturated, SubmitError
 from inference_lab.engine.sim.capacity import CapacityError
 from inference_lab.engine.sim.specs import Deployment
@@ -123,14 +127,21 @@ class Job:
 
 class _Replica:
     __slots__ = ("index", "core", "ready_at", "draining", "scheduled", "open", "success",
-                 "generated", "prompted", "refused")
+                 "generated", "prompted", "refused", "dp", "cores", "pending", "timer",
+                 "publisher")
 
-    def __init__(self, index: int, core: EngineCore, ready_at: float) -> None:
+    def __init__(self, index: int, core: EngineCore, ready_at: float,
+                 dp: DataParallelRanks | None = None) -> None:
         self.index, self.core, self.ready_at = index, core, ready_at
         self.draining = False
         self.scheduled = False  # a step (or its delivery) is on the loop
-        self.open: dict[int, tuple] = {}  # request id -> (conn, Result)
+        self.open: dict[tuple[int, int], tuple] = {}  # (rank, request id) -> (conn, Result, req)
         self.success = self.generated = self.prompted = self.refused = 0
+        self.dp = dp  # data-parallel ranks (None: one core)
+        self.cores = dp.cores if dp is not None else [core]
+        self.pending: set[int] = set()  # ranks whose step's delivery is on the loop
+        self.timer = None  # the ranks' next step
+        self.publisher = None  # the coordinator's next publication
 
 
 class VirtualConnection:
@@ -196,8 +207,10 @@ class VirtualLab:
     """The replicas of one model on the loop's clock (see the module's docstring)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, deployment: Deployment, *,
-                 replicas: int = 1, startup_delay: float = 0.0, max_loras: int = 1) -> None:
+                 replicas: int = 1, startup_delay: float = 0.0, max_loras: int = 1,
+                 data_parallel_size: int = 1) -> None:
         self.loop = loop
+        self.data_parallel_size = data_parallel_size
         self.deployment = deployment
         self.model = deployment.name
         self.startup_delay = startup_delay
@@ -211,13 +224,19 @@ class VirtualLab:
 
     # ---- replicas -------------------------------------------------------------------------
     def _new(self, index: int, ready_at: float) -> _Replica:
-        core = EngineCore(self.deployment)
-        core.slowdown = self.slowdown
-        if self.adapters:
-            registry = core.enable_lora(self.max_loras)
-            for name, rank in self.adapters.items():
-                registry.load(name, "", rank)
-        return _Replica(index, core, ready_at)
+        dp = None
+        if self.data_parallel_size > 1:
+            dp = DataParallelRanks(self.deployment, self.data_parallel_size, slowdown=self.slowdown)
+            cores = dp.cores
+        else:
+            cores = [EngineCore(self.deployment)]
+        for core in cores:
+            core.slowdown = self.slowdown
+            if self.adapters:
+                registry = core.enable_lora(self.max_loras)
+                for name, rank in self.adapters.items():
+                    registry.load(name, "", rank)
+        return _Replica(index, cores[0] if dp is None else None, ready_at, dp)
 
     def scale(self, count: int) -> None:
         active = sorted(i for i, r in self.replicas.items() if not r.draining)
@@ -232,9 +251,13 @@ class VirtualLab:
             self._maybe_close(replica)
 
     def _maybe_close(self, replica: _Replica) -> None:
-        if replica.draining and not replica.open and not replica.core.has_work() \
+        if replica.draining and not replica.open and not any(c.has_work() for c in replica.cores) \
                 and self.replicas.get(replica.index) is replica:
             del self.replicas[replica.index]
+            for handle in (replica.timer, replica.publisher):
+                if handle is not None:
+                    handle.cancel()
+            replica.timer = replica.publisher = None
 
     def rows(self) -> list[dict]:
         now = self.loop.time()
@@ -245,7 +268,8 @@ class VirtualLab:
             out.append({"model": self.model, "replica": i, "port": BASE_PORT + i,
                         "ready": not r.draining and ready_in <= 0, "starting": ready_in > 0,
                         "draining": r.draining, "ready_in_s": round(ready_in, 3),
-                        "waiting": r.core.num_waiting, "running": r.core.num_running})
+                        "waiting": sum(c.num_waiting for c in r.cores),
+                        "running": sum(c.num_running for c in r.cores)})
         return out
 
     # ---- requests ---------------------------------------------------------------------------
@@ -259,18 +283,27 @@ class VirtualLab:
             return self._answer(conn, result, 503, f"replica {port - BASE_PORT} {what}")
         if job.model and job.model != self.model and job.model not in self.adapters:
             return self._answer(conn, result, 404, f"model {job.model!r} does not exist")
-        core = replica.core
+        rank = replica.dp.route(now) if replica.dp is not None else 0
+        core = replica.cores[rank]
         lora = core.loras.adapters.get(job.model) if job.model and job.model != self.model else None
+        prompt = job.prompt_tokens if not job.token_ids else 0
         try:
-            req = core.submit(job.prompt_tokens if not job.token_ids else 0, job.max_tokens, now,
-                              token_ids=job.token_ids, lora=lora)
+            if replica.dp is None:
+                req = core.submit(prompt, job.max_tokens, now, token_ids=job.token_ids, lora=lora)
+            else:  # (counted in the rank's figures)
+                req = replica.dp.submit(rank, now, prompt, job.max_tokens,
+                                        token_ids=job.token_ids, lora=lora)
         except QueueSaturated as exc:
             replica.refused += 1
+            if replica.dp is not None:
+                self._publish_later(replica)
             return self._answer(conn, result, 529, str(exc))
         except SubmitError as exc:
             return self._answer(conn, result, 400, str(exc))
-        replica.open[req.id] = (conn, result, req)
-        if not replica.scheduled:
+        replica.open[(rank, req.id)] = (conn, result, req)
+        if replica.dp is not None:
+            self._schedule_ranks(replica)
+        elif not replica.scheduled:
             self._schedule(replica)
 
     def _answer(self, conn: VirtualConnection, result: Result, status: int, message: str) -> None:
@@ -320,16 +353,18 @@ class VirtualLab:
         else:
             self._schedule(replica)
 
-    def _deliver(self, replica: _Replica, result) -> None:
+    def _deliver(self, replica: _Replica, result, rank: int = 0) -> None:
         for req in result.first_token:
-            entry = replica.open.get(req.id)
+            entry = replica.open.get((rank, req.id))
             if entry is not None:
                 entry[1].first = req.first_token
         for req in result.finished:
-            entry = replica.open.pop(req.id, None)
+            entry = replica.open.pop((rank, req.id), None)
             if entry is None:
                 continue
             conn, res, _ = entry
+            if replica.dp is not None:
+                replica.dp.finished(rank, req)
             res.status = 200
             res.done = req.finish_time
             res.completion_tokens = req.num_output
@@ -343,7 +378,51 @@ class VirtualLab:
             replica.prompted += req.prompt_len
             conn.done(res)
         # the next step after what this instant's completions sent (a closed loop's next turn)
-        self.loop.call_soon(self._schedule, replica)
+        if replica.dp is None:
+            self.loop.call_soon(self._schedule, replica)
+        else:
+            replica.pending.discard(rank)
+            self.loop.call_soon(self._schedule_ranks, replica)
+
+    # ---- data-parallel ranks ----------------------------------------------------------------
+    def _schedule_ranks(self, replica: _Replica) -> None:
+        """Arm the ranks' next step: the earliest rank's next event, leaving out the ranks
+        whose last step is not delivered yet (an MoE replica's aligned step: all of them)."""
+        dp, loop = replica.dp, self.loop
+        if replica.timer is not None:
+            replica.timer.cancel()
+            replica.timer = None
+        self._publish_later(replica)
+        t = None if dp.lockstep and replica.pending else dp.next_step_time(replica.pending)
+        if t is None:
+            replica.scheduled = bool(replica.pending)
+            if not replica.scheduled:
+                self._maybe_close(replica)
+            return
+        replica.scheduled = True
+        replica.timer = loop.call_at(max(t, loop.time()), self._step_ranks, replica)
+
+    def _step_ranks(self, replica: _Replica) -> None:
+        replica.timer = None
+        loop = self.loop
+        for rank, result in replica.dp.step(loop.time(), replica.pending):
+            self.steps += 1
+            if result.first_token or result.finished:
+                replica.pending.add(rank)
+                loop.call_at(result.end, self._deliver, replica, result, rank)
+        self._schedule_ranks(replica)
+
+    def _publish_later(self, replica: _Replica) -> None:
+        """Arm the coordinator's next publication (the counts as they are now)."""
+        if replica.publisher is not None:
+            replica.publisher.cancel()
+        t = replica.dp.next_publication()
+        replica.publisher = None if t is None else self.loop.call_at(t, self._publish, replica)
+
+    def _publish(self, replica: _Replica) -> None:
+        replica.publisher = None
+        replica.dp.observe(self.loop.time())
+        self._publish_later(replica)
 
     # ---- the control plane --------------------------------------------------------------------
     def request(self, method: str, url: str, body: dict | None = None) -> tuple[int, bytes]:
@@ -364,15 +443,20 @@ class VirtualLab:
                 return _error(404 if port != BASE_PORT else 503, "no such replica", "replica_not_found")
             if method == "POST":
                 try:
-                    replica.core.set_capacity((body or {}).get("max_num_seqs"), (body or {}).get("max_waiting"))
+                    for core in replica.cores:
+                        core.set_capacity((body or {}).get("max_num_seqs"),
+                                          (body or {}).get("max_waiting"))
                 except CapacityError as exc:
                     return _error(400, str(exc), "invalid_value")
-                if not replica.scheduled:
+                if replica.dp is not None:
+                    self._schedule_ranks(replica)
+                elif not replica.scheduled:
                     self._schedule(replica)
-            core = replica.core
-            return _json(200, [{"model": self.model, "max_waiting": core.max_waiting,
-                                "max_num_seqs": core.max_num_seqs, "waiting": core.num_waiting,
-                                "running": core.num_running}])
+            cores = replica.cores
+            return _json(200, [{"model": self.model, "max_waiting": cores[0].max_waiting,
+                                "max_num_seqs": cores[0].max_num_seqs,
+                                "waiting": sum(c.num_waiting for c in cores),
+                                "running": sum(c.num_running for c in cores)}])
         if path == "/metrics":
             if replica is None or replica.draining or self.loop.time() < replica.ready_at:
                 return 503, b""
@@ -385,15 +469,17 @@ class VirtualLab:
             rank = self._rank((body or {}).get("lora_path"))
             self.adapters[name] = rank
             for r in self.replicas.values():
-                registry = r.core.loras or r.core.enable_lora(self.max_loras)
-                registry.load(name, "", rank)
+                for core in r.cores:
+                    registry = core.loras or core.enable_lora(self.max_loras)
+                    registry.load(name, "", rank)
             return 200, b"ok"
         if path == "/control/faults/replica" and method == "POST":
             fault = (body or {}).get("fault")
             factor = float((body or {}).get("factor", 1.0)) if fault == "slow" else 1.0
             self.slowdown = factor
             for r in self.replicas.values():
-                r.core.slowdown = factor
+                for core in r.cores:
+                    core.slowdown = factor
             return _json(200, {"slow_factor": factor})
         if path == "/control/faults" and method == "POST":
             return _json(200, {})
@@ -408,11 +494,12 @@ class VirtualLab:
             return 16
 
     def exposition(self, replica: _Replica) -> str:
-        core, labels = replica.core, f'engine="{replica.index}",model_name="{self.model}"'
+        cores, labels = replica.cores, f'engine="{replica.index}",model_name="{self.model}"'
+        core = cores[0]
         return "".join(f"{name}{{{labels}}} {value}\n" for name, value in (
-            ("vllm:num_requests_running", float(core.num_running)),
-            ("vllm:num_requests_waiting", float(core.num_waiting)),
-            ("vllm:kv_cache_usage_perc", core.kv_usage()),
+            ("vllm:num_requests_running", float(sum(c.num_running for c in cores))),
+            ("vllm:num_requests_waiting", float(sum(c.num_waiting for c in cores))),
+            ("vllm:kv_cache_usage_perc", sum(c.kv_usage() for c in cores) / len(cores)),
             ("vllm:request_success_total", float(replica.success)),
             ("vllm:generation_tokens_total", float(replica.generated)),
             ("vllm:prompt_tokens_total", float(replica.prompted)),

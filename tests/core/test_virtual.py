@@ -265,3 +265,103 @@ params = { query = "sum(rate(inference_lab_front_requests_total[4s]))", threshol
     assert unrouted.size and unrouted.min() >= 45 and unrouted.max() <= up + 3 + 1.5  # the cold start
     assert set(req["status"][req["send_s"] > up + 4]) == {200}
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["autoscaling"]["cold_starts"] == 1
+
+
+# ---- data-parallel ranks --------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", ["gpt-oss-20b", "llama-3.1-8b"])  # MoE (lockstep), dense
+def test_data_parallel_ranks_give_each_request_the_offline_dp_drivers_rank_and_timings(
+        model, tmp_path):
+    from inference_lab.common.workload import load_workload
+    from inference_lab.engine.drivers.data_parallel import run_data_parallel
+
+    dep = deployment(model, max_num_seqs=8, max_waiting=6)
+    rng = random.Random(5)
+    t, arrivals = 0.0, []
+    for _ in range(300):
+        t += rng.expovariate(400.0)
+        arrivals.append((t, rng.randint(20, 400), rng.randint(5, 120)))
+    spec_path = tmp_path / "w.toml"
+    spec_path.write_text('[workload]\narrival_pattern = "poisson"\nnum_requests = 1\n'
+                         'input_len_dist = { type = "fixed", value = 16 }\n'
+                         'output_len_dist = { type = "fixed", value = 4 }\n')
+    records = []
+    summary = run_data_parallel(dep, load_workload(spec_path), 3,
+                                arrivals=iter((a, p, o, b"") for a, p, o in arrivals),
+                                records=records)
+    assert summary["requests"]["rejected_queue_saturated"] > 0  # the ranks' bounds are met
+
+    async def main(loop):
+        lab = VirtualLab(loop, dep, data_parallel_size=3)
+        backend = VirtualBackend(lab)
+        endpoint = backend.endpoint(backend.base_url)
+        results = [None] * len(arrivals)
+
+        async def one(i, at, prompt, output):
+            await asyncio.sleep(at - loop.time())
+            conn = await endpoint.connect()
+            results[i] = await conn.send(endpoint.build(Prompt(None, prompt, ""), output, i))
+
+        await asyncio.gather(*(one(i, *a) for i, a in enumerate(arrivals)))
+        return results, lab.replicas[0].dp
+
+    (results, dp), _ = run(main)
+    assert dp.lockstep == (model == "gpt-oss-20b")
+    assert [r["requests"] for r in dp.summary()["ranks"]] == \
+        [r["requests"] for r in summary["data_parallel"]["ranks"]]
+    for r, (rank, req), (at, _, _) in zip(results, records, arrivals):
+        assert r.status == (200 if req is not None else 529)
+        if req is not None:
+            assert (r.first, r.done) == (pytest.approx(req.first_token, abs=1e-9),
+                                         pytest.approx(req.finish_time, abs=1e-9))
+
+
+DP_SCENARIO = """
+name = "dp"
+duration = 6
+model = "gpt-oss-20b"
+[server]
+config = "{config}"
+data_parallel_size = {size}
+[load]
+arrival_pattern = "closed_loop"
+num_concurrent_users = 24
+input_len_dist = {{ type = "fixed", value = 16 }}
+output_len_dist = {{ type = "fixed", value = 200 }}
+seed = 1
+[controller]
+name = "fixed"
+params = {{ limit = 0 }}
+"""
+
+
+def test_a_scenario_s_data_parallel_ranks_serve_as_sim_runs_them_and_the_oracle_knows(tmp_path):
+    path = tmp_path / "dp.toml"
+    path.write_text(DP_SCENARIO.format(config=ROOT / "configs" / "gpt-oss-20b.toml", size=4))
+    scenario = load_scenario(path)
+    assert scenario.data_parallel_size == 4
+    summary = run_virtual(scenario, tmp_path / "out")
+    phase, = summary["phases"]
+    # 24 users over 4 lockstep ranks of gpt-oss-20b, 6 each: ~194 ms a reply (one core:
+    # ~293 ms), as `sim --data-parallel-size 4` has it, and so does the oracle
+    assert phase["steady"]["e2e_p50_s"] == pytest.approx(0.1939, abs=5e-4)
+    assert phase["oracle"]["e2e_p50_s"] == pytest.approx(phase["steady"]["e2e_p50_s"], rel=1e-3)
+    ranks = summary["virtual_run"]["data_parallel"]["0"]["ranks"]
+    assert len(ranks) == 4 and all(r["requests"] > 0 and r["refused"] == 0 for r in ranks)
+
+
+def test_data_parallel_ranks_are_refused_where_they_are_not_modelled(tmp_path, capsys):
+    from inference_lab.cli import main
+    from inference_lab.common.toml import ConfigError
+
+    path = tmp_path / "dp.toml"
+    path.write_text(DP_SCENARIO.format(config=ROOT / "configs" / "gpt-oss-20b.toml", size=2))
+    assert main(["experiment", str(path), "--serve", "--out", str(tmp_path / "o")]) != 0
+    assert "data-parallel ranks are modelled in virtual time only" in capsys.readouterr().err
+    path.write_text(DP_SCENARIO.format(config=ROOT / "configs" / "gpt-oss-20b.toml", size=1))
+    assert main(["experiment", str(path), "--url", "http://127.0.0.1:9", "--out",
+                 str(tmp_path / "o"), "--data-parallel-size", "2"]) != 0  # the flag's too
+    assert "modelled in virtual time only" in capsys.readouterr().err
+    path.write_text(DP_SCENARIO.format(config=ROOT / "configs" / "gpt-oss-20b.toml", size=0))
+    with pytest.raises(ConfigError, match="data_parallel_size"):
+        load_scenario(path)

@@ -1,0 +1,365 @@
+"""Data-parallel ranks offline: vLLM's `--data-parallel-size D` as D EngineCores of one
+deployment, each with its own scheduler, KV cache and waiting bound, run against a
+workload as the offline driver runs one core (the clock jumps from event to event).
+
+Knows:
+- routing: each arrival goes to the rank `common.dp_balance.RankBalancer.pick()` chooses
+  from the counts the `Coordinator` last published (stale between publications, spread
+  by the front end's local additions), or to the rank it names (vLLM's
+  `X-data-parallel-rank`: no local addition). A publication takes the cores' real
+  (waiting, running) at its instant: the coordinator is asked at every event (an arrival,
+  a step's start) and at the instant it would next publish (100 ms after the last while
+  the counts move, 5 s while they do not);
+- admission: each rank's own (its max_waiting refuses with a 529 whatever the others hold);
+- steps: a dense deployment's ranks step independently; an MoE deployment's ranks step
+  in lockstep (vLLM aligns their forward passes: the expert layers synchronise every
+  step), so whenever any rank has work every rank steps, each aligned step lasts as long
+  as the slowest rank's, and a rank with nothing to run runs vLLM's dummy batch (one token
+  attending one position: `EngineCore.shortest_step`), counted in `dummy_passes`. When no
+  rank has work, no rank steps (vLLM's DP wave ends).
+
+Does not know the wall clock (except to report the CPU a run took), sockets or HTTP.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Callable, Container, Iterator
+from dataclasses import dataclass, field
+
+from inference_lab.common.conversations import Conversations
+from inference_lab.common.dataset import Dataset
+from inference_lab.common.dp_balance import Coordinator, RankBalancer
+from inference_lab.common.workload import (WorkloadSpec, draw_adapter, draw_request,
+                                           open_loop_arrivals)
+from inference_lab.engine.drivers.offline import RunRecorder, _adapters, distribution, summarise
+from inference_lab.engine.sim.core import EngineCore, QueueSaturated, StepResult, SubmitError
+from inference_lab.engine.sim.request import Request
+from inference_lab.engine.sim.specs import Deployment
+
+__all__ = ["DataParallelRanks", "is_moe", "run_data_parallel"]
+
+
+def is_moe(deployment: Deployment) -> bool:
+    """True when the model routes tokens to experts (any weight stream has experts)."""
+    return any(s.num_experts for s in deployment.model.weight_streams)
+
+
+@dataclass(slots=True)
+class RankRecord:
+    """One rank's share of a run (simulated seconds)."""
+
+    requests: int = 0  # routed to it
+    admitted: int = 0
+    refused: int = 0  # its waiting bound was reached (529)
+    invalid: int = 0  # could never run
+    steps: int = 0  # steps of its own (dummy passes not counted)
+    ttft: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+
+
+class DataParallelRanks:
+    """D EngineCores of one deployment behind one front end's balancer, stepped in
+    lockstep (MoE) or independently (dense). Told the time by its driver."""
+
+    __slots__ = ("cores", "lockstep", "balancer", "coordinator", "ranks", "_published",
+                 "_now", "publications", "dummy_passes", "aligned_steps")
+
+    def __init__(self, deployment: Deployment, size: int, *, lockstep: bool | None = None,
+                 slowdown: float = 1.0) -> None:
+        if size < 1:
+            raise ValueError(f"the data-parallel size must be at least 1, got {size}")
+        self.cores = [EngineCore(deployment) for _ in range(size)]
+        for core in self.cores:
+            core.slowdown = slowdown
+        self.lockstep = is_moe(deployment) if lockstep is None else lockstep
+        self.balancer = RankBalancer(size)
+        self.coordinator = Coordinator()
+        self.ranks = [RankRecord() for _ in range(size)]
+        self._published: list[tuple[int, int]] | None = None  # the counts last published
+        self._now = 0.0  # the latest time told
+        self.publications = 0
+        self.dummy_passes = 0  # rank-steps that ran vLLM's one-token dummy batch
+        self.aligned_steps = 0  # lockstep steps in which some rank ran real work
+
+    # ---- the balancer's inputs ---------------------------------------------------------
+    def counts(self) -> list[tuple[int, int]]:
+        """Every rank's (waiting, running) as its core holds them now."""
+        return [(c.scheduler.num_waiting, c.scheduler.num_running) for c in self.cores]
+
+    def observe(self, now: float) -> bool:
+        """The coordinator looks at the counts at `now` and publishes them if due."""
+        if now > self._now:
+            self._now = now
+        at = self.balancer.published_at
+        if at is not None and now < at + self.coordinator.interval:
+            return False  # (too soon for any publication: the counts need not be read)
+        counts = self.counts()
+        if not self.coordinator.due(now, counts):
+            return False
+        self.balancer.publish(counts, now)
+        self._published = counts
+        self.publications += 1
+        return True
+
+    def next_publication(self, before: float = math.inf) -> float | None:
+        """When the coordinator would next publish, the counts staying as they are now
+        (no earlier than the latest time told: counts that moved after the interval had
+        passed are published at once); None before its first publication, or when that
+        is not before `before`."""
+        at = self.balancer.published_at
+        if at is None or at + self.coordinator.interval >= before:
+            return None
+        moved = self.counts() != self._published
+        t = at + (self.coordinator.interval if moved else self.coordinator.idle_interval)
+        t = t if t > self._now else self._now
+        return t if t < before else None
+
+    def route(self, now: float, rank: int | None = None) -> int:
+        """The rank of a request arriving at `now`: the one it names, else the balancer's."""
+        self.observe(now)
+        if rank is not None:
+            if not 0 <= rank < len(self.cores):
+                raise ValueError(f"data-parallel rank {rank} out of range [0, {len(self.cores)})")
+            return rank
+        return self.balancer.pick()
+
+    def submit(self, rank: int, now: float, prompt_len: int, max_tokens: int | None,
+               **kwargs) -> Request:
+        """`EngineCore.submit` on `rank`'s core, counted in its figures (QueueSaturated
+        and SubmitError pass through, counted as refused and invalid)."""
+        record = self.ranks[rank]
+        record.requests += 1
+        try:
+            req = self.cores[rank].submit(prompt_len, max_tokens, now, **kwargs)
+        except QueueSaturated:
+            record.refused += 1
+            raise
+        except SubmitError:
+            record.invalid += 1
+            raise
+        record.admitted += 1
+        return req
+
+    def finished(self, rank: int, req: Request) -> None:
+        """A request of `rank` finished: its TTFT and end-to-end latency count."""
+        record = self.ranks[rank]
+        record.ttft.append(req.first_token - req.arrival)
+        record.e2e.append(req.finish_time - req.arrival)
+
+    # ---- steps -------------------------------------------------------------------------
+    def next_step_time(self, skip: Container[int] = ()) -> float | None:
+        """When the next step starts (the earliest rank's next event, ranks in `skip`
+        left out), or None: no work."""
+        best = None
+        for rank, core in enumerate(self.cores):
+            if rank in skip:
+                continue
+            t = core.next_event_time()
+            if t is not None and (best is None or t < best):
+                best = t
+        return best
+
+    def step(self, now: float, skip: Container[int] = ()) -> list[tuple[int, StepResult]]:
+        """Step every rank whose next event is due at `now` (the earliest: `next_step_time`),
+        but those in `skip` (dense ranks whose last step a driver has not yet delivered).
+        Lockstep: the step's end is the latest of those ranks' ends and of the other
+        ranks' dummy passes, imposed on every rank."""
+        self.observe(now)
+        stepped = []
+        for rank, core in enumerate(self.cores):
+            if rank in skip:
+                continue
+            t = core.next_event_time()
+            if t is not None and t <= now:
+                stepped.append((rank, core.step(now)))
+                self.ranks[rank].steps += 1
+        if not self.lockstep:
+            return stepped
+        end = now
+        busy = set()
+        for rank, result in stepped:
+            if result.num_tokens:
+                busy.add(rank)
+                if result.end > end:
+                    end = result.end
+        if not busy:  # (nothing ran anywhere: no aligned step)
+            return stepped
+        self.aligned_steps += 1
+        for rank, core in enumerate(self.cores):
+            if rank not in busy:  # vLLM's dummy batch: one token, the weights read once
+                self.dummy_passes += 1
+                dummy_end = now + core.shortest_step()
+                if dummy_end > end:
+                    end = dummy_end
+        results = dict(stepped)
+        for rank, core in enumerate(self.cores):
+            core.hold_until(end, results.get(rank))
+        return stepped
+
+    # ---- the summary's part ------------------------------------------------------------
+    def summary(self) -> dict:
+        ms = lambda xs: distribution(xs)["p50"] * 1000.0  # noqa: E731
+        return {
+            "size": len(self.cores),
+            "lockstep": self.lockstep,
+            "aligned_steps": self.aligned_steps,
+            "dummy_passes": self.dummy_passes,
+            "publications": self.publications,
+            "ranks": [{"rank": i, "requests": r.requests, "admitted": r.admitted,
+                       "refused": r.refused, "invalid": r.invalid, "completed": len(r.e2e),
+                       "steps": r.steps, "preemptions": core.scheduler.num_preemptions,
+                       "ttft_p50_ms": ms(r.ttft), "e2e_p50_ms": ms(r.e2e)}
+                      for i, (r, core) in enumerate(zip(self.ranks, self.cores))],
+        }
+
+
+def _prefix_cache(cores: list[EngineCore]) -> dict:
+    caches = [c.prefix_cache for c in cores if c.prefix_cache is not None]
+    if not caches:
+        return {"enabled": False}
+    q = sum(c.stats.queries for c in caches)
+    h = sum(c.stats.hits for c in caches)
+    return {"enabled": True, "queries": q, "hits": h, "hit_rate": h / q if q else 0.0}
+
+
+def run_data_parallel(deployment: Deployment, spec: WorkloadSpec, size: int, *,
+                      seed: int | None = None,
+                      on_progress: Callable[[int, int], None] | None = None,
+                      slowdown: float = 1.0, tokenizer=None, lockstep: bool | None = None,
+                      arrivals: Iterator[tuple] | None = None,
+                      records: list[tuple[int, Request | None]] | None = None) -> dict:
+    """Simulate `spec` on `size` data-parallel ranks of `deployment` and return the
+    offline driver's summary (overall) plus `data_parallel`: the ranks' figures, the
+    aligned steps, dummy passes and publications. `lockstep` defaults to whether the
+    model is MoE. `arrivals` replaces the workload's open-loop arrivals ((time, prompt
+    tokens, output tokens, token IDs or b"", and optionally the rank the request names)
+    each, in time order); `records` gets (rank, its Request or None when refused) per
+    arrival, in arrival order."""
+    dp = DataParallelRanks(deployment, size, lockstep=lockstep, slowdown=slowdown)
+    cores = dp.cores
+    seed = spec.seed if seed is None else seed
+    rng = random.Random(seed)
+    convs = (Conversations(spec.shared_prefix_len, spec.num_shared_prefixes, spec.num_turns, seed)
+             if spec.structured else None)
+    rec = RunRecorder()
+    total = spec.num_requests
+    limit = math.inf if total is None else total
+    deadline = math.inf if spec.duration_secs is None else spec.duration_secs
+    closed = spec.arrival_pattern == "closed_loop" and arrivals is None
+    dataset = Dataset(spec.dataset_path, tokenizer).prompts() if spec.dataset_path else None
+    if arrivals is None and not closed:
+        arrivals = open_loop_arrivals(spec, rng, dataset)
+    next_arrival = next(arrivals, None) if arrivals is not None else None
+    adapters = [_adapters(core, spec) for core in cores]
+    pick = random.Random(seed ^ 0x10_7A)  # adapter draws
+    idle = list(range(spec.num_concurrent_users, 0, -1)) if closed else []
+    # closed loop: users about to arrive, (time, user) in a heap: the first arrivals spread
+    # over [0, closed_loop_jitter_secs), then each user at the end of its request's step
+    jitter = spec.closed_loop_jitter_secs
+    coming = [(rng.uniform(0.0, jitter), user) for user in idle] if closed and jitter else []
+    heapq.heapify(coming)
+    idle = [] if coming else idle
+    opened = 0
+    done = 0
+    report_every = max((total or 0) // 200, 100)
+    cpu0 = time.process_time()
+    steps = 0
+
+    def submit(now: float, prompt_len: int, output_len: int, key: object,
+               token_ids: bytes = b"", named: int | None = None) -> bool:
+        rank = dp.route(now, named)
+        rec.total += 1
+        if now < rec.first_arrival:
+            rec.first_arrival = now
+        tokens = convs.next_prompt(key, prompt_len, output_len) if convs else token_ids
+        req = None
+        try:
+            lora = draw_adapter(adapters[rank], pick) if adapters[rank] else None
+            req = dp.submit(rank, now, prompt_len if not tokens else 0, output_len, tag=key,
+                            token_ids=tokens, lora=lora)
+        except QueueSaturated:
+            rec.rejected_saturated += 1
+        except SubmitError:
+            rec.rejected_invalid += 1
+        if records is not None:
+            records.append((rank, req))
+        return req is not None
+
+    def users_arrive(now: float) -> None:
+        nonlocal done
+        while idle and rec.total < limit and now <= deadline:
+            request = draw_request(spec, rng, dataset)
+            if request is None:
+                idle.clear()
+                break
+            user = idle.pop()
+            if not submit(now, request[0], request[1], user, request[2]):
+                done += 1
+                idle.append(user)
+                break  # refused users retry after the next completion
+
+    def more_to_come() -> bool:
+        return next_arrival is not None or bool(coming) or (closed and rec.total < limit)
+
+    if closed and not coming:
+        users_arrive(0.0)
+    while True:
+        t_step = dp.next_step_time()
+        t_arrival = next_arrival[0] if next_arrival is not None else None
+        t_user = coming[0][0] if coming else None
+        t_next = min((t for t in (t_step, t_arrival, t_user) if t is not None), default=None)
+        if t_next is None:
+            break
+        t_pub = dp.next_publication(t_next) if more_to_come() else None
+        if t_pub is not None:
+            dp.observe(t_pub)  # (before an arrival or a step at the same instant)
+            continue
+        if t_user is not None and t_user == t_next:
+            t_user, user = heapq.heappop(coming)
+            idle.append(user)
+            users_arrive(t_user)
+            continue
+        if t_arrival is not None and t_arrival == t_next:
+            arrival, prompt_len, output_len, token_ids, *named = next_arrival
+            if not submit(arrival, prompt_len, output_len, opened // spec.num_turns, token_ids,
+                          named[0] if named else None):
+                done += 1
+            opened += 1
+            next_arrival = next(arrivals, None)
+            continue
+        for rank, result in dp.step(t_step):
+            steps += 1
+            core = cores[rank]
+            rec.step(core, result)
+            for req in result.finished:
+                dp.finished(rank, req)
+                rec.input_tokens += req.prompt_len
+                rec.output_tokens += 0 if req.pooling else req.max_tokens
+                ttft = req.first_token - req.arrival
+                e2e = req.finish_time - req.arrival
+                rec.ttft.append(ttft)
+                rec.e2e.append(e2e)
+                if req.max_tokens > 1:
+                    rec.per_token.append((e2e - ttft) / (req.max_tokens - 1))
+                if req.finish_time > rec.last_finish:
+                    rec.last_finish = req.finish_time
+                done += 1
+                if on_progress and done % report_every == 0:
+                    on_progress(done, total or rec.total)
+                if closed:  # the user sends its next request when this one ends
+                    heapq.heappush(coming, (req.finish_time, req.tag))
+    cpu = time.process_time() - cpu0
+    if on_progress:
+        on_progress(done, total or rec.total)
+    summary = summarise(rec, cores[0], steps, cpu)
+    preemptions = sum(c.scheduler.num_preemptions for c in cores)
+    completed = summary["requests"]["completed"]
+    summary["preemptions"] = {"total": preemptions,
+                              "per_request_mean": preemptions / completed if completed else 0.0}
+    summary["prefix_cache"] = _prefix_cache(cores)
+    summary["data_parallel"] = dp.summary()
+    return summary
