@@ -145,7 +145,7 @@ async def test_a_stream_longer_than_the_header_timeout_is_not_cut(fake, monkeypa
         req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\n\r\n" % len(body) + body)
         out, took = await exchange(port, req, timeout=HEADER_TIMEOUT * 3)
-        assert out.startswith(b"HTTP/1.1 200") and b"408" not in out
+        assert out.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 408" not in out
         assert took >= HEADER_TIMEOUT * 3 - 0.1  # held open by us, not cut by the server
     finally:
         await runner.cleanup()

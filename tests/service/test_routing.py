@@ -83,42 +83,44 @@ async def _load_is(http, url: str, n: int) -> bool:
 
 async def test_render_gives_the_token_ids_the_replica_caches_and_its_events_carry(lab):
     _, http, urls, kv = lab
+    async with http.post(urls[1] + "/v1/chat/completions/render", json=chat("hi")) as resp:
+        assert resp.status == 200
+        rendered = await resp.json()
+    assert set(rendered) == {"request_id", "token_ids", "features", "sampling_params",
+                             "model", "stream", "stream_options", "cache_salt",
+                             "priority", "kv_transfer_params"}
+    assert rendered["request_id"].startswith("chatcmpl-") and rendered["model"] == MODEL
+    assert rendered["sampling_params"]["max_tokens"] == 2 and rendered["features"] is None
+    ids = rendered["token_ids"]
+    assert len(ids) > 3 * 64
+    async with http.post(urls[1] + "/v1/chat/completions", json=chat("hi")) as resp:
+        assert resp.status == 200
+        assert resp.headers["x-inference-lab-replica"] == "1"
+        assert resp.headers["x-inference-lab-model"] == MODEL
+    # replica 1's batches so far, from its replay endpoint (a subscriber could miss what
+    # precedes its subscription; the replay misses nothing)
     ctx = zmq.asyncio.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(f"tcp://127.0.0.1:{kv + 2}")  # replica 1's publisher
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{kv + 3}")
+    stored = []
     try:
-        async with http.post(urls[1] + "/v1/chat/completions/render", json=chat("hi")) as resp:
-            assert resp.status == 200
-            rendered = await resp.json()
-        assert set(rendered) == {"request_id", "token_ids", "features", "sampling_params",
-                                 "model", "stream", "stream_options", "cache_salt",
-                                 "priority", "kv_transfer_params"}
-        assert rendered["request_id"].startswith("chatcmpl-") and rendered["model"] == MODEL
-        assert rendered["sampling_params"]["max_tokens"] == 2 and rendered["features"] is None
-        ids = rendered["token_ids"]
-        assert len(ids) > 3 * 64
-        stored = []
-        for attempt in range(20):  # bounded: a PUB socket drops what precedes the subscription
-            async with http.post(urls[1] + "/v1/chat/completions", json=chat("hi")) as resp:
-                assert resp.status == 200
-                assert resp.headers["x-inference-lab-replica"] == "1"
-                assert resp.headers["x-inference-lab-model"] == MODEL
-            while await sub.poll(300):
-                _, _, payload = await sub.recv_multipart()
-                _, events, rank = msgpack.unpackb(payload)
-                assert rank == 0  # an independent replica: a server of its own
-                stored += [e for e in events if e["type"] == "BlockStored"]
-            if stored:
+        await dealer.send_multipart((b"", (0).to_bytes(8, "big")))
+        while True:
+            assert await dealer.poll(5000), "no answer from replica 1's replay endpoint"
+            _, seq, payload = await dealer.recv_multipart()
+            if int.from_bytes(seq, "big", signed=True) == -1:
                 break
-        else:
-            pytest.fail("no BlockStored from replica 1")
-        cached = [t for e in stored for t in e["token_ids"]]
-        # the blocks the engine cached are the rendered prompt's, token for token
-        assert cached == ids[:len(cached)] and len(cached) == len(ids) // 64 * 64
+            _, events, rank = msgpack.unpackb(payload)
+            assert rank == 0  # an independent replica: a server of its own
+            stored += [e for e in events if e["type"] == "BlockStored"]
     finally:
-        sub.close(0)
+        dealer.close(0)
         ctx.term()
+    cached = {tuple(e["token_ids"][k:k + 64]) for e in stored
+              for k in range(0, len(e["token_ids"]), 64)}
+    # every full block of the rendered prompt is a block the engine cached, token for token
+    blocks = [tuple(ids[k:k + 64]) for k in range(0, len(ids) // 64 * 64, 64)]
+    assert blocks and all(b in cached for b in blocks)
 
 
 async def test_completions_render_is_one_request_per_prompt_and_bad_input_is_a_4xx(lab):
