@@ -260,3 +260,118 @@ def test_pd_runs_both_pools_in_each_pod_behind_a_prefill_and_a_decode_service():
     [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
     assert [p["port"] for p in policy["spec"]["ingress"][0]["ports"]] == [
         "http", "replica-1", "replica-2"]
+
+
+ENGINE_PROBE = "g.HealthStub(grpc.insecure_channel('127.0.0.1:{}'))"
+
+
+def arg(container: dict, flag: str) -> str:
+    args = container["args"]
+    return args[args.index(flag) + 1]
+
+
+@pytest.mark.parametrize("balancing", ["internal", "external"])
+def test_data_parallel_ranks_and_api_servers_run_as_containers_of_one_pod(balancing):
+    objects = render({"dataParallel": {"size": 2, "loadBalancing": balancing},
+                      "apiServerCount": 2, "serviceMonitor": {"enabled": True},
+                      "inferencePool": {"enabled": True}})
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["engine-0", "engine-1", "gateway-0",
+                                                      "gateway-1"]
+    by_name = containers(objects)
+    for rank in (0, 1):
+        engine = by_name[f"engine-{rank}"]
+        assert engine["args"][:1] == ["engine"]
+        assert arg(engine, "--data-parallel-size") == "2"
+        assert arg(engine, "--data-parallel-rank") == str(rank)
+        assert arg(engine, "--host") == "127.0.0.1"
+        assert arg(engine, "--port") == str(50051 + 10 * rank)  # each rank its own ports
+        assert arg(engine, "--metrics-port") == str(50052 + 10 * rank)
+        assert engine["ports"] == [{"name": f"metrics-{rank}", "containerPort": 50052 + 10 * rank}]
+        for probe in ("startupProbe", "livenessProbe"):  # each rank's own gRPC health
+            assert ENGINE_PROBE.format(50051 + 10 * rank) in engine[probe]["exec"]["command"][2]
+        assert engine["resources"]["requests"]["cpu"] == "1"  # per container
+    for index in (0, 1):
+        gateway = by_name[f"gateway-{index}"]
+        assert gateway["args"][:1] == ["gateway"]
+        assert arg(gateway, "--engine") == "127.0.0.1:50051,127.0.0.1:50061"  # rank order
+        assert arg(gateway, "--data-parallel") == balancing
+        assert arg(gateway, "--api-server-index") == str(index)
+        assert arg(gateway, "--api-server-count") == "2"
+        assert arg(gateway, "--port") == "8080"  # shared (SO_REUSEPORT)
+        port = "http" if index == 0 else 8080  # the first declares the shared ports
+        assert gateway["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": port}
+        assert gateway["livenessProbe"]["httpGet"] == {"path": "/health", "port": port}
+        assert gateway["startupProbe"]["httpGet"] == {"path": "/health", "port": port}
+        assert gateway["resources"]["requests"]["cpu"] == "1"
+    for container in pod["containers"]:
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert "ports" not in by_name["gateway-1"]
+    ranks = [("http", 8080)] + ([("rank-1", 8081)] if balancing == "external" else [])
+    assert [(p["name"], p["containerPort"]) for p in by_name["gateway-0"]["ports"]] == ranks
+    service = objects["Service"]["spec"]["ports"]
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service] == [
+        (name, port, name) for name, port in ranks]
+    policy = objects["NetworkPolicy"]["spec"]["ingress"]
+    assert policy == [{"ports": [{"port": name, "protocol": "TCP"} for name, _ in ranks]}]
+    # the gateway's /metrics carries every rank's series; with external balancing each
+    # rank's port carries that rank's, so each is scraped
+    endpoints = objects["ServiceMonitor"]["spec"]["endpoints"]
+    assert endpoints == [{"port": name, "path": "/metrics", "interval": "5s"}
+                         for name, _ in ranks]
+    assert objects["InferencePool"]["spec"]["targetPorts"] == [
+        {"number": port} for _, port in ranks]
+
+
+def test_api_servers_without_ranks_share_the_one_engine():
+    by_name = containers(render({"apiServerCount": 3}))
+    assert list(by_name) == ["engine", "gateway-0", "gateway-1", "gateway-2"]
+    assert "--data-parallel-size" not in by_name["engine"]["args"]
+    for index in range(3):
+        gateway = by_name[f"gateway-{index}"]
+        assert arg(gateway, "--engine") == "127.0.0.1:50051"
+        assert "--data-parallel" not in gateway["args"]
+        assert (arg(gateway, "--api-server-index"), arg(gateway, "--api-server-count")) == (
+            str(index), "3")
+
+
+def test_ranks_behind_one_api_server_keep_the_gateway_name():
+    by_name = containers(render({"dataParallel": {"size": 3}}))
+    assert list(by_name) == ["engine-0", "engine-1", "engine-2", "gateway"]
+    gateway = by_name["gateway"]
+    assert arg(gateway, "--engine") == "127.0.0.1:50051,127.0.0.1:50061,127.0.0.1:50071"
+    assert arg(gateway, "--data-parallel") == "internal"
+    assert "--api-server-index" not in gateway["args"]
+    assert gateway["readinessProbe"]["httpGet"]["port"] == "http"
+
+
+def test_one_rank_and_one_api_server_render_as_the_chart_without_them():
+    chart = helm.Chart.load(CHART)
+    for extra in ({}, {"serviceMonitor": {"enabled": True}, "inferencePool": {"enabled": True}},
+                  {"pd": {"enabled": True, "prefill": 1, "decode": 2}}):
+        plain = chart.render(extra, name="lab", namespace="lab-ns")
+        ones = chart.render({**extra, "dataParallel": {"size": 1, "loadBalancing": "external"},
+                             "apiServerCount": 1}, name="lab", namespace="lab-ns")
+        assert ones == plain  # byte for byte
+    by_name = containers(render())
+    assert list(by_name) == ["engine", "gateway"]
+    assert "--data-parallel-size" not in by_name["engine"]["args"]
+    assert not {"--data-parallel", "--api-server-count"} & set(by_name["gateway"]["args"])
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"pd": {"enabled": True}, "dataParallel": {"size": 2}},
+     "pd.enabled with dataParallel.size 2: choose one"),
+    ({"dataParallel": {"size": 2, "loadBalancing": "hybrid"}},
+     "dataParallel.loadBalancing must be internal or external, got hybrid"),
+    ({"dataParallel": {"size": 0}}, "dataParallel.size must be an integer in 1..64"),
+    ({"apiServerCount": 0}, "apiServerCount must be an integer in 1..64"),
+    ({"dataParallel": {"size": 2}, "ports": {"grpc": 50051, "engineMetrics": 50061}},
+     "ports.grpc 50051 and ports.engineMetrics 50061"),
+    ({"dataParallel": {"size": 9, "loadBalancing": "external"},
+      "inferencePool": {"enabled": True}}, "at most 8 target ports"),
+])
+def test_contradicting_scale_out_values_fail_to_render_naming_them(values, message):
+    with pytest.raises(helm.HelmError, match=message.replace(".", r"\.")):
+        helm.Chart.load(CHART).render(values, name="lab", namespace="lab-ns")

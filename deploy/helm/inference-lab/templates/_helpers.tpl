@@ -38,9 +38,53 @@ env:
 {{- end }}
 {{- end -}}
 
-{{/* The engine's probe: its gRPC health answers on localhost within 4 s (SERVING or
-     NOT_SERVING: a stall fault or a drain is not a dead engine). */}}
+{{/* The engine's probe: its gRPC health on localhost port .port answers within 4 s
+     (SERVING or NOT_SERVING: a stall fault or a drain is not a dead engine). */}}
 {{- define "inference-lab.engineHealth" -}}
-{{- $code := printf "import grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; g.HealthStub(grpc.insecure_channel('127.0.0.1:%v')).Check(h.HealthCheckRequest(), timeout=4)" .Values.ports.grpc -}}
+{{- $code := printf "import grpc; from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g; g.HealthStub(grpc.insecure_channel('127.0.0.1:%v')).Check(h.HealthCheckRequest(), timeout=4)" .port -}}
 {{- list "python" "-c" $code | toJson -}}
+{{- end -}}
+
+{{/* The ports the data-parallel ranks take: rank r's gRPC on ports.grpc + 10 r, its
+     metrics on ports.engineMetrics + 10 r (rank 0: the ports of a pod without ranks). */}}
+{{- define "inference-lab.rankPortStride" -}}10{{- end -}}
+
+{{/* The gateway's ports beyond `http` (ports.http + i for i = 1 ..): P/D's replica-i, or
+     with external data-parallel balancing rank-i; a JSON list of [name, offset]. */}}
+{{- define "inference-lab.extraPorts" -}}
+{{- $out := list -}}
+{{- if .Values.pd.enabled -}}
+{{- range $i := until (int (add .Values.pd.prefill .Values.pd.decode)) -}}
+{{- if $i -}}{{- $out = append $out (list (printf "replica-%d" $i) $i) -}}{{- end -}}
+{{- end -}}
+{{- else if and (gt (int .Values.dataParallel.size) 1) (eq .Values.dataParallel.loadBalancing "external") -}}
+{{- range $i := until (int .Values.dataParallel.size) -}}
+{{- if $i -}}{{- $out = append $out (list (printf "rank-%d" $i) $i) -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $out | toJson -}}
+{{- end -}}
+
+{{/* Values that contradict one another fail the render, naming them; renders nothing. */}}
+{{- define "inference-lab.checkValues" -}}
+{{- $size := int .Values.dataParallel.size -}}
+{{- $api := int .Values.apiServerCount -}}
+{{- if or (lt $size 1) (gt $size 64) -}}
+{{- fail (printf "dataParallel.size must be an integer in 1..64, got %v" .Values.dataParallel.size) -}}
+{{- end -}}
+{{- if not (has .Values.dataParallel.loadBalancing (list "internal" "external")) -}}
+{{- fail (printf "dataParallel.loadBalancing must be internal or external, got %v" .Values.dataParallel.loadBalancing) -}}
+{{- end -}}
+{{- if or (lt $api 1) (gt $api 64) -}}
+{{- fail (printf "apiServerCount must be an integer in 1..64, got %v" .Values.apiServerCount) -}}
+{{- end -}}
+{{- if and .Values.pd.enabled (gt $size 1) -}}
+{{- fail (printf "pd.enabled with dataParallel.size %d: choose one. P/D's prefill and decode replicas (pd.prefill, pd.decode) are independent servers in one engine, not data-parallel ranks; set dataParallel.size to 1, and replicaCount for more pods" $size) -}}
+{{- end -}}
+{{- if and (gt $size 1) (eq 0 (int (mod (sub (int .Values.ports.engineMetrics) (int .Values.ports.grpc)) (int (include "inference-lab.rankPortStride" .))))) -}}
+{{- fail (printf "ports.grpc %v and ports.engineMetrics %v: with dataParallel.size > 1 rank r takes each + %s r, so they must not differ by a multiple of %s" .Values.ports.grpc .Values.ports.engineMetrics (include "inference-lab.rankPortStride" .) (include "inference-lab.rankPortStride" .)) -}}
+{{- end -}}
+{{- if and .Values.inferencePool.enabled (gt $size 8) (eq .Values.dataParallel.loadBalancing "external") -}}
+{{- fail (printf "inferencePool.enabled with dataParallel.size %d and external balancing: an InferencePool lists at most 8 target ports (one per rank)" $size) -}}
+{{- end -}}
 {{- end -}}
