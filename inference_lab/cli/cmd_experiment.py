@@ -113,6 +113,9 @@ class PrivateServer:
             self.argv += ["--replicas", str(max(scenario.fleet.replicas, 1)),
                           "--startup-delay", repr(startup_delay / time_scale),
                           "--max-waiting", str(scenario.max_waiting)]
+        self.ranks = scenario.data_parallel_size
+        if self.ranks > 1:  # one server of D ranks (internal balancing)
+            self.argv += ["--data-parallel-size", str(self.ranks)]
         if scenario.pd is not None:  # a P/D fleet: the first P replicas prefill, the rest decode
             self.argv += ["--kv-roles", f"{scenario.pd[0]}:{scenario.pd[1]}"]
         if adapters:  # the load's LoRA adapters (the runner would load them otherwise)
@@ -156,6 +159,8 @@ class PrivateServer:
                 break
         if not self.url:
             raise UsageError(f"--serve: the server did not start; its log: {self.log_path}")
+        if self.ranks > 1:  # every rank's series: the API port's /metrics merges them
+            self.metrics_url = self.url + "/metrics"
         # Keep reading its stdout so that it never blocks on a full pipe.
         self._drain = threading.Thread(target=shutil.copyfileobj, args=(self.proc.stdout, self._log),
                                        daemon=True)
@@ -224,9 +229,14 @@ def _run_scenario(args: argparse.Namespace) -> int:
                          if args.url else
                          f"{scenario.path}: fleet.kv_roles: virtual time does not model a P/D fleet "
                          "(run it with --serve or --url)")
-    if scenario.data_parallel_size > 1 and not args.virtual:
-        raise UsageError(f"{scenario.path}: server.data_parallel_size: data-parallel ranks are "
-                         "modelled in virtual time only (run it with --virtual)")
+    if scenario.data_parallel_size > 1 and args.url:
+        raise UsageError(f"{scenario.path}: server.data_parallel_size: the server at --url has "
+                         "the ranks it was started with (`inference-lab serve "
+                         "--data-parallel-size D`); run it with --serve or --virtual")
+    if scenario.data_parallel_size > 1 and scenario.fleet is not None and not args.virtual:
+        raise UsageError(f"{scenario.path}: server.data_parallel_size: a served fleet's replicas "
+                         "are independent servers, not data-parallel ranks (run a fleet of "
+                         "ranked replicas with --virtual)")
     if scenario.data_parallel_size > 1 and scenario.ratios:
         raise UsageError(f"{scenario.path}: server.data_parallel_size: not with a P/D fleet "
                          "(fleet.kv_roles)")

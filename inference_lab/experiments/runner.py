@@ -88,7 +88,8 @@ GAUGES = {
 
 
 def parse_gauges(text: str, model: str) -> dict[str, float]:
-    """The queue gauges of `model` from a Prometheus text exposition."""
+    """The queue gauges of `model` from a Prometheus text exposition, summed over its
+    engines (a server of several data-parallel ranks: one sample per `engine`)."""
     out: dict[str, float] = {}
     label = f'model_name="{model}"'
     for line in text.splitlines():
@@ -99,7 +100,7 @@ def parse_gauges(text: str, model: str) -> dict[str, float]:
         if key is None or label not in rest:
             continue
         try:
-            out[key] = float(line.rsplit(" ", 1)[1])
+            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
         except (IndexError, ValueError):
             pass
     return out
@@ -296,10 +297,13 @@ class Runner(FleetSide):
         status, body = await self.http.request("GET", self.base + "/control/capacity")
         if status != 200:
             return {}
-        for row in json.loads(body):
+        out: dict[str, float] = {}
+        for row in json.loads(body):  # (a server of data-parallel ranks: a row each, summed)
             if row.get("model") == self.sc.model:
-                return {k: float(row[k]) for k in GAUGES.values() if k in row}
-        return {}
+                for k in GAUGES.values():
+                    if k in row:
+                        out[k] = out.get(k, 0.0) + float(row[k])
+        return out
 
     async def _scraper(self) -> None:
         interval = self.sc.scrape_interval if self.sc.scrape_interval is not None else SCRAPE_INTERVAL * self.k

@@ -350,18 +350,20 @@ def test_a_scenario_s_data_parallel_ranks_serve_as_sim_runs_them_and_the_oracle_
     assert len(ranks) == 4 and all(r["requests"] > 0 and r["refused"] == 0 for r in ranks)
 
 
-def test_data_parallel_ranks_are_refused_where_they_are_not_modelled(tmp_path, capsys):
+def test_data_parallel_ranks_are_refused_where_they_cannot_be_made(tmp_path, capsys):
     from inference_lab.cli import main
     from inference_lab.common.toml import ConfigError
 
     path = tmp_path / "dp.toml"
     path.write_text(DP_SCENARIO.format(config=ROOT / "configs" / "gpt-oss-20b.toml", size=2))
-    assert main(["experiment", str(path), "--serve", "--out", str(tmp_path / "o")]) != 0
-    assert "data-parallel ranks are modelled in virtual time only" in capsys.readouterr().err
+    # the server at a URL has the ranks it was started with
+    assert main(["experiment", str(path), "--url", "http://127.0.0.1:9",
+                 "--out", str(tmp_path / "o")]) != 0
+    assert "the server at --url has the ranks it was started with" in capsys.readouterr().err
     path.write_text(DP_SCENARIO.format(config=ROOT / "configs" / "gpt-oss-20b.toml", size=1))
     assert main(["experiment", str(path), "--url", "http://127.0.0.1:9", "--out",
                  str(tmp_path / "o"), "--data-parallel-size", "2"]) != 0  # the flag's too
-    assert "modelled in virtual time only" in capsys.readouterr().err
+    assert "started with" in capsys.readouterr().err
     path.write_text(DP_SCENARIO.format(config=ROOT / "configs" / "gpt-oss-20b.toml", size=0))
     with pytest.raises(ConfigError, match="data_parallel_size"):
         load_scenario(path)

@@ -367,3 +367,39 @@ def test_an_adapter_name_that_is_not_a_plain_file_name_is_refused_and_nothing_is
     assert done.returncode == 2 and "lora_adapters" in done.stderr
     assert "Traceback" not in done.stderr
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+DP_SERVED = """
+name = "dp-served"
+duration = 6
+model = "gpt-oss-20b"
+window = 1.0
+[server]
+max_num_seqs = 4
+max_waiting = 0
+data_parallel_size = 2
+[load]
+arrival_pattern = "closed_loop"
+num_concurrent_users = 8
+input_len_dist = { type = "fixed", value = 16 }
+output_len_dist = { type = "fixed", value = 100 }
+[controller]
+name = "fixed"
+params = { limit = 8 }
+"""
+
+
+def test_a_served_scenario_of_two_ranks_runs_on_serve_data_parallel_size_2(tmp_path):
+    # 8 users over 2 ranks of max_num_seqs 4 (set on both through the one port): every
+    # user runs at once, none waits; the queue gauges read are the ranks' sums
+    out, done = served_run(tmp_path, DP_SERVED)
+    table = pq.read_table(out / "requests.parquet").to_pydict()
+    assert set(table["status"]) == {200} and len(table["status"]) > 20
+    server = pq.read_table(out / "server.parquet").to_pydict()
+    assert set(server["max_num_seqs"]) == {8.0}  # 4 on each rank
+    # (a request that just arrived waits for the next step: at most one a sample)
+    assert max(server["running"]) == 8 and max(server["waiting"]) <= 1
+    phase, = json.loads((out / "summary.json").read_text())["phases"]
+    # the oracle runs the same two ranks: 4 users each, as the served ranks had them
+    assert phase["steady"]["modelled_e2e_p50_s"] == pytest.approx(phase["oracle"]["e2e_p50_s"],
+                                                                  rel=0.03)
