@@ -99,12 +99,15 @@ async def server_info(request: web.Request) -> web.Response:
 
 
 async def kv_event_sources(request: web.Request) -> web.Response:
-    """GET /kv_event_sources: this replica's publisher, keyed by the data-parallel rank its
-    batches carry (`{}` when KV events are off): its endpoints as bound, the topic of the
+    """GET /kv_event_sources: this replica's publisher (every rank's, for the ranks of one
+    data-parallel server behind this port), keyed by the data-parallel rank its batches
+    carry (`{}` when KV events are off): its endpoints as bound, the topic of the
     model /get_server_info names, and vLLM's KVEventsConfig keys."""
     state = request.app[STATE]
     model = (await _served(state))[0]
-    sources = await state.client.kv_event_sources(replica=state.replica or 0)
+    # the ranks of one data-parallel server behind this port: every rank's publisher
+    ranks = state.data_parallel and state.replica is None
+    sources = await state.client.kv_event_sources(replica=None if ranks else state.replica or 0)
     return _json({str(s.data_parallel_rank): {
         "endpoint": s.endpoint, "replay_endpoint": s.replay_endpoint or None,
         "topic": s.topic.replace("{model}", model.name), "hwm": s.hwm,

@@ -101,14 +101,14 @@ def dp_aware(replicas: list[str], kv: int) -> list[str]:
             "--kv-event-model", MODEL]
 
 
-async def _prefix_groups_through(url: str) -> None:
+async def _prefix_groups_through(url: str, base: int = 0) -> None:
     """The first request of each of 3 groups (800-token system prompts), all at once and
     long enough to overlap, cold everywhere: the router spreads them by load. Then 3 more
     of each group, one at a time: each credited on the replica (rank) that holds its
     group's prefix (its KV events), and served there."""
     def body(group: int, i: int, max_tokens: int = 8) -> dict:
         return {"model": MODEL, "max_tokens": max_tokens, "messages": [
-            {"role": "system", "content": system_prompt(group, 800)},
+            {"role": "system", "content": system_prompt(base + group, 800)},
             {"role": "user", "content": f"question {i}"}]}
 
     async with session() as http:  # the first three last ~0.5 s: they overlap
@@ -136,6 +136,11 @@ async def test_kv_aware_credits_data_parallel_ranks_behind_one_port(dp_lab):
     # DP-aware: one worker, the one port, its three ranks addressed by X-data-parallel-
     # rank, every rank's publisher given in rank order; each rank's batches say its rank
     url, kv = dp_lab
+    async with session() as http:  # the one port lists every rank's publisher
+        async with http.get(url + "/kv_event_sources") as resp:
+            sources = await resp.json()
+    assert {rank: s["endpoint"] for rank, s in sources.items()} == {
+        str(k): f"tcp://127.0.0.1:{kv + 2 * k}" for k in range(3)}
     with vllm_router([url], "kv_aware", *dp_aware([url] * 3, kv)) as router:
         await _prefix_groups_through(f"http://127.0.0.1:{router.port}")
 
@@ -287,3 +292,11 @@ async def test_vllm_router_credits_only_kv_events_of_rank_0_on_a_plain_worker(ra
                 await asyncio.sleep(0.1)
         assert f"subscriber for fake-{rank} rank{rank}" in ANSI.sub("", router.log())
         assert seen and (min(seen) < len(prompt)) is credited, seen
+
+
+async def test_kv_aware_discovers_every_rank_s_publisher_from_the_one_port(dp_lab):
+    # no static sources: the router reads /kv_event_sources of the one port, which lists
+    # every rank's publisher under its rank
+    url, _ = dp_lab
+    with vllm_router([url], "kv_aware", "--intra-node-data-parallel-size", "3") as router:
+        await _prefix_groups_through(f"http://127.0.0.1:{router.port}", base=10)
