@@ -2,12 +2,13 @@
 
 Knows: the routes' access kinds (inference_lab.common.auth `Access`): the control routes
 (`/control/*`, vLLM's LoRA load and unload, which change what the engine serves, and its
-sleep mode's `/sleep` and `/wake_up`, which make replicas refuse) need the control token
+sleep mode's `/sleep` and `/wake_up`, which make replicas refuse, and its dev mode's
+`/pause`, `/resume` and `/reset_prefix_cache`) need the control token
 (when none is set, the API key stands in); the rest of `/v1/*` the API key alone (as vLLM
 guards `/v1`), and so do vLLM's pooling routes outside it (`/pooling`, `/score`,
-`/rerank`, `/v2/rerank`: they run the engine as `/v1/*` does, where vLLM leaves them
-open); everything else is open (probes, scrapers, what a router polls, vLLM's `/tokenize`,
-`/detokenize`, `/version` and `/is_sleeping`). A control route also answers no browser: a
+`/rerank`, `/v2/rerank`, and `/inference/v1/generate`: they run the engine as `/v1/*`
+does, where vLLM leaves them open); everything else is open (probes, scrapers, what a router polls, vLLM's `/tokenize`,
+`/detokenize`, `/version`, `/is_sleeping` and `/is_paused`). A control route also answers no browser: a
 request that carries an `Origin` header (every cross-origin request has one, and every
 POST a browser makes) is refused, and a body must be labelled `application/json` (or
 `+json`), which a page cannot send without a preflight (a POST with no body and no label
@@ -21,12 +22,14 @@ from __future__ import annotations
 from inference_lab.common.auth import Access
 
 CONTROL_PREFIX = "/control/"
-# vLLM's LoRA routes: under /v1 as in vLLM, but they change the engine's models; and its
-# sleep mode's /sleep and /wake_up, which free a replica's memory and make it refuse.
+# vLLM's LoRA routes: under /v1 as in vLLM, but they change the engine's models; its
+# sleep mode's /sleep and /wake_up, which free a replica's memory and make it refuse; and
+# its dev mode's /pause, /resume (requests aborted or held) and /reset_prefix_cache.
 CONTROL_ROUTES = frozenset({"/v1/load_lora_adapter", "/v1/unload_lora_adapter",
-                            "/sleep", "/wake_up"})
-# vLLM's pooling routes outside /v1: the engine's work, so the API key's, as /v1/* is.
-API_ROUTES = frozenset({"/pooling", "/score", "/rerank", "/v2/rerank"})
+                            "/sleep", "/wake_up", "/pause", "/resume", "/reset_prefix_cache"})
+# vLLM's pooling routes and its tokens-in, tokens-out route outside /v1: the engine's
+# work, so the API key's, as /v1/* is.
+API_ROUTES = frozenset({"/pooling", "/score", "/rerank", "/v2/rerank", "/inference/v1/generate"})
 
 
 def route_access(path: str) -> Access:

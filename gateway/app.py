@@ -4,7 +4,8 @@ Knows: the HTTP surface (the generation routes of `gateway.protocols.ROUTES`: Op
 completions, completions and Responses, Anthropic Messages; /v1/models, /health, /metrics,
 /control/capacity, vLLM's pooling routes, and the routes of vLLM's API, token counting, stored responses, LoRA
 adapters, faults and CORS preflights), and which part answers each: the edge middleware
-every request passes (gateway.middleware), the generation handler (gateway.generation), sleep mode (gateway.sleep),
+every request passes (gateway.middleware), the generation handler (gateway.generation), sleep mode (gateway.sleep), vLLM's dev-mode
+routes with `dev_mode` (gateway.dev),
 the control routes (gateway.control), what routers read (gateway.routing: load, render,
 server info, KV-event sources), the app's start and stop (gateway.lifecycle), and
 the answers the connection-level edge may write itself (gateway.edge FAST_POSTS,
@@ -22,7 +23,7 @@ from typing import Callable
 from aiohttp import web
 
 from inference_lab.common.tokenizer import Tokenizer, load_tokenizer
-from inference_lab.gateway import control, cors, generation, lifecycle, middleware, routing
+from inference_lab.gateway import control, cors, dev, generation, lifecycle, middleware, routing
 from inference_lab.gateway import sleep as sleep_mode
 from inference_lab.gateway import lora as lora_routes
 from inference_lab.gateway.edge import ARRIVALS, FAST_GETS, FAST_POSTS
@@ -59,6 +60,7 @@ def create_app(
     saturation: Saturation | None = None,
     served_by: bool = True,
     data_parallel: bool = False,
+    dev_mode: bool = False,
 ) -> web.Application:
     """The gateway application for the engine at `engine_target` ("host:port").
 
@@ -83,6 +85,8 @@ def create_app(
     generation response (headers x-inference-lab-replica, x-inference-lab-model).
     `data_parallel`: the replicas are data-parallel ranks of one server (their server
     info says their rank), not independent servers (each says rank 0).
+    `dev_mode` serves vLLM's dev-mode routes (/pause, /resume, /is_paused,
+    /reset_prefix_cache: gateway.dev); without it they are 404s, as in vLLM.
     """
     state = GatewayState(
         engine_target=engine_target,
@@ -142,6 +146,8 @@ def create_app(
     app.router.add_get("/control/capacity", control.get_capacity)
     app.router.add_post("/control/capacity", control.set_capacity)
     sleep_mode.add_routes(app)
+    if dev_mode:
+        dev.add_routes(app)
     fault_control.add_routes(app)
     fault_replica.add_routes(app, lambda: state.client)
     cors.add_routes(app)  # last: every route's path answers a preflight

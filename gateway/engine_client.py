@@ -345,6 +345,28 @@ class EngineClient:
             self._rpc_timeout, metadata=self._control_metadata)
         return list(resp.models)
 
+    # ---- vLLM's dev mode ----------------------------------------------------------------
+
+    async def pause(self, model: str | None, replica: int | None, mode: int = 0,
+                    clear_cache: bool = True, resume: bool = False) -> list[pb.ModelCapacity]:
+        """Pause replicas in `mode` (a PauseMode), or `resume` them: Pause, with the
+        control token. Every replica acted on, after. A "wait" pause answers once the
+        running requests have finished, so it has no deadline."""
+        timeout = None if mode == pb.PAUSE_MODE_WAIT and not resume else self._rpc_timeout
+        resp = await self._unary(
+            "Pause", pb.PauseRequest(model=model or "", replica=replica, mode=mode,
+                                     clear_cache=clear_cache, resume=resume),
+            timeout, metadata=self._control_metadata)
+        return list(resp.models)
+
+    async def reset_prefix_cache(self, model: str | None, replica: int | None) -> int:
+        """Empty replicas' prefix caches (ResetPrefixCache, with the control token): the
+        blocks forgotten."""
+        resp = await self._unary(
+            "ResetPrefixCache", pb.ResetPrefixCacheRequest(model=model or "", replica=replica),
+            self._rpc_timeout, metadata=self._control_metadata)
+        return resp.blocks_cleared
+
     # ---- metrics ------------------------------------------------------------------------
 
     async def replica_metrics(self, replica: int) -> bytes:

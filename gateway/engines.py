@@ -5,7 +5,8 @@ Knows: that a fleet's replica indices may live in several engine processes (`ser
 data-parallel rank a process), each with its own EngineClient (its own Session and
 admission copy), all sharing one backlog (a request read here may go to any of them, so
 every engine holds its decisions behind it); which client serves a replica index; the
-calls that concern every replica (capacity, replicas, sleep, LoRA, faults, metrics),
+calls that concern every replica (capacity, replicas, sleep, pause, prefix-cache resets,
+LoRA, faults, metrics),
 asked of every engine and their answers put together; and, for data-parallel ranks
 behind one port (vLLM's internal load balancing), the rank of a request that names none:
 `common.dp_balance.RankBalancer` over the (waiting, running) counts a coordinator task
@@ -213,6 +214,19 @@ class EngineGroup:
         if replica is not None:
             return await self.client_for(replica).sleep(model, replica, level, wake, tags)
         return await self._rows(c.sleep(model, None, level, wake, tags) for c in self.clients)
+
+    async def pause(self, model: str | None, replica: int | None, mode: int = 0,
+                    clear_cache: bool = True, resume: bool = False) -> list[pb.ModelCapacity]:
+        if replica is not None:
+            return await self.client_for(replica).pause(model, replica, mode, clear_cache, resume)
+        return await self._rows(c.pause(model, None, mode, clear_cache, resume)
+                                for c in self.clients)
+
+    async def reset_prefix_cache(self, model: str | None, replica: int | None) -> int:
+        if replica is not None:
+            return await self.client_for(replica).reset_prefix_cache(model, replica)
+        return sum(await asyncio.gather(*(c.reset_prefix_cache(model, None)
+                                          for c in self.clients)))
 
     # ---- metrics ------------------------------------------------------------------------
 

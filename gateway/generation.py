@@ -60,6 +60,8 @@ def generation_handler(dialect: Dialect, state: GatewayState,
         body = await read_json_body(request, state.max_body_bytes)
         arrived = arrival_stamp(request)  # the request is read: the engine books it here
         gen = dialect.parse(body, state.tokenizer)  # a bad body gets its 400 before a 529
+        if not gen.model:  # (a route where the model is optional: the first one served)
+            gen.model = await _default_model(state.client)
         replica = _replica_for(request, state)
         if state.served_by:  # named on the response, whatever it is (middleware)
             request[SERVED_BY] = (str(replica or 0),
@@ -171,6 +173,14 @@ def fast_refusal(path: str, dialect: Dialect, state: GatewayState,
         return head % holes, out
 
     return answer
+
+
+async def _default_model(client: EngineClient) -> str:
+    """The model a request that names none runs on, as vLLM's: the first one served."""
+    models = await client.list_models()
+    if not models:
+        raise GatewayError(ErrorKind.MODEL_NOT_FOUND, "No model is served.")
+    return models[0].name
 
 
 def _header_safe(model: str) -> bool:

@@ -2,7 +2,9 @@
 admission state it announces.
 
 Knows: the core (engine.sim) and its pacer (engine.drivers.pacer), sleep mode (what a
-sleep frees, what a wake costs: engine.fleet.sleep), the queue state as a
+sleep frees, what a wake costs: engine.fleet.sleep), vLLM's pause modes (`pause`,
+`resume`: abort, wait or keep) and its prefix-cache reset, published at once as a KV
+event (`reset_prefix_cache`), the queue state as a
 Session announces it (saturated or not, with the span of arrival instants over which the
 queue is provably full) and a version counting its changes, the replica's LoRA adapters,
 and the lifecycle the fleet (`replicas.Fleet`) orders: start, drained, stop.
@@ -64,6 +66,8 @@ class ModelRuntime:
         self.queue_version = 0
         self.on_queue_change: Callable[[], None] | None = None
         self._idle: asyncio.Event | None = None  # set once a drained replica holds nothing
+        self._settled: asyncio.Event | None = None  # set once a paused replica runs nothing
+        self.paused = ""  # generation paused: "", or vLLM's mode ("abort", "wait", "keep")
         self._stopped = False
         self.adapters: dict[str, object] = {}  # LoRA name -> this core's LoraAdapter
         self.on_stopped: Callable[[], None] | None = None  # its series leave the metrics
@@ -110,6 +114,8 @@ class ModelRuntime:
                 self.on_queue_change()
         if self._idle is not None and not self.pacer.open_streams():
             self._idle.set()
+        if self._settled is not None and not self.core.num_running:
+            self._settled.set()
 
     # ---- sleep mode (engine.fleet.sleep) -----------------------------------------------------
     def sleep(self, level: int) -> int:
@@ -144,6 +150,57 @@ class ModelRuntime:
         self.metrics.on_sleep(self.sleep_level, cost if cost else None)
         self.pacer.poke()
         return cost
+
+    # ---- pausing generation (vLLM's dev-mode /pause, /resume) -----------------------------
+    def pause(self, mode: str) -> int:
+        """Pause generation as vLLM's `mode` does: "abort" ends every request in flight
+        aborted and admits nothing more from the queue (vLLM's PAUSED_NEW); "wait" admits
+        nothing more from the queue and lets the running requests finish (`settled`);
+        "keep" freezes the replica (PAUSED_ALL: its modelled clock stops, every request
+        stays where it is). Arrivals still queue, under the queue's bound. Returns how many
+        requests it aborted."""
+        aborted = 0
+        if mode == "keep":
+            self.pacer.freeze()
+        else:
+            if self.paused == "keep":  # (a deeper pause's freeze ends: running ones step on)
+                self.pacer.thaw()
+            if mode == "abort":
+                aborted = self.pacer.abort_all()
+            self.core.paused = True
+            self.pacer.poke()
+        self.paused = mode
+        return aborted
+
+    async def settled(self) -> None:
+        """Resolves once the replica runs nothing (a "wait" pause has taken hold)."""
+        while self.core.num_running:
+            self._settled = asyncio.Event()
+            await self._settled.wait()
+        self._settled = None
+
+    def resume(self) -> None:
+        """Generation goes on: the queue is admitted from again, a frozen replica thaws
+        (the service re-applies a replica stall, which keeps it frozen)."""
+        if self.paused == "keep":
+            self.pacer.thaw()
+        self.paused = ""
+        self.core.paused = False
+        self.pacer.poke()
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block no running request uses (vLLM's reset_prefix_cache),
+        published at once (AllBlocksCleared when none is left). Returns how many."""
+        core = self.core
+        cache = core.prefix_cache
+        if cache is None:
+            return 0
+        cleared = cache.num_evictable
+        cache.clear()
+        if self.kv_events is not None:
+            self.kv_events.publish(core.name, cache.take_events(), core.block_size,
+                                   self._lora_name)
+        return cleared
 
     # ---- lifecycle (engine.fleet.Fleet) --------------------------------------------------
     def start(self) -> None:

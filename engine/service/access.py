@@ -37,6 +37,8 @@ RPC_ACCESS: dict[str, Access] = {
     "UnloadLoraAdapter": Access.CONTROL,
     "SetReplicas": Access.CONTROL,
     "Sleep": Access.CONTROL,  # vLLM's sleep mode: a replica frees its memory and refuses
+    "Pause": Access.CONTROL,  # vLLM's dev-mode /pause, /resume: requests aborted or held
+    "ResetPrefixCache": Access.CONTROL,  # vLLM's dev-mode /reset_prefix_cache
     "GetMetrics": Access.OPEN,
     "WatchMetrics": Access.OPEN,
     "InjectFault": Access.CONTROL,

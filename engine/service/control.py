@@ -25,6 +25,7 @@ from inference_lab.engine.fleet.runtime import ModelRuntime
 from inference_lab.engine.service.lora_modules import read_rank
 from inference_lab.engine.service.messages import queue_state_pb
 from inference_lab.engine.service.refusals import REFUSED, ShuttingDown, UnknownModel, abort
+from inference_lab.engine.service.dev import MODE_PB
 from inference_lab.engine.service.replica_faults import ReplicaFaults
 from inference_lab.engine.sim.capacity import require_change
 from inference_lab.engine.sim.core import EngineCore
@@ -57,7 +58,8 @@ class ControlRpcs:
                 waiting=core.num_waiting, running=core.num_running, replica=r.index,
                 starting=r.ready_in(now) > 0, draining=r.draining, ready_in_s=r.ready_in(now),
                 sleep_level=r.runtime.sleep_level, wake_s=r.runtime.wake_s,
-                kv_role=r.runtime.kv_role, kv_engine_id=r.runtime.engine_id))
+                kv_role=r.runtime.kv_role, kv_engine_id=r.runtime.engine_id,
+                paused=MODE_PB[r.runtime.paused]))
         return rows
 
     def _select(self, model: str, replica: int | None) -> list:

@@ -177,8 +177,8 @@ class ReplicaFaults:
         engine = self._targets[None]
         for rt in self.runtimes() if runtimes is None else runtimes:
             own = self._targets.get(rt.replica)
-            if engine.stalled or (own is not None and own.stalled):
-                rt.pacer.freeze()
+            if engine.stalled or (own is not None and own.stalled) or rt.paused == "keep":
+                rt.pacer.freeze()  # (a replica paused with mode keep stays frozen too)
             else:
                 rt.pacer.thaw()
             factor = engine.slow_factor * (own.slow_factor if own is not None else 1.0)

@@ -5,7 +5,7 @@ Session and the metrics calls. Does not know timing (engine.drivers.pacer) or sc
 (engine.sim.core). Beside it, one module per job: the refusal table
 (engine.service.refusals), core objects as messages (engine.service.messages), a
 Session's batches and their writer (engine.service.session), the control calls
-(engine.service.control, mixed in), sleep mode (engine.service.sleep, mixed in); each replica's runtime is the fleet's
+(engine.service.control, mixed in), sleep mode (engine.service.sleep, mixed in), vLLM's dev-mode pause and prefix-cache reset (engine.service.dev, mixed in); each replica's runtime is the fleet's
 (engine.fleet.runtime).
 
 Admission is decided by the pacer in the order of the arrivals' instants (engine.drivers
@@ -36,6 +36,7 @@ from inference_lab.engine.service.metrics import EngineMetrics
 from inference_lab.engine.service.metrics_feed import Watchers, watch, watch_interval
 from inference_lab.engine.service.refusals import (REFUSALS, REFUSED, ShuttingDown,
                                                    UnknownModel, abort, rejected_pb)
+from inference_lab.engine.service.dev import DevRpcs
 from inference_lab.engine.service.session import SessionSink
 from inference_lab.engine.service.sleep import SleepRpcs
 from inference_lab.engine.sim.core import QueueSaturated, SubmitError
@@ -77,7 +78,7 @@ class SubmitSink:
         pass
 
 
-class EngineService(ControlRpcs, SleepRpcs, engine_pb2_grpc.EngineServicer):
+class EngineService(ControlRpcs, SleepRpcs, DevRpcs, engine_pb2_grpc.EngineServicer):
     """The RPCs over a fleet of ModelRuntimes (one per model and replica index): the
     admission funnel, Submit, the Session and metrics here, the control calls mixed in
     (ControlRpcs)."""

@@ -105,6 +105,9 @@ class EngineCore:
         self._bound = 0  # the lowest max_waiting (> 0) in force since then; 0 = the live one
         self.admit_after = 0.0  # (sim time) no admission from the queue before this
         self.slowdown = 1.0  # step times x this (a throttled replica); 1 = as modelled
+        # Generation paused (vLLM's PAUSED_NEW): no step admits from the queue, so an
+        # engine with only waiting requests has no work; running ones step on.
+        self.paused = False
         # P/D disaggregation (engine.sim.kv_transfer): this replica's role, the handoffs it
         # holds for consumers, the link its pulls cross, and who it is in the params it
         # gives (engine id, side-channel host and port: set by whoever runs it).
@@ -157,7 +160,9 @@ class EngineCore:
         return self.scheduler.kv_usage()
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        """Something to step: running requests, or waiting ones while not paused."""
+        scheduler = self.scheduler
+        return bool(scheduler.running) or (not self.paused and scheduler.num_waiting > 0)
 
     def next_event_time(self) -> float | None:
         """When the next step can start (`step` starts it there when told an earlier
@@ -165,7 +170,7 @@ class EngineCore:
         no earlier than the queue's head is ready (its request overhead) and may be
         admitted (`promise`)."""
         scheduler = self.scheduler
-        if not scheduler.has_work():
+        if not self.has_work():
             return None
         if not scheduler.running:  # (nothing to run until the queue's head may be admitted)
             head = scheduler.waiting.peek()
@@ -528,7 +533,8 @@ class EngineCore:
         width = advance = 1
         if self.speculative is not None and scheduler.group.n:
             width, advance = self._draft()
-        decision = scheduler.schedule(start, self.capacity.max_num_seqs, width, advance, admit)
+        decision = scheduler.schedule(start, self.capacity.max_num_seqs, width, advance,
+                                       admit and not self.paused)
         decodes = decision.num_decodes
         if decodes:
             full, wins = scheduler.group.attention(width)

@@ -10,6 +10,7 @@
 - `count_tokens`: Anthropic's `POST /v1/messages/count_tokens`, with `anthropic`'s prompt.
 - `generate`: the shared engine path: admission (529 before any byte), streaming paced by
   the engine's progress, cancellation when the client leaves.
+- `vllm_generate`: vLLM's tokens-in, tokens-out `/inference/v1/generate`.
 - `pooling`: vLLM's pooling routes (embeddings, pooling, score, rerank), each a batch of
   pooling requests on the same path (`batch`).
 
@@ -22,12 +23,14 @@ from inference_lab.gateway.protocols.base import Dialect
 from inference_lab.gateway.protocols.openai import CHAT, COMPLETIONS
 from inference_lab.gateway.protocols.pooling import POOLING_ROUTES
 from inference_lab.gateway.protocols.responses import RESPONSES
+from inference_lab.gateway.protocols.vllm_generate import GENERATE
 
 ROUTES: dict[str, Dialect] = {
     "/v1/chat/completions": CHAT,
     "/v1/completions": COMPLETIONS,
     "/v1/messages": MESSAGES,
     "/v1/responses": RESPONSES,
+    "/inference/v1/generate": GENERATE,
     **POOLING_ROUTES,
 }
 

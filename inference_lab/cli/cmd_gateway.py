@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -29,6 +30,7 @@ log = logging.getLogger("inference_lab.gateway")
 
 DEFAULT_ENGINE = "127.0.0.1:50051"
 FAULTS_STATE_FILE = "faults.json"
+DEV_MODE_VARIABLE = "VLLM_SERVER_DEV_MODE"  # vLLM's switch of its dev-mode routes
 
 
 def _engine_addresses(text: str) -> list[str]:
@@ -171,6 +173,12 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         help="generation responses do not name the replica and model that answered them "
         "(x-inference-lab-replica, x-inference-lab-model): the headers vLLM sends and no other",
     )
+    parser.add_argument(
+        "--dev-mode", action="store_true",
+        help="serve vLLM's dev-mode routes: /pause, /resume, /is_paused, /reset_prefix_cache "
+        f"(control routes, like /control/*); also on with {DEV_MODE_VARIABLE}=1, vLLM's own "
+        "switch (default: off, and those routes are 404s, as in vLLM; docs/endpoints.md)",
+    )
     add_api_key_argument(parser)
     add_control_token_argument(
         parser, "/control/* as `Authorization: Bearer TOKEN`, and send it to the engine "
@@ -210,6 +218,22 @@ def fault_kwargs(config: Path | None, state_dir: Path | None) -> dict:
     return {"faults": state, "save_faults": save, "static_faults": static}
 
 
+def dev_mode(args: argparse.Namespace) -> bool:
+    """--dev-mode, or vLLM's switch: VLLM_SERVER_DEV_MODE set to an integer other than 0
+    (vLLM reads it as `bool(int(...))`; anything else is a usage error here)."""
+    from inference_lab.cli import UsageError
+
+    if getattr(args, "dev_mode", False):
+        return True
+    text = os.environ.get(DEV_MODE_VARIABLE, "").strip()
+    if not text:
+        return False
+    try:
+        return bool(int(text))
+    except ValueError:
+        raise UsageError(f"{DEV_MODE_VARIABLE}={text[:40]!r}: expected 0 or 1") from None
+
+
 def gateway_app_kwargs(args: argparse.Namespace, config: Path | None = None) -> dict:
     """create_app keyword arguments from the parsed gateway flags (secrets from the
     environment when their flags are absent)."""
@@ -219,7 +243,7 @@ def gateway_app_kwargs(args: argparse.Namespace, config: Path | None = None) -> 
               "enable_directives": args.enable_directives,
               "tokenizer": args.tokenizer, "session_lane": args.session_lane,
               "saturation": Saturation(args.saturated_status, args.saturated_retry_after),
-              "served_by": args.served_by,
+              "served_by": args.served_by, "dev_mode": dev_mode(args),
               **fault_kwargs(config if config is not None else getattr(args, "config", None),
                              args.state_dir)}
     _log_exposure(args.host, kwargs["api_key"], kwargs["control_token"])

@@ -14,6 +14,13 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_CANCELLED: _ClassVar[FinishReason]
     FINISH_REASON_ABORTED: _ClassVar[FinishReason]
 
+class PauseMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PAUSE_MODE_UNSPECIFIED: _ClassVar[PauseMode]
+    PAUSE_MODE_ABORT: _ClassVar[PauseMode]
+    PAUSE_MODE_WAIT: _ClassVar[PauseMode]
+    PAUSE_MODE_KEEP: _ClassVar[PauseMode]
+
 class EngineFaultKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ENGINE_FAULT_KIND_UNSPECIFIED: _ClassVar[EngineFaultKind]
@@ -25,6 +32,10 @@ FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_CANCELLED: FinishReason
 FINISH_REASON_ABORTED: FinishReason
+PAUSE_MODE_UNSPECIFIED: PauseMode
+PAUSE_MODE_ABORT: PauseMode
+PAUSE_MODE_WAIT: PauseMode
+PAUSE_MODE_KEEP: PauseMode
 ENGINE_FAULT_KIND_UNSPECIFIED: EngineFaultKind
 ENGINE_FAULT_CRASH: EngineFaultKind
 ENGINE_FAULT_STALL: EngineFaultKind
@@ -301,7 +312,7 @@ class SetCapacityRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., max_num_seqs: _Optional[int] = ..., max_waiting: _Optional[int] = ..., replica: _Optional[int] = ...) -> None: ...
 
 class ModelCapacity(_message.Message):
-    __slots__ = ("model", "max_waiting", "max_num_seqs", "waiting", "running", "replica", "starting", "draining", "ready_in_s", "sleep_level", "wake_s", "kv_role", "kv_engine_id")
+    __slots__ = ("model", "max_waiting", "max_num_seqs", "waiting", "running", "replica", "starting", "draining", "ready_in_s", "sleep_level", "wake_s", "kv_role", "kv_engine_id", "paused")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_WAITING_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
@@ -315,6 +326,7 @@ class ModelCapacity(_message.Message):
     WAKE_S_FIELD_NUMBER: _ClassVar[int]
     KV_ROLE_FIELD_NUMBER: _ClassVar[int]
     KV_ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
     model: str
     max_waiting: int
     max_num_seqs: int
@@ -328,7 +340,8 @@ class ModelCapacity(_message.Message):
     wake_s: float
     kv_role: str
     kv_engine_id: str
-    def __init__(self, model: _Optional[str] = ..., max_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., replica: _Optional[int] = ..., starting: _Optional[bool] = ..., draining: _Optional[bool] = ..., ready_in_s: _Optional[float] = ..., sleep_level: _Optional[int] = ..., wake_s: _Optional[float] = ..., kv_role: _Optional[str] = ..., kv_engine_id: _Optional[str] = ...) -> None: ...
+    paused: PauseMode
+    def __init__(self, model: _Optional[str] = ..., max_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., replica: _Optional[int] = ..., starting: _Optional[bool] = ..., draining: _Optional[bool] = ..., ready_in_s: _Optional[float] = ..., sleep_level: _Optional[int] = ..., wake_s: _Optional[float] = ..., kv_role: _Optional[str] = ..., kv_engine_id: _Optional[str] = ..., paused: _Optional[_Union[PauseMode, str]] = ...) -> None: ...
 
 class CapacityResponse(_message.Message):
     __slots__ = ("models",)
@@ -429,6 +442,34 @@ class SleepRequest(_message.Message):
     wake: bool
     tags: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, model: _Optional[str] = ..., replica: _Optional[int] = ..., level: _Optional[int] = ..., wake: _Optional[bool] = ..., tags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PauseRequest(_message.Message):
+    __slots__ = ("model", "replica", "mode", "clear_cache", "resume")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_CACHE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    replica: int
+    mode: PauseMode
+    clear_cache: bool
+    resume: bool
+    def __init__(self, model: _Optional[str] = ..., replica: _Optional[int] = ..., mode: _Optional[_Union[PauseMode, str]] = ..., clear_cache: _Optional[bool] = ..., resume: _Optional[bool] = ...) -> None: ...
+
+class ResetPrefixCacheRequest(_message.Message):
+    __slots__ = ("model", "replica")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    replica: int
+    def __init__(self, model: _Optional[str] = ..., replica: _Optional[int] = ...) -> None: ...
+
+class ResetPrefixCacheResponse(_message.Message):
+    __slots__ = ("blocks_cleared",)
+    BLOCKS_CLEARED_FIELD_NUMBER: _ClassVar[int]
+    blocks_cleared: int
+    def __init__(self, blocks_cleared: _Optional[int] = ...) -> None: ...
 
 class SetReplicasRequest(_message.Message):
     __slots__ = ("model", "replicas")

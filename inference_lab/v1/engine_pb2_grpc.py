@@ -84,6 +84,16 @@ class EngineStub:
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.SleepRequest.SerializeToString,
                 response_deserializer=inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.FromString,
                 _registered_method=True)
+        self.Pause = channel.unary_unary(
+                '/inference_lab.v1.Engine/Pause',
+                request_serializer=inference__lab_dot_v1_dot_engine__pb2.PauseRequest.SerializeToString,
+                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.FromString,
+                _registered_method=True)
+        self.ResetPrefixCache = channel.unary_unary(
+                '/inference_lab.v1.Engine/ResetPrefixCache',
+                request_serializer=inference__lab_dot_v1_dot_engine__pb2.ResetPrefixCacheRequest.SerializeToString,
+                response_deserializer=inference__lab_dot_v1_dot_engine__pb2.ResetPrefixCacheResponse.FromString,
+                _registered_method=True)
         self.GetMetrics = channel.unary_unary(
                 '/inference_lab.v1.Engine/GetMetrics',
                 request_serializer=inference__lab_dot_v1_dot_engine__pb2.GetMetricsRequest.SerializeToString,
@@ -218,6 +228,32 @@ class EngineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Pause(self, request, context):
+        """Pausing generation, as vLLM's dev-mode /pause and /resume: replicas of a model (or of
+        every model) stop scheduling. PAUSE_MODE_ABORT ends every request in flight aborted
+        and stops admitting from the queue; PAUSE_MODE_WAIT stops admitting from the queue
+        and returns once the running requests have finished; PAUSE_MODE_KEEP freezes the
+        replica (its modelled clock stops: running and waiting requests stay as they are).
+        A paused replica still queues arrivals (the queue's bound, and its 529, as usual);
+        they run after `resume`. With abort and wait, `clear_cache` then empties the prefix
+        cache. Returns every replica acted on. NOT_FOUND: unknown model or replica.
+        UNAUTHENTICATED: as SetCapacity.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetPrefixCache(self, request, context):
+        """Empties the prefix cache of replicas of a model (or of every model), as vLLM's
+        dev-mode /reset_prefix_cache: every cached block no running request uses is
+        forgotten, published at once as a KV event (AllBlocksCleared when no block is left,
+        else BlockRemoved for the forgotten ones). Returns how many blocks were forgotten.
+        NOT_FOUND: unknown model or replica. UNAUTHENTICATED: as SetCapacity.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetMetrics(self, request, context):
         """The engine's Prometheus metrics (vLLM's vllm:* series and the lab's inference_lab_*)
         in the text exposition format, for a gateway to serve on its API port as vLLM does.
@@ -326,6 +362,16 @@ def add_EngineServicer_to_server(servicer, server):
                     servicer.Sleep,
                     request_deserializer=inference__lab_dot_v1_dot_engine__pb2.SleepRequest.FromString,
                     response_serializer=inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.SerializeToString,
+            ),
+            'Pause': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pause,
+                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.PauseRequest.FromString,
+                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.SerializeToString,
+            ),
+            'ResetPrefixCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetPrefixCache,
+                    request_deserializer=inference__lab_dot_v1_dot_engine__pb2.ResetPrefixCacheRequest.FromString,
+                    response_serializer=inference__lab_dot_v1_dot_engine__pb2.ResetPrefixCacheResponse.SerializeToString,
             ),
             'GetMetrics': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMetrics,
@@ -623,6 +669,60 @@ class Engine:
             '/inference_lab.v1.Engine/Sleep',
             inference__lab_dot_v1_dot_engine__pb2.SleepRequest.SerializeToString,
             inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pause(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference_lab.v1.Engine/Pause',
+            inference__lab_dot_v1_dot_engine__pb2.PauseRequest.SerializeToString,
+            inference__lab_dot_v1_dot_engine__pb2.CapacityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetPrefixCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference_lab.v1.Engine/ResetPrefixCache',
+            inference__lab_dot_v1_dot_engine__pb2.ResetPrefixCacheRequest.SerializeToString,
+            inference__lab_dot_v1_dot_engine__pb2.ResetPrefixCacheResponse.FromString,
             options,
             channel_credentials,
             insecure,

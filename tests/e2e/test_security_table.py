@@ -63,7 +63,8 @@ async def lab():
     engine = EngineServer(default_deployments("b200"), "127.0.0.1", 0, 0, api_key=KEY,
                           control_token=TOKEN, max_loras=1)
     await engine.start()
-    fleet = FleetGateway(f"127.0.0.1:{engine.port}", port=0, api_key=KEY, control_token=TOKEN)
+    fleet = FleetGateway(f"127.0.0.1:{engine.port}", port=0, api_key=KEY, control_token=TOKEN,
+                         dev_mode=True)  # (vLLM's dev-mode routes are in the table too)
     port = await fleet.start()
     try:
         yield engine, fleet, f"http://127.0.0.1:{port}"
@@ -83,8 +84,9 @@ async def test_every_route_answers_as_the_table_in_the_docs_says(lab):
     rows = route_rows()
     assert served_routes(fleet) == set(rows), "routes served and docs/security.md differ"
     # the last ones change the lab for everyone: after the others
-    order = sorted(rows, key=lambda mr: (mr[1] in ("/control/replicas", "/control/faults/replica"),
-                                         mr))
+    # (/pause holds every later generation request: last too)
+    order = sorted(rows, key=lambda mr: (mr[1] in ("/control/replicas", "/control/faults/replica",
+                                                   "/pause"), mr))
     async with aiohttp.ClientSession() as http:
         async def call(method: str, route: str, headers: dict, body: bytes | None = b"{}",
                        content_type: str = "application/json"):
@@ -183,9 +185,9 @@ async def test_every_rpc_answers_as_the_table_in_the_docs_says(lab):
         return rows.get(method) or rows[method.rsplit("/", 1)[0] + "/*"]
 
     unauthenticated = grpc.StatusCode.UNAUTHENTICATED
-    # SetReplicas last: its empty request scales every model to 0
+    # SetReplicas last: its empty request scales every model to 0 (and Pause pauses them)
     order = sorted((m for m in methods if m.rsplit("/", 1)[0] in services),
-                   key=lambda m: (m.endswith("/SetReplicas"), m))
+                   key=lambda m: (m.endswith(("/SetReplicas", "/Pause")), m))
     async with grpc.aio.insecure_channel(f"127.0.0.1:{engine.port}") as channel:
         for method in order:
             need, streaming = needs(method), methods[method]
