@@ -228,6 +228,20 @@ class EngineGroup:
         return sum(await asyncio.gather(*(c.reset_prefix_cache(model, None)
                                           for c in self.clients)))
 
+    async def pause(self, model: str | None, replica: int | None, mode: int = 0,
+                    clear_cache: bool = True, resume: bool = False) -> list[pb.ModelCapacity]:
+        if replica is not None:
+            return await self.client_for(replica).pause(model, replica, mode, clear_cache,
+                                                        resume)
+        return await self._rows(c.pause(model, None, mode, clear_cache, resume)
+                                for c in self.clients)
+
+    async def reset_prefix_cache(self, model: str | None, replica: int | None) -> int:
+        if replica is not None:
+            return await self.client_for(replica).reset_prefix_cache(model, replica)
+        return sum(await asyncio.gather(*(c.reset_prefix_cache(model, None)
+                                          for c in self.clients)))
+
     # ---- metrics ------------------------------------------------------------------------
 
     async def replica_metrics(self, replica: int) -> bytes:

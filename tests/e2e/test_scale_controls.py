@@ -93,3 +93,50 @@ async def test_sleep_puts_every_rank_to_sleep_and_wakes_every_one(ranks):
         for rank in (0, 1):
             status, _ = await on_rank(http, ranks, rank, chat())
             assert status == 200
+
+
+async def paused_per_engine(served) -> list[bool]:
+    """Each engine process's own word (GetCapacity over its gRPC port), in start order."""
+    import grpc
+
+    from inference_lab.v1 import engine_pb2 as pb
+    from inference_lab.v1 import engine_pb2_grpc
+
+    out = []
+    for pid in served.engine_pids():
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode().split("\0")
+        port = argv[argv.index("--port") + 1]
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            reply = await engine_pb2_grpc.EngineStub(channel).GetCapacity(
+                pb.GetCapacityRequest(), timeout=5)
+        out.append(all(row.paused for row in reply.models))
+    return out
+
+
+def test_dev_mode_pauses_and_resets_every_rank():
+    # `/pause` and `/reset_prefix_cache` through the one port reach every rank's engine
+    import asyncio
+
+    with serve("--data-parallel-size", "2", "--dev-mode") as served:
+        base = f"http://127.0.0.1:{served.port}"
+
+        async def check() -> None:
+            async with aiohttp.ClientSession() as http:
+                async with http.post(base + "/pause", params={"mode": "keep"}, json={}) as resp:
+                    assert resp.status == 200, await resp.text()
+                async with http.get(base + "/is_paused") as resp:
+                    assert (await resp.json()) == {"is_paused": True}
+                assert await paused_per_engine(served) == [True, True]  # each rank's own
+                async with http.post(base + "/resume", json={}) as resp:
+                    assert resp.status == 200
+                async with http.get(base + "/is_paused") as resp:
+                    assert (await resp.json()) == {"is_paused": False}
+                assert await paused_per_engine(served) == [False, False]
+                for rank in (0, 1):  # a prompt cached on each rank, then every cache reset
+                    status, _ = await on_rank(http, base, rank, chat())
+                    assert status == 200
+                async with http.post(base + "/reset_prefix_cache", json={}) as resp:
+                    assert resp.status == 200, await resp.text()
+
+        asyncio.run(check())
