@@ -5,8 +5,8 @@ completions, completions and Responses, Anthropic Messages; /v1/models, /health,
 /control/capacity, vLLM's pooling routes, and the routes of vLLM's API, token counting, stored responses, LoRA
 adapters, faults and CORS preflights), and which part answers each: the edge middleware
 every request passes (gateway.middleware), the generation handler (gateway.generation), sleep mode (gateway.sleep),
-the control routes (gateway.control), what routers read (gateway.routing: load, render,
-server info, KV-event sources), the app's start and stop (gateway.lifecycle), and
+the control routes (gateway.control), the live dashboard (gateway.dashboard), what routers
+read (gateway.routing: load, render, server info, KV-event sources), the app's start and stop (gateway.lifecycle), and
 the answers the connection-level edge may write itself (gateway.edge FAST_POSTS,
 FAST_GETS).
 
@@ -22,7 +22,7 @@ from typing import Callable
 from aiohttp import web
 
 from inference_lab.common.tokenizer import Tokenizer, load_tokenizer
-from inference_lab.gateway import control, cors, generation, lifecycle, middleware, routing
+from inference_lab.gateway import control, cors, dashboard, generation, lifecycle, middleware, routing
 from inference_lab.gateway import sleep as sleep_mode
 from inference_lab.gateway import lora as lora_routes
 from inference_lab.gateway.edge import ARRIVALS, FAST_GETS, FAST_POSTS
@@ -59,6 +59,7 @@ def create_app(
     saturation: Saturation | None = None,
     served_by: bool = True,
     data_parallel: bool = False,
+    dashboard_page: bool = True,
 ) -> web.Application:
     """The gateway application for the engine at `engine_target` ("host:port").
 
@@ -83,6 +84,8 @@ def create_app(
     generation response (headers x-inference-lab-replica, x-inference-lab-model).
     `data_parallel`: the replicas are data-parallel ranks of one server (their server
     info says their rank), not independent servers (each says rank 0).
+    `dashboard_page`: the live dashboard (`/dashboard`, its feed, `/` redirecting to it:
+    gateway.dashboard) on the app of the base port (replica 0, or no replica).
     """
     state = GatewayState(
         engine_target=engine_target,
@@ -142,6 +145,8 @@ def create_app(
     app.router.add_get("/control/capacity", control.get_capacity)
     app.router.add_post("/control/capacity", control.set_capacity)
     sleep_mode.add_routes(app)
+    if dashboard_page and not replica:
+        dashboard.add_routes(app, state)
     fault_control.add_routes(app)
     fault_replica.add_routes(app, lambda: state.client)
     cors.add_routes(app)  # last: every route's path answers a preflight

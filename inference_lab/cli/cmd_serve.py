@@ -221,6 +221,8 @@ class GatewayProcess(EngineProcess):
             argv += ["--saturated-retry-after", str(args.saturated_retry_after)]
         if not args.served_by:
             argv.append("--no-served-by-headers")
+        if not args.dashboard:
+            argv.append("--no-dashboard")
         if args.config is not None:
             argv += ["--config", os.path.abspath(args.config)]
         # each API server keeps its own fault settings (gateway.faults): a file of its own
