@@ -63,6 +63,9 @@
     ys.forEach((y, i) => d[i + 1].push(y));
     if (d[0].length > HISTORY) d.forEach((a) => a.shift());
     u.setData(d);
+    const el = u.root.parentNode;  // what is drawn, for scripts and tests
+    el.dataset.points = d[0].length;
+    el.dataset.last = JSON.stringify(ys);
   }
 
   window.addEventListener("resize", () => {
