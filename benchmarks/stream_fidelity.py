@@ -31,12 +31,15 @@ No pass/fail: it prints figures.
     python benchmarks/stream_fidelity.py [--clients 24,256,1024] [--duration 10]
         [--warmup 2] [--max-num-seqs N] [--loadgen-procs K] [--ceiling EVENTS_PER_CPU_S]
         [--profile DIR]   # also py-spy the engine and the gateway during the window
+        [--dashboard-feed HZ]  # a dashboard open beside them: its feed read HZ times a second
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import math
+import threading
 import time
 
 import _common as C
@@ -44,6 +47,30 @@ import sse_ceiling
 from _loadgen import GAP_BUCKET
 
 FRAMES_PER_RESPONSE_EXTRA = 3  # role chunk, final chunk, [DONE]
+
+
+class FeedReader(threading.Thread):
+    """A dashboard open beside the streams: GET /dashboard/feed `rate` times a second on
+    one kept-alive connection, as the page polls it, until monotonic `until`."""
+
+    def __init__(self, port: int, rate: float, until: float) -> None:
+        super().__init__(daemon=True)
+        self.port, self.every, self.until = port, 1.0 / rate, until
+        self.reads = 0
+        self.start()
+
+    def run(self) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        next_at = time.monotonic()
+        while next_at < self.until:
+            conn.request("GET", "/dashboard/feed")
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 200, resp.status
+            self.reads += 1
+            next_at += self.every
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        conn.close()
 
 
 def run_one(clients: int, args: argparse.Namespace) -> dict:
@@ -63,6 +90,7 @@ def run_one(clients: int, args: argparse.Namespace) -> dict:
                          "messages": [{"role": "user", "content": "Say hello."}]},
                 "t0": t0, "t_warm": t_warm, "t_end": t_end, "t_hard": t_end + args.tail,
                 "stagger": args.stagger}
+        reader = FeedReader(served.port, args.dashboard_feed, t_end) if args.dashboard_feed else None
         try:
             loadgens = C.start_loadgens([{**base, "clients": n}
                                          for n in C.split(clients, procs) if n])
@@ -71,6 +99,8 @@ def run_one(clients: int, args: argparse.Namespace) -> dict:
                 suffix=f"{clients}", collect_timeout=args.tail + 60)
         finally:
             C.stop_all(loadgens)
+            if reader is not None:
+                reader.join()
 
     frames = sum(r["win_frames"] for r in results)
     writes = sum(r["win_writes"] for r in results)
@@ -238,6 +268,9 @@ def main(argv: list[str] | None = None) -> dict:
                              "(default: measure it first; 0 = skip)")
     parser.add_argument("--profile", metavar="DIR",
                         help="py-spy record engine and gateway during each window into DIR")
+    parser.add_argument("--dashboard-feed", type=float, default=0.0, metavar="HZ",
+                        help="a dashboard open beside the streams: GET /dashboard/feed HZ times "
+                        "a second during the run (the page polls at 2)")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args(argv)
     print(f"machine: {C.machine()}")

@@ -12,12 +12,17 @@ does, where vLLM leaves them open); everything else is open (probes, scrapers, w
 request that carries an `Origin` header (every cross-origin request has one, and every
 POST a browser makes) is refused, and a body must be labelled `application/json` (or
 `+json`), which a page cannot send without a preflight (a POST with no body and no label
-passes: vLLM's `/sleep` and `/wake_up` take their parameters in the query).
+passes: vLLM's `/sleep` and `/wake_up` take their parameters in the query). One page is
+answered: the gateway's own (its dashboard), from its own origin, reached by an address no
+DNS can rebind (`same_origin_page`).
 
 Does not know: routes' handlers, the secrets themselves (gateway.middleware checks them).
 """
 
 from __future__ import annotations
+
+import ipaddress
+from urllib.parse import urlsplit
 
 from inference_lab.common.auth import Access
 
@@ -47,3 +52,29 @@ def json_labelled(content_type: str | None) -> bool:
         return False
     maintype, _, subtype = content_type.partition(";")[0].strip().lower().partition("/")
     return maintype == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+def same_origin_page(origin: str, host: str | None, scheme: str,
+                     fetch_site: str | None) -> bool:
+    """A request from a page of this very origin (`Origin` is the scheme and `Host` the
+    request came by), reached by an IP address or `localhost`, which no DNS rebinding can
+    give a page: a rebound page's `Host` is its own name. Any other origin, a page of
+    another port, an opaque origin (`null`) and a browser's `Sec-Fetch-Site` other than
+    `same-origin` are not."""
+    if not host or (fetch_site is not None and fetch_site != "same-origin"):
+        return False
+    if origin.lower() != f"{scheme}://{host}".lower():
+        return False
+    try:
+        name = urlsplit(origin).hostname
+    except ValueError:
+        return False
+    if name is None:
+        return False
+    if name == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True

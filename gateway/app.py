@@ -6,8 +6,8 @@ completions, completions and Responses, Anthropic Messages; /v1/models, /health,
 adapters, faults and CORS preflights), and which part answers each: the edge middleware
 every request passes (gateway.middleware), the generation handler (gateway.generation), sleep mode (gateway.sleep), vLLM's dev-mode
 routes with `dev_mode` (gateway.dev),
-the control routes (gateway.control), what routers read (gateway.routing: load, render,
-server info, KV-event sources), the app's start and stop (gateway.lifecycle), and
+the control routes (gateway.control), the live dashboard (gateway.dashboard), what routers
+read (gateway.routing: load, render, server info, KV-event sources), the app's start and stop (gateway.lifecycle), and
 the answers the connection-level edge may write itself (gateway.edge FAST_POSTS,
 FAST_GETS).
 
@@ -23,7 +23,8 @@ from typing import Callable
 from aiohttp import web
 
 from inference_lab.common.tokenizer import Tokenizer, load_tokenizer
-from inference_lab.gateway import control, cors, dev, generation, lifecycle, middleware, routing
+from inference_lab.gateway import (control, cors, dashboard, dev, generation, lifecycle, middleware,
+                                   routing)
 from inference_lab.gateway import sleep as sleep_mode
 from inference_lab.gateway import lora as lora_routes
 from inference_lab.gateway.edge import ARRIVALS, FAST_GETS, FAST_POSTS
@@ -61,6 +62,7 @@ def create_app(
     served_by: bool = True,
     data_parallel: bool = False,
     dev_mode: bool = False,
+    dashboard_page: bool = True,
 ) -> web.Application:
     """The gateway application for the engine at `engine_target` ("host:port").
 
@@ -87,6 +89,8 @@ def create_app(
     info says their rank), not independent servers (each says rank 0).
     `dev_mode` serves vLLM's dev-mode routes (/pause, /resume, /is_paused,
     /reset_prefix_cache: gateway.dev); without it they are 404s, as in vLLM.
+    `dashboard_page`: the live dashboard (`/dashboard`, its feed, `/` redirecting to it:
+    gateway.dashboard) on the app of the base port (replica 0, or no replica).
     """
     state = GatewayState(
         engine_target=engine_target,
@@ -148,6 +152,8 @@ def create_app(
     sleep_mode.add_routes(app)
     if dev_mode:
         dev.add_routes(app)
+    if dashboard_page and not replica:
+        dashboard.add_routes(app, state)
     fault_control.add_routes(app)
     fault_replica.add_routes(app, lambda: state.client)
     cors.add_routes(app)  # last: every route's path answers a preflight

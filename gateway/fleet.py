@@ -35,7 +35,7 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
-from inference_lab.gateway import cors
+from inference_lab.gateway import cors, dashboard
 from inference_lab.gateway.app import STATE, create_app
 from inference_lab.gateway.engine_client import EngineClient
 from inference_lab.gateway.engines import EngineGroup
@@ -127,6 +127,12 @@ class FleetGateway:
         if self.client is not None:
             await self.client.close()
 
+    def port_states(self) -> dict:
+        """{replica index: (port, its app's state)} of every listener (the dashboard's
+        feed reads each port's own series); None for the index of a port of no replica."""
+        return {(index if self.replica_ports else None): (port, runner.app[STATE])
+                for index, (runner, port) in self.listeners.items()}
+
     def port_of(self, index: int) -> int | None:
         listener = self.listeners.get(index)
         return listener[1] if listener else None
@@ -164,6 +170,7 @@ class FleetGateway:
                          **self.app_kwargs)
         if index == 0:
             app[FLEET] = self
+            app[dashboard.PORTS] = self.port_states
             app.router.add_get("/control/replicas", get_replicas)
             app.router.add_post("/control/replicas", set_replicas)
             app.router.add_get("/fleet/targets", targets)

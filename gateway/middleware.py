@@ -1,7 +1,8 @@
 """What every request of a gateway app passes: the edge middleware, and the JSON body.
 
 Knows: the API key (a Bearer token or `x-api-key`, on /v1/*), the control token (on the
-control routes, which also refuse browsers and bodies not labelled JSON: gateway.access),
+control routes, which also refuse browsers but the gateway's own page, and bodies not
+labelled JSON: gateway.access),
 errors in the envelope of the route's dialect (gateway.protocols.ROUTES), a saturated
 model's refusal with the app's status (errors.Saturation), metrics by route and status, a
 client who left (499 in the metrics), `x-request-id` on every response (the client's own
@@ -21,7 +22,7 @@ from aiohttp import web
 
 from inference_lab.common.auth import Access, accepted, bearer_ok
 from inference_lab.gateway import cors
-from inference_lab.gateway.access import json_labelled, route_access
+from inference_lab.gateway.access import json_labelled, route_access, same_origin_page
 from inference_lab.gateway.edge import read_body
 from inference_lab.gateway.engine_client import ClientGone
 from inference_lab.gateway.errors import ErrorKind, GatewayError, error_response, from_http_exception
@@ -66,7 +67,10 @@ def _check_access(request: web.BaseRequest, label: str, api_key: str | None,
                 and not _api_key_ok(request, api_key):
             raise GatewayError(ErrorKind.UNAUTHORIZED, "Invalid or missing API key.")
     elif access is Access.CONTROL:
-        if "Origin" in request.headers:  # a web page's request (a preflight too)
+        origin = request.headers.get("Origin")
+        if origin is not None and (cors.is_preflight(request) or not same_origin_page(
+                origin, request.host, request.scheme, request.headers.get("Sec-Fetch-Site"))):
+            # a web page's request (a preflight too), unless the gateway's own page's
             raise GatewayError(ErrorKind.CROSS_ORIGIN_FORBIDDEN,
                                "Control routes answer no cross-origin request.")
         secrets = accepted(Access.CONTROL, api_key, control_token)
@@ -85,7 +89,7 @@ def _check_access(request: web.BaseRequest, label: str, api_key: str | None,
 def _no_body(request: web.BaseRequest) -> bool:
     """A POST with no body and no Content-Type, as vLLM's `/sleep?level=1` and `/wake_up`
     are sent (their parameters are in the query): nothing to label. A browser's POST
-    carries an `Origin`, refused before this."""
+    carries an `Origin`, refused before this unless it is the gateway's own page's."""
     return not request.body_exists and "Content-Type" not in request.headers
 
 

@@ -179,6 +179,11 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         f"(control routes, like /control/*); also on with {DEV_MODE_VARIABLE}=1, vLLM's own "
         "switch (default: off, and those routes are 404s, as in vLLM; docs/endpoints.md)",
     )
+    parser.add_argument(
+        "--no-dashboard", dest="dashboard", action="store_false",
+        help="do not serve the live dashboard (GET /dashboard, its feed /dashboard/feed, and "
+        "/ redirecting to it) on the API port (docs/dashboard.md)",
+    )
     add_api_key_argument(parser)
     add_control_token_argument(
         parser, "/control/* as `Authorization: Bearer TOKEN`, and send it to the engine "
@@ -244,6 +249,7 @@ def gateway_app_kwargs(args: argparse.Namespace, config: Path | None = None) -> 
               "tokenizer": args.tokenizer, "session_lane": args.session_lane,
               "saturation": Saturation(args.saturated_status, args.saturated_retry_after),
               "served_by": args.served_by, "dev_mode": dev_mode(args),
+              "dashboard_page": args.dashboard,
               **fault_kwargs(config if config is not None else getattr(args, "config", None),
                              args.state_dir)}
     _log_exposure(args.host, kwargs["api_key"], kwargs["control_token"])

@@ -223,6 +223,8 @@ class GatewayProcess(EngineProcess):
             argv.append("--no-served-by-headers")
         if args.dev_mode:
             argv.append("--dev-mode")
+        if not args.dashboard:
+            argv.append("--no-dashboard")
         if args.config is not None:
             argv += ["--config", os.path.abspath(args.config)]
         # each API server keeps its own fault settings (gateway.faults): a file of its own

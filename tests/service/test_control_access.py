@@ -83,3 +83,30 @@ async def test_a_replica_query_that_is_not_an_index_is_a_400_never_a_500(client,
 async def test_a_model_query_too_long_is_a_400(client):
     resp = await client.get("/control/capacity", params={"model": "m" * 5000})
     assert resp.status == 400 and "?model" in (await resp.json())["error"]["message"]
+
+
+async def test_the_gateways_own_page_reached_by_an_address_is_answered_and_no_other(client, fake):
+    """The dashboard's knobs: a request from a page of this very origin is answered when the
+    page was reached by an IP address or localhost (no DNS rebinding can give a page
+    those); a page of another port, a rebound name, an opaque origin, a browser's
+    `Sec-Fetch-Site: cross-site` and any preflight are still refused."""
+    own = f"http://127.0.0.1:{client.server.port}"
+    ok = await client.post("/control/capacity", json={"max_num_seqs": 3},
+                           headers={"Origin": own, "Sec-Fetch-Site": "same-origin"})
+    assert ok.status == 200 and (await ok.json())[0]["max_num_seqs"] == 3
+    assert "Access-Control-Allow-Origin" not in ok.headers
+    local = f"localhost:{client.server.port}"
+    ok = await client.get("/control/capacity", headers={"Origin": f"http://{local}", "Host": local})
+    assert ok.status == 200
+    rebound = f"lab.example:{client.server.port}"  # a name that resolves to 127.0.0.1
+    for headers in ({"Origin": f"http://{rebound}", "Host": rebound},
+                    {"Origin": f"http://127.0.0.1:{client.server.port + 1}"},
+                    {"Origin": "null"},
+                    {"Origin": own, "Sec-Fetch-Site": "cross-site"}):
+        await _403(await client.post("/control/capacity", json={"max_num_seqs": 1}, headers=headers))
+    await _403(await client.options("/control/capacity", headers={
+        "Origin": own, "Access-Control-Request-Method": "POST"}))
+    assert next(iter(fake.models.values())).capacity.max_num_seqs == 3
+    resp = await client.post("/control/capacity", data=b'{"max_num_seqs": 1}',  # still JSON only
+                             headers={"Origin": own, "Content-Type": "text/plain"})
+    assert resp.status == 415
