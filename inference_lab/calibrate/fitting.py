@@ -8,7 +8,8 @@ for every point and metric, with a Jacobian by forward differences, Huber weight
 bounds. Before the first step it drops, and names, the parameters the points cannot
 determine: those with no effect on any metric, and those whose effect the others
 already explain (a near-zero singular value of the Jacobian). Leave-one-out refits
-without each point in turn and predicts it.
+without each point in turn and predicts it; leave-largest-out refits without the
+largest concurrency and predicts it (the error of extrapolating beyond the fit's range).
 Does not know file formats or how a point is simulated beyond `simulate.simulate`.
 """
 
@@ -313,3 +314,22 @@ def leave_one_out(evaluator: Evaluator, result: FitResult, fit_idx: Sequence[int
         sim = evaluator.sims([refit.calibration], [i])[0][0]
         out[i] = relative_errors(evaluator.points[i], sim)
     return out
+
+
+def leave_largest_out(evaluator: Evaluator, result: FitResult, fit_idx: Sequence[int],
+                      loo: dict[int, dict[str, float]] | None = None,
+                      max_iter: int = 3) -> dict[int, dict[str, float]] | None:
+    """The extrapolation error: for the fit points at the largest concurrency, the
+    relative errors predicted by a refit on the others (as `leave_one_out` refits; its
+    answer is reused when one point alone has that concurrency). None when under 2
+    points lie below that concurrency, or the fit moved nothing."""
+    top = max(evaluator.points[i].concurrency for i in fit_idx)
+    held = [i for i in fit_idx if evaluator.points[i].concurrency == top]
+    rest = [i for i in fit_idx if i not in held]
+    if len(rest) < 2 or not result.fitted:
+        return None
+    if len(held) == 1 and loo and held[0] in loo:
+        return {held[0]: loo[held[0]]}
+    refit = fit(evaluator, result.calibration, result.fitted, rest, max_iter, check=False)
+    sims = evaluator.sims([refit.calibration], held)[0]
+    return {i: relative_errors(evaluator.points[i], s) for i, s in zip(held, sims)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from pathlib import Path
 
 from inference_lab.cli import UsageError
@@ -36,7 +37,14 @@ with). The fit starts from the hardware preset's own [calibration] and moves
 fit more parameters than measured values allow, and names the parameters the points
 could not determine (those keep their starting values). It prints the fit per point
 and each point's leave-one-out error: the error of a fit made without it, the best
-guide to what the preset will do on loads you did not measure.
+guide to what the preset will do on loads you did not measure; and the extrapolation
+error: the error at the largest concurrency of a fit made without it.
+
+It judges its own fit: when the mean |error| on its own points is above
+--max-fit-error (default 0.25), it prints the likely causes it recognises (TTFT
+medians given in the ttft_ms column instead of ttft_p50_ms, random lengths taken as
+exact without --range-ratio, an opening burst, a TPOT that does not fit) and writes
+nothing (exit status 1) unless --force.
 
 example:
   inference-lab calibrate sweep.csv --model gpt-oss-120b --hardware b200 \\
@@ -51,6 +59,7 @@ GENERIC_START = dict(flops_efficiency=0.5, flops_half_tokens=64.0, bandwidth_eff
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from inference_lab.calibrate.fitting import PARAMETERS
+    from inference_lab.calibrate.judgement import MAX_FIT_ERROR
 
     p = subparsers.add_parser(
         "calibrate", help="fit the calibrated timing model to your measurements; write a preset",
@@ -86,6 +95,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="comma-separated [calibration] keys to fit (default: "
                         f"{','.join(DEFAULT_FIT)}; any of {', '.join(PARAMETERS)})")
     p.add_argument("--max-iter", type=positive_int, default=10, help="fit steps at most (default 10)")
+    p.add_argument("--max-fit-error", type=number(float, lambda v: v > 0, "a positive fraction"),
+                   default=MAX_FIT_ERROR, metavar="FRACTION",
+                   help="the mean |simulated / measured - 1| on the fit's own points above which "
+                        f"no preset is written (default {MAX_FIT_ERROR}: {100 * MAX_FIT_ERROR:.0f}%%)")
+    p.add_argument("--force", action="store_true",
+                   help="write the preset even when the fit's error is above --max-fit-error")
     p.add_argument("--jobs", type=positive_int, default=1,
                    help="simulations in parallel processes (default 1)")
     add_catalog_argument(p)
@@ -176,10 +191,40 @@ def _report_checks(checks, calibration) -> None:
                                    for k, v in sorted(by_metric.items())))
 
 
+def _report_fit(points, sims, loo, error: float) -> None:
+    """Each fit point's metrics: measured, fitted, error, leave-one-out error."""
+    from inference_lab.calibrate.fitting import relative_errors
+
+    print(f"\n{'point':28s} {'metric':12s} {'measured':>9s} {'fitted':>9s} {'error':>7s} {'leave-one-out':>13s}")
+    for i, (p, sim) in enumerate(zip(points, sims)):
+        for key, err in relative_errors(p, sim).items():
+            out = _pct(loo[i][key]) if i in loo else "     -"
+            print(f"{p.label:28s} {key:12s} {p.measured[key]:9.2f} {sim[key]:9.2f} {_pct(err)} {out:>13s}")
+    errs = [abs(e) for p, sim in zip(points, sims) for e in relative_errors(p, sim).values()]
+    print(f"\nfit: mean |error| {error:.1%}, median {statistics.median(errs):.1%}, max {max(errs):.1%}")
+
+
+def _extrapolation(points, errors: dict[int, dict[str, float]] | None) -> str:
+    """One line: the largest concurrency's errors under a fit made without it (per
+    metric, the largest in size when several points share that concurrency)."""
+    if not errors:
+        return ""
+    worst: dict[str, float] = {}
+    for e in errors.values():
+        for key, x in e.items():
+            if abs(x) >= abs(worst.get(key, 0.0)):
+                worst[key] = x
+    top = points[next(iter(errors))].concurrency
+    below = sorted({p.concurrency for p in points if p.concurrency < top})
+    return (f"extrapolation error (c={top} predicted by a fit on c={','.join(map(str, below))}): "
+            + ", ".join(f"{k} {x:+.1%}" for k, x in sorted(worst.items())))
+
+
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from inference_lab.calibrate.fitting import Evaluator, applicable, fit, leave_one_out, relative_errors
+    from inference_lab.calibrate.fitting import Evaluator, applicable, fit, leave_largest_out, leave_one_out
+    from inference_lab.calibrate.judgement import fit_error, likely_causes
     from inference_lab.calibrate.preset import NAME, write_preset
     from inference_lab.engine.sim.specs import Calibration
 
@@ -208,15 +253,25 @@ def run(args: argparse.Namespace) -> int:
     result = fit(ev, start, names, idx, args.max_iter, log=lambda s: print(s, flush=True))
     for name, why in {**why_not, **result.undetermined}.items():
         print(f"not determined: {name} (kept at {getattr(result.calibration, name):g}): {why}")
-    loo = leave_one_out(ev, result, idx) if len(points) > 2 and result.fitted else {}
     sims = ev.sims([result.calibration])[0]
-    print(f"\n{'point':28s} {'metric':12s} {'measured':>9s} {'fitted':>9s} {'error':>7s} {'leave-one-out':>13s}")
-    for i, (p, sim) in enumerate(zip(points, sims)):
-        for key, err in relative_errors(p, sim).items():
-            out = _pct(loo[i][key]) if i in loo else "     -"
-            print(f"{p.label:28s} {key:12s} {p.measured[key]:9.2f} {sim[key]:9.2f} {_pct(err)} {out:>13s}")
-    errs = [abs(e) for i, p in enumerate(points) for e in relative_errors(p, sims[i]).values()]
-    print(f"\nfit: median |error| {statistics.median(errs):.1%}, max {max(errs):.1%}")
+    error = fit_error(points, sims)
+    refused = error > args.max_fit_error and not args.force
+    # a refused fit is not refitted: leave-one-out would only say how it misses
+    loo = leave_one_out(ev, result, idx) if len(points) > 2 and result.fitted and not refused else {}
+    extrapolation = leave_largest_out(ev, result, idx, loo) if loo else None
+    _report_fit(points, sims, loo, error)
+    verdict = ""
+    if error > args.max_fit_error:
+        verdict = (f"the fit's mean |error| on its own points is {error:.1%}, above "
+                   f"{args.max_fit_error:.0%} (--max-fit-error)")
+        causes = likely_causes(points, sims, args.max_fit_error)
+        lines = "likely causes:\n" + "\n".join(f"  - {c}" for c in causes)
+        if refused:
+            print(f"inference-lab calibrate: error: {verdict}; wrote nothing.\n{lines}\n"
+                  "Correct the measurements or flags and run again, or pass --force to write the "
+                  "preset anyway.", file=sys.stderr)
+            return 1
+        print(f"warning: {verdict}; writing the preset anyway (--force).\n{lines}", file=sys.stderr)
     if checks:
         _report_checks(checks, result.calibration)
     if loo:
@@ -226,6 +281,9 @@ def run(args: argparse.Namespace) -> int:
                 by_metric.setdefault(key, []).append(abs(e))
         print("leave-one-out: " + "; ".join(f"{k} median |error| {statistics.median(v):.1%}, max "
                                              f"{max(v):.1%}" for k, v in sorted(by_metric.items())))
+    extrapolated = _extrapolation(points, extrapolation)
+    if extrapolated:
+        print(extrapolated)
     files = ", ".join(sorted({str(f.name) for f in args.measurements}))
     cal = replace(result.calibration, fit=f"inference-lab calibrate on {files} ({len(points)} points; "
                   f"{dep.model.name}, tp {args.tp}; fitted: {', '.join(result.fitted) or 'none'})")
@@ -235,7 +293,10 @@ def run(args: argparse.Namespace) -> int:
     comment = [f"The `calibrated` timing model fitted by inference-lab calibrate to {len(points)} "
                f"measured points", f"({files}) of {dep.model.name} on {args.tp} x {dep.hardware.name}, "
                f"{settings}.", f"Fitted: {', '.join(result.fitted) or 'none'}; the rest kept from "
-               f"the {dep.hardware.name} preset."]
+               f"the {dep.hardware.name} preset.",
+               f"Mean |error| on these points {error:.1%}" + (f"; {extrapolated}." if extrapolated else ".")]
+    if verdict:
+        comment.append(f"Written with --force: {verdict}.")
     path = write_preset(args.output, args.name, cat.text("hardware", args.hardware), dep.hardware.name,
                         cal, comment)
     print(f"\nwrote {path}\nuse it: inference-lab sim --catalog {args.output} --hardware {args.name} "
