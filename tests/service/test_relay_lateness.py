@@ -1,7 +1,7 @@
 """How late the gateway relays the engine's token batches, over real gRPC: the engine
 stamps each ProgressBatch with its send time for a Session on its own clock; a gateway
 reading them late says so (SessionActions.relay_lag_s) and says when it is on time again;
-the engine's cadence groups mid-stream tokens once the reported lateness (over 0.5 ms) has
+the engine's cadence groups mid-stream tokens once the reported lateness (over 1 ms) has
 lasted, and shows it in inference_lab_relay_lag_seconds. Functional: the engine's clock
 runs at 1/5 of the wall's (a step every ~2.5 ms), lateness is reported, not provoked."""
 
