@@ -81,14 +81,29 @@ PRESSURE_CAP = 2.0  # the most one late period multiplies the interval by
 FLOOR_HOLD = 1.0  # wall s an interval found insufficient bounds the decrease
 FLOOR_STREAMS = 0.75  # ... while the open streams are at least this share of theirs then
 RELEASE = 0.25  # ... and while a period's pressure stays above this (far under: released)
+RESPONSE_HOLD = 2.0  # wall s a band's mean pressure is evidence of what grouping there does
+RESPONSE_WEIGHT = 0.2  # a period's weight in its band's mean log pressure
+PRESSURE_RANGE = (0.05, 20.0)  # what one period's pressure counts for in that mean, at most
+GAIN = math.log(1 / 0.75)  # grouping more must cut the (geometric) mean pressure by 1/4 ...
+SLACK = math.log(1.5)  # ... and grouping less is taken when it was not 1.5x as late
+CAP_HOLD = 2.0  # wall s a cap set by futile grouping holds before it doubles
+BANDS = 7  # every step, then octaves of the interval from MIN_INTERVAL (the last open)
 MIN_INTERVAL = 0.001  # no coalesced interval under 1 ms (a lone decode steps every ~0.5 ms)
 MAX_INTERVAL = 0.05
+
+
+def _band(interval: float) -> int:
+    """0 for every step, else 1 + the octave of the interval over MIN_INTERVAL (1-2 ms: 1,
+    2-4 ms: 2, ..., from 32 ms: BANDS - 1)."""
+    if not interval:
+        return 0
+    return 1 + min(max(int(math.log2(interval / MIN_INTERVAL) + 1e-9), 0), BANDS - 2)
 
 
 class Cadence:
     __slots__ = ("rate", "when_late", "current", "mean_lag", "relay", "late_share",
                  "engaged", "judged", "floor", "ceiling", "_seen", "_span", "_weight", "_relay_sum",
-                 "_floor_at", "_floor_streams", "_streams")
+                 "_floor_at", "_floor_streams", "_streams", "_est", "_est_at", "cap", "_cap_at", "_settled")
 
     def __init__(self, rate: float = 0.0, when_late: bool = True) -> None:
         if rate < 0:
@@ -110,6 +125,11 @@ class Cadence:
         self._floor_at = float("-inf")  # wall time the floor was found
         self._floor_streams = 0  # open streams then
         self._streams = 0  # open streams at the last delivery
+        self._est = [0.0] * BANDS  # each band's mean pressure, lately (see _band)
+        self._est_at = [float("-inf")] * BANDS  # wall time each was last judged
+        self.cap = MAX_INTERVAL  # grouping more than this did not help lately
+        self._cap_at = float("-inf")  # wall time the cap last moved
+        self._settled = True  # a whole period has passed at this interval
 
     def interval(self, streams: int) -> float:
         """Wall seconds a running stream waits after one update before the next."""
@@ -156,19 +176,41 @@ class Cadence:
         self.judged = level
         pressure = max(level / RELAY_TARGET, self.mean_lag / LATE)
         current = self.current
+        band = _band(current)
+        if self._settled:  # (the period after a change still carries what came before)
+            here = self._judge(band, pressure, now)
+        else:
+            self._settled = True
+            here = math.log(min(max(pressure, PRESSURE_RANGE[0]), PRESSURE_RANGE[1]))
+        if self.cap < MAX_INTERVAL and now - self._cap_at > CAP_HOLD:
+            self.cap = min(max(2 * self.cap, MIN_INTERVAL), MAX_INTERVAL)  # try one more band
+            self._cap_at = now
         if not current:  # off: late now, and for a lasting share of the last ~SHARE_TAU
-            if self.mean_lag > LATE or (pressure > 1.0 and relay_late
-                                        and self.late_share >= ENGAGE_SHARE):
+            if (self.mean_lag > LATE or (pressure > 1.0 and relay_late
+                                         and self.late_share >= ENGAGE_SHARE)) \
+                    and self.cap >= MIN_INTERVAL and not self._futile(1, here, now):
                 self.engaged += 1
                 self.floor = self.ceiling = 0.0
                 return self._change(MIN_INTERVAL)
             return False
         if pressure > 1.0:  # late: multiplicative increase, bracketed by the last on time
-            self.floor, self._floor_at, self._floor_streams = current, now, self._streams
             raised = current * min(max(pressure, 1.0 + MARGIN), PRESSURE_CAP)
             if self.ceiling > current:
                 raised = min(raised, self.ceiling)
-            return self._change(min(raised, MAX_INTERVAL)) if current < MAX_INTERVAL else False
+            raised = min(raised, self.cap, MAX_INTERVAL)
+            if raised > current and (_band(raised) == band or not self._futile(band + 1, here, now)):
+                self.floor, self._floor_at, self._floor_streams = current, now, self._streams
+                return self._change(raised)
+            # grouping more did not help lately (or may not): lateness grouping does not
+            # cure (a busy host rather than a relay behind). Unless grouping less was
+            # clearly worse lately, group less, and no more than that band for a while.
+            if self._known(band, now) and not (
+                    self._known(band - 1, now) and self._est[band - 1] > here + SLACK):
+                self.cap = MIN_INTERVAL * 2 ** (band - 1) if band > 1 else 0.0
+                self._cap_at = now
+                self.floor = 0.0
+                return self._lower(min(current, max(self.cap, MIN_INTERVAL)) * (1.0 - DECAY / 2))
+            return False
         self.ceiling = current  # on time: a gentle decrease, by the headroom
         lowered = current * (1.0 - DECAY * (1.0 - pressure))
         if self.floor and (now - self._floor_at > FLOOR_HOLD or pressure < RELEASE
@@ -178,11 +220,34 @@ class Cadence:
             lowered = max(lowered, self.floor * (1.0 + MARGIN))
         if lowered >= current:
             return False
-        if lowered < MIN_INTERVAL:
+        return self._lower(lowered)
+
+    def _judge(self, band: int, pressure: float, now: float) -> float:
+        """A period's pressure at `band`, into that band's mean of log pressure (a busy
+        host's lateness is heavy-tailed: a geometric mean); the mean."""
+        low, high = PRESSURE_RANGE
+        pressure = math.log(min(max(pressure, low), high))
+        if now - self._est_at[band] > RESPONSE_HOLD:
+            self._est[band] = pressure  # (stale: afresh)
+        else:
+            self._est[band] += (pressure - self._est[band]) * RESPONSE_WEIGHT
+        self._est_at[band] = now
+        return self._est[band]
+
+    def _known(self, band: int, now: float) -> bool:
+        return 0 <= band < BANDS and now - self._est_at[band] <= RESPONSE_HOLD
+
+    def _futile(self, band: int, here: float, now: float) -> bool:
+        """Grouping up to `band` was judged lately and was not less late than here."""
+        return self._known(band, now) and self._est[band] > here - GAIN
+
+    def _lower(self, interval: float) -> bool:
+        if interval < MIN_INTERVAL:
             self.floor = self.ceiling = 0.0
-            lowered = 0.0
-        return self._change(lowered)
+            interval = 0.0
+        return self._change(interval)
 
     def _change(self, interval: float) -> bool:
         self.current = interval
+        self._settled = False
         return True

@@ -13,7 +13,7 @@ import pytest
 
 from inference_lab.engine.drivers.cadence import (FLOOR_HOLD, MARGIN, MAX_INTERVAL,
                                                    MIN_INTERVAL, PERIOD, RELAY_FRESH,
-                                                   SHARE_TAU, Cadence)
+                                                   RESPONSE_HOLD, SHARE_TAU, Cadence)
 
 STEP = 0.0015  # wall s between two wake-ups (a decode step of gpt-oss-20b on B200)
 ADJUST_EVERY = math.ceil(PERIOD / STEP)  # wake-ups of STEP in one control PERIOD
@@ -29,6 +29,15 @@ def feed(cadence: Cadence, lag: float, wakeups: int, step: float = STEP) -> list
         if cadence.on_lag(lag, now):
             changes.append(cadence.current)
     _clock[id(cadence)] = now
+    return changes
+
+
+def feed_by(cadence: Cadence, lag_of, wakeups: int, step: float = STEP) -> list[float]:
+    """As `feed`, the pacer's lag at each wake-up lag_of(the interval then): lateness
+    that grouping cures from some interval on."""
+    changes = []
+    for _ in range(wakeups):
+        changes += feed(cadence, lag_of(cadence.current), 1, step)
     return changes
 
 
@@ -61,18 +70,19 @@ def test_a_single_late_wakeup_does_not_engage_it():
 
 
 def test_sustained_lateness_engages_then_doubles_up_to_the_maximum():
+    # the pacer 10 ms late at every interval under the maximum
     cadence = Cadence()
-    changes = feed(cadence, 0.010, 20 * ADJUST_EVERY)
+    changes = feed_by(cadence, lambda i: 0.010 if i < MAX_INTERVAL else 0.0, 8 * ADJUST_EVERY)
     assert changes[0] == MIN_INTERVAL
     assert changes[1] == 2 * MIN_INTERVAL
-    assert changes[-1] == MAX_INTERVAL and len(changes) == 7  # 1, 2, 4, ..., 32, then 50 ms
+    assert changes[:7] == [k * MIN_INTERVAL for k in (1, 2, 4, 8, 16, 32, 50)]
     assert cadence.engaged == 1
-    assert cadence.interval(4) == MAX_INTERVAL  # whatever the stream count
+    assert cadence.interval(4) == cadence.current  # whatever the stream count
 
 
 def test_on_time_again_it_decreases_back_to_every_step():
     cadence = Cadence()
-    feed(cadence, 0.010, 3 * ADJUST_EVERY + 1)  # 1 ms, then 2 ms, then 4 ms
+    feed_by(cadence, lambda i: 0.010 if i < 0.004 else 0.0, 3 * ADJUST_EVERY + 1)  # 1, 2, 4 ms
     assert cadence.current == 4 * MIN_INTERVAL
     changes = feed(cadence, 0.0, seconds(1.0))
     # the mean lag falls under LATE after 50 ms x ln(5) ~ 0.08 s (one more increase in
@@ -83,6 +93,7 @@ def test_on_time_again_it_decreases_back_to_every_step():
     falling = changes[top:]
     assert falling == sorted(falling, reverse=True) and falling[-1] == 0.0
     assert len(falling) <= 12
+    feed(cadence, 0.0, seconds(RESPONSE_HOLD))  # (what grouping did there, forgotten)
     feed(cadence, 0.010, 3 * ADJUST_EVERY)
     assert cadence.engaged == 2
 
@@ -102,9 +113,9 @@ def test_at_the_cap_it_returns_to_every_step_within_a_second_of_the_lateness_end
     # 128 streams: the gateway late all the time until the interval is at its cap; then 24
     # streams, on time. (Whatever the wake-up rate: at the cap the pacer wakes ~every 50 ms.)
     cadence = Cadence()
-    cadence.on_relay(0.005)
-    feed(cadence, 0.0001, seconds(0.4, step) + 8 * ADJUST_EVERY, step)
-    assert cadence.current == MAX_INTERVAL
+    load(cadence, lambda interval, rng: 0.005 if interval < MAX_INTERVAL else 0.0009,
+         seconds(0.4, step) * step + 8 * PERIOD * max(1, step / STEP), step=step)
+    assert cadence.current >= MAX_INTERVAL / (1 + MARGIN)
     # x (1 - 0.3 x 0.8) per period on a relay at 0.2 ms: 50 ms to under 1 ms in 15 periods
     assert back_to_every_step(cadence, step) <= 15 * PERIOD + 2 * max(step, PERIOD) < 1.0
 
@@ -175,13 +186,13 @@ def test_a_relay_late_in_short_stretches_engages_it_by_their_sum():
     cadence = Cadence()
     changes = []
     for _ in range(seconds(2.0) // 10):
-        cadence.on_relay(0.003)
+        cadence.on_relay(0.003 if cadence.current < 4 * MIN_INTERVAL else 0.0003)
         changes += feed(cadence, 0.0001, 4)
         cadence.on_relay(0.0003)
         changes += feed(cadence, 0.0001, 6)
     assert changes[0] == MIN_INTERVAL and cadence.engaged == 1
-    assert 0.3 < cadence.late_share < 0.5  # (its duty cycle, 0.4, seen over ~SHARE_TAU)
-    assert changes[-1] >= 4 * MIN_INTERVAL  # over its target whatever the interval: it kept raising
+    assert 0.1 < cadence.late_share < 0.5  # (its duty cycle, 0.4, until it grouped enough)
+    assert changes[-1] >= 4 * MIN_INTERVAL  # late until 4 ms: it raised to there
 
 
 def test_a_start_up_burst_of_relay_lateness_shorter_than_the_window_does_not_engage_it():
@@ -307,10 +318,26 @@ def test_a_relay_under_its_target_whatever_the_interval_does_not_keep_it_grouped
     # the measured case that pegged the old rule at its ceiling: 0.3-0.8 ms whatever the
     # interval, straddling the old 0.5 ms threshold, after lateness that switched it on
     cadence = Cadence()
-    load(cadence, lambda interval, rng: 0.004, 1.0)
+    load(cadence, lambda interval, rng: 0.004 if interval < 0.008 else 0.0009, 1.0)
     assert cadence.current >= 4 * MIN_INTERVAL
     after = load(cadence, lambda interval, rng: rng.uniform(0.0003, 0.0008), 4.0)
     # it holds above the interval last found late for FLOOR_HOLD, then finds nothing late
     # on its way down: every step again, and it stays there
     off = after.index(0.0)
     assert off * STEP < FLOOR_HOLD + 1.5 and not any(after[off:])
+
+
+def busy(interval: float, rng: random.Random) -> float:
+    """A busy host: the gateway waits for a core, not for its own backlog, so its lag does
+    not depend on the interval: heavy-tailed, median 1.05 ms, p90 ~5 ms (measured at 128
+    streams with other work on the machine, the interval at 50 ms)."""
+    return 0.00105 * math.exp(rng.gauss(0.0, 1.2))
+
+
+def test_lateness_that_grouping_does_not_cure_does_not_keep_tokens_grouped():
+    cadence = Cadence()
+    seen = load(cadence, busy, 12.0)[seconds(2.0):]
+    settled = sorted(seen)
+    assert settled[len(seen) // 2] == 0.0  # every step most of the time
+    assert settled[int(0.9 * len(seen))] <= 8 * MIN_INTERVAL  # (tries grouping, now and then)
+    assert sum(i >= 32 * MIN_INTERVAL for i in seen) < 0.05 * len(seen)
