@@ -19,10 +19,12 @@ delivery and reports every wake-up's lag.
   wall time since the previous one, at most RELAY_FRESH (a level is no evidence for
   longer than the gateway's report cadence).
 - The control period: every PERIOD (50 ms) of wall time (a long sleep counts as one
-  PERIOD) the controller
-  judges the period's `pressure`: the relay's mean level over it / RELAY_TARGET, or the
-  pacer's mean lag / LATE, the larger (over 1: late; under 1: on time, with headroom
-  1 - pressure). `judged` holds the period's mean relay level, for the metrics.
+  PERIOD) the controller judges the period's `pressure`: the relay's mean level over it
+  / RELAY_TARGET, or the pacer's mean lag / LATE, the larger (over 1: late; under 1: on
+  time, with headroom 1 - pressure). `judged` holds the period's mean relay level, for
+  the metrics. Each octave of the interval (every step; 1-2 ms; 2-4 ms; ...; 32-50 ms;
+  MAX_INTERVAL: `_band`) keeps the geometric mean pressure of its periods over the last
+  RESPONSE_HOLD (2 s): what grouping that much did lately.
   - off (every step): it switches on at MIN_INTERVAL when the period is late and the
     relay was late for a lasting share of the wall time: `late_share`, the share of the
     last ~SHARE_TAU (1 s) of wall time during which the relay's level was over
@@ -35,22 +37,33 @@ delivery and reports every wake-up's lag.
     at most 2x), up to MAX_INTERVAL. The interval it was late at is remembered as
     insufficient (`floor`). When the last interval found on time (`ceiling`) is above
     it, the increase goes no further than that: the smallest sufficient interval is
-    bracketed between the two.
+    bracketed between the two. But grouping more must help: an increase into the next
+    octave is made only when that octave was not judged lately, or it or an octave
+    above it was at least a quarter (GAIN) less late (a plateau of lateness under a
+    sufficient interval is crossed). Otherwise the lateness is one grouping does not
+    cure (a busy host: the gateway waits for a core, not for its backlog), and unless
+    the octave below was judged clearly worse (SLACK: 1.5x as late) the interval comes
+    down (x (1 - DECAY / 2)) and is held to the octave below (`cap`, which doubles
+    again every CAP_HOLD, 2 s, so a load that grows is tried again; an octave above it
+    judged clearly less late stays open); also at MAX_INTERVAL.
   - on, an on-time period: a gentle decrease proportional to the headroom: x (1 - DECAY x
     headroom), so far under the target it falls fast (x 0.7 per period on a relay lag
     near 0), and near the target it hardly moves, but never to within MARGIN of the
-    floor while the floor holds (FLOOR_HOLD of wall time after it was found, and only
-    while the open streams are at least 3/4 of what they were then: a smaller load is
-    not bound by it). Once the floor lapses it probes lower; a probe that goes late
+    floor while the floor holds: FLOOR_HOLD (1 s) of wall time after it was found,
+    while the period's pressure stays over RELEASE (1/4: a relay far under its target
+    has room to spare) and the open streams are at least 3/4 of what they were then (a
+    smaller load is not bound by it). Once the floor lapses it probes lower; a probe that goes late
     costs one period and renews the floor. Under MIN_INTERVAL it delivers every step
     again.
   So under a steady load the interval settles between the largest interval found
   insufficient and 1 + MARGIN times that (it converges; it does not sit at MAX_INTERVAL
-  unless even that is late), and once the load ends it falls back to every step within
+  unless even that is late and less would be worse), and once the load ends it falls back to every step within
   about a second (x 0.7 per 50 ms from MAX_INTERVAL: ~0.6 s, after the floor is
   released). Why (BENCHMARKS.md): a gateway relaying many streams one token at a time
   can take a whole core; grouping a few tokens per write relieves it, and grouping more
   than needed only delays tokens (inter-token latency at the client) without helping.
+  A lateness that is the same whatever the interval keeps it at every step most of the
+  time, trying an octave more now and then.
   The rule does not weigh the number of open streams to set the interval: what a gateway
   can relay one token at a time depends on the machine, and its lateness measures
   exactly that (the streams only release the floor when the load falls).
@@ -87,23 +100,25 @@ PRESSURE_RANGE = (0.05, 20.0)  # what one period's pressure counts for in that m
 GAIN = math.log(1 / 0.75)  # grouping more must cut the (geometric) mean pressure by 1/4 ...
 SLACK = math.log(1.5)  # ... and grouping less is taken when it was not 1.5x as late
 CAP_HOLD = 2.0  # wall s a cap set by futile grouping holds before it doubles
-BANDS = 7  # every step, then octaves of the interval from MIN_INTERVAL (the last open)
+BANDS = 8  # every step, octaves of the interval from MIN_INTERVAL, then MAX_INTERVAL alone
 MIN_INTERVAL = 0.001  # no coalesced interval under 1 ms (a lone decode steps every ~0.5 ms)
 MAX_INTERVAL = 0.05
 
 
 def _band(interval: float) -> int:
     """0 for every step, else 1 + the octave of the interval over MIN_INTERVAL (1-2 ms: 1,
-    2-4 ms: 2, ..., from 32 ms: BANDS - 1)."""
+    2-4 ms: 2, ..., 32-50 ms: 6), and MAX_INTERVAL alone (BANDS - 1)."""
     if not interval:
         return 0
-    return 1 + min(max(int(math.log2(interval / MIN_INTERVAL) + 1e-9), 0), BANDS - 2)
+    if interval >= MAX_INTERVAL:
+        return BANDS - 1
+    return 1 + min(max(int(math.log2(interval / MIN_INTERVAL) + 1e-9), 0), BANDS - 3)
 
 
 class Cadence:
     __slots__ = ("rate", "when_late", "current", "mean_lag", "relay", "late_share",
                  "engaged", "judged", "floor", "ceiling", "_seen", "_span", "_weight", "_relay_sum",
-                 "_floor_at", "_floor_streams", "_streams", "_est", "_est_at", "cap", "_cap_at", "_settled")
+                 "_floor_at", "_floor_streams", "_streams", "_est", "_est_at", "cap", "_cap_at")
 
     def __init__(self, rate: float = 0.0, when_late: bool = True) -> None:
         if rate < 0:
@@ -129,7 +144,6 @@ class Cadence:
         self._est_at = [float("-inf")] * BANDS  # wall time each was last judged
         self.cap = MAX_INTERVAL  # grouping more than this did not help lately
         self._cap_at = float("-inf")  # wall time the cap last moved
-        self._settled = True  # a whole period has passed at this interval
 
     def interval(self, streams: int) -> float:
         """Wall seconds a running stream waits after one update before the next."""
@@ -177,18 +191,15 @@ class Cadence:
         pressure = max(level / RELAY_TARGET, self.mean_lag / LATE)
         current = self.current
         band = _band(current)
-        if self._settled:  # (the period after a change still carries what came before)
-            here = self._judge(band, pressure, now)
-        else:
-            self._settled = True
-            here = math.log(min(max(pressure, PRESSURE_RANGE[0]), PRESSURE_RANGE[1]))
+        here = self._judge(band, pressure, now)
         if self.cap < MAX_INTERVAL and now - self._cap_at > CAP_HOLD:
             self.cap = min(max(2 * self.cap, MIN_INTERVAL), MAX_INTERVAL)  # try one more band
             self._cap_at = now
         if not current:  # off: late now, and for a lasting share of the last ~SHARE_TAU
             if (self.mean_lag > LATE or (pressure > 1.0 and relay_late
                                          and self.late_share >= ENGAGE_SHARE)) \
-                    and self.cap >= MIN_INTERVAL and not self._futile(1, here, now):
+                    and (self.cap >= MIN_INTERVAL or self._better(1, here, now)) \
+                    and not self._futile(1, here, now):
                 self.engaged += 1
                 self.floor = self.ceiling = 0.0
                 return self._change(MIN_INTERVAL)
@@ -197,7 +208,9 @@ class Cadence:
             raised = current * min(max(pressure, 1.0 + MARGIN), PRESSURE_CAP)
             if self.ceiling > current:
                 raised = min(raised, self.ceiling)
-            raised = min(raised, self.cap, MAX_INTERVAL)
+            raised = min(raised, MAX_INTERVAL)
+            if raised > self.cap and not self._better(_band(raised), here, now):
+                raised = self.cap  # (grouping more than that did not help lately)
             if raised > current and (_band(raised) == band or not self._futile(band + 1, here, now)):
                 self.floor, self._floor_at, self._floor_streams = current, now, self._streams
                 return self._change(raised)
@@ -237,9 +250,17 @@ class Cadence:
     def _known(self, band: int, now: float) -> bool:
         return 0 <= band < BANDS and now - self._est_at[band] <= RESPONSE_HOLD
 
+    def _better(self, band: int, here: float, now: float) -> bool:
+        """Grouping up to `band` was judged lately and was clearly less late than here."""
+        return self._known(band, now) and self._est[band] <= here - GAIN
+
     def _futile(self, band: int, here: float, now: float) -> bool:
-        """Grouping up to `band` was judged lately and was not less late than here."""
-        return self._known(band, now) and self._est[band] > here - GAIN
+        """Grouping up to `band` was judged lately and was not less late than here, and no
+        band above it was either (a plateau of lateness below a sufficient interval is
+        crossed, not given up at)."""
+        if not self._known(band, now) or self._better(band, here, now):
+            return False
+        return not any(self._better(above, here, now) for above in range(band + 1, BANDS))
 
     def _lower(self, interval: float) -> bool:
         if interval < MIN_INTERVAL:
@@ -249,5 +270,4 @@ class Cadence:
 
     def _change(self, interval: float) -> bool:
         self.current = interval
-        self._settled = False
         return True

@@ -339,5 +339,20 @@ def test_lateness_that_grouping_does_not_cure_does_not_keep_tokens_grouped():
     seen = load(cadence, busy, 12.0)[seconds(2.0):]
     settled = sorted(seen)
     assert settled[len(seen) // 2] == 0.0  # every step most of the time
-    assert settled[int(0.9 * len(seen))] <= 8 * MIN_INTERVAL  # (tries grouping, now and then)
+    assert settled[int(0.9 * len(seen))] <= 16 * MIN_INTERVAL  # (tries grouping now and then)
     assert sum(i >= 32 * MIN_INTERVAL for i in seen) < 0.05 * len(seen)
+
+
+def test_lateness_grouping_cuts_but_does_not_end_keeps_the_interval_that_cuts_it():
+    # the cliff (3-5 ms late under 6 ms between updates) with a busy host's spikes on top
+    # (5 ms for 10 ms, 15 % of the time, whatever the interval): no interval is on time
+    # on average, 6 ms and up is far less late than under, more than that no better
+    def spiky_cliff(interval: float, rng: random.Random) -> float:
+        return 0.005 if rng.random() < 0.15 else cliff(interval, rng)
+
+    cadence = Cadence()
+    seen = load(cadence, spiky_cliff, 12.0)[seconds(2.0):]
+    settled = sorted(seen)
+    assert settled[int(0.1 * len(seen))] >= 0.006 / (1 + MARGIN)  # not back under the cliff
+    assert settled[len(seen) // 2] <= 0.012  # nor far over it
+    assert settled[int(0.9 * len(seen))] < 32 * MIN_INTERVAL
