@@ -31,8 +31,9 @@ Rules (docs/architecture.md, "Pacing"):
   for) is measured for every wake-up.
 - Every step's tokens go out at the step's end, one update per stream per step (vLLM's
   `--stream-interval 1`). Grouping mid-stream tokens is a last resort, decided by
-  `Cadence` (cadence.py): when the wake-up lag stays high it sets an interval a running
-  stream waits between updates (its tokens then go together); `update_rate` N > 0 forces
+  `Cadence` (cadence.py): while the pacer or the gateway relaying the tokens stays late it
+  sets the smallest interval a running stream waits between updates (its tokens then go
+  together) that keeps them on time; `update_rate` N > 0 forces
   a cap of N updates per second across all streams instead. Held updates are counted
   (`on_cadence`). First tokens are never held back, and neither is the token before the
   last: a stream's last token always goes alone with its completion.
@@ -98,6 +99,7 @@ class Pacer:
                  on_finished: Callable[[Request, int, float], None] | None = None,
                  on_change: Callable[[], None] | None = None,
                  on_cadence: Callable[[int, float], None] | None = None,
+                 on_cadence_period: Callable[[float, float], None] | None = None,
                  on_late: Callable[[float], None] | None = None,
                  hold=None,
                  update_rate: float = 0.0, coalesce_when_late: bool = True,
@@ -140,6 +142,7 @@ class Pacer:
         self._on_finished = on_finished
         self._on_change = on_change  # after every wake-up and cancel: the queue may have moved
         self._on_cadence = on_cadence  # (updates held back, interval) when either is news
+        self._on_cadence_period = on_cadence_period  # (relay's mean lag, interval) per period
         self._task: asyncio.Task | None = None
         self._alarm = Alarm(self.loop)  # wakes at step ends to the microsecond
 
@@ -432,13 +435,17 @@ class Pacer:
 
     def _cadence_lag(self, lag: float) -> None:
         cadence = self.cadence
-        if cadence.on_lag(lag, self.monotonic()):
+        changed = cadence.on_lag(lag, self.monotonic())
+        if cadence.judged is not None and self._on_cadence_period:
+            self._on_cadence_period(cadence.judged, cadence.current)
+        if changed:
             if cadence.engaged and not self._logged:
                 self._logged = True
                 log.warning("%s: late by %.1f ms (pacer wake-ups %.1f ms on average, the "
                             "gateway relaying tokens %.1f ms): mid-stream tokens now grouped (at "
-                            "least %.0f ms between a stream's updates) until it catches up; "
-                            "logged once, see inference_lab_stream_update_interval_seconds",
+                            "least %.0f ms between a stream's updates, as little as keeps up) "
+                            "until it catches up; logged once, see "
+                            "inference_lab_stream_update_interval_seconds",
                             self.core.name, cadence.lateness * 1e3, cadence.mean_lag * 1e3,
                             cadence.relay * 1e3, cadence.current * 1e3)
             if self._on_cadence:

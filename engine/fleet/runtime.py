@@ -79,7 +79,8 @@ class ModelRuntime:
         on_step = metrics.on_step if kv_events is None else self._on_step
         self.pacer = Pacer(core, on_step=on_step, on_lag=metrics.on_lag,
                            on_finished=self._on_finished, on_change=self.check_queue,
-                           on_cadence=metrics.on_cadence, on_late=metrics.on_late, hold=hold,
+                           on_cadence=metrics.on_cadence,
+                           on_cadence_period=metrics.on_cadence_period, on_late=metrics.on_late, hold=hold,
                            update_rate=update_rate,
                            coalesce_when_late=coalesce_when_late, time_scale=time_scale)
 

@@ -40,6 +40,9 @@ from inference_lab.engine.sim.core import EngineCore, StepResult
 from inference_lab.engine.sim.request import Request, Status
 
 LAG_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
+# the stream cadence's interval, each control period (0 = every step; engine.drivers.cadence)
+INTERVAL_BUCKETS = (0.0, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.006, 0.008, 0.012, 0.016,
+                    0.024, 0.032, 0.05)
 
 # vLLM's FinishReason strings, in its order; the lab produces length and abort.
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
@@ -141,6 +144,13 @@ METRICS: dict[str, Spec] = {
     "inference_lab_stream_update_interval_seconds": Spec(
         "gauge", "Least wall time between a running stream's token updates now (0 = every "
         "step; set by lateness, or by --max-update-rate)."),
+    "inference_lab_stream_cadence_interval_seconds": Spec(
+        "histogram", "The stream update interval at the end of each 50 ms control period "
+        "of the cadence (wall s; 0 = every step): how long it stayed where.",
+        buckets="interval"),
+    "inference_lab_stream_cadence_relay_lag_seconds": Spec(
+        "histogram", "The gateway's mean lateness over each 50 ms control period of the "
+        "cadence (wall s): what the cadence held under its 1 ms target.", buckets="lag"),
     "inference_lab_wake_seconds": Spec(
         "gauge", "Modelled seconds this replica's last wake from sleep mode took to reload "
         "what its sleep freed (weights over the host link); 0 until it first wakes."),
@@ -164,8 +174,8 @@ METRICS: dict[str, Spec] = {
     "inference_lab_relay_lag_seconds": Spec(
         "gauge", "How late the gateway relays this engine's token batches now (wall s): "
         "its own report (SessionActions.relay_lag_s) or the mean time a Session write waits "
-        "for it, the larger; over 0.5 ms for a lasting share of the time, the cadence groups "
-        "mid-stream tokens."),
+        "for it, the larger; over 1 ms for a lasting share of the time, the cadence groups "
+        "mid-stream tokens, as few as keep it under 1 ms."),
 }
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labelled like vLLM's: config keys + engine
 
@@ -207,7 +217,7 @@ FINISH_HISTOGRAMS = {
 def bucket_sets(max_model_len: int) -> dict[str, tuple[float, ...]]:
     return {"ttft": B.TTFT, "per_token": B.PER_TOKEN, "e2e": B.E2E, "phase": B.PHASE,
             "tokens": B.one_two_five(max_model_len), "iteration": B.VLLM_ITERATION_TOKENS,
-            "n": B.VLLM_PARAMS_N, "lag": LAG_BUCKETS}
+            "n": B.VLLM_PARAMS_N, "lag": LAG_BUCKETS, "interval": INTERVAL_BUCKETS}
 
 
 class Versions:
@@ -245,6 +255,8 @@ class ModelMetrics:
         self._iteration = h["vllm:iteration_tokens_total"]
         self._lag = h["inference_lab_pacing_lag_seconds"]
         self._late = h["inference_lab_arrival_booked_late_seconds"]
+        self._cadence_lag = h["inference_lab_stream_cadence_relay_lag_seconds"]
+        self._cadence_interval = h["inference_lab_stream_cadence_interval_seconds"]
         self._finish = {key: h[name] for key, name in FINISH_HISTOGRAMS.items()}
         self._transfer = h["inference_lab_kv_transfer_seconds"]
         self.external = 0  # prompt tokens pulled from producers (by source: external_kv_transfer)
@@ -333,6 +345,13 @@ class ModelMetrics:
         c = self.counters
         c["inference_lab_coalesced_updates"] += held
         c["inference_lab_stream_update_interval_seconds"] = interval
+        self._changed()
+
+    def on_cadence_period(self, relay_lag: float, interval: float) -> None:
+        """A control period of the cadence ended: the relay's mean lateness over it, and
+        the interval it left."""
+        self._cadence_lag.observe(relay_lag)
+        self._cadence_interval.observe(interval)
         self._changed()
 
     def on_sleep(self, level: int, wake_seconds: float | None = None) -> None:

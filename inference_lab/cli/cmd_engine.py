@@ -276,8 +276,9 @@ def add_pacing_arguments(p: argparse.ArgumentParser) -> None:
                         "late (see --coalesce-when-late)")
     p.add_argument("--coalesce-when-late", action=argparse.BooleanOptionalAction, default=True,
                    help="with no fixed cap, group a running stream's tokens while the pacer "
-                        "runs late (its wake-up lag averages over 2 ms), counted in "
-                        "inference_lab_coalesced_updates_total and logged once; "
+                        "or the gateway runs late (the pacer's wake-up lag over 2 ms on "
+                        "average, the gateway's read lag over 1 ms), as few as keep them on "
+                        "time, counted in inference_lab_coalesced_updates_total and logged once; "
                         "--no-coalesce-when-late: every step's tokens always go at once "
                         "(default: on)")
     p.add_argument("--time-scale", type=time_scale, default=1.0, metavar="K",
