@@ -41,7 +41,8 @@ async def test_grpcurl_reads_and_sets_capacity_with_json_bodies():
         assert row == {"model": "gpt-oss-20b", "max_waiting": 0, "max_num_seqs": 256,
                        "waiting": 0, "running": 0, "replica": 0, "starting": False,
                        "draining": False, "ready_in_s": 0, "sleep_level": 0, "wake_s": 0,
-                       "kv_role": ""}  # no KV connector without --kv-roles
+                       "kv_role": "", "paused": "PAUSE_MODE_UNSPECIFIED"}  # no KV connector
+        # without --kv-roles; not paused (dev mode's /pause)
         code, out, _ = await grpcurl(server.port, "inference_lab.v1.Engine/SetCapacity", data='{"max_num_seqs": 16, "max_waiting": 64}')
         assert code == 0
         model = json.loads(out)["models"][0]
