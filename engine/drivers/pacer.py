@@ -61,6 +61,8 @@ from collections.abc import Callable
 from inference_lab.engine.drivers.alarm import Alarm
 from inference_lab.engine.drivers.arrivals import Arrival, Arrivals
 from inference_lab.engine.drivers.cadence import Cadence
+from inference_lab.engine.drivers.lockstep import SAME as SAME_STEP
+from inference_lab.engine.drivers.lockstep import Lockstep
 from inference_lab.engine.sim.core import (
     EngineCore, HandoffsFull, QueueSaturated, StepResult, SubmitError,
 )
@@ -145,6 +147,10 @@ class Pacer:
         self._on_cadence_period = on_cadence_period  # (relay's mean lag, interval) per period
         self._task: asyncio.Task | None = None
         self._alarm = Alarm(self.loop)  # wakes at step ends to the microsecond
+        # An MoE model's data-parallel rank steps with its group (engine.drivers.lockstep):
+        # set by the service; `on_dummy` is told of each group step this rank sat out.
+        self.lockstep: Lockstep | None = None
+        self.on_dummy: Callable[[], None] | None = None
 
     # ---- clock -------------------------------------------------------------------------
     def sim_now(self) -> float:
@@ -172,6 +178,34 @@ class Pacer:
     def wall_of(self, sim_time: float) -> float:
         """The wall time (time.monotonic) at which the sim clock reads `sim_time`."""
         return self.epoch + sim_time / self.time_scale
+
+    def sim_of(self, wall: float) -> float:
+        """The sim time the clock reads at wall time `wall` (time.monotonic)."""
+        return (wall - self.epoch) * self.time_scale
+
+    def peer_step(self, start: float, end: float) -> None:
+        """A peer rank of this MoE model's data-parallel group booked a step [start, end)
+        (wall instants): the step in flight that started with it lasts until the later
+        end; with none in flight this rank sits the group's step out in a dummy pass, and
+        its next step starts no earlier than that end."""
+        lockstep = self.lockstep
+        if lockstep is None or self._frozen_at is not None:
+            return
+        new = lockstep.peer(start, end)
+        step = self.inflight
+        if step is not None:
+            if abs(self.wall_of(step.start) - start) <= SAME_STEP and self.sim_of(end) > step.end:
+                self.core.hold_until(self.sim_of(end), step)
+        elif new:
+            at = self.sim_of(start) + SAME_STEP * self.time_scale
+            due = None if self._stalled else self.core.next_event_time()
+            first = self._arrivals.first()
+            if (due is not None and due <= at) or (first is not None and first <= at):
+                return  # this rank is due to book its own step at that instant: it joins it
+            lockstep.dummy_passes += 1
+            if self.on_dummy is not None:
+                self.on_dummy()
+            self.core.hold_until(self.sim_of(end))
 
     def _instant(self, stamp: float | None) -> tuple[float, float]:
         """(the stamp as sim time, the instant to book it at) for an arrival its sender
@@ -501,10 +535,22 @@ class Pacer:
                 continue
             if start is None or start > horizon:
                 return
+            lockstep = self.lockstep
+            if lockstep is not None:
+                busy = lockstep.covering(self.wall_of(start))
+                if busy is not None:  # inside the group's step: this rank's waits for its end
+                    core.hold_until(self.sim_of(busy))
+                    continue
             result = core.step(start)
             if result.num_tokens == 0:  # nothing can run until something changes
                 self._stalled = True
                 continue  # (arrivals up to the horizon are still judged)
+            if lockstep is not None:  # the group's step: as long as its slowest rank's
+                wall_start, wall_end = self.wall_of(result.start), self.wall_of(result.end)
+                lockstep.announce(wall_start, wall_end)
+                aligned = lockstep.aligned_end(wall_start, wall_end)
+                if aligned > wall_end:
+                    core.hold_until(self.sim_of(aligned), result)
             # The booked step's tokens are not due yet: count as of its start.
             self.due_mark = core.progress_marks()[0]
             self._not_before = result.start

@@ -138,6 +138,9 @@ METRICS: dict[str, Spec] = {
         "s later): the engine had decided that instant before the arrival reached it (the "
         "host was behind by more than the engine could wait for).", buckets="lag"),
     "inference_lab_steps": Spec("counter", "Engine iterations simulated."),
+    "inference_lab_data_parallel_dummy_passes": Spec(
+        "counter", "Steps of an MoE model's data-parallel group this rank sat out in a "
+        "dummy pass (it had no work; the expert layers step together)."),
     "inference_lab_coalesced_updates": Spec("counter", "Mid-stream token updates held back "
                                             "to go with a later one (a running stream's "
                                             "tokens grouped), per stream and wake-up."),
@@ -360,6 +363,11 @@ class ModelMetrics:
         self.sleep_level = level
         if wake_seconds is not None:
             self.counters["inference_lab_wake_seconds"] = wake_seconds
+        self._changed()
+
+    def on_dummy_pass(self) -> None:
+        """This rank sat its data-parallel group's step out (engine.drivers.lockstep)."""
+        self.counters["inference_lab_data_parallel_dummy_passes"] += 1
         self._changed()
 
     def on_relay(self, seconds: float) -> None:

@@ -31,7 +31,10 @@ from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.service.metrics import EngineMetrics, serve_metrics
 from inference_lab.engine.sim.lora import LoraError
 from inference_lab.engine.service.replica_faults import ReplicaFaults
+from inference_lab.engine.drivers.data_parallel import is_moe
+from inference_lab.engine.drivers.lockstep import Lockstep
 from inference_lab.engine.fleet.replicas import Fleet, Shard
+from inference_lab.engine.service.lockstep import LockstepLink
 from inference_lab.engine.fleet.runtime import ModelRuntime
 from inference_lab.engine.fleet.startup import startup_delay
 from inference_lab.engine.service.rpc import EngineService
@@ -67,13 +70,17 @@ class EngineServer:
                  kv_roles: tuple[str, ...] = (), kv_link: str = "rdma",
                  kv_abort_timeout: float = ABORT_TIMEOUT_S,
                  kv_hold_share: float = HOLD_SHARE, shard: Shard = Shard(),
-                 data_parallel: bool = False) -> None:
+                 data_parallel: bool = False, lockstep_ports: list[int] | None = None) -> None:
         self.deployments = deployments
         # The replica indices this process holds (several engine processes share a fleet:
         # engine.fleet.replicas), and whether they are data-parallel ranks of one server
         # (their KV events and server info say their rank) or independent servers (rank 0).
         self.shard = shard
         self.data_parallel = data_parallel
+        # A rank of its own process: every rank's lockstep port, in rank order (an MoE
+        # model's ranks step together: engine.service.lockstep); None: no lockstep.
+        self.lockstep_ports = list(lockstep_ports or []) if data_parallel and shard.of > 1 else []
+        self._lockstep: LockstepLink | None = None
         # P/D disaggregation: replica i's kv_role (kv_both beyond the list; no connector
         # without one), the link its pulls cross, how long a producer holds a handoff nobody
         # pulls (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT), the share of a replica's KV cache
@@ -148,6 +155,10 @@ class EngineServer:
         pending = self._pending_capacity.pop((core.name, replica), None)
         if pending is not None:  # saved by an earlier run with more replicas
             self._apply_capacity(runtime, pending)
+        if self._lockstep is not None and is_moe(deployment):
+            index = [d.name for d in self.deployments].index(deployment.name)
+            runtime.pacer.lockstep = Lockstep(self._lockstep.sender(index))
+            runtime.pacer.on_dummy = runtime.metrics.on_dummy_pass
         faults = getattr(getattr(self, "service", None), "replica_faults", None)
         if faults is not None:  # a replica added (or restarted) while a fault is in force
             faults.apply([runtime])
@@ -183,6 +194,9 @@ class EngineServer:
             self.kv_events = ReplicaPublishers(self.kv_events_config, self.engine_index,
                                                self.kv_events_expose_replay, self.data_parallel)
         self.metrics = EngineMetrics(engine_index=self.engine_index)
+        if self.lockstep_ports and any(is_moe(d) for d in self.deployments):
+            self._lockstep = await LockstepLink(self.lockstep_ports[self.shard.part],
+                                                self.lockstep_ports, self._peer_step).open()
         setting = self.startup_delay
         self.fleet = Fleet(self.deployments, self._make_runtime,
                            lambda d: startup_delay(d, setting), on_change=self._fleet_changed,
@@ -336,6 +350,13 @@ class EngineServer:
     def live_requests(self) -> int:
         return sum(rt.pacer.open_streams() for rt in self.runtimes)
 
+    def _peer_step(self, model: int, start: float, end: float) -> None:
+        """A peer rank booked a step of the model at index `model` (wall instants)."""
+        if not 0 <= model < len(self.deployments) or self.fleet is None:
+            return
+        for replica in self.fleet.replicas.get(self.deployments[model].name, {}).values():
+            replica.runtime.pacer.peer_step(start, end)
+
     async def stop(self, grace: float = 5.0) -> None:
         """Graceful: NOT_SERVING, refuse new work, drain up to `grace` seconds, stop."""
         if self.server is None:
@@ -360,4 +381,7 @@ class EngineServer:
         if self.kv_events is not None:
             self.kv_events.close()
             self.kv_events = None
+        if self._lockstep is not None:
+            self._lockstep.close()
+            self._lockstep = None
         log.info("engine stopped")

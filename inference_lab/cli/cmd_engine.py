@@ -172,6 +172,16 @@ def _share(text: str) -> float:
     return value
 
 
+def _ports(text: str) -> list[int]:
+    try:
+        ports = [int(part) for part in text.split(",")]
+    except ValueError:
+        ports = []
+    if not ports or not all(1 <= p <= 65535 for p in ports):
+        raise argparse.ArgumentTypeError(f"expected ports in 1..65535, comma-separated, got {text!r}")
+    return ports
+
+
 def _shard(text: str):
     from inference_lab.engine.fleet.replicas import Shard
 
@@ -182,6 +192,19 @@ def _shard(text: str):
         raise argparse.ArgumentTypeError(
             f"expected p/P with 0 <= p < P (this process holds replica indices i with "
             f"i mod P = p), got {text!r}") from None
+
+
+def lockstep_ports(args: argparse.Namespace, ranks: int) -> list[int] | None:
+    """--data-parallel-lockstep-ports, checked against the ranks (a UsageError)."""
+    from inference_lab.cli import UsageError
+
+    ports = args.data_parallel_lockstep_ports
+    if ports is None:
+        return None
+    if args.data_parallel_rank is None or len(ports) != ranks:
+        raise UsageError(f"--data-parallel-lockstep-ports: one port per rank of "
+                         f"--data-parallel-size {ranks}, with --data-parallel-rank")
+    return ports
 
 
 def fleet_layout(args: argparse.Namespace):
@@ -356,6 +379,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="run rank R of --data-parallel-size alone in this process (vLLM's one "
                         "engine core per rank): replica index R, its KV events on the "
                         "endpoints' ports + R")
+    p.add_argument("--data-parallel-lockstep-ports", type=_ports, default=None,
+                   metavar="PORT,PORT,...",
+                   help="with --data-parallel-rank: every rank's UDP port on 127.0.0.1, in rank "
+                        "order (`serve` sets it): an MoE model's ranks step in lockstep, each "
+                        "step as long as the slowest rank's, an idle rank in a dummy pass")
     p.add_argument("--replica-shard", type=_shard, default=None, metavar="p/P",
                    help="hold only the replica indices i with i mod P = p of a fleet spread "
                         "over P engine processes (`serve --engine-processes` sets it); "
@@ -427,6 +455,7 @@ def run(args: argparse.Namespace) -> int:
                           max_loras=(args.max_loras or 1) if (args.enable_lora or args.lora_modules
                                                               or args.max_loras) else 0,
                           replicas=replicas, shard=shard, data_parallel=data_parallel,
+                          lockstep_ports=lockstep_ports(args, replicas),
                           startup_delay=args.startup_delay,
                           lengths=lengths, session_lane=args.session_lane,
                           sleep_mode=args.enable_sleep_mode, reasoning=args.reasoning,

@@ -254,7 +254,13 @@ def _engines(args: argparse.Namespace, shape: ServeLayout, state_dir: str,
     --metrics-port), the others on free ports (and --metrics-port + k). The first removes
     a temporary state directory if this process dies first."""
     out = []
+    # every rank here (not a share of them: ranks elsewhere are beyond this machine's reach)
+    lockstep = ([str(free_port()) for _ in shape.engines]
+                if shape.data_parallel and 1 < len(shape.engines) == args.data_parallel_size
+                else [])
     for k, fleet in enumerate(shape.engines):
+        if lockstep:  # an MoE model's ranks step together (engine.service.lockstep)
+            fleet = [*fleet, "--data-parallel-lockstep-ports", ",".join(lockstep)]
         port = args.engine_port if (k == 0 and args.engine_port) else free_port()
         metrics = args.metrics_port + k if args.metrics_port else 0
         name = "engine" if len(shape.engines) == 1 else f"engine {k}"
