@@ -48,7 +48,7 @@ def run_layout(api: int, dp: int, args: argparse.Namespace) -> dict:
     fidelity = argparse.Namespace(
         serve_args=flags, max_num_seqs=None, loadgen_procs=1, warmup=args.warmup,
         duration=args.duration, max_tokens=args.max_tokens, tail=args.tail, stagger=0.5,
-        profile=None)
+        profile=None, dashboard_feed=0)
     mine = os.sched_getaffinity(0)
     os.sched_setaffinity(0, args.lab_cores)  # serve and its children inherit it
     try:

@@ -24,10 +24,11 @@ announced.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 SAME = 1e-6  # wall s: two ranks' steps booked at instants this close are one group step
-KEEP = 2.0  # wall s: how long a peer's step is remembered after it ended
+KEEP = 16  # the peers' latest steps remembered (a few group steps of a few ranks)
 
 
 class Lockstep:
@@ -37,7 +38,7 @@ class Lockstep:
 
     def __init__(self, send: Callable[[float, float], None]) -> None:
         self._send = send  # tells every peer (start, end) of a step this rank booked
-        self._steps: list[tuple[float, float]] = []  # the peers' recent steps (wall)
+        self._steps: deque[tuple[float, float]] = deque(maxlen=KEEP)  # peers' latest (wall)
         self.dummy_passes = 0
         self._last_start = float("-inf")  # the latest group step start heard of
 
@@ -47,11 +48,7 @@ class Lockstep:
     def peer(self, start: float, end: float) -> bool:
         """A peer booked a step [start, end); True when it is a group step not heard of
         before (several peers announce each one)."""
-        steps = self._steps
-        steps.append((start, end))
-        if len(steps) > 64:  # forget what ended long ago
-            horizon = max(e for _, e in steps) - KEEP
-            self._steps = [(s, e) for s, e in steps if e > horizon]
+        self._steps.append((start, end))
         new = abs(start - self._last_start) > SAME
         if start > self._last_start:
             self._last_start = start

@@ -34,9 +34,10 @@ def test_each_group_step_is_new_once():
     assert rank.peer(10.004, 10.008) is True
 
 
-def test_old_steps_are_forgotten():
+def test_only_the_latest_steps_are_kept():
     rank = Lockstep(lambda s, e: None)
     for i in range(200):
         rank.peer(float(i), i + 0.001)
-    assert rank.covering(5.0005) is None  # long gone
+    assert rank.covering(5.0005) is None  # long gone (the cost of a look stays bounded)
+    assert rank.covering(199.0005) == 199.001
     assert rank.aligned_end(199.0, 199.0005) == 199.001
