@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import signal
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -110,9 +111,16 @@ class Evaluator:
                 _POOL_POINTS = (self.points, self.max_requests)
                 # Workers bound to this process: they end with it, however it ends (a
                 # killed parent leaves a fork pool's workers waiting on its queue).
-                with multiprocessing.get_context("fork").Pool(
-                        min(self.jobs, len(todo)), lifeline.bind_to, (os.getpid(),)) as pool:
-                    results = pool.map(_pool_simulate, todo, chunksize=1)
+                # Ctrl-C held back while the workers are forked (each ignores it once
+                # started); the parent takes it inside the pool, which then ends them all.
+                mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                try:
+                    with multiprocessing.get_context("fork").Pool(
+                            min(self.jobs, len(todo)), _worker_start, (os.getpid(),)) as pool:
+                        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+                        results = pool.map(_pool_simulate, todo, chunksize=1)
+                finally:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             else:
                 results = [simulate(self.points[i], c, self.max_requests) for i, c in todo]
             self.memo.update(zip(todo, results))
@@ -120,6 +128,15 @@ class Evaluator:
 
 
 _POOL_POINTS: tuple[list[Point], int] = ([], DEFAULT_MAX_REQUESTS)
+
+
+def _worker_start(parent: int) -> None:
+    """A pool worker: bound to its parent (it ends with it, however it ends), and deaf to
+    Ctrl-C, which the parent answers by ending the pool (a terminal's SIGINT reaches the
+    whole process group: without this every worker printed its own traceback)."""
+    lifeline.bind_to(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (forked with it blocked)
 
 
 def _pool_simulate(job: tuple[int, Calibration]) -> dict[str, float]:

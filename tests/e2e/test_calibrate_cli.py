@@ -171,3 +171,31 @@ def test_bad_input_is_refused_in_one_line(tmp_path, args, message):
     out = cli(*argv, "--hardware", "h100", "-o", str(tmp_path / "cat"))
     assert out.returncode == 2, out.stdout
     assert message in out.stderr and "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1
+
+
+def test_ctrl_c_during_a_parallel_fit_ends_it_quietly(tmp_path):
+    # a terminal's Ctrl-C reaches the whole process group, the pool's workers included:
+    # the parent ends the pool and exits 130; no worker prints a traceback of its own
+    import os
+    import signal
+
+    argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING", "calibrate",
+            str(measured_sweep(tmp_path)), "--model", "llama-3.1-8b", "--hardware", "h100",
+            "--jobs", "2", "--name", "x", "-o", str(tmp_path / "out")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for line in proc.stdout:  # past the first step: the workers are at the next one
+            if line.strip().startswith("step 1"):
+                break
+        else:
+            raise AssertionError("the fit ended before its first step was reported")
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "ForkPoolWorker" not in err, err
+    assert not (tmp_path / "out").exists()
