@@ -258,16 +258,27 @@ def test_counter_of_ranks_is_even_over_a_burst_through_both_api_servers(dp):
 
 
 def test_a_burst_is_admitted_exactly_per_rank_in_arrival_order(dp):
-    # every rank: 2 running places, 4 waiting; 60 requests at once, none naming a rank,
-    # through both API servers: each rank is sent far more than its 6 places, and admits
-    # exactly 6 (none over, none wrongly refused: each rank's engine holds its decisions
-    # until every request read before them reached it), refusing the rest with its own 529
+    # every rank: 1 running place, 4 waiting; 60 long requests at once, none naming a
+    # rank, through both API servers: each rank is sent far more than its places, runs
+    # the first, queues the next 4 and refuses the rest with its own 529: exactly 5
+    # admitted on each (none over, none wrongly refused: each rank's engine holds its
+    # decisions until every request read before them reached it; nothing finishes during
+    # the burst, so no place frees), and each rank's engine counted its own refusals
     base = f"http://127.0.0.1:{dp.port}"
 
-    async def run() -> tuple[Counter, Counter]:
+    async def refused_by_engine(http) -> Counter:
+        async with http.get(base + "/metrics") as resp:
+            text = await resp.text()
+        return Counter({int(s.labels["engine"]): int(s.value)
+                        for f in text_string_to_metric_families(text) for s in f.samples
+                        if s.name == "inference_lab_rejections_total"
+                        and s.labels.get("reason") == "QUEUE_SATURATED"})
+
+    async def run() -> tuple[Counter, Counter, Counter]:
         sent, admitted = Counter(), Counter()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-            status, _ = await set_capacity(http, base, {"max_num_seqs": 2, "max_waiting": 4})
+            before = await refused_by_engine(http)
+            status, _ = await set_capacity(http, base, {"max_num_seqs": 1, "max_waiting": 4})
             assert status == 200
             try:
                 async def one():
@@ -281,9 +292,12 @@ def test_a_burst_is_admitted_exactly_per_rank_in_arrival_order(dp):
                 await asyncio.gather(*(one() for _ in range(60)))
             finally:
                 await set_capacity(http, base, {"max_num_seqs": 256, "max_waiting": 0})
-        return sent, admitted
+            after = await refused_by_engine(http)
+        after.subtract(before)
+        return sent, admitted, after
 
-    sent, admitted = asyncio.run(run())
+    sent, admitted, refused = asyncio.run(run())
     assert sum(sent.values()) == 60 and set(sent) == {0, 1}
-    assert min(sent.values()) > 6, sent
-    assert admitted == Counter({0: 6, 1: 6}), (sent, admitted)
+    assert min(sent.values()) > 5, sent
+    assert admitted == Counter({0: 5, 1: 5}), (sent, admitted)
+    assert refused == Counter({r: sent[r] - 5 for r in (0, 1)}), (sent, refused)
