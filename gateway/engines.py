@@ -184,11 +184,16 @@ class EngineGroup:
             order.setdefault(row.model, len(order))
         return sorted(rows, key=lambda r: (order[r.model], r.replica))
 
+    async def _one_or_all(self, replica: int | None, call) -> list[pb.ModelCapacity]:
+        """`call(client, replica)` on the engine holding `replica`, or on every engine
+        (replica None) with their rows put together."""
+        if replica is not None:
+            return await call(self.client_for(replica), replica)
+        return await self._rows(call(c, None) for c in self.clients)
+
     async def get_capacity(self, model: str | None = None,
                            replica: int | None = None) -> list[pb.ModelCapacity]:
-        if replica is not None:
-            return await self.client_for(replica).get_capacity(model, replica)
-        return await self._rows(c.get_capacity(model) for c in self.clients)
+        return await self._one_or_all(replica, lambda c, r: c.get_capacity(model, r))
 
     async def kv_event_sources(self, replica: int | None = None) -> list[pb.KvEventSource]:
         if replica is not None:
@@ -199,11 +204,8 @@ class EngineGroup:
     async def set_capacity(self, model: str | None = None, max_num_seqs: int | None = None,
                            max_waiting: int | None = None,
                            replica: int | None = None) -> list[pb.ModelCapacity]:
-        if replica is not None:
-            return await self.client_for(replica).set_capacity(model, max_num_seqs, max_waiting,
-                                                               replica)
-        return await self._rows(c.set_capacity(model, max_num_seqs, max_waiting)
-                                for c in self.clients)
+        return await self._one_or_all(
+            replica, lambda c, r: c.set_capacity(model, max_num_seqs, max_waiting, r))
 
     async def set_replicas(self, model: str | None, replicas: int) -> list[pb.ModelCapacity]:
         # every engine takes the fleet's count and keeps its own share of the indices
@@ -211,9 +213,7 @@ class EngineGroup:
 
     async def sleep(self, model: str | None, replica: int | None, level: int = 0,
                     wake: bool = False, tags: list[str] | None = None) -> list[pb.ModelCapacity]:
-        if replica is not None:
-            return await self.client_for(replica).sleep(model, replica, level, wake, tags)
-        return await self._rows(c.sleep(model, None, level, wake, tags) for c in self.clients)
+        return await self._one_or_all(replica, lambda c, r: c.sleep(model, r, level, wake, tags))
 
     async def pause(self, model: str | None, replica: int | None, mode: int = 0,
                     clear_cache: bool = True, resume: bool = False) -> list[pb.ModelCapacity]:
@@ -230,11 +230,8 @@ class EngineGroup:
 
     async def pause(self, model: str | None, replica: int | None, mode: int = 0,
                     clear_cache: bool = True, resume: bool = False) -> list[pb.ModelCapacity]:
-        if replica is not None:
-            return await self.client_for(replica).pause(model, replica, mode, clear_cache,
-                                                        resume)
-        return await self._rows(c.pause(model, None, mode, clear_cache, resume)
-                                for c in self.clients)
+        return await self._one_or_all(
+            replica, lambda c, r: c.pause(model, r, mode, clear_cache, resume))
 
     async def reset_prefix_cache(self, model: str | None, replica: int | None) -> int:
         if replica is not None:

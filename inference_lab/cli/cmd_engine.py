@@ -207,6 +207,19 @@ def lockstep_ports(args: argparse.Namespace, ranks: int) -> list[int] | None:
     return ports
 
 
+def refuse_replicas_beside_ranks(args: argparse.Namespace) -> None:
+    """A UsageError for the fleet flags that do not go with data-parallel ranks (the ranks
+    of one server are not independent servers): `engine` and `serve` alike."""
+    from inference_lab.cli import UsageError
+
+    if args.replicas != 1:
+        raise UsageError("--replicas and --data-parallel-size: choose one (independent "
+                         "servers, or the data-parallel ranks of one)")
+    if args.kv_roles:
+        raise UsageError("--kv-roles needs --replicas: prefill and decode replicas are "
+                         "independent servers, not data-parallel ranks")
+
+
 def fleet_layout(args: argparse.Namespace):
     """(the fleet's replica count, this process's Shard, data-parallel or not) from the
     engine's fleet flags; a UsageError where they contradict each other."""
@@ -217,12 +230,7 @@ def fleet_layout(args: argparse.Namespace):
     rank = getattr(args, "data_parallel_rank", None)
     shard = getattr(args, "replica_shard", None)
     if dp > 1 or rank is not None:
-        if args.replicas != 1:
-            raise UsageError("--replicas and --data-parallel-size: choose one (independent "
-                             "servers, or the ranks of one)")
-        if args.kv_roles:
-            raise UsageError("--kv-roles needs --replicas: prefill and decode replicas are "
-                             "independent servers, not data-parallel ranks")
+        refuse_replicas_beside_ranks(args)
         if rank is not None and not 0 <= rank < dp:
             raise UsageError(f"--data-parallel-rank must be in 0..{dp - 1} "
                              f"(--data-parallel-size {dp}), got {rank}")

@@ -102,12 +102,9 @@ def layout(args: argparse.Namespace) -> ServeLayout:
     start = args.data_parallel_start_rank
     api = args.api_server_count
     if dp > 1 or local is not None or start:
-        if args.replicas != 1:
-            raise UsageError("--replicas and --data-parallel-size: choose one (independent "
-                             "servers, or the data-parallel ranks of one)")
-        if args.kv_roles:
-            raise UsageError("--kv-roles needs --replicas: prefill and decode replicas are "
-                             "independent servers, not data-parallel ranks")
+        from inference_lab.cli.cmd_engine import refuse_replicas_beside_ranks
+
+        refuse_replicas_beside_ranks(args)
         if args.engine_processes != AUTO:
             raise UsageError("--engine-processes is for --replicas: data-parallel ranks run "
                              "one engine process each")
