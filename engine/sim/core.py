@@ -66,6 +66,11 @@ class StepResult:
     spawned: list[Request] = field(default_factory=list)  # siblings (n > 1) that began now
     compute_seconds: float = 0.0  # of the step's time, what its FLOPs take at peak rates
     memory_seconds: float = 0.0  # ... and its bytes at peak bandwidth
+    # speculative decoding (vLLM's SpecDecodingStats): each decode proposed one draft of
+    # `draft_tokens // drafts` tokens and kept its first `accepted_per_draft`
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_per_draft: int = 0
 
 
 class EngineCore:
@@ -572,6 +577,11 @@ class EngineCore:
                 self._hand_off(req, end)
         self.clock = end
         spawned, scheduler.spawned = scheduler.spawned, []
-        return StepResult(start, end, num_tokens, sampled, prefill_tokens, decodes,
-                          decision.admitted, first, done, decision.preempted, spawned,
-                          busy_compute, busy_memory)
+        result = StepResult(start, end, num_tokens, sampled, prefill_tokens, decodes,
+                            decision.admitted, first, done, decision.preempted, spawned,
+                            busy_compute, busy_memory)
+        if width > 1 and decodes:  # the same expected draft for every decode of the step
+            result.drafts = decodes
+            result.draft_tokens = decodes * (width - 1)
+            result.accepted_per_draft = advance - 1
+        return result
