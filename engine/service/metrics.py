@@ -122,6 +122,20 @@ METRICS: dict[str, Spec] = {
                                                     "cached) per finished request.", buckets="tokens"),
     "vllm:request_num_preemptions": Spec("histogram", "Preemptions per finished request.",
                                          buckets="preemptions"),
+    # KV block residency (vLLM's --kv-cache-metrics), sampled blocks, observed at eviction
+    "vllm:kv_block_lifetime_seconds": Spec(
+        "histogram", "Histogram of KV cache block lifetime from allocation to eviction. "
+        "Sampled metrics (controlled by --kv-cache-metrics-sample).",
+        buckets="kv_residency", when="kv_cache_metrics"),
+    "vllm:kv_block_idle_before_evict_seconds": Spec(
+        "histogram", "Histogram of idle time before KV cache block eviction. "
+        "Sampled metrics (controlled by --kv-cache-metrics-sample).",
+        buckets="kv_residency", when="kv_cache_metrics"),
+    "vllm:kv_block_reuse_gap_seconds": Spec(
+        "histogram", "Histogram of time gaps between consecutive KV cache block accesses. "
+        "Only the most recent accesses are recorded (ring buffer). Sampled metrics "
+        "(controlled by --kv-cache-metrics-sample).", buckets="kv_residency",
+        when="kv_cache_metrics"),
     # histograms of modelled time
     "vllm:time_to_first_token_seconds": Spec("histogram", "Arrival to the end of the step that "
                                              "sampled the first token.", buckets="ttft"),
@@ -231,13 +245,15 @@ FINISH_HISTOGRAMS = {
 # What turns an optional series on, per model (Spec.when).
 OPTIONS = {
     "speculative": lambda core: core.speculative is not None,
+    "kv_cache_metrics": lambda core: core.kv_residency is not None,
 }
 
 
 def bucket_sets(max_model_len: int) -> dict[str, tuple[float, ...]]:
     return {"ttft": B.TTFT, "per_token": B.PER_TOKEN, "e2e": B.E2E, "phase": B.PHASE,
             "tokens": B.one_two_five(max_model_len), "iteration": B.VLLM_ITERATION_TOKENS,
-            "n": B.VLLM_PARAMS_N, "preemptions": B.VLLM_NUM_PREEMPTIONS, "lag": LAG_BUCKETS, "interval": INTERVAL_BUCKETS}
+            "n": B.VLLM_PARAMS_N, "preemptions": B.VLLM_NUM_PREEMPTIONS,
+            "kv_residency": B.VLLM_KV_RESIDENCY, "lag": LAG_BUCKETS, "interval": INTERVAL_BUCKETS}
 
 
 class Versions:
@@ -327,6 +343,16 @@ class ModelMetrics:
             per_pos = self.accepted_per_pos
             for pos in range(accepted):
                 per_pos[pos] += drafts
+        residency = self.core.kv_residency
+        if residency is not None and residency.evicted:  # sampled blocks evicted this step
+            h = self.hists
+            lifetime, idle = h["vllm:kv_block_lifetime_seconds"], h["vllm:kv_block_idle_before_evict_seconds"]
+            reuse = h["vllm:kv_block_reuse_gap_seconds"]
+            for life, idle_s, gaps in residency.take():
+                lifetime.observe(life)
+                idle.observe(idle_s)
+                for gap in gaps:
+                    reuse.observe(gap)
         self._changed()
 
     def on_finished(self, req: Request, tokens: int, last_token: float) -> None:

@@ -22,7 +22,7 @@ from inference_lab.engine.sim.kv_transfer import (
 )
 from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.sim.lora import MAX_ADAPTERS, LoraAdapter, LoraRegistry
-from inference_lab.engine.sim.prefix_cache import block_hashes
+from inference_lab.engine.sim.prefix_cache import BlockResidency, block_hashes
 from inference_lab.engine.sim.request import Request, Status
 from inference_lab.engine.sim.scheduler import Scheduler
 from inference_lab.engine.sim.specs import Deployment
@@ -75,7 +75,10 @@ class StepResult:
 
 class EngineCore:
     def __init__(self, deployment: Deployment, lengths: OutputLength | None = None, *,
-                 record_kv_events: bool = False) -> None:
+                 record_kv_events: bool = False, kv_cache_metrics_sample: float = 0.0) -> None:
+        """`kv_cache_metrics_sample` > 0 (vLLM's --kv-cache-metrics with its
+        --kv-cache-metrics-sample): that share of prefix-cached blocks has its residency
+        kept (engine.sim.prefix_cache.BlockResidency)."""
         self.deployment = deployment
         self.name = deployment.name
         config = deployment.scheduler
@@ -96,6 +99,10 @@ class EngineCore:
             self.scheduler.group.max_advance = 1 + self.speculative.gamma
         self._accepted = 0.0  # expected positions not yet kept (fractional carry)
         self.prefix_cache = self.scheduler.cache  # None when prefix caching is off
+        self.kv_residency = None  # sampled block residency, when asked for and cached
+        if kv_cache_metrics_sample > 0 and self.prefix_cache is not None:
+            self.kv_residency = BlockResidency(min(kv_cache_metrics_sample, 1.0))
+            self.prefix_cache.residency = self.kv_residency
         self.record_kv_events = record_kv_events
         self.clock = 0.0  # simulated time at which the engine is next free
         # The queue's bound is judged as of the last step boundary plus the arrivals since
@@ -535,6 +542,8 @@ class EngineCore:
             head = scheduler.waiting.peek()
             if head is not None and head.ready > start:
                 start = head.ready  # idle until then: nothing was ready at `start`
+        if self.kv_residency is not None:
+            self.kv_residency.now = start  # the step's hits, stores and evictions happen then
         width = advance = 1
         if self.speculative is not None and scheduler.group.n:
             width, advance = self._draft()

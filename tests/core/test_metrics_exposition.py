@@ -188,3 +188,49 @@ def test_each_finished_request_observes_its_preemptions_in_vllms_buckets():
     assert h.n == 3 and h.sum == sum(r.preemptions for r in reqs) >= 1
     assert h.sum == model.counters["vllm:num_preemptions"]
     assert metrics.render() == generate_latest(_Collect(metrics.models))
+
+
+def test_a_sampled_blocks_lifetime_idle_time_and_reuse_gaps_are_read_at_its_eviction():
+    from inference_lab.engine.sim.prefix_cache import BlockResidency, PrefixCache
+
+    cache = PrefixCache(16)
+    residency = cache.residency = BlockResidency(1.0)  # every block sampled
+    a, b = 11, 22
+    residency.now = 1.0
+    cache.store([a, b], 0, 2, None)  # both stored at 1
+    cache.release([a, b])  # free, still cached: b then a queued for eviction
+    residency.now = 3.0
+    cache.acquire([a])  # a hit at 3
+    cache.release([a])
+    residency.now = 7.0
+    cache.acquire([a])  # ... and at 7
+    cache.release([a])  # a queued after b
+    residency.now = 10.0
+    cache.evict(2)
+    # b: stored at 1, never hit: lifetime 9, idle 9, no gap; a: lifetime 9, idle 10 - 7 = 3,
+    # one gap 7 - 3 = 4 between its kept accesses.
+    assert residency.take() == [(9.0, 9.0, []), (9.0, 3.0, [4.0])]
+    assert residency.blocks == {}
+
+
+def test_kv_cache_metrics_turn_the_residency_histograms_on_with_vllms_boundaries():
+    from inference_lab.engine.sim.core import EngineCore
+    from factories import deployment
+
+    off = EngineCore(deployment())
+    assert off.kv_residency is None
+    assert b"kv_block" not in EngineMetrics([off]).render()
+    engine = EngineCore(deployment(), kv_cache_metrics_sample=1.0)
+    metrics = EngineMetrics([engine])
+    engine.kv_residency.evicted.append((9.0, 3.0, [4.0, 0.5]))  # as an eviction leaves it
+    engine.submit(16, 2, 0.0)
+    _, results = run_until_idle(engine)
+    model = drive(engine, metrics, results)
+    h = model.hists
+    assert h["vllm:kv_block_lifetime_seconds"].bounds == B.VLLM_KV_RESIDENCY
+    assert (h["vllm:kv_block_lifetime_seconds"].n, h["vllm:kv_block_lifetime_seconds"].sum) == (1, 9.0)
+    assert (h["vllm:kv_block_idle_before_evict_seconds"].n, h["vllm:kv_block_idle_before_evict_seconds"].sum) == (1, 3.0)
+    assert (h["vllm:kv_block_reuse_gap_seconds"].n, h["vllm:kv_block_reuse_gap_seconds"].sum) == (2, 4.5)
+    text = metrics.render()
+    assert text == generate_latest(_Collect(metrics.models))
+    assert b'vllm:kv_block_lifetime_seconds_bucket{engine="0",le="10.0",model_name="gpt-oss-20b"} 1.0' in text
