@@ -28,6 +28,10 @@ VLLM_REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 
                 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # e2e, queue, phases
 VLLM_ITERATION_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 VLLM_PARAMS_N = (1, 2, 5, 10, 20)
+# vllm/v1/metrics/buckets.py: REQUEST_NUM_PREEMPTIONS_BUCKETS and KV_CACHE_RESIDENCY_BUCKETS
+VLLM_NUM_PREEMPTIONS = (1, 2, 3, 4, 5, 10, 20)  # a never-preempted request falls in le="1"
+VLLM_KV_RESIDENCY = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20,
+                     30, 60, 120, 300, 600, 1200, 1800)  # lifetime, idle, reuse gap (s)
 
 FINE_PER_DECADE = 48  # boundaries 4.9 % apart
 COARSE_PER_DECADE = 12  # 21 % apart

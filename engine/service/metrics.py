@@ -62,6 +62,7 @@ class Spec:
     doc: str
     labels: tuple[str, ...] = ()  # beyond model_name and engine
     buckets: str = ""  # a key of BucketSets for histograms
+    when: str = ""  # exported only for a model with this option (OPTIONS); "" always
 
 
 # name -> Spec. Counters get `_total` in the exposition, histograms their suffixes.
@@ -94,6 +95,15 @@ METRICS: dict[str, Spec] = {
     "vllm:generation_tokens": Spec("counter", "Tokens generated."),
     "vllm:request_success": Spec("counter", "Finished requests by finish reason.",
                                  ("finished_reason",)),
+    # speculative decoding (vLLM's SpecDecodingProm), for a model with [speculative]
+    "vllm:spec_decode_num_drafts": Spec("counter", "Number of spec decoding drafts.",
+                                        when="speculative"),
+    "vllm:spec_decode_num_draft_tokens": Spec("counter", "Number of draft tokens.",
+                                              when="speculative"),
+    "vllm:spec_decode_num_accepted_tokens": Spec("counter", "Number of accepted tokens.",
+                                                 when="speculative"),
+    "vllm:spec_decode_num_accepted_tokens_per_pos": Spec(
+        "counter", "Accepted tokens per draft position.", ("position",), when="speculative"),
     # histograms of counts
     "vllm:request_prompt_tokens": Spec("histogram", "Prompt tokens per finished request.",
                                        buckets="tokens"),
@@ -110,6 +120,22 @@ METRICS: dict[str, Spec] = {
                                            buckets="tokens"),
     "vllm:request_prefill_kv_computed_tokens": Spec("histogram", "Prompt tokens computed (not "
                                                     "cached) per finished request.", buckets="tokens"),
+    "vllm:request_num_preemptions": Spec("histogram", "Preemptions per finished request.",
+                                         buckets="preemptions"),
+    # KV block residency (vLLM's --kv-cache-metrics), sampled blocks, observed at eviction
+    "vllm:kv_block_lifetime_seconds": Spec(
+        "histogram", "Histogram of KV cache block lifetime from allocation to eviction. "
+        "Sampled metrics (controlled by --kv-cache-metrics-sample).",
+        buckets="kv_residency", when="kv_cache_metrics"),
+    "vllm:kv_block_idle_before_evict_seconds": Spec(
+        "histogram", "Histogram of idle time before KV cache block eviction. "
+        "Sampled metrics (controlled by --kv-cache-metrics-sample).",
+        buckets="kv_residency", when="kv_cache_metrics"),
+    "vllm:kv_block_reuse_gap_seconds": Spec(
+        "histogram", "Histogram of time gaps between consecutive KV cache block accesses. "
+        "Only the most recent accesses are recorded (ring buffer). Sampled metrics "
+        "(controlled by --kv-cache-metrics-sample).", buckets="kv_residency",
+        when="kv_cache_metrics"),
     # histograms of modelled time
     "vllm:time_to_first_token_seconds": Spec("histogram", "Arrival to the end of the step that "
                                              "sampled the first token.", buckets="ttft"),
@@ -214,13 +240,20 @@ FINISH_HISTOGRAMS = {
     "n": "vllm:request_params_n",
     "max_tokens": "vllm:request_params_max_tokens",
     "kv_computed": "vllm:request_prefill_kv_computed_tokens",
+    "preemptions": "vllm:request_num_preemptions",
+}
+# What turns an optional series on, per model (Spec.when).
+OPTIONS = {
+    "speculative": lambda core: core.speculative is not None,
+    "kv_cache_metrics": lambda core: core.kv_residency is not None,
 }
 
 
 def bucket_sets(max_model_len: int) -> dict[str, tuple[float, ...]]:
     return {"ttft": B.TTFT, "per_token": B.PER_TOKEN, "e2e": B.E2E, "phase": B.PHASE,
             "tokens": B.one_two_five(max_model_len), "iteration": B.VLLM_ITERATION_TOKENS,
-            "n": B.VLLM_PARAMS_N, "lag": LAG_BUCKETS, "interval": INTERVAL_BUCKETS}
+            "n": B.VLLM_PARAMS_N, "preemptions": B.VLLM_NUM_PREEMPTIONS,
+            "kv_residency": B.VLLM_KV_RESIDENCY, "lag": LAG_BUCKETS, "interval": INTERVAL_BUCKETS}
 
 
 class Versions:
@@ -242,6 +275,8 @@ class ModelMetrics:
                  versions: Versions | None = None) -> None:
         self.core = core
         self.labels = (core.name, str(engine_index))
+        on = {option for option, applies in OPTIONS.items() if applies(core)}
+        self.names = tuple(name for name, spec in METRICS.items() if not spec.when or spec.when in on)
         self.engine = engine_index  # the `engine` label as a number
         self.versions = versions or Versions()
         self.version = 0  # the engine's version at its last change: unchanged = cached text
@@ -264,6 +299,8 @@ class ModelMetrics:
         self._transfer = h["inference_lab_kv_transfer_seconds"]
         self.external = 0  # prompt tokens pulled from producers (by source: external_kv_transfer)
         self.sleep_level = 0  # sleep mode: 0 awake, 1 or 2 the level it sleeps at
+        spec = core.speculative
+        self.accepted_per_pos = [0.0] * (spec.gamma if spec is not None else 0)
 
     # ---- update points ---------------------------------------------------------------
     def on_step(self, result: StepResult) -> None:
@@ -297,6 +334,25 @@ class ModelMetrics:
             self._itl.observe(result.end - result.start, result.num_decodes)  # previous
             # token came at the end of the previous (back-to-back) step
         self._iteration.observe(prompt + sampled)
+        drafts = result.drafts
+        if drafts:  # O(gamma): a draft that kept k tokens counts positions 0..k-1
+            accepted = result.accepted_per_draft
+            c["vllm:spec_decode_num_drafts"] += drafts
+            c["vllm:spec_decode_num_draft_tokens"] += result.draft_tokens
+            c["vllm:spec_decode_num_accepted_tokens"] += drafts * accepted
+            per_pos = self.accepted_per_pos
+            for pos in range(accepted):
+                per_pos[pos] += drafts
+        residency = self.core.kv_residency
+        if residency is not None and residency.evicted:  # sampled blocks evicted this step
+            h = self.hists
+            lifetime, idle = h["vllm:kv_block_lifetime_seconds"], h["vllm:kv_block_idle_before_evict_seconds"]
+            reuse = h["vllm:kv_block_reuse_gap_seconds"]
+            for life, idle_s, gaps in residency.take():
+                lifetime.observe(life)
+                idle.observe(idle_s)
+                for gap in gaps:
+                    reuse.observe(gap)
         self._changed()
 
     def on_finished(self, req: Request, tokens: int, last_token: float) -> None:
@@ -338,6 +394,7 @@ class ModelMetrics:
         f["generation"].observe(tokens)
         f["max_generation"].observe(tokens)
         f["max_tokens"].observe(req.max_tokens)
+        f["preemptions"].observe(req.preemptions)
 
     def on_rejected(self, reason: str, count: int = 1) -> None:
         self.rejections[reason] = self.rejections.get(reason, 0.0) + count
@@ -415,6 +472,8 @@ class ModelMetrics:
             return [((s,), by.get(s, 0.0)) for s in PROMPT_SOURCES]
         if name == "inference_lab_kv_transfer_info":
             return [((self.core.kv_role, self.core.kv_identity["remote_engine_id"]), 1.0)]
+        if name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            return [((str(pos),), v) for pos, v in enumerate(self.accepted_per_pos)]
         if name == "inference_lab_rejections":
             return [((r,), v) for r, v in sorted(self.rejections.items())]
         return [((), self.counters[name])]
@@ -437,6 +496,9 @@ class ModelMetrics:
 def families(models: list[ModelMetrics]):
     """The families of `models` as prometheus-client objects (what generate_latest takes)."""
     for name, spec in METRICS.items():
+        members = [m for m in models if name in m.names]
+        if not members:  # an optional series no model has is not shown (as vLLM)
+            continue
         labels = ["model_name", "engine", *spec.labels]
         if spec.kind == "histogram":
             family = HistogramMetricFamily(name, spec.doc, labels=labels)
@@ -444,7 +506,7 @@ def families(models: list[ModelMetrics]):
             family = CounterMetricFamily(name, spec.doc, labels=labels)
         else:
             family = GaugeMetricFamily(name, spec.doc, labels=labels)
-        for m in models:
+        for m in members:
             for extra, value in m.samples(name):
                 if spec.kind == "histogram":
                     counts, total = value
@@ -479,8 +541,9 @@ class _Template:
         self.shape = model.shape()
         families = split_families(generate_latest(_Collect([model])).decode())
         self.headers = [header for header, _ in families]  # HELP and TYPE lines per family
+        self.names = (*model.names, CACHE_CONFIG_INFO)  # the family of each header
         self.fills: list = []  # per family: HistLines, or (name, Lines) of other samples
-        for (_, prefixes), name in zip(families, METRICS):
+        for (_, prefixes), name in zip(families, model.names):
             if METRICS[name].kind == "histogram":
                 self.fills.append(HistLines(model.hists[name], prefixes))
             else:
@@ -546,12 +609,25 @@ class Exposition:
         if not chosen:
             return b""
         with self._lock:
-            rendered = [self._template(m).render() for m in chosen]
-            headers = self._templates[id(chosen[0])].headers
+            templates = [self._template(m) for m in chosen]
+            rendered = [t.render() for t in templates]
         out = []
-        for i, header in enumerate(headers):
-            out.append(header)
-            out.extend(chunks[i] for chunks in rendered)
+        first = templates[0]
+        if all(t.names == first.names for t in templates):  # the same families in each
+            for i, header in enumerate(first.headers):
+                out.append(header)
+                out.extend(chunks[i] for chunks in rendered)
+        else:  # optional series some models have: each family once, in the table's order
+            placed = [dict(zip(t.names, range(len(t.names)))) for t in templates]
+            for name in (*METRICS, CACHE_CONFIG_INFO):
+                header = None
+                for t, where, chunks in zip(templates, placed, rendered):
+                    i = where.get(name)
+                    if i is not None:
+                        if header is None:
+                            header = t.headers[i]
+                            out.append(header)
+                        out.append(chunks[i])
         return "".join(out).encode() + lora_info(chosen)
 
     def forget(self, model: ModelMetrics) -> None:

@@ -22,7 +22,7 @@ from inference_lab.engine.sim.kv_transfer import (
 )
 from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.sim.lora import MAX_ADAPTERS, LoraAdapter, LoraRegistry
-from inference_lab.engine.sim.prefix_cache import block_hashes
+from inference_lab.engine.sim.prefix_cache import BlockResidency, block_hashes
 from inference_lab.engine.sim.request import Request, Status
 from inference_lab.engine.sim.scheduler import Scheduler
 from inference_lab.engine.sim.specs import Deployment
@@ -66,11 +66,19 @@ class StepResult:
     spawned: list[Request] = field(default_factory=list)  # siblings (n > 1) that began now
     compute_seconds: float = 0.0  # of the step's time, what its FLOPs take at peak rates
     memory_seconds: float = 0.0  # ... and its bytes at peak bandwidth
+    # speculative decoding (vLLM's SpecDecodingStats): each decode proposed one draft of
+    # `draft_tokens // drafts` tokens and kept its first `accepted_per_draft`
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_per_draft: int = 0
 
 
 class EngineCore:
     def __init__(self, deployment: Deployment, lengths: OutputLength | None = None, *,
-                 record_kv_events: bool = False) -> None:
+                 record_kv_events: bool = False, kv_cache_metrics_sample: float = 0.0) -> None:
+        """`kv_cache_metrics_sample` > 0 (vLLM's --kv-cache-metrics with its
+        --kv-cache-metrics-sample): that share of prefix-cached blocks has its residency
+        kept (engine.sim.prefix_cache.BlockResidency)."""
         self.deployment = deployment
         self.name = deployment.name
         config = deployment.scheduler
@@ -91,6 +99,10 @@ class EngineCore:
             self.scheduler.group.max_advance = 1 + self.speculative.gamma
         self._accepted = 0.0  # expected positions not yet kept (fractional carry)
         self.prefix_cache = self.scheduler.cache  # None when prefix caching is off
+        self.kv_residency = None  # sampled block residency, when asked for and cached
+        if kv_cache_metrics_sample > 0 and self.prefix_cache is not None:
+            self.kv_residency = BlockResidency(min(kv_cache_metrics_sample, 1.0))
+            self.prefix_cache.residency = self.kv_residency
         self.record_kv_events = record_kv_events
         self.clock = 0.0  # simulated time at which the engine is next free
         # The queue's bound is judged as of the last step boundary plus the arrivals since
@@ -530,6 +542,8 @@ class EngineCore:
             head = scheduler.waiting.peek()
             if head is not None and head.ready > start:
                 start = head.ready  # idle until then: nothing was ready at `start`
+        if self.kv_residency is not None:
+            self.kv_residency.now = start  # the step's hits, stores and evictions happen then
         width = advance = 1
         if self.speculative is not None and scheduler.group.n:
             width, advance = self._draft()
@@ -572,6 +586,11 @@ class EngineCore:
                 self._hand_off(req, end)
         self.clock = end
         spawned, scheduler.spawned = scheduler.spawned, []
-        return StepResult(start, end, num_tokens, sampled, prefill_tokens, decodes,
-                          decision.admitted, first, done, decision.preempted, spawned,
-                          busy_compute, busy_memory)
+        result = StepResult(start, end, num_tokens, sampled, prefill_tokens, decodes,
+                            decision.admitted, first, done, decision.preempted, spawned,
+                            busy_compute, busy_memory)
+        if width > 1 and decodes:  # the same expected draft for every decode of the step
+            result.drafts = decodes
+            result.draft_tokens = decodes * (width - 1)
+            result.accepted_per_draft = advance - 1
+        return result

@@ -20,6 +20,8 @@ once (the second copy is freed at once instead of being cached twice).
 from __future__ import annotations
 
 import hashlib
+import random
+from collections import deque
 from dataclasses import dataclass
 
 # Event kinds recorded by PrefixCache (the tuples' first item).
@@ -52,9 +54,53 @@ class PrefixCacheStats:
     hits: int = 0  # of which found cached
 
 
+class BlockResidency:
+    """Sampled KV block residency, as vLLM's `--kv-cache-metrics` keeps it
+    (`vllm/v1/core/kv_cache_metrics.py`): a block is sampled when it is stored, with
+    probability `sample`; each hit on it is an access (the last 4 kept); its eviction
+    yields (lifetime: stored to evicted, idle: last access to evicted, the gaps between
+    the kept accesses). Times are the simulated start of the step (`now`, set by the core)."""
+
+    __slots__ = ("sample", "now", "blocks", "evicted", "_random")
+
+    def __init__(self, sample: float, seed: int = 0) -> None:
+        self.sample = sample
+        self.now = 0.0
+        self.blocks: dict[int, tuple[float, deque]] = {}  # hash -> (stored at, accesses)
+        self.evicted: list[tuple[float, float, list[float]]] = []  # since the last take()
+        self._random = random.Random(seed)
+
+    def stored(self, hashes, indexes) -> None:
+        sample, draw = self.sample, self._random.random
+        for i in indexes:
+            if sample >= 1.0 or draw() < sample:
+                self.blocks[hashes[i]] = (self.now, deque(maxlen=4))
+
+    def accessed(self, hashes) -> None:
+        blocks, now = self.blocks, self.now
+        for h in hashes:
+            block = blocks.get(h)
+            if block is not None:
+                block[1].append(now)
+
+    def gone(self, hashes) -> None:
+        blocks, now = self.blocks, self.now
+        for h in hashes:
+            block = blocks.pop(h, None)
+            if block is not None:
+                born, seen = block
+                gaps = [b - a for a, b in zip(seen, list(seen)[1:])]
+                self.evicted.append((now - born, now - (seen[-1] if seen else born), gaps))
+
+    def take(self) -> list[tuple[float, float, list[float]]]:
+        evicted, self.evicted = self.evicted, []
+        return evicted
+
+
 class PrefixCache:
     def __init__(self, block_size: int, record_events: bool = False) -> None:
         self.block_size = block_size
+        self.residency: BlockResidency | None = None  # --kv-cache-metrics
         self.refs: dict[int, int] = {}  # resident block hash -> running requests using it
         self.free: dict[int, None] = {}  # hashes with refs 0, least recently freed first
         self.stats = PrefixCacheStats()
@@ -93,6 +139,8 @@ class PrefixCache:
             if refs[h] == 0:
                 del free[h]
             refs[h] += 1
+        if self.residency is not None:
+            self.residency.accessed(hashes)
 
     def store(self, hashes: list[int], start: int, stop: int, token_bytes: bytes | None,
               lora_id: int | None = None) -> tuple[int, int]:
@@ -117,6 +165,11 @@ class PrefixCache:
             refs[h] = count + 1
         if new and self.record_events:
             self._stored(hashes, new, token_bytes, lora_id)
+        residency = self.residency
+        if residency is not None:  # the new blocks are not sampled yet: only hits count
+            if dup:
+                residency.accessed(hashes[start:stop])
+            residency.stored(hashes, new)
         return dup, revived
 
     def _stored(self, hashes: list[int], new: list[int], token_bytes: bytes | None,
@@ -160,6 +213,8 @@ class PrefixCache:
         for h in gone:
             del free[h]
             del refs[h]
+        if self.residency is not None:
+            self.residency.gone(gone)
         if self.record_events:
             self.events.append((REMOVED, gone))
 
@@ -170,6 +225,9 @@ class PrefixCache:
         for h in gone:
             del self.refs[h]
         self.free.clear()
+        if self.residency is not None:  # a reset forgets its samples unobserved (as vLLM)
+            for h in gone:
+                self.residency.blocks.pop(h, None)
         if self.record_events:
             self.events.append((CLEARED,) if not self.refs else (REMOVED, gone))
 

@@ -66,6 +66,12 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "\"topic\": \"kv@{model}\"}'; replica k publishes on the ports + k, or + 2dk "
                         "when the two are d < 64 apart, so that no two replicas' ports meet "
                         "(docs/kv-events.md)")
+    p.add_argument("--kv-cache-metrics", action="store_true",
+                   help="export vLLM's KV block residency histograms (vllm:kv_block_lifetime_seconds, "
+                        "_idle_before_evict_seconds, _reuse_gap_seconds) of a sample of the "
+                        "prefix-cached blocks, in simulated seconds (docs/metrics.md)")
+    p.add_argument("--kv-cache-metrics-sample", type=_sample_rate, default=0.01, metavar="RATE",
+                   help="share of blocks --kv-cache-metrics follows, in (0, 1] (vLLM's default 0.01)")
     p.add_argument("--kv-events-expose-replay", action="store_true",
                    help="bind the KV events' replay_endpoint on the host it names; without it "
                         "the replay socket binds 127.0.0.1 (same port), since a replay hands "
@@ -91,6 +97,16 @@ def lora_argv(args: argparse.Namespace) -> list[str]:
     if args.max_loras is not None:
         argv += ["--max-loras", str(args.max_loras)]
     return argv
+
+
+def _sample_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a rate in (0, 1], got {text!r}")
+    return value
 
 
 def _kv_events_config(text: str) -> str:
@@ -459,6 +475,8 @@ def run(args: argparse.Namespace) -> int:
                           coalesce_when_late=args.coalesce_when_late,
                           state_dir=args.state_dir, kv_events=kv_events,
                           kv_events_expose_replay=args.kv_events_expose_replay,
+                          kv_cache_metrics_sample=(args.kv_cache_metrics_sample
+                                                   if args.kv_cache_metrics else 0.0),
                           lora_modules=[parse_lora_module(m) for m in args.lora_modules or ()],
                           max_loras=(args.max_loras or 1) if (args.enable_lora or args.lora_modules
                                                               or args.max_loras) else 0,

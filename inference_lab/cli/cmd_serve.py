@@ -101,6 +101,9 @@ class EngineProcess:
             self.argv += ["--kv-events-config", args.kv_events_config]
         if args.kv_events_expose_replay:
             self.argv.append("--kv-events-expose-replay")
+        if args.kv_cache_metrics:
+            self.argv += ["--kv-cache-metrics", "--kv-cache-metrics-sample",
+                          repr(args.kv_cache_metrics_sample)]
         self.argv += lora_argv(args)
         for directory in args.catalog:
             self.argv += ["--catalog", str(directory)]

@@ -122,3 +122,115 @@ def test_every_update_point_moves_the_engine_wide_version_so_no_change_is_served
     assert after != relayed  # not the relay's cached text
     assert b'reason="QUEUE_SATURATED"} 1.0\n' in after
     assert after == generate_latest(_Collect(metrics.models))
+
+
+def spec_engine(alpha: float, gamma: int):
+    from dataclasses import replace
+
+    from factories import deployment
+    from inference_lab.engine.sim.core import EngineCore
+    from inference_lab.engine.sim.specs import Speculative
+    from inference_lab.engine.sim.speculative import expected_accepted
+
+    expected = tuple(expected_accepted([alpha] * gamma, g) for g in range(gamma + 1))
+    return EngineCore(replace(deployment(), speculative=Speculative(gamma, expected, "fixed")))
+
+
+def test_a_speculative_model_counts_its_drafts_and_accepted_tokens_as_vllm_names_them():
+    # alpha 0.5, gamma 2: 1.75 tokens kept per step, carried as whole tokens: the decode
+    # steps keep 1, 2, 2, 2, 1 (carry 0.75, 0.5, 0.25, 0, 0.75): 8 tokens after the
+    # prefill's first. Five drafts of 2 tokens; accepted 0 + 1 + 1 + 1 + 0 = 3, all at
+    # position 0 (none kept 2 drafted tokens).
+    engine = spec_engine(0.5, 2)
+    metrics = EngineMetrics([engine])
+    engine.submit(16, 9, 0.0)
+    _, results = run_until_idle(engine)
+    model = drive(engine, metrics, results)
+    c = model.counters
+    assert c["vllm:spec_decode_num_drafts"] == 5
+    assert c["vllm:spec_decode_num_draft_tokens"] == 10
+    assert c["vllm:spec_decode_num_accepted_tokens"] == 3
+    text = metrics.render()
+    assert text == generate_latest(_Collect(metrics.models))
+    labels = 'engine="0",model_name="gpt-oss-20b"'
+    assert f"counter\nvllm:spec_decode_num_drafts_total{{{labels}}} 5.0\n".encode() in text
+    assert f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="0"}} 3.0\n'.encode() in text
+    assert f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="1"}} 0.0\n'.encode() in text
+
+
+def test_a_model_without_speculation_shows_no_spec_decode_series_even_beside_one_with_it():
+    plain, spec = core(), spec_engine(0.6, 3)
+    metrics = EngineMetrics([plain, spec], engine_index=[0, 1])
+    for engine in (plain, spec):
+        engine.submit(16, 20, 0.0)
+        _, results = run_until_idle(engine)
+        drive(engine, metrics, results)
+    assert b"spec_decode" not in metrics.render(engines=[0])
+    merged = metrics.render()
+    assert merged == generate_latest(_Collect(metrics.models))
+    assert merged.count(b"# HELP vllm:spec_decode_num_drafts") == 1
+    assert b'vllm:spec_decode_num_drafts_total{engine="1"' in merged
+    assert b'vllm:spec_decode_num_drafts_total{engine="0"' not in merged
+    positions = [line for line in merged.splitlines() if line.startswith(b"vllm:spec_decode_num_accepted_tokens_per_pos_total")]
+    assert len(positions) == 3  # one per draft position, 0..gamma-1, as vLLM creates them
+
+
+def test_each_finished_request_observes_its_preemptions_in_vllms_buckets():
+    # The KV-pressure scenario of test_scheduler: the third of three requests is preempted
+    # at least once; the other two never are (le="1" holds 0 and 1, as in vLLM).
+    engine = core(kv_cache_capacity=8 * 64 * 24576)
+    reqs = [engine.submit(16, 200, 0.0) for _ in range(3)]
+    metrics = EngineMetrics([engine])
+    _, results = run_until_idle(engine)
+    model = drive(engine, metrics, results)
+    h = model.hists["vllm:request_num_preemptions"]
+    assert h.bounds == B.VLLM_NUM_PREEMPTIONS == (1, 2, 3, 4, 5, 10, 20)
+    assert h.n == 3 and h.sum == sum(r.preemptions for r in reqs) >= 1
+    assert h.sum == model.counters["vllm:num_preemptions"]
+    assert metrics.render() == generate_latest(_Collect(metrics.models))
+
+
+def test_a_sampled_blocks_lifetime_idle_time_and_reuse_gaps_are_read_at_its_eviction():
+    from inference_lab.engine.sim.prefix_cache import BlockResidency, PrefixCache
+
+    cache = PrefixCache(16)
+    residency = cache.residency = BlockResidency(1.0)  # every block sampled
+    a, b = 11, 22
+    residency.now = 1.0
+    cache.store([a, b], 0, 2, None)  # both stored at 1
+    cache.release([a, b])  # free, still cached: b then a queued for eviction
+    residency.now = 3.0
+    cache.acquire([a])  # a hit at 3
+    cache.release([a])
+    residency.now = 7.0
+    cache.acquire([a])  # ... and at 7
+    cache.release([a])  # a queued after b
+    residency.now = 10.0
+    cache.evict(2)
+    # b: stored at 1, never hit: lifetime 9, idle 9, no gap; a: lifetime 9, idle 10 - 7 = 3,
+    # one gap 7 - 3 = 4 between its kept accesses.
+    assert residency.take() == [(9.0, 9.0, []), (9.0, 3.0, [4.0])]
+    assert residency.blocks == {}
+
+
+def test_kv_cache_metrics_turn_the_residency_histograms_on_with_vllms_boundaries():
+    from inference_lab.engine.sim.core import EngineCore
+    from factories import deployment
+
+    off = EngineCore(deployment())
+    assert off.kv_residency is None
+    assert b"kv_block" not in EngineMetrics([off]).render()
+    engine = EngineCore(deployment(), kv_cache_metrics_sample=1.0)
+    metrics = EngineMetrics([engine])
+    engine.kv_residency.evicted.append((9.0, 3.0, [4.0, 0.5]))  # as an eviction leaves it
+    engine.submit(16, 2, 0.0)
+    _, results = run_until_idle(engine)
+    model = drive(engine, metrics, results)
+    h = model.hists
+    assert h["vllm:kv_block_lifetime_seconds"].bounds == B.VLLM_KV_RESIDENCY
+    assert (h["vllm:kv_block_lifetime_seconds"].n, h["vllm:kv_block_lifetime_seconds"].sum) == (1, 9.0)
+    assert (h["vllm:kv_block_idle_before_evict_seconds"].n, h["vllm:kv_block_idle_before_evict_seconds"].sum) == (1, 3.0)
+    assert (h["vllm:kv_block_reuse_gap_seconds"].n, h["vllm:kv_block_reuse_gap_seconds"].sum) == (2, 4.5)
+    text = metrics.render()
+    assert text == generate_latest(_Collect(metrics.models))
+    assert b'vllm:kv_block_lifetime_seconds_bucket{engine="0",le="10.0",model_name="gpt-oss-20b"} 1.0' in text

@@ -27,6 +27,8 @@ def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     (("engine", "--grace", "nan"), "argument --grace: expected seconds in 0..86400, got 'nan'"),
     (("gateway", "--engine", "nope"), "argument --engine: expected HOST:PORT with a port in 1..65535"),
     (("gateway", "--engine", "127.0.0.1:0"), "argument --engine: expected HOST:PORT"),
+    (("engine", "--kv-cache-metrics-sample", "0"),
+     "argument --kv-cache-metrics-sample: expected a rate in (0, 1], got '0'"),
     (("serve", "--backlog", "0"), "argument --backlog: must be from 1 to 65535, got 0"),
     (("gateway", "--backlog", "many"), "argument --backlog: must be a whole number of connections"),
     (("serve", "--saturated-status", "500"), "argument --saturated-status: invalid choice: 500"),

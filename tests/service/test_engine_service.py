@@ -314,3 +314,12 @@ async def test_a_session_hears_the_queue_state_first_and_on_every_change():
             await asyncio.sleep(0.01)
         assert n == 41.0
         call.cancel()
+
+
+def test_the_engine_server_gives_its_cores_kv_cache_metrics_when_asked():
+    from factories import deployment
+    from inference_lab.engine.service.server import EngineServer
+
+    on = EngineServer([deployment()], "127.0.0.1", 0, None, kv_cache_metrics_sample=1.0)
+    off = EngineServer([deployment()], "127.0.0.1", 0, None)
+    assert (on.kv_cache_metrics_sample, off.kv_cache_metrics_sample) == (1.0, 0.0)
