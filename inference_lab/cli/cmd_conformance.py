@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model, results = run_checks(probe, args.model, kv_wait=args.timeout)
     except Unreachable as exc:
-        raise UsageError(f"no answer from {args.url}: {exc}") from None
+        raise UsageError(f"no answer from {exc}") from None
     failed = [r.name for r in results if r.required and r.status == FAIL]
     if args.json:
         print(json.dumps({"url": probe.base, "model": model, "ok": not failed, "failed": failed,
