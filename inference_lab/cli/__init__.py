@@ -11,7 +11,7 @@ import importlib
 import logging
 import sys
 
-SUBCOMMANDS = ("serve", "engine", "gateway", "sim", "experiment", "catalog", "calibrate")
+SUBCOMMANDS = ("serve", "engine", "gateway", "sim", "experiment", "catalog", "calibrate", "conformance")
 
 
 class UsageError(Exception):

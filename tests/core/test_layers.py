@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTRACTS = 9
+CONTRACTS = 10
 
 
 def _assemble(where: Path) -> Path:
@@ -54,6 +54,8 @@ def test_every_layer_contract_is_kept(tmp_path):
     ("gateway/protocols/base.py", "import inference_lab.gateway.app",
      "the app over faults over the API dialects"),
     ("experiments/runner.py", "import inference_lab.gateway.app", "over HTTP only"),
+    ("conformance/checks.py", "import inference_lab.engine.sim.core", "over HTTP (and ZMQ) only"),
+    ("conformance/probe.py", "import grpc", "over HTTP (and ZMQ) only"),
     ("engine/service/rpc.py", "import inference_lab.experiments.runner", "command line on top"),
     ("autoscale/hpa.py", "import asyncio", "Autoscalers are told the time"),
     ("autoscale/keda.py", "import inference_lab.experiments.runner", "command line on top"),
