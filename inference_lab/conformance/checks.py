@@ -327,13 +327,14 @@ def kv_events(ctx: Context) -> str:
                       ("is {} (events off)" if ctx.sources == {} else "did not answer"))
     from inference_lab.conformance.kv_events import one_block_stored
 
-    rank, source = next(iter(ctx.sources.items()))
+    rank, source = list(ctx.sources.items())[-1]  # (several ranks: the last, not rank 0)
     block = (ctx.server_info or {}).get("kv_block_size") or 16
     # A prompt no cache holds yet (the nonce first), three blocks long or more.
     prompt = f"conformance {uuid.uuid4().hex}. " + "The quick brown fox jumps over the lazy dog. " * (block // 2 + 4)
 
-    def send() -> None:
-        ctx.probe.post("/v1/chat/completions", ctx.chat_body(prompt, max_tokens=1))
+    def send() -> None:  # on the rank whose publisher is watched (several ranks: one port)
+        ctx.probe.post("/v1/chat/completions", ctx.chat_body(prompt, max_tokens=1),
+                       {"X-data-parallel-rank": rank} if len(ctx.sources) > 1 else None)
 
     return one_block_stored(source, int(rank), ctx.probe.host, send, ctx.kv_wait)
 

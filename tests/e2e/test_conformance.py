@@ -125,3 +125,19 @@ def test_an_unreachable_url_is_one_line_and_exit_2():
     bad = conformance("localhost:8000")
     assert bad.returncode == 2 and "expected an http:// or https:// URL" in bad.stderr
     assert "Traceback" not in out.stderr + bad.stderr
+
+
+def test_data_parallel_ranks_behind_one_port_pass_too():
+    # two ranks in processes of their own, two API servers: the KV-event check watches
+    # rank 1's publisher (the last source listed) and so sends its request to rank 1
+    kv = free_port_run(4)
+    config = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{kv}",
+                         "replay_endpoint": f"tcp://127.0.0.1:{kv + 1}"})
+    with serve("--kv-events-config", config, "--data-parallel-size", "2",
+               "--api-server-count", "2") as served:
+        out = conformance(served.base, "--json", "--timeout", "10")
+    assert out.returncode == 0, out.stdout + out.stderr
+    reasons = {c["name"]: (c["status"], c["reason"]) for c in json.loads(out.stdout)["checks"]}
+    assert reasons["/kv_event_sources"] == ("PASS", "ranks 0, 1")
+    status, reason = reasons["KV events over ZMQ"]
+    assert status == "PASS" and "BlockStored" in reason, reason
