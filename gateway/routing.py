@@ -4,7 +4,8 @@ vllm-router's workers answer: load, the render API, server info, KV-event source
 Knows: `GET /load` (vLLM's, `{"server_load": N}`) and `GET /get_load` (what vllm-router's
 power_of_two polls, `{"load": N}`), N being this replica's requests waiting and running in
 the engine now (summed over the models it serves); `POST /v1/chat/completions/render` and
-`POST /v1/completions/render` (vLLM's render API: a request's prompt as the token IDs the
+`POST /v1/completions/render` (vLLM's render API, and its derender routes:
+gateway.protocols.derender; a request's prompt as the token IDs the
 engine receives, after the chat template, in vLLM's `GenerateRequest` shape, one for chat,
 a list for completions); `GET /get_server_info` (what vllm-router's kv_aware discovery
 reads: the model, this replica's instance id, the KV block size) and `GET
@@ -25,6 +26,7 @@ from aiohttp import web
 
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.middleware import read_json_body
+from inference_lab.gateway.protocols import derender
 from inference_lab.gateway.protocols.base import json_encode, random_id
 from inference_lab.gateway.protocols.openai.schemas import (
     ChatCompletionRequest, chat_prompt, completion_prompts, decode_request, prompt_ids,
@@ -180,6 +182,23 @@ async def render_completion(request: web.Request) -> web.Response:
     return _json(await _render(request, chat=False))
 
 
+async def derender_chat(request: web.Request) -> web.Response:
+    """POST /v1/chat/completions/derender: an engine response as a ChatCompletionResponse."""
+    state = request.app[STATE]
+    req = derender.parse_chat(await read_json_body(request, state.max_body_bytes))
+    await state.client.resolve_model(req.model)  # 404 for a model not served
+    return _json(derender.chat_response(req, state.tokenizer))
+
+
+async def derender_completion(request: web.Request) -> web.Response:
+    """POST /v1/completions/derender: one engine response per prompt as a
+    CompletionResponse."""
+    state = request.app[STATE]
+    req = derender.parse_completion(await read_json_body(request, state.max_body_bytes))
+    await state.client.resolve_model(req.model)
+    return _json(derender.completion_response(req, state.tokenizer))
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/load", load)
     app.router.add_get("/get_load", get_load)
@@ -187,3 +206,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/kv_event_sources", kv_event_sources)
     app.router.add_post("/v1/chat/completions/render", render_chat)
     app.router.add_post("/v1/completions/render", render_completion)
+    app.router.add_post("/v1/chat/completions/derender", derender_chat)
+    app.router.add_post("/v1/completions/derender", derender_completion)

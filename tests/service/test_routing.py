@@ -229,3 +229,50 @@ async def test_a_model_name_that_cannot_be_a_header_is_not_named(client):
     unicode = await client.post("/v1/chat/completions", json={
         "model": "modèle", "messages": [{"role": "user", "content": "hi"}]})
     assert unicode.status == 404 and "x-inference-lab-model" not in unicode.headers
+
+
+async def test_derender_turns_a_generate_response_back_into_openai_shapes(lab):
+    # tokens in, tokens out, then text again: /inference/v1/generate's answer for a
+    # rendered prompt, derendered; the text is the token IDs decoded by the server's
+    # tokenizer (the built-in one: 4 bytes a token), the usage what the caller says
+    _, http, urls, _ = lab
+    url = urls[0]
+    ids = [1819043144, 1870078063]  # b"Hell", b"o wo" as the built-in tokenizer packs them
+    async with http.post(url + "/v1/chat/completions/derender", json={
+            "model": MODEL, "prompt_tokens": 7, "generate_response": {
+                "request_id": "abc", "choices": [
+                    {"index": 0, "token_ids": ids, "finish_reason": "stop"}]}}) as resp:
+        assert resp.status == 200, await resp.text()
+        chat = await resp.json()
+    assert chat["id"] == "chatcmpl-abc" and chat["object"] == "chat.completion"
+    assert chat["choices"] == [{"index": 0, "logprobs": None, "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": "Hello wo"}}]
+    assert chat["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    async with http.post(url + "/v1/completions/derender", json={
+            "model": MODEL, "prompt_tokens": [3, 4], "generate_responses": [
+                {"choices": [{"index": 0, "token_ids": ids[:1]}]},
+                {"choices": [{"index": 0, "token_ids": ids[1:], "finish_reason": "stop"}]}]}
+            ) as resp:
+        assert resp.status == 200, await resp.text()
+        done = await resp.json()
+    assert done["object"] == "text_completion"
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in done["choices"]] == [
+        (0, "Hell", "length"), (1, "o wo", "stop")]
+    assert done["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    for path, body, status, words in [
+            ("/v1/chat/completions/derender", {"model": MODEL}, 400, "generate_response"),
+            ("/v1/chat/completions/derender", {"model": MODEL, "stream": True,
+                                               "generate_response": {"choices": []}}, 400,
+             "stream"),
+            ("/v1/chat/completions/derender", {"model": "nope", "generate_response": {
+                "choices": []}}, 404, "does not exist"),
+            ("/v1/completions/derender", {"model": MODEL, "generate_responses": []}, 400,
+             "generate_responses"),
+            ("/v1/completions/derender", {"model": MODEL, "prompt_tokens": [1, 2],
+                                          "generate_responses": [{"choices": []}]}, 400,
+             "prompt_tokens"),
+            ("/v1/completions/derender", {"model": MODEL, "generate_responses": [
+                {"choices": [{"token_ids": [-1]}]}]}, 400, "token_ids")]:
+        async with http.post(url + path, json=body) as resp:
+            assert resp.status == status, (path, body, await resp.text())
+            assert words in (await resp.json())["error"]["message"], (path, body)
