@@ -70,6 +70,11 @@ METRICS: dict[str, Spec] = {
     # live state, read at scrape time
     "vllm:num_requests_running": Spec("gauge", "Requests in the running batch."),
     "vllm:num_requests_waiting": Spec("gauge", "Requests waiting to be scheduled."),
+    "vllm:num_requests_waiting_by_reason": Spec(
+        "gauge", "Number of waiting requests by reason. Reason labels: 'capacity' = waiting "
+        "for scheduling capacity; 'deferred' = deferred by transient constraints (LoRA "
+        "budget, KV transfer, blocked status). Sum of all reasons equals "
+        "vllm:num_requests_waiting.", ("reason",)),
     "vllm:kv_cache_usage_perc": Spec("gauge", "Fraction of KV cache blocks in use (1 = full)."),
     "vllm:engine_sleep_state": Spec("gauge", "Engine sleep state; awake = 0 means engine is "
                                     "sleeping; awake = 1 means engine is awake; "
@@ -104,6 +109,17 @@ METRICS: dict[str, Spec] = {
                                                  when="speculative"),
     "vllm:spec_decode_num_accepted_tokens_per_pos": Spec(
         "counter", "Accepted tokens per draft position.", ("position",), when="speculative"),
+    # the step's work per GPU by the cost model (vLLM's PerfMetricsProm), with
+    # --enable-mfu-metrics
+    "vllm:estimated_flops_per_gpu": Spec(
+        "counter", "Estimated number of floating point operations per GPU (for Model Flops "
+        "Utilization calculations).", when="mfu"),
+    "vllm:estimated_read_bytes_per_gpu": Spec(
+        "counter", "Estimated number of bytes read from memory per GPU (for Model Flops "
+        "Utilization calculations).", when="mfu"),
+    "vllm:estimated_write_bytes_per_gpu": Spec(
+        "counter", "Estimated number of bytes written to memory per GPU (for Model Flops "
+        "Utilization calculations).", when="mfu"),
     # histograms of counts
     "vllm:request_prompt_tokens": Spec("histogram", "Prompt tokens per finished request.",
                                        buckets="tokens"),
@@ -212,6 +228,8 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labelled like vLLM's: config key
 LIVE = {
     "vllm:num_requests_running": lambda core: core.num_running,
     "vllm:num_requests_waiting": lambda core: core.num_waiting,
+    # (with num_waiting, what its two samples are: ModelMetrics.samples)
+    "vllm:num_requests_waiting_by_reason": lambda core: core.num_deferred,
     "vllm:kv_cache_usage_perc": lambda core: core.kv_usage(),
     "inference_lab_max_waiting": lambda core: core.max_waiting,
     "inference_lab_max_num_seqs": lambda core: core.max_num_seqs,
@@ -246,6 +264,7 @@ FINISH_HISTOGRAMS = {
 OPTIONS = {
     "speculative": lambda core: core.speculative is not None,
     "kv_cache_metrics": lambda core: core.kv_residency is not None,
+    "mfu": lambda core: core.mfu_metrics,
 }
 
 
@@ -285,6 +304,7 @@ class ModelMetrics:
                       for name, spec in METRICS.items() if spec.kind == "histogram"}
         self.counters = {name: 0.0 for name, spec in METRICS.items()  # and the event gauges
                          if spec.kind != "histogram" and not spec.labels and name not in LIVE}
+        self.mfu = "mfu" in on
         self.success = dict.fromkeys(FINISHED_REASONS, 0.0)
         self.rejections = dict.fromkeys(REJECTION_REASONS, 0.0)
         h = self.hists
@@ -343,6 +363,10 @@ class ModelMetrics:
             per_pos = self.accepted_per_pos
             for pos in range(accepted):
                 per_pos[pos] += drafts
+        if self.mfu:  # the cost model's per-GPU terms of the step (O(1) in the batch)
+            c["vllm:estimated_flops_per_gpu"] += result.flops
+            c["vllm:estimated_read_bytes_per_gpu"] += result.read_bytes
+            c["vllm:estimated_write_bytes_per_gpu"] += result.write_bytes
         residency = self.core.kv_residency
         if residency is not None and residency.evicted:  # sampled blocks evicted this step
             h = self.hists
@@ -455,6 +479,10 @@ class ModelMetrics:
         """(extra label values, value) of one series; a histogram's value is
         (cumulative counts, sum)."""
         spec = METRICS[name]
+        if name == "vllm:num_requests_waiting_by_reason":
+            waiting = self.core.num_waiting  # vLLM's reasons, in its order
+            deferred = min(self.core.num_deferred, waiting)
+            return [(("capacity",), float(waiting - deferred)), (("deferred",), float(deferred))]
         if name in LIVE:
             return [((), float(LIVE[name](self.core)))]
         if spec.kind == "histogram":

@@ -63,7 +63,7 @@ class EngineServer:
                  coalesce_when_late: bool = True,
                  engine_index: int = 0, state_dir: str | Path | None = None,
                  kv_events: KVEventsConfig | None = None, kv_events_expose_replay: bool = False,
-                 kv_cache_metrics_sample: float = 0.0,
+                 kv_cache_metrics_sample: float = 0.0, mfu_metrics: bool = False,
                  lora_modules: list[LoraModule] | None = None, max_loras: int = 0,
                  replicas: int = 1, startup_delay: float | str = 0.0,
                  lengths: OutputLength | None = None, session_lane: str = "auto",
@@ -118,6 +118,7 @@ class EngineServer:
         self.kv_events_config = kv_events  # vLLM's --kv-events-config, when given
         self.kv_events_expose_replay = kv_events_expose_replay  # replays beyond loopback
         self.kv_cache_metrics_sample = kv_cache_metrics_sample  # --kv-cache-metrics (0: off)
+        self.mfu_metrics = mfu_metrics  # --enable-mfu-metrics
         self.kv_events: ReplicaPublishers | None = None  # one publisher per replica
         # LoRA: max_loras > 0 enables adapters on every model (vLLM's --enable-lora)
         self.lora_modules = list(lora_modules or [])
@@ -141,7 +142,8 @@ class EngineServer:
         shared and never written)."""
         events = self.kv_events is not None and deployment.scheduler.enable_prefix_caching
         core = EngineCore(deployment, self.lengths, record_kv_events=events,
-                          kv_cache_metrics_sample=self.kv_cache_metrics_sample)
+                          kv_cache_metrics_sample=self.kv_cache_metrics_sample,
+                          mfu_metrics=self.mfu_metrics)
         self._connect(core, replica)
         publishes = events and core.prefix_cache is not None
         runtime = ModelRuntime(core, self.metrics.for_replica(core, replica), self.update_rate,

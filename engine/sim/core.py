@@ -66,6 +66,10 @@ class StepResult:
     spawned: list[Request] = field(default_factory=list)  # siblings (n > 1) that began now
     compute_seconds: float = 0.0  # of the step's time, what its FLOPs take at peak rates
     memory_seconds: float = 0.0  # ... and its bytes at peak bandwidth
+    # its work per GPU by the cost model (StepCost; the draft model's is not counted)
+    flops: float = 0.0
+    read_bytes: float = 0.0
+    write_bytes: float = 0.0
     # speculative decoding (vLLM's SpecDecodingStats): each decode proposed one draft of
     # `draft_tokens // drafts` tokens and kept its first `accepted_per_draft`
     drafts: int = 0
@@ -75,10 +79,12 @@ class StepResult:
 
 class EngineCore:
     def __init__(self, deployment: Deployment, lengths: OutputLength | None = None, *,
-                 record_kv_events: bool = False, kv_cache_metrics_sample: float = 0.0) -> None:
+                 record_kv_events: bool = False, kv_cache_metrics_sample: float = 0.0,
+                 mfu_metrics: bool = False) -> None:
         """`kv_cache_metrics_sample` > 0 (vLLM's --kv-cache-metrics with its
         --kv-cache-metrics-sample): that share of prefix-cached blocks has its residency
-        kept (engine.sim.prefix_cache.BlockResidency)."""
+        kept (engine.sim.prefix_cache.BlockResidency). `mfu_metrics` (vLLM's
+        --enable-mfu-metrics): the service exports each step's FLOPs and bytes."""
         self.deployment = deployment
         self.name = deployment.name
         config = deployment.scheduler
@@ -104,6 +110,7 @@ class EngineCore:
             self.kv_residency = BlockResidency(min(kv_cache_metrics_sample, 1.0))
             self.prefix_cache.residency = self.kv_residency
         self.record_kv_events = record_kv_events
+        self.mfu_metrics = mfu_metrics
         self.clock = 0.0  # simulated time at which the engine is next free
         # The queue's bound is judged as of the last step boundary plus the arrivals since
         # (as vLLM's engine core takes aborts between steps): a place freed in the queue by
@@ -163,6 +170,13 @@ class EngineCore:
         """The depth compared with max_waiting. Arrivals enter the queue synchronously
         in `submit`, so accepted-but-not-stepped arrivals are already counted here."""
         return self.scheduler.num_waiting
+
+    @property
+    def num_deferred(self) -> int:
+        """Of `num_waiting`, those held back by a LoRA slot or a KV pull (vLLM's
+        `deferred` reason; the others wait for capacity: a running place, KV blocks,
+        the token budget, or their turn)."""
+        return min(self.scheduler.num_deferred, self.scheduler.num_waiting)
 
     @property
     def num_running(self) -> int:
@@ -359,6 +373,8 @@ class EngineCore:
         if kv is not None:
             self._connect(req, kv, token_ids)
         self.scheduler.waiting.push(req)
+        if req.transfer_s > 0:  # (vLLM holds it aside until its KV has come)
+            self.scheduler.pull_pending(req)
         return req
 
     # ---- P/D disaggregation (engine.sim.kv_transfer) ------------------------------------
@@ -559,6 +575,7 @@ class EngineCore:
         prefill_tokens = sum(n for n, _ in pairs)
         num_tokens = decodes * width + prefill_tokens
         seconds = busy_compute = busy_memory = 0.0
+        cost = None
         if num_tokens:
             load = attention_load(self.cost.caps, pairs, decode, width, decodes)
             cost = self.cost.step_cost(num_tokens, load)
@@ -589,6 +606,9 @@ class EngineCore:
         result = StepResult(start, end, num_tokens, sampled, prefill_tokens, decodes,
                             decision.admitted, first, done, decision.preempted, spawned,
                             busy_compute, busy_memory)
+        if cost is not None:
+            result.flops, result.read_bytes, result.write_bytes = (
+                cost.flops, cost.read_bytes, cost.write_bytes)
         if width > 1 and decodes:  # the same expected draft for every decode of the step
             result.drafts = decodes
             result.draft_tokens = decodes * (width - 1)

@@ -36,6 +36,12 @@ class StepCost:
     bound: str  # "compute" or "memory"
     compute_seconds: float = 0.0
     memory_seconds: float = 0.0
+    # the step's work per GPU (vLLM's --enable-mfu-metrics estimates): its FLOPs, the
+    # bytes it reads (weights, KV, recurrent states) and writes (the new positions' KV,
+    # the states), from the same terms as the time (docs/timing.md)
+    flops: float = 0.0
+    read_bytes: float = 0.0
+    write_bytes: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +195,9 @@ class CostModel:
         # FLOP coefficients, and the bytes read per attended position (charged to the
         # attention stream, where the KV reads happen).
         # KV reads at the cache's precision (--kv-cache-dtype); FLOPs are unchanged.
-        all_terms = layers.terms(layers.with_kv_cache_dtype(model, deployment.scheduler.kv_cache_dtype), tp)
+        cached = layers.with_kv_cache_dtype(model, deployment.scheduler.kv_cache_dtype)
+        all_terms = layers.terms(cached, tp)
+        self._kv_write = layers.kv_write_bytes_per_token(cached, tp)  # per GPU and position
         for term in all_terms:
             group_of(term.precision)
         names = list(groups)
@@ -206,7 +214,7 @@ class CostModel:
             read[j] += term.scale * term.read_bytes
         self._flop_coefs = tuple(tuple(tuple(c) for c in row) for row in flop)
         self._read_coefs = tuple(read)
-        self._state_bytes = layers.state_bytes_per_step(model)
+        self._state_bytes = layers.state_bytes_per_step(model)  # read and written: half each
         self._streams = [(g[0], g[1], g[2], tuple(g[3]), g[4]) for g in groups.values()]
         self._attention_index = names.index(model.attention_precision)
 
@@ -276,6 +284,7 @@ class CostModel:
         worst = 0.0
         bound = "memory"
         busy_compute = busy_memory = 0.0
+        total_flops = total_bytes = 0.0
         bandwidth = self.bandwidth
         ramp = tokens / (tokens + self._flops_half) if self.calibrated else 1.0
         eff = self._flops_eff * ramp
@@ -287,7 +296,11 @@ class CostModel:
                 nbytes += attn_bytes
             t_compute = flops / (rate * eff)
             if moe_flops_per_token:
-                t_compute += moe_flops_per_token * tokens / (rate * moe_eff)
+                moe_flops = moe_flops_per_token * tokens
+                t_compute += moe_flops / (rate * moe_eff)
+                flops += moe_flops
+            total_flops += flops
+            total_bytes += nbytes
             t_memory = nbytes / bandwidth
             busy_compute += t_compute
             busy_memory += t_memory
@@ -303,7 +316,13 @@ class CostModel:
             seconds += self._collectives * (self._ar_latency + tokens * self._ar_per_token)
         if self._norm_collectives:
             seconds += self._norm_collectives * (self._ar_latency + tokens * self._norm_ar_per_token)
-        return StepCost(self.alpha * seconds + self.beta, bound, busy_compute, busy_memory)
+        # Per GPU (the totals are the TP group's): the roofline's bytes are reads, but for
+        # the recurrent states' written half; writes add the new positions' KV.
+        tp = self.tp
+        state_write = 0.5 * self._state_bytes * load.sequences
+        return StepCost(self.alpha * seconds + self.beta, bound, busy_compute, busy_memory,
+                        total_flops / tp, (total_bytes - state_write) / tp,
+                        self._kv_write * tokens + state_write / tp)
 
 
 def _reach(m: float, cap: int) -> float:

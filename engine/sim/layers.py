@@ -8,7 +8,8 @@ parallelism splits or replicates their caches. Turns a model into
   and bytes read per attended position summed over the TP group;
 - `paged_bytes_per_token`, `fixed_bytes_per_sequence`, `state_bytes_per_step`: the
   KV cache per GPU that grows with context, what a running sequence holds regardless
-  of its length, and the recurrent state a step reads and writes per sequence.
+  of its length, and the recurrent state a step reads and writes per sequence;
+  `kv_write_bytes_per_token`: the cache bytes a new position writes per GPU.
 Does not know batches, time or the hardware (engine.sim.cost combines these).
 `with_kv_cache_dtype` gives the model as a deployment's cache stores it (vLLM's
 --kv-cache-dtype): every attention and MLA layer's cache at that precision, so the bytes
@@ -166,6 +167,25 @@ def state_bytes_per_step(model: Model) -> float:
     """Recurrent-state bytes one sequence reads and writes per step, over the TP group."""
     return 2.0 * sum(layer.count * layer.state_bytes for layer in model.layer_classes
                      if layer.kind == "linear")
+
+
+def kv_write_bytes_per_token(model: Model, tp: int = 1) -> float:
+    """Cache bytes one new position writes on one of `tp` GPUs, every layer that caches
+    (windowed ones too: their ring is written as well): GQA its ceil(kv_heads / tp)
+    heads, MLA its latent (replicated, on every GPU), a strided history (latent and
+    indexer keys) 1 / r of an entry per position. Linear layers' states are per
+    sequence (`state_bytes_per_step`)."""
+    total = 0.0
+    for layer in model.layer_classes:
+        if layer.kind == "attention":
+            total += layer.count * attention_kv_bytes(layer, tp)
+        elif layer.kind == "mla":
+            h = layer.history
+            if h is None or layer.window:  # the whole context, or the local window
+                total += layer.count * mla_kv_bytes(layer)
+            if h is not None:
+                total += layer.count * (mla_kv_bytes(layer) + indexer_kv_bytes(layer)) / h.compress_ratio
+    return total
 
 
 def kv_bytes_per_token(model: Model) -> float:

@@ -123,6 +123,12 @@ class Scheduler:
         self.lora_running: dict[int, int] = {}  # adapter id -> running sequences using it
         self.group_loras: dict[object, int] = {}  # adapter -> decode group members using it
         self.connector = True  # a KV connector (NixlConnector's role) counts its stats
+        # Waiting requests vLLM counts as deferred (its skipped waiting queue): those a
+        # LoRA slot held back in the last admission pass, and those whose KV pull from a
+        # prefill replica had not ended at the last step's start. The rest wait for room.
+        self.lora_deferred: dict[int, Request] = {}
+        self.pulling: dict[int, Request] = {}
+        self._pulls: list[tuple[float, int]] = []  # (pull's end, id), a heap
         self.transfers = TransferStats()
 
     # ---- queries -------------------------------------------------------------------
@@ -135,6 +141,16 @@ class Scheduler:
         """Running places in use: sequences in the batch, and those held for siblings
         of a request still prefilling."""
         return len(self.running) + self.reserved_places
+
+    @property
+    def num_deferred(self) -> int:
+        """Waiting requests deferred by a LoRA slot or a KV pull (vLLM's `deferred`)."""
+        return len(self.lora_deferred) + len(self.pulling)
+
+    def pull_pending(self, req: Request) -> None:
+        """`req` waits until `req.ready` for its KV pull (engine.core's connector)."""
+        self.pulling[req.id] = req
+        heapq.heappush(self._pulls, (req.ready, req.id))
 
     def has_work(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
@@ -155,6 +171,9 @@ class Scheduler:
         decode verifies `width` positions and keeps `advance` of them. With `admit` False
         no waiting request is admitted (EngineCore's promise that the queue stays full)."""
         decision = Decision(num_decodes=0, decode_width=width, decode_advance=advance)
+        pulls = self._pulls
+        while pulls and pulls[0][0] <= now:  # pulls ended: schedulable from now on
+            self.pulling.pop(heapq.heappop(pulls)[1], None)
         budget = self.config.max_num_batched_tokens
         budget -= self._schedule_decodes(decision)
         budget = self._schedule_prefilling(decision, budget)
@@ -246,6 +265,8 @@ class Scheduler:
             budget -= n
         for req in reversed(skipped):  # back at the head, in their order
             self.waiting.push(req, front=True)
+        if skipped or self.lora_deferred:
+            self.lora_deferred = {req.id: req for req in skipped}
 
     # ---- LoRA slots: at most max_loras distinct adapters in the batch ------------------
     def _lora_blocked(self, req: Request) -> bool:
@@ -449,6 +470,8 @@ class Scheduler:
             return
         if req.status is Status.WAITING:
             self.waiting.discard(req)
+            self.lora_deferred.pop(req.id, None)
+            self.pulling.pop(req.id, None)
         else:
             self._release(req)
         req.status = status

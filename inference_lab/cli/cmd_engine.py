@@ -72,6 +72,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         "prefix-cached blocks, in simulated seconds (docs/metrics.md)")
     p.add_argument("--kv-cache-metrics-sample", type=_sample_rate, default=0.01, metavar="RATE",
                    help="share of blocks --kv-cache-metrics follows, in (0, 1] (vLLM's default 0.01)")
+    p.add_argument("--enable-mfu-metrics", action="store_true",
+                   help="export vLLM's MFU estimates (vllm:estimated_flops_per_gpu_total, "
+                        "_read_bytes_per_gpu_total, _write_bytes_per_gpu_total): each step's "
+                        "FLOPs and bytes per GPU by the cost model (docs/metrics.md)")
     p.add_argument("--kv-events-expose-replay", action="store_true",
                    help="bind the KV events' replay_endpoint on the host it names; without it "
                         "the replay socket binds 127.0.0.1 (same port), since a replay hands "
@@ -477,6 +481,7 @@ def run(args: argparse.Namespace) -> int:
                           kv_events_expose_replay=args.kv_events_expose_replay,
                           kv_cache_metrics_sample=(args.kv_cache_metrics_sample
                                                    if args.kv_cache_metrics else 0.0),
+                          mfu_metrics=args.enable_mfu_metrics,
                           lora_modules=[parse_lora_module(m) for m in args.lora_modules or ()],
                           max_loras=(args.max_loras or 1) if (args.enable_lora or args.lora_modules
                                                               or args.max_loras) else 0,

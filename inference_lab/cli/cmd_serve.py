@@ -104,6 +104,8 @@ class EngineProcess:
         if args.kv_cache_metrics:
             self.argv += ["--kv-cache-metrics", "--kv-cache-metrics-sample",
                           repr(args.kv_cache_metrics_sample)]
+        if args.enable_mfu_metrics:
+            self.argv.append("--enable-mfu-metrics")
         self.argv += lora_argv(args)
         for directory in args.catalog:
             self.argv += ["--catalog", str(directory)]

@@ -99,3 +99,36 @@ def test_a_precision_the_hardware_lacks_is_priced_at_the_next_wider_one(caplog):
     expected = 2 * FP4_ACTIVE * 8192 / 1.979e15 + 2 * BF16_ACTIVE * 8192 / 9.895e14
     assert big.seconds == pytest.approx(expected, rel=1e-9)
     assert big.bound == "compute"
+
+
+def test_a_steps_flops_and_bytes_per_gpu_are_the_rooflines_terms_with_the_new_kv_written():
+    # 24 decodes with 100 computed positions each (m = 101 < window 128), as above.
+    # FLOPs: 2 * active params per token (fp4 experts + bf16 rest) + attention, 2 classes
+    #        of 12 layers * 4 * 64 heads * 64 per (new, attended) pair, 101 pairs each.
+    # Reads: the step's weight and KV bytes (the time's terms). Writes: each of the 24 new
+    #        positions' K and V in all 24 layers, 8 heads of 64 in bf16: 49,152 B each.
+    model = CostModel(deployment())
+    w = (FP4_RESIDENT - FP4_ACTIVE) / 28
+    flops = 2 * (FP4_ACTIVE + BF16_ACTIVE) * 24 + 2 * 12 * 4 * 64 * 64 * 24 * 101
+    reads = (32 * (1 - (28 / 32) ** 24) * w * 0.5 + BF16_ACTIVE * 2
+             + 2 * KV_BYTES_PER_POSITION_PER_CLASS * 24 * 101)
+    writes = 24 * 2 * KV_BYTES_PER_POSITION_PER_CLASS
+    cost = model.step_cost(24, decodes(model, [100] * 24))
+    assert (cost.flops, cost.read_bytes, cost.write_bytes) == pytest.approx((flops, reads, writes), rel=1e-12)
+    # Per GPU, as vLLM counts them: at tp 2 each GPU does half the work and holds 4 of
+    # the 8 KV heads, so every term halves.
+    split = CostModel(deployment(tp=2)).step_cost(24, decodes(model, [100] * 24))
+    assert (split.flops, split.read_bytes, split.write_bytes) == pytest.approx(
+        (flops / 2, reads / 2, writes / 2), rel=1e-12)
+
+
+def test_a_prefill_chunk_writes_the_kv_of_every_position_it_computes():
+    # 16 new positions from 0 (m = 8): FLOPs 2 * active * 16 + 2 classes * 49,152 FLOPs
+    # per pair * 16 * 8 pairs; KV read for 8 attended positions per class; 16 written.
+    model = CostModel(deployment())
+    w = (FP4_RESIDENT - FP4_ACTIVE) / 28
+    cost = model.step_cost(16, attention_load(model.caps, [(16, 0)]))
+    assert cost.flops == pytest.approx(2 * (FP4_ACTIVE + BF16_ACTIVE) * 16 + 2 * 12 * 4 * 64 * 64 * 16 * 8)
+    assert cost.read_bytes == pytest.approx(32 * (1 - (28 / 32) ** 16) * w * 0.5 + BF16_ACTIVE * 2
+                                            + 2 * KV_BYTES_PER_POSITION_PER_CLASS * 8)
+    assert cost.write_bytes == 16 * 2 * KV_BYTES_PER_POSITION_PER_CLASS

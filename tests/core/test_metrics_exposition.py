@@ -234,3 +234,77 @@ def test_kv_cache_metrics_turn_the_residency_histograms_on_with_vllms_boundaries
     text = metrics.render()
     assert text == generate_latest(_Collect(metrics.models))
     assert b'vllm:kv_block_lifetime_seconds_bucket{engine="0",le="10.0",model_name="gpt-oss-20b"} 1.0' in text
+
+
+# gpt-oss-20b's active parameters (fp4 experts + bf16 rest) and attention FLOPs per
+# (new, attended) pair: 2 classes of 12 layers, 4 * 64 heads * head_dim 64 each
+ACTIVE = 2_388_787_200 + 1_218_355_200
+PAIR_FLOPS = 2 * 12 * 4 * 64 * 64
+
+
+def test_mfu_metrics_count_each_steps_flops_and_bytes_per_gpu_only_when_enabled():
+    from inference_lab.engine.sim.core import EngineCore
+    from factories import deployment
+
+    off = EngineCore(deployment())
+    assert not off.mfu_metrics
+    assert b"estimated_" not in EngineMetrics([off]).render()
+    engine = EngineCore(deployment(), mfu_metrics=True)
+    metrics = EngineMetrics([engine])
+    engine.submit(16, 2, 0.0)
+    _, results = run_until_idle(engine)
+    model = drive(engine, metrics, results)
+    # step 1, the 16-position prefill: 2 * active * 16 + 16 * 8 pairs (m = ceil(16/2));
+    # step 2, one decode at 16 computed (m = 17): 2 * active + 17 pairs
+    flops = 2 * ACTIVE * 16 + PAIR_FLOPS * 16 * 8 + 2 * ACTIVE + PAIR_FLOPS * 17
+    c = model.counters
+    assert c["vllm:estimated_flops_per_gpu"] == flops
+    # 17 positions computed, each writing K and V of 8 heads x 64 in 24 layers, bf16
+    assert c["vllm:estimated_write_bytes_per_gpu"] == 17 * 24 * 2 * 8 * 64 * 2
+    assert c["vllm:estimated_read_bytes_per_gpu"] == sum(r.read_bytes for r in results) > 0
+    text = metrics.render()
+    assert text == generate_latest(_Collect(metrics.models))
+    assert (b'vllm:estimated_write_bytes_per_gpu_total{engine="0",model_name="gpt-oss-20b"} '
+            b"835584.0") in text
+    assert b"# HELP vllm:estimated_flops_per_gpu_total Estimated number of floating point" in text
+
+
+def waiting_by_reason(engine, metrics) -> dict[str, float]:
+    samples = metrics.for_model(engine).samples("vllm:num_requests_waiting_by_reason")
+    return {reason: value for (reason,), value in samples}
+
+
+def test_a_request_waiting_for_room_counts_as_capacity_and_one_held_by_a_lora_slot_as_deferred():
+    engine = core(max_num_seqs=2)
+    metrics = EngineMetrics([engine])
+    loras = engine.enable_lora(max_loras=1)
+    a, b = loras.load("a", "/adapters/a", 8), loras.load("b", "/adapters/b", 8)
+    engine.submit(100, 50, 0.0, lora=a)
+    blocked = engine.submit(100, 50, 0.0, lora=b)
+    engine.submit(100, 50, 0.0)
+    engine.submit(100, 50, 0.0)
+    assert waiting_by_reason(engine, metrics) == {"capacity": 4.0, "deferred": 0.0}
+    engine.step(0.0)
+    # a's request and the first plain one run (max_num_seqs 2); b's was passed over for
+    # the LoRA slot (deferred), the second plain one found no running place (capacity)
+    assert waiting_by_reason(engine, metrics) == {"capacity": 1.0, "deferred": 1.0}
+    engine.scheduler.finish(blocked, Status.FINISHED_CANCELLED)
+    assert waiting_by_reason(engine, metrics) == {"capacity": 1.0, "deferred": 0.0}
+    text = metrics.render()  # (then vllm:lora_requests_info, stamped with the time)
+    assert text.startswith(generate_latest(_Collect(metrics.models)))
+    assert (b'vllm:num_requests_waiting_by_reason{engine="0",model_name="gpt-oss-20b",'
+            b'reason="deferred"} 0.0') in text
+
+
+def test_a_request_pulling_its_kv_from_a_prefill_replica_is_deferred_until_the_pull_ends():
+    from inference_lab.engine.sim.kv_transfer import CONSUMER, KvTransfer
+
+    engine = core()
+    engine.kv_role = CONSUMER
+    metrics = EngineMetrics([engine])
+    pulled = engine.submit(1500, 4, 0.0, kv=KvTransfer(remote_tokens=1500))
+    assert pulled.transfer_s > 0
+    assert waiting_by_reason(engine, metrics) == {"capacity": 0.0, "deferred": 1.0}
+    result = engine.step(0.0)  # idle until the pull ends, then admitted
+    assert result.start == pulled.ready and result.admitted == [pulled]
+    assert waiting_by_reason(engine, metrics) == {"capacity": 0.0, "deferred": 0.0}

@@ -60,3 +60,15 @@ def test_sim_takes_the_only_hardware_entry_and_the_short_flags_and_a_tokenizer_f
     bad = cli("sim", "-c", str(config), "-w", str(workload), "-t", str(tmp_path / "nope.json"), cwd=tmp_path)
     assert bad.returncode == 2 and "--tokenizer: tokenizer file" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_serve_passes_enable_mfu_metrics_to_its_engine_child_which_takes_it():
+    from inference_lab.cli import build_parser
+    from inference_lab.cli.cmd_serve import EngineProcess
+
+    parser = build_parser()
+    on = EngineProcess(parser.parse_args(["serve", "--enable-mfu-metrics"]), 0, "state")
+    off = EngineProcess(parser.parse_args(["serve"]), 0, "state")
+    assert "--enable-mfu-metrics" in on.argv and "--enable-mfu-metrics" not in off.argv
+    engine_argv = on.argv[on.argv.index("engine"):]
+    assert parser.parse_args(engine_argv).enable_mfu_metrics

@@ -323,3 +323,12 @@ def test_the_engine_server_gives_its_cores_kv_cache_metrics_when_asked():
     on = EngineServer([deployment()], "127.0.0.1", 0, None, kv_cache_metrics_sample=1.0)
     off = EngineServer([deployment()], "127.0.0.1", 0, None)
     assert (on.kv_cache_metrics_sample, off.kv_cache_metrics_sample) == (1.0, 0.0)
+
+
+def test_the_engine_server_gives_its_cores_mfu_metrics_when_asked():
+    from factories import deployment
+    from inference_lab.engine.service.server import EngineServer
+
+    on = EngineServer([deployment()], "127.0.0.1", 0, None, mfu_metrics=True)
+    off = EngineServer([deployment()], "127.0.0.1", 0, None)
+    assert (on.mfu_metrics, off.mfu_metrics) == (True, False)
