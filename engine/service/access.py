@@ -1,12 +1,13 @@
 """Which secret each RPC of the engine needs, checked once per call before its handler.
 
-Knows: the access of every method of the Engine service (`RPC_ACCESS`: a call that generates
+Knows: the access of every method of the Engine service (`RPC_ACCESS`, and vLLM's
+VllmEngine's in `VLLM_RPC_ACCESS`: a call that generates
 or hands out the Session lane's token needs the API key or the control token; one that
 changes state needs the control token; reads are open), that the health and reflection
 services are open, and the rules of each kind (inference_lab.common.auth). `AccessGuard`
 is a server interceptor: a call without a secret its method accepts is answered
 UNAUTHENTICATED (reason UNAUTHENTICATED in its google.rpc.ErrorInfo) and its handler never
-runs. A method of the Engine service missing from the table needs the control token, so a
+runs. A method of either service missing from its table needs the control token, so a
 new RPC is never open by mistake. The check costs one lookup per call (a Session is one
 call, whatever it carries).
 
@@ -20,8 +21,10 @@ import grpc
 from inference_lab.common.auth import Access, accepted, bearer_ok
 from inference_lab.engine.service.refusals import Unauthenticated, refusal_status
 from inference_lab.v1 import engine_pb2
+from inference_lab.vllm_grpc import vllm_engine_pb2
 
 ENGINE_SERVICE = engine_pb2.DESCRIPTOR.services_by_name["Engine"].full_name
+VLLM_SERVICE = vllm_engine_pb2.DESCRIPTOR.services_by_name["VllmEngine"].full_name
 OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
                  "grpc.reflection.v1.ServerReflection")
 
@@ -46,14 +49,28 @@ RPC_ACCESS: dict[str, Access] = {
     "GetKvEventSources": Access.OPEN,  # where the KV events are published (read only)
 }
 
+# vLLM's engine service (engine.service.vllm_grpc): what generates, or cancels generation,
+# needs what Submit needs; the reads are open.
+VLLM_RPC_ACCESS: dict[str, Access] = {
+    "Generate": Access.GENERATE,
+    "Embed": Access.GENERATE,
+    "Abort": Access.GENERATE,
+    "HealthCheck": Access.OPEN,
+    "GetModelInfo": Access.OPEN,
+    "GetServerInfo": Access.OPEN,
+}
+_TABLES = {ENGINE_SERVICE: RPC_ACCESS, VLLM_SERVICE: VLLM_RPC_ACCESS}
+
 _KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
 
 
 def method_access(full_method: str) -> Access:
-    """The access of `/package.Service/Method` (an unknown Engine method: CONTROL)."""
+    """The access of `/package.Service/Method` (a method missing from its service's table:
+    CONTROL)."""
     service, _, name = full_method.lstrip("/").rpartition("/")
-    if service == ENGINE_SERVICE:
-        return RPC_ACCESS.get(name, Access.CONTROL)
+    rules = _TABLES.get(service)
+    if rules is not None:
+        return rules.get(name, Access.CONTROL)
     return Access.OPEN if service in OPEN_SERVICES else Access.CONTROL
 
 

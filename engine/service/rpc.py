@@ -5,7 +5,8 @@ Session and the metrics calls. Does not know timing (engine.drivers.pacer) or sc
 (engine.sim.core). Beside it, one module per job: the refusal table
 (engine.service.refusals), core objects as messages (engine.service.messages), a
 Session's batches and their writer (engine.service.session), the control calls
-(engine.service.control, mixed in), sleep mode (engine.service.sleep, mixed in), vLLM's dev-mode pause and prefix-cache reset (engine.service.dev, mixed in); each replica's runtime is the fleet's
+(engine.service.control, mixed in), sleep mode (engine.service.sleep, mixed in), vLLM's dev-mode pause and prefix-cache reset (engine.service.dev, mixed in), vLLM's own
+VllmEngine service over the same funnel (engine.service.vllm_grpc, `admit_call`); each replica's runtime is the fleet's
 (engine.fleet.runtime).
 
 Admission is decided by the pacer in the order of the arrivals' instants (engine.drivers
@@ -231,8 +232,12 @@ class EngineService(ControlRpcs, SleepRpcs, DevRpcs, engine_pb2_grpc.EngineServi
                                timeout=timeout)
 
     # ---- Submit: one request per call ---------------------------------------------------
-    async def Submit(self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext):
-        sink = SubmitSink()
+    async def admit_call(self, request: pb.SubmitRequest, sink,
+                         context: grpc.aio.ServicerContext) -> tuple[ModelRuntime, Request]:
+        """A call's one request through the funnel (Submit, and vLLM's Generate:
+        engine.service.vllm_grpc): its replica and queued request, or the call aborted
+        with its refusal before any message. A caller gone before the judgement
+        withdraws the arrival."""
         decision: asyncio.Future = asyncio.get_running_loop().create_future()
 
         def then(rt: ModelRuntime, req: Request | None, exc: Exception | None) -> None:
@@ -258,6 +263,11 @@ class EngineService(ControlRpcs, SleepRpcs, DevRpcs, engine_pb2_grpc.EngineServi
             refused = refused or ShuttingDown()
             log.debug("refused %s: %s", request.request_id or "request", refused)  # counted
             await abort(context, refused)
+        return rt, req
+
+    async def Submit(self, request: pb.SubmitRequest, context: grpc.aio.ServicerContext):
+        sink = SubmitSink()
+        rt, req = await self.admit_call(request, sink, context)
         try:
             await context.write(pb.SubmitEvent(
                 admitted=pb.Admitted(engine_request_id=req.id, waiting=rt.core.num_waiting,

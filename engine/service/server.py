@@ -1,7 +1,7 @@
 """The engine process's lifecycle: gRPC server, health, reflection, metrics endpoint.
 
 Knows how the pieces start and stop, in order. Start: cores and pacers, the gRPC server
-(Engine + health + reflection), the Prometheus endpoint, then health SERVING. Stop:
+(Engine, vLLM's VllmEngine, health, reflection), the Prometheus endpoint, then health SERVING. Stop:
 health NOT_SERVING and refuse new work, let in-flight requests finish within a grace
 period, stop the server, then the pacers (which abort whatever is left).
 """
@@ -41,7 +41,9 @@ from inference_lab.engine.service.rpc import EngineService
 from inference_lab.engine.sim.specs import Deployment
 from inference_lab.engine.service.wire_guard import DecodeGuard
 from inference_lab.engine.service.access import AccessGuard
+from inference_lab.engine.service import vllm_grpc
 from inference_lab.v1 import engine_pb2, engine_pb2_grpc
+from inference_lab.vllm_grpc import vllm_engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -229,9 +231,13 @@ class EngineServer:
             ("grpc.max_connection_idle_ms", 300_000),
         ])
         engine_pb2_grpc.add_EngineServicer_to_server(self.service, server)
+        # vLLM's own engine service beside the lab's, over the same funnel (engine.service.vllm_grpc)
+        self.vllm_service = vllm_grpc.VllmEngineService(self.service)
+        vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server(self.vllm_service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+            (SERVICE_NAME, vllm_grpc.SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME),
+            server)
         bound = server.add_insecure_port(f"{self.host}:{self.port}")
         if not bound:
             raise OSError(f"cannot listen on {self.host}:{self.port}")

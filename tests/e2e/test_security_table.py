@@ -134,9 +134,10 @@ def engine_methods() -> dict[str, tuple[bool, bool]]:
     from grpc_health.v1 import health_pb2
 
     from inference_lab.v1 import engine_pb2
+    from inference_lab.vllm_grpc import vllm_engine_pb2
 
     out = {}
-    for module in (engine_pb2, health_pb2, reflection_pb2):
+    for module in (engine_pb2, vllm_engine_pb2, health_pb2, reflection_pb2):
         for service in module.DESCRIPTOR.services_by_name.values():
             for m in service.methods:
                 out[f"{service.full_name}/{m.name}"] = (m.client_streaming, m.server_streaming)
@@ -179,7 +180,8 @@ async def test_every_rpc_answers_as_the_table_in_the_docs_says(lab):
     documented = {rpc.rsplit("/", 1)[0] for rpc in rows}
     assert services == documented, "services registered and docs/security.md differ"
     engine_rows = {rpc for rpc in rows if not rpc.endswith("/*")}
-    assert engine_rows == {m for m in methods if m.startswith("inference_lab.v1.Engine/")}
+    assert engine_rows == {m for m in methods
+                           if m.startswith(("inference_lab.v1.Engine/", "vllm.grpc.engine.VllmEngine/"))}
 
     def needs(method: str) -> str:
         return rows.get(method) or rows[method.rsplit("/", 1)[0] + "/*"]
