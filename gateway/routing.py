@@ -26,7 +26,7 @@ from aiohttp import web
 
 from inference_lab.gateway.errors import ErrorKind, GatewayError
 from inference_lab.gateway.middleware import read_json_body
-from inference_lab.gateway.protocols import derender
+from inference_lab.gateway.protocols import anthropic, derender
 from inference_lab.gateway.protocols.base import json_encode, random_id
 from inference_lab.gateway.protocols.openai.schemas import (
     ChatCompletionRequest, chat_prompt, completion_prompts, decode_request, prompt_ids,
@@ -182,6 +182,33 @@ async def render_completion(request: web.Request) -> web.Response:
     return _json(await _render(request, chat=False))
 
 
+async def render_messages(request: web.Request) -> web.Response:
+    """POST /v1/messages/render: an Anthropic Messages request's conversation after the
+    chat template, as the GenerateRequest the engine would take (errors in Anthropic's
+    envelope, as on every /v1/messages route)."""
+    state = request.app[STATE]
+    req = anthropic.parse_request(await read_json_body(request, state.max_body_bytes))
+    info = await state.client.resolve_model(req.model)
+    ids = list(anthropic.messages_prompt(state.tokenizer, req))
+    if len(ids) > info.max_model_len:
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           f"This model's maximum context length is {info.max_model_len} "
+                           f"tokens. However, your request has {len(ids)} input tokens.")
+    sampling = {"n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                "repetition_penalty": 1.0,
+                "temperature": 1.0 if req.temperature is None else req.temperature,
+                "top_p": 1.0 if req.top_p is None else req.top_p,
+                "top_k": 0 if req.top_k is None else req.top_k, "min_p": 0.0, "seed": None,
+                "stop": list(req.stop_sequences or ()), "stop_token_ids": [],
+                "ignore_eos": False, "max_tokens": req.max_tokens, "min_tokens": 0,
+                "logprobs": None, "prompt_logprobs": None, "skip_special_tokens": True,
+                "spaces_between_special_tokens": True, "include_stop_str_in_output": False}
+    return _json({"request_id": f"msg-{random_id()}", "token_ids": ids, "features": None,
+                  "sampling_params": sampling, "model": req.model, "stream": req.stream,
+                  "stream_options": None, "cache_salt": None, "priority": 0,
+                  "kv_transfer_params": None})
+
+
 async def derender_chat(request: web.Request) -> web.Response:
     """POST /v1/chat/completions/derender: an engine response as a ChatCompletionResponse."""
     state = request.app[STATE]
@@ -206,5 +233,6 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/kv_event_sources", kv_event_sources)
     app.router.add_post("/v1/chat/completions/render", render_chat)
     app.router.add_post("/v1/completions/render", render_completion)
+    app.router.add_post("/v1/messages/render", render_messages)
     app.router.add_post("/v1/chat/completions/derender", derender_chat)
     app.router.add_post("/v1/completions/derender", derender_completion)

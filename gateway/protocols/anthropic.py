@@ -88,6 +88,14 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
 _decoder = msgspec.json.Decoder(MessagesRequest)
 
 
+def parse_request(body: bytes) -> MessagesRequest:
+    """A Messages request, checked (its 400 naming the field); no thread held here."""
+    req = decode(_decoder, body)
+    if req.thread is not None:
+        raise no_threads()
+    return req
+
+
 def messages_prompt(tokenizer: Tokenizer, req: MessagesRequest) -> Sequence[int]:
     """The system prompt (as a first message) and the messages, as chat completions
     render a conversation: requests sharing a system prompt share a token prefix."""
@@ -284,9 +292,7 @@ class Messages(Dialect):
     api = "Messages"
 
     def parse(self, body: bytes, tokenizer: Tokenizer) -> Generation:
-        req = decode(_decoder, body)
-        if req.thread is not None:
-            raise no_threads()
+        req = parse_request(body)
         prompt = messages_prompt(tokenizer, req)
         call = messages_forced(req.tools, req.tool_choice, 0, PLACEHOLDER_TOKEN)
         share = thinking_share(req.thinking, req.max_tokens)

@@ -276,3 +276,24 @@ async def test_derender_turns_a_generate_response_back_into_openai_shapes(lab):
         async with http.post(url + path, json=body) as resp:
             assert resp.status == status, (path, body, await resp.text())
             assert words in (await resp.json())["error"]["message"], (path, body)
+
+
+async def test_a_messages_request_renders_to_the_token_ids_chat_would_give(lab):
+    # the same conversation as Anthropic Messages (system first) and as chat: one prompt
+    _, http, urls, _ = lab
+    url = urls[0]
+    async with http.post(url + "/v1/chat/completions/render", json=chat("hi")) as resp:
+        chat_ids = (await resp.json())["token_ids"]
+    body = {"model": MODEL, "max_tokens": 7, "system": SYSTEM, "top_k": 5,
+            "stop_sequences": ["END"], "messages": [{"role": "user", "content": "hi"}]}
+    async with http.post(url + "/v1/messages/render", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        rendered = await resp.json()
+    assert rendered["token_ids"] == chat_ids
+    assert rendered["request_id"].startswith("msg-") and rendered["model"] == MODEL
+    params = rendered["sampling_params"]
+    assert (params["max_tokens"], params["top_k"], params["stop"]) == (7, 5, ["END"])
+    async with http.post(url + "/v1/messages/render", json={"model": MODEL, "messages": []}) as resp:
+        assert resp.status == 400
+        error = await resp.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
