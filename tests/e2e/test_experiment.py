@@ -400,6 +400,9 @@ def test_a_served_scenario_of_two_ranks_runs_on_serve_data_parallel_size_2(tmp_p
     # (a request that just arrived waits for the next step: at most one a sample)
     assert max(server["running"]) == 8 and max(server["waiting"]) <= 1
     phase, = json.loads((out / "summary.json").read_text())["phases"]
-    # the oracle runs the same two ranks: 4 users each, as the served ranks had them
+    # the oracle runs the same two ranks in lockstep (an MoE model), 4 users each, as the
+    # served ranks had them; served, a step booked while the other rank's announcement
+    # is on its way waits for the group's next boundary (docs/architecture.md): a few
+    # per cent slower
     assert phase["steady"]["modelled_e2e_p50_s"] == pytest.approx(phase["oracle"]["e2e_p50_s"],
-                                                                  rel=0.03)
+                                                                  rel=0.06)

@@ -259,11 +259,14 @@ def test_counter_of_ranks_is_even_over_a_burst_through_both_api_servers(dp):
 
 def test_a_burst_is_admitted_exactly_per_rank_in_arrival_order(dp):
     # every rank: 1 running place, 4 waiting; 60 long requests at once, none naming a
-    # rank, through both API servers: each rank is sent far more than its places, runs
-    # the first, queues the next 4 and refuses the rest with its own 529: exactly 5
-    # admitted on each (none over, none wrongly refused: each rank's engine holds its
+    # rank, through both API servers: each rank is sent far more than its places, fills
+    # its waiting queue and refuses the rest with its own 529. Never more than its 5
+    # places, never fewer than its 4 waiting places (each rank's engine holds its
     # decisions until every request read before them reached it; nothing finishes during
-    # the burst, so no place frees), and each rank's engine counted its own refusals
+    # the burst, so no place frees); 4 when its first request came while the other rank's
+    # step was under way (gpt-oss-20b is an MoE model: its ranks step together, so that
+    # request waits for the group's next step, as vLLM's would). Every request sent is
+    # admitted or counted refused by its rank's own engine.
     base = f"http://127.0.0.1:{dp.port}"
 
     async def refused_by_engine(http) -> Counter:
@@ -299,5 +302,5 @@ def test_a_burst_is_admitted_exactly_per_rank_in_arrival_order(dp):
     sent, admitted, refused = asyncio.run(run())
     assert sum(sent.values()) == 60 and set(sent) == {0, 1}
     assert min(sent.values()) > 5, sent
-    assert admitted == Counter({0: 5, 1: 5}), (sent, admitted)
-    assert refused == Counter({r: sent[r] - 5 for r in (0, 1)}), (sent, refused)
+    assert all(4 <= admitted[r] <= 5 for r in (0, 1)), (sent, admitted)
+    assert refused == Counter({r: sent[r] - admitted[r] for r in (0, 1)}), (sent, refused)
