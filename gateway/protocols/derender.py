@@ -17,7 +17,7 @@ aiohttp (gateway.routing serves it).
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 
@@ -50,7 +50,7 @@ class ChatDerender(msgspec.Struct, kw_only=True):
     generate_response: GenerateResponse
     prompt_tokens: _COUNT | None = None
     chat_request: dict | None = None
-    stream: Literal[False] = False
+    stream: bool = False  # (must be false: `_not_streamed`)
 
 
 class CompletionDerender(msgspec.Struct, kw_only=True):
@@ -58,23 +58,32 @@ class CompletionDerender(msgspec.Struct, kw_only=True):
     generate_responses: list[GenerateResponse]
     prompt_tokens: list[_COUNT] | None = None
     completion_request: dict | None = None
-    stream: Literal[False] = False
+    stream: bool = False  # (must be false: `_not_streamed`)
 
 
 _chat = msgspec.json.Decoder(ChatDerender)
 _completion = msgspec.json.Decoder(CompletionDerender)
 
 
+def _not_streamed(req):
+    if req.stream:
+        raise invalid("stream: derender is not streamed (vLLM serves no streaming derender): "
+                      "expected false - at `$.stream`")
+    return req
+
+
 def parse_chat(body: bytes) -> ChatDerender:
-    return decode(_chat, body, "chat derender request",
-                  'expected {"model": string, "generate_response": {"choices": '
-                  '[{"index", "token_ids", "finish_reason"}]}, "prompt_tokens"?: integer}')
+    return _not_streamed(decode(
+        _chat, body, "chat derender request",
+        'expected {"model": string, "generate_response": {"choices": '
+        '[{"index", "token_ids", "finish_reason"}]}, "prompt_tokens"?: integer}'))
 
 
 def parse_completion(body: bytes) -> CompletionDerender:
     req = decode(_completion, body, "completion derender request",
                  'expected {"model": string, "generate_responses": [{"choices": [...]}], '
                  '"prompt_tokens"?: [integer, ...]}')
+    _not_streamed(req)
     if not req.generate_responses:
         raise invalid("generate_responses must hold one response per prompt - at "
                       "`$.generate_responses`")
