@@ -381,6 +381,11 @@ class EngineClient:
         """`replica_metrics` when its copy is here already (no wait, no call); else None."""
         return self._metrics.replica_now(replica)
 
+    def replica_metrics_if_fed(self, replica: int) -> bytes | None:
+        """The copy of `replica`'s exposition while a scraper keeps the engine pushing it
+        (not kept pushing for this caller); else None (ask `metrics_text`)."""
+        return self._metrics.replica_if_fed(replica)
+
     def _finished_seq(self, replica: int) -> int:
         session = self._connection.live()
         return 0 if session is None else session.finished_seq.get(replica, 0)

@@ -247,6 +247,9 @@ class EngineGroup:
     def replica_metrics_now(self, replica: int) -> bytes | None:
         return self.client_for(replica).replica_metrics_now(replica)
 
+    def replica_metrics_if_fed(self, replica: int) -> bytes | None:
+        return self.client_for(replica).replica_metrics_if_fed(replica)
+
     def copy_waits(self, replica: int) -> int:
         return self.client_for(replica).copy_waits(replica)
 

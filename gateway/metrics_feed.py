@@ -100,13 +100,15 @@ class MetricsFeed:
                 return None
         return self.texts.get(replica)
 
-    def ready(self, replica: int, seq: int = 0) -> bytes | None:
+    def ready(self, replica: int, seq: int = 0, keep: bool = True) -> bytes | None:
         """`text` when it would not wait: the copy of `replica` as of `seq` or later
-        while the feed is live; None otherwise (ask `text`)."""
+        while the feed is live; None otherwise (ask `text`). `keep` False reads the copy
+        without keeping the feed alive for it (a reader that would rather ask now and then
+        than have the engine push every change)."""
         if self._task is None or self.seq < 0 or max(self.seq, self.seqs.get(replica, -1)) < seq:
             return None
         text = self.texts.get(replica)
-        if text is not None:
+        if text is not None and keep:
             self._last_used = asyncio.get_running_loop().time()
         return text
 
@@ -243,6 +245,10 @@ class EngineMetrics:
     def replica_now(self, replica: int) -> bytes | None:
         """`replica` when its copy is here already (no wait, no call); else None."""
         return self.feed.ready(replica, self._finished_seq(replica))
+
+    def replica_if_fed(self, replica: int) -> bytes | None:
+        """`replica_now` while some scraper keeps the feed live, without keeping it so."""
+        return self.feed.ready(replica, self._finished_seq(replica), keep=False)
 
     def copy_waits(self, replica: int) -> int:
         return self.feed.waits.get(replica, 0)

@@ -168,11 +168,14 @@ class Feed:
                 "data_parallel": self.data_parallel, "replicas": out, "gateway": gateway}
 
     async def _exposition(self, replica: int) -> dict[str, dict]:
+        """The replica's series: the copy a scraper keeps pushed, when one does; else one
+        GetMetrics (a render of that replica) per build, rather than starting the engine's
+        push of every change for the page."""
         client = self.state.client
-        text = client.replica_metrics_now(replica)
+        text = client.replica_metrics_if_fed(replica)
         if text is None:
             try:
-                text = await client.replica_metrics(replica)
+                text = await client.metrics_text(engines=[replica])
             except GatewayError:
                 return {}
         held = self._parsed.get(replica)
