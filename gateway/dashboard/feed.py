@@ -36,6 +36,7 @@ from inference_lab.gateway.protocols.base import json_encode
 from inference_lab.gateway.state import GatewayState
 
 MIN_AGE_S = 0.2  # a document is rebuilt at most this often, whoever asks
+ENGINE_MIN_AGE_S = 1.0  # a replica's engine series are asked for at most this often
 POLL_S = 0.5  # how often the page asks (said in the document, for scripts too)
 
 # exposition sample -> the feed's key: gauges and counters (one value per model)
@@ -118,6 +119,7 @@ class Feed:
     _at: float = float("-inf")
     _building: asyncio.Future | None = None
     _parsed: dict[int, tuple[bytes, dict]] = field(default_factory=dict)
+    _asked: dict[int, float] = field(default_factory=dict)  # replica -> its last GetMetrics
 
     async def body(self) -> bytes:
         """The current document (rebuilt when older than MIN_AGE_S; concurrent readers
@@ -173,7 +175,12 @@ class Feed:
         push of every change for the page."""
         client = self.state.client
         text = client.replica_metrics_if_fed(replica)
+        held = self._parsed.get(replica)
+        if text is None and held is not None and \
+                time.monotonic() - self._asked.get(replica, 0.0) < ENGINE_MIN_AGE_S:
+            return held[1]  # (a render on the engine's loop at most once a second)
         if text is None:
+            self._asked[replica] = time.monotonic()
             try:
                 text = await client.metrics_text(engines=[replica])
             except GatewayError:
