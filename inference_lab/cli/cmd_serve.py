@@ -67,14 +67,84 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-class EngineProcess:
-    """The engine child: started, watched, restarted when it dies, stopped on request."""
+class Child:
+    """A child process of `serve` (`argv`, `env`): started (ready once its first line of
+    output starts with `ready`), watched, restarted when it dies, stopped on request.
+    `label` starts the line that announces it; `down` says what answers while it is
+    down."""
+
+    label = "engine"  # ("engine started: pid N, ..." for every engine: tests read the pids)
+    ready = b"engine ready"
+    down = " (the gateway answers 503 for it meanwhile)"
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.proc: asyncio.subprocess.Process | None = None
+        self.stopping = False
+
+    async def start(self) -> None:
+        # On the loop's thread, the main one: a child's lifeline fires when the thread that
+        # forked it exits.
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+            env=self.env, start_new_session=True)  # Ctrl-C reaches us; we stop it in order
+        try:
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                line = await self.proc.stdout.readline()
+        except TimeoutError:  # alive but not ready in time: give up on it
+            line = b""
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        if not line.startswith(self.ready):
+            code = await self.proc.wait()
+            raise RuntimeError(f"the {self.name} did not start (exit status {code}); "
+                               "see its log above")
+        print(f"{self.label} started: pid {self.proc.pid}, {line.decode().strip()}",
+              flush=True)
+        asyncio.get_running_loop().create_task(self._drain_stdout(self.proc))
+
+    @staticmethod
+    async def _drain_stdout(proc: asyncio.subprocess.Process) -> None:
+        while await proc.stdout.readline():
+            pass
+
+    async def supervise(self) -> None:
+        """Restart the child whenever it exits without being asked to."""
+        while not self.stopping:
+            code = await self.proc.wait()
+            if self.stopping:
+                return
+            log.error("%s exited with status %s; restarting in %.0f s%s", self.name, code,
+                      RESTART_DELAY_S, self.down)
+            await asyncio.sleep(RESTART_DELAY_S)
+            try:
+                await self.start()
+            except RuntimeError as exc:
+                log.error("%s", exc)
+
+    async def stop(self, grace: float) -> None:
+        self.stopping = True
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(grace + 5.0):
+                await self.proc.wait()
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+class EngineProcess(Child):
+    """The engine child: one engine process of the layout (all of it, a data-parallel
+    rank, or a share of the replicas)."""
 
     def __init__(self, args: argparse.Namespace, port: int, state_dir: str,
                  fleet: list[str] | None = None, metrics_port: int | None = None,
                  name: str = "engine", state_dir_temporary: bool = False) -> None:
         self.port = port
-        self.name = name
         metrics_port = args.metrics_port if metrics_port is None else metrics_port
         self.argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", args.log_level,
                      "engine", "--hardware", args.hardware, "--host", "127.0.0.1",
@@ -123,68 +193,9 @@ class EngineProcess:
         self.argv += ["--seed", str(args.seed), "--default-max-tokens", str(args.default_max_tokens)]
         if args.workload is not None:
             self.argv += ["--workload", os.path.abspath(args.workload)]
-        # The engine requires the gateway's secrets too (engine.service.access); through
-        # the environment, never argv (which any local user can list). A variable set
-        # outside but overridden by a flag, or unset, is not passed on.
-        self.env = child_env(args)
-        self.proc: asyncio.subprocess.Process | None = None
-        self.stopping = False
-        self.ready = b"engine ready"
-
-    async def start(self) -> None:
-        # On the loop's thread, the main one: the engine's lifeline fires when the thread
-        # that forked it exits.
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.argv, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
-            env=self.env, start_new_session=True)  # Ctrl-C reaches us; we stop the engine in order
-        try:
-            async with asyncio.timeout(READY_TIMEOUT_S):
-                line = await self.proc.stdout.readline()
-        except TimeoutError:  # alive but not ready in time: give up on it
-            line = b""
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-        if not line.startswith(self.ready):
-            code = await self.proc.wait()
-            raise RuntimeError(f"the {self.name} did not start (exit status {code}); "
-                               "see its log above")
-        # ("engine started: pid N, ..." for every engine: tests and scripts read the pids)
-        label = "engine" if self.ready == b"engine ready" else self.name
-        print(f"{label} started: pid {self.proc.pid}, {line.decode().strip()}", flush=True)
-        asyncio.get_running_loop().create_task(self._drain_stdout(self.proc))
-
-    @staticmethod
-    async def _drain_stdout(proc: asyncio.subprocess.Process) -> None:
-        while await proc.stdout.readline():
-            pass
-
-    async def supervise(self) -> None:
-        """Restart the engine whenever it exits without being asked to."""
-        while not self.stopping:
-            code = await self.proc.wait()
-            if self.stopping:
-                return
-            log.error("%s exited with status %s; restarting in %.0f s%s", self.name, code,
-                      RESTART_DELAY_S, " (the gateway answers 503 for it meanwhile)"
-                      if self.ready == b"engine ready" else "")
-            await asyncio.sleep(RESTART_DELAY_S)
-            try:
-                await self.start()
-            except RuntimeError as exc:
-                log.error("%s", exc)
-
-    async def stop(self, grace: float) -> None:
-        self.stopping = True
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            async with asyncio.timeout(grace + 5.0):
-                await self.proc.wait()
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-
+        # The engine requires the gateway's secrets too (engine.service.access): in the
+        # environment (child_env), never argv.
+        super().__init__(name, self.argv, child_env(args))
 
 def child_env(args: argparse.Namespace) -> dict[str, str]:
     """A child's environment: the engine requires the gateway's secrets too
@@ -196,14 +207,16 @@ def child_env(args: argparse.Namespace) -> dict[str, str]:
                                **{k: v for k, v in secrets.items() if v}})
 
 
-class GatewayProcess(EngineProcess):
+class GatewayProcess(Child):
     """One API server child (`inference-lab gateway`, `--api-server-count` > 1): started,
     watched, restarted when it dies, stopped on request, like an engine child."""
+
+    ready = b"serving on "
+    down = ""
 
     def __init__(self, args: argparse.Namespace, index: int, port: int, engines: list[int],
                  shape: ServeLayout, state_dir: str) -> None:
         self.port = port
-        self.name = f"API server {index}"
         argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", args.log_level,
                 "gateway", "--engine", ",".join(f"127.0.0.1:{p}" for p in engines),
                 "--host", args.host, "--port", str(port),
@@ -235,11 +248,8 @@ class GatewayProcess(EngineProcess):
         # each API server keeps its own fault settings (gateway.faults): a file of its own
         argv += ["--state-dir", os.path.join(state_dir, f"api-server-{index}")]
         os.makedirs(argv[-1], exist_ok=True)
-        self.argv = argv
-        self.env = child_env(args)
-        self.proc = None
-        self.stopping = False
-        self.ready = b"serving on "
+        super().__init__(f"API server {index}", argv, child_env(args))
+        self.label = self.name
 
 
 async def serve(args: argparse.Namespace, gateway_kwargs: dict) -> None:
@@ -281,7 +291,7 @@ async def _serve(args: argparse.Namespace, gateway_kwargs: dict, state_dir: str,
     shape = layout(args)
     engines = _engines(args, shape, state_dir, state_dir_temporary)
     loop = asyncio.get_running_loop()
-    children: list[EngineProcess] = []
+    children: list[Child] = []
     gateway: asyncio.Task | None = None
     try:
         for engine in engines:
