@@ -68,12 +68,17 @@ class ControlRpcs:
             raise UnknownModel(model, self.fleet.deployments)
         return self.fleet.select(model, replica)
 
-    async def GetCapacity(self, request: pb.GetCapacityRequest, context):
+    async def _replicas_of(self, request, context) -> list:
+        """The replicas a request's `model` (every model when empty) and optional `replica`
+        select; an unknown one aborts the call with its refusal."""
         replica = request.replica if request.HasField("replica") else None
         try:
-            return pb.CapacityResponse(models=self._capacity(self._select(request.model, replica)))
+            return self._select(request.model, replica)
         except REFUSED as exc:
             await abort(context, exc)
+
+    async def GetCapacity(self, request: pb.GetCapacityRequest, context):
+        return pb.CapacityResponse(models=self._capacity(await self._replicas_of(request, context)))
 
     async def SetCapacity(self, request: pb.SetCapacityRequest, context):
         try:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from inference_lab.engine.service.refusals import REFUSED, abort
 from inference_lab.v1 import engine_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -33,15 +32,11 @@ MODE_PB = {"": pb.PAUSE_MODE_UNSPECIFIED, "abort": pb.PAUSE_MODE_ABORT,
 
 
 class DevRpcs:
-    """`Pause` and `ResetPrefixCache` over the servicer's fleet (needs its `_select`,
+    """`Pause` and `ResetPrefixCache` over the servicer's fleet (needs its `_replicas_of`,
     `_capacity`, `metrics` and `replica_faults`)."""
 
     async def Pause(self, request: pb.PauseRequest, context):
-        try:
-            replica = request.replica if request.HasField("replica") else None
-            replicas = self._select(request.model, replica)
-        except REFUSED as exc:
-            await abort(context, exc)
+        replicas = await self._replicas_of(request, context)
         if request.resume:
             for r in replicas:
                 r.runtime.resume()
@@ -63,11 +58,7 @@ class DevRpcs:
         return pb.CapacityResponse(models=self._capacity(replicas))
 
     async def ResetPrefixCache(self, request: pb.ResetPrefixCacheRequest, context):
-        try:
-            replica = request.replica if request.HasField("replica") else None
-            replicas = self._select(request.model, replica)
-        except REFUSED as exc:
-            await abort(context, exc)
+        replicas = await self._replicas_of(request, context)
         cleared = sum(r.runtime.reset_prefix_cache() for r in replicas)
         log.info("prefix cache reset on %d replicas: %d blocks forgotten", len(replicas), cleared)
         if self.metrics is not None:

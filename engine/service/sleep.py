@@ -18,24 +18,19 @@ import logging
 import grpc
 
 from inference_lab.engine.fleet.sleep import LEVELS, check_tags
-from inference_lab.engine.service.refusals import REFUSED, abort
 from inference_lab.v1 import engine_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 
 class SleepRpcs:
-    """`Sleep` over the servicer's fleet (needs its `_select`, `_capacity` and
+    """`Sleep` over the servicer's fleet (needs its `_replicas_of`, `_capacity` and
     `sleep_mode`)."""
 
     sleep_mode = False  # the engine runs with --enable-sleep-mode
 
     async def Sleep(self, request: pb.SleepRequest, context):
-        try:
-            replica = request.replica if request.HasField("replica") else None
-            replicas = self._select(request.model, replica)
-        except REFUSED as exc:
-            await abort(context, exc)
+        replicas = await self._replicas_of(request, context)
         if not self.sleep_mode:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "sleep mode is off: start the engine with --enable-sleep-mode")
