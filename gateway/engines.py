@@ -83,11 +83,14 @@ class EngineGroup:
         what this front end sent since (counted here)."""
         if not self.balance:
             return None
+        return self.ranks[self._balancer(model).pick()]
+
+    def _balancer(self, model: str) -> RankBalancer:
         balancer = self._balancers.get(model)
         if balancer is None:
             balancer = self._balancers[model] = RankBalancer(
                 len(self.ranks), self._client_index, self._client_count)
-        return self.ranks[balancer.pick()]
+        return balancer
 
     async def _coordinate(self) -> None:
         """Every PUBLISH_INTERVAL_S: every engine's (waiting, running) per model and rank,
@@ -110,11 +113,7 @@ class EngineGroup:
             for model, table in counts.items():
                 coordinator = self._coordinators.setdefault(model, Coordinator())
                 if coordinator.due(now, table):
-                    balancer = self._balancers.get(model)
-                    if balancer is None:
-                        balancer = self._balancers[model] = RankBalancer(
-                            len(self.ranks), self._client_index, self._client_count)
-                    balancer.publish(table, now)
+                    self._balancer(model).publish(table, now)
 
     # ---- the hot path ------------------------------------------------------------------
 

@@ -185,7 +185,6 @@ class Feed:
                 text = await client.metrics_text(engines=[replica])
             except GatewayError:
                 return {}
-        held = self._parsed.get(replica)
         if held is not None and held[0] is text:
             return held[1]
         models = pick(text)

@@ -98,7 +98,3 @@ class Coordinator:
                 return False
         self._last, self._at = snapshot, now
         return True
-
-    def next_due(self) -> float | None:
-        """The earliest instant a changed count would be published (None before the first)."""
-        return None if self._at is None else self._at + self.interval

@@ -95,6 +95,10 @@ class Proc:
         """Every engine child `serve` logged as started (restarts included)."""
         return [int(p) for p in re.findall(r"engine started: pid (\d+)", self.log())]
 
+    def api_server_pids(self) -> list[int]:
+        """Every API server child `serve --api-server-count A` logged as started."""
+        return [int(p) for p in re.findall(r"API server \d+ started: pid (\d+)", self.log())]
+
     def wait_for_log(self, pattern: str, timeout: float = 30.0) -> re.Match:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -124,8 +128,7 @@ class Proc:
 
     def close(self) -> None:
         self.kill()
-        for pid in self.engine_pids() + [int(p) for p in re.findall(
-                r"API server \d+ started: pid (\d+)", self.log())]:
+        for pid in self.engine_pids() + self.api_server_pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
@@ -155,10 +158,6 @@ class Served(Proc):
         self.wait_for_log(r"serving on http://\S+ \(Ctrl-C to stop\)", timeout)
         match = ENGINE_STARTED.findall(self.wait_for_log(ENGINE_STARTED.pattern, 10.0).string)
         self.engine_pid, self.metrics_port = int(match[-1][0]), int(match[-1][1])
-
-    def api_server_pids(self) -> list[int]:
-        """Every API server child `serve --api-server-count A` logged as started."""
-        return [int(p) for p in re.findall(r"API server \d+ started: pid (\d+)", self.log())]
 
     def engine_metrics(self) -> str:
         """The engines' series: the engine's own /metrics, or with several engine

@@ -69,4 +69,5 @@ def test_the_coordinator_publishes_changes_every_interval_and_sameness_rarely():
     assert c.due(0.1, [(1, 0)])  # changed, 100 ms on
     assert not c.due(0.3, [(1, 0)])  # unchanged: not before 5 s
     assert c.due(5.1, [(1, 0)])
-    assert c.next_due() == pytest.approx(5.2)
+    assert not c.due(5.15, [(2, 0)])  # changed again: the next publication 100 ms on
+    assert c.due(5.2, [(2, 0)])
