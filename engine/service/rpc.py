@@ -111,7 +111,7 @@ class EngineService(ControlRpcs, SleepRpcs, DevRpcs, engine_pb2_grpc.EngineServi
         if self.metrics is not None:
             self.metrics.touch()  # replicas' series came or went
 
-    def _model(self, model: str) -> str | None:
+    def base_model(self, model: str) -> str | None:
         """The base model `model` names: itself, or the base of the LoRA adapter so named."""
         models = self.fleet.deployments
         if not model and len(models) == 1:
@@ -122,7 +122,7 @@ class EngineService(ControlRpcs, SleepRpcs, DevRpcs, engine_pb2_grpc.EngineServi
 
     def _runtime(self, model: str, replica: int = 0) -> ModelRuntime:
         """The replica that admits this request now; raises one of REFUSED."""
-        name = self._model(model)
+        name = self.base_model(model)
         if name is None:
             raise UnknownModel(model, self.fleet.deployments)
         rt = self.fleet.lookup(name, replica).runtime  # ReplicaNotFound, ReplicaUnavailable

@@ -118,7 +118,7 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
         """The rank asked for, else the lowest replica index this process holds."""
         if rank is not None:
             return rank
-        name = self.engine._model(model)
+        name = self.engine.base_model(model)
         held = self.engine.fleet.replicas.get(name or "", {})
         return min(held) if held else 0
 
@@ -192,7 +192,7 @@ class VllmEngineService(vllm_engine_pb2_grpc.VllmEngineServicer):
             model, _ = self._metadata(context)
         except BadRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        name = self.engine._model(model) or (model or None)
+        name = self.engine.base_model(model) or (model or None)
         if name is None and self.engine.fleet.deployments:  # several: the first (as listed)
             name = next(iter(self.engine.fleet.deployments))
         if name not in self.engine.fleet.deployments:
