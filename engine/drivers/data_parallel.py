@@ -337,16 +337,7 @@ def run_data_parallel(deployment: Deployment, spec: WorkloadSpec, size: int, *,
             rec.step(core, result)
             for req in result.finished:
                 dp.finished(rank, req)
-                rec.input_tokens += req.prompt_len
-                rec.output_tokens += 0 if req.pooling else req.max_tokens
-                ttft = req.first_token - req.arrival
-                e2e = req.finish_time - req.arrival
-                rec.ttft.append(ttft)
-                rec.e2e.append(e2e)
-                if req.max_tokens > 1:
-                    rec.per_token.append((e2e - ttft) / (req.max_tokens - 1))
-                if req.finish_time > rec.last_finish:
-                    rec.last_finish = req.finish_time
+                rec.finished(req)
                 done += 1
                 if on_progress and done % report_every == 0:
                     on_progress(done, total or rec.total)

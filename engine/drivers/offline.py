@@ -64,6 +64,20 @@ class RunRecorder:
     flops_util: float = 0.0
     bandwidth_util: float = 0.0
 
+    def finished(self, req) -> None:
+        """A request's outcome, at its finish (from any core: the last finish is the
+        latest of them)."""
+        self.input_tokens += req.prompt_len
+        self.output_tokens += 0 if req.pooling else req.max_tokens  # (an embedding: none)
+        ttft = req.first_token - req.arrival
+        e2e = req.finish_time - req.arrival
+        self.ttft.append(ttft)
+        self.e2e.append(e2e)
+        if req.max_tokens > 1:
+            self.per_token.append((e2e - ttft) / (req.max_tokens - 1))
+        if req.finish_time > self.last_finish:
+            self.last_finish = req.finish_time
+
     def step(self, core: EngineCore, result) -> None:
         """One step's utilisation: KV blocks in use after it, and the shares of its time
         its FLOPs and its bytes would take at the peak rates (each at most 1)."""
@@ -230,15 +244,7 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
         steps += 1
         rec.step(core, result)
         for req in result.finished:
-            rec.input_tokens += req.prompt_len
-            rec.output_tokens += 0 if req.pooling else req.max_tokens  # (an embedding: none)
-            ttft = req.first_token - req.arrival
-            e2e = req.finish_time - req.arrival
-            rec.ttft.append(ttft)
-            rec.e2e.append(e2e)
-            if req.max_tokens > 1:
-                rec.per_token.append((e2e - ttft) / (req.max_tokens - 1))
-            rec.last_finish = req.finish_time
+            rec.finished(req)
             done += 1
             if on_progress and done % report_every == 0:
                 on_progress(done, total or rec.total)
