@@ -23,19 +23,16 @@ Does not know the wall clock (except to report the CPU a run took), sockets or H
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 import time
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 
-from inference_lab.common.conversations import Conversations
-from inference_lab.common.dataset import Dataset
 from inference_lab.common.dp_balance import Coordinator, RankBalancer
-from inference_lab.common.workload import (WorkloadSpec, draw_adapter, draw_request,
-                                           open_loop_arrivals)
+from inference_lab.common.workload import WorkloadSpec, draw_adapter
 from inference_lab.engine.drivers.offline import RunRecorder, _adapters, distribution, summarise
+from inference_lab.engine.drivers.workload_feed import WorkloadFeed
 from inference_lab.engine.sim.core import EngineCore, QueueSaturated, StepResult, SubmitError
 from inference_lab.engine.sim.request import Request
 from inference_lab.engine.sim.specs import Deployment
@@ -241,41 +238,20 @@ def run_data_parallel(deployment: Deployment, spec: WorkloadSpec, size: int, *,
     arrival, in arrival order."""
     dp = DataParallelRanks(deployment, size, lockstep=lockstep, slowdown=slowdown)
     cores = dp.cores
-    seed = spec.seed if seed is None else seed
-    rng = random.Random(seed)
-    convs = (Conversations(spec.shared_prefix_len, spec.num_shared_prefixes, spec.num_turns, seed)
-             if spec.structured else None)
+    feed = WorkloadFeed(spec, seed=seed, tokenizer=tokenizer, arrivals=arrivals)
     rec = RunRecorder()
     total = spec.num_requests
-    limit = math.inf if total is None else total
-    deadline = math.inf if spec.duration_secs is None else spec.duration_secs
-    closed = spec.arrival_pattern == "closed_loop" and arrivals is None
-    dataset = Dataset(spec.dataset_path, tokenizer).prompts() if spec.dataset_path else None
-    if arrivals is None and not closed:
-        arrivals = open_loop_arrivals(spec, rng, dataset)
-    next_arrival = next(arrivals, None) if arrivals is not None else None
     adapters = [_adapters(core, spec) for core in cores]
-    pick = random.Random(seed ^ 0x10_7A)  # adapter draws
-    idle = list(range(spec.num_concurrent_users, 0, -1)) if closed else []
-    # closed loop: users about to arrive, (time, user) in a heap: the first arrivals spread
-    # over [0, closed_loop_jitter_secs), then each user at the end of its request's step
-    jitter = spec.closed_loop_jitter_secs
-    coming = [(rng.uniform(0.0, jitter), user) for user in idle] if closed and jitter else []
-    heapq.heapify(coming)
-    idle = [] if coming else idle
-    opened = 0
+    pick = random.Random((spec.seed if seed is None else seed) ^ 0x10_7A)  # adapter draws
     done = 0
     report_every = max((total or 0) // 200, 100)
     cpu0 = time.process_time()
     steps = 0
 
-    def submit(now: float, prompt_len: int, output_len: int, key: object,
-               token_ids: bytes = b"", named: int | None = None) -> bool:
+    def submit(now: float, prompt_len: int, output_len: int, key: object, tokens: bytes,
+               named: int | None = None) -> bool:
         rank = dp.route(now, named)
-        rec.total += 1
-        if now < rec.first_arrival:
-            rec.first_arrival = now
-        tokens = convs.next_prompt(key, prompt_len, output_len) if convs else token_ids
+        rec.arrived(now)
         req = None
         try:
             lora = draw_adapter(adapters[rank], pick) if adapters[rank] else None
@@ -289,47 +265,19 @@ def run_data_parallel(deployment: Deployment, spec: WorkloadSpec, size: int, *,
             records.append((rank, req))
         return req is not None
 
-    def users_arrive(now: float) -> None:
-        nonlocal done
-        while idle and rec.total < limit and now <= deadline:
-            request = draw_request(spec, rng, dataset)
-            if request is None:
-                idle.clear()
-                break
-            user = idle.pop()
-            if not submit(now, request[0], request[1], user, request[2]):
-                done += 1
-                idle.append(user)
-                break  # refused users retry after the next completion
-
-    def more_to_come() -> bool:
-        return next_arrival is not None or bool(coming) or (closed and rec.total < limit)
-
-    if closed and not coming:
-        users_arrive(0.0)
+    done += feed.start(submit)
     while True:
         t_step = dp.next_step_time()
-        t_arrival = next_arrival[0] if next_arrival is not None else None
-        t_user = coming[0][0] if coming else None
-        t_next = min((t for t in (t_step, t_arrival, t_user) if t is not None), default=None)
+        t_feed = feed.next_time()
+        t_next = min((t for t in (t_step, t_feed) if t is not None), default=None)
         if t_next is None:
             break
-        t_pub = dp.next_publication(t_next) if more_to_come() else None
+        t_pub = dp.next_publication(t_next) if feed.more_to_come() else None
         if t_pub is not None:
             dp.observe(t_pub)  # (before an arrival or a step at the same instant)
             continue
-        if t_user is not None and t_user == t_next:
-            t_user, user = heapq.heappop(coming)
-            idle.append(user)
-            users_arrive(t_user)
-            continue
-        if t_arrival is not None and t_arrival == t_next:
-            arrival, prompt_len, output_len, token_ids, *named = next_arrival
-            if not submit(arrival, prompt_len, output_len, opened // spec.num_turns, token_ids,
-                          named[0] if named else None):
-                done += 1
-            opened += 1
-            next_arrival = next(arrivals, None)
+        if t_feed is not None and t_feed == t_next:
+            done += feed.take(submit)
             continue
         for rank, result in dp.step(t_step):
             steps += 1
@@ -341,8 +289,8 @@ def run_data_parallel(deployment: Deployment, spec: WorkloadSpec, size: int, *,
                 done += 1
                 if on_progress and done % report_every == 0:
                     on_progress(done, total or rec.total)
-                if closed:  # the user sends its next request when this one ends
-                    heapq.heappush(coming, (req.finish_time, req.tag))
+                if feed.closed:  # the user sends its next request when this one ends
+                    feed.user_free(req.tag, req.finish_time)
     cpu = time.process_time() - cpu0
     if on_progress:
         on_progress(done, total or rec.total)

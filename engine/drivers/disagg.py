@@ -21,15 +21,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from inference_lab.common.conversations import Conversations
-from inference_lab.common.dataset import Dataset
-from inference_lab.common.workload import WorkloadSpec, draw_request, open_loop_arrivals
+from inference_lab.common.workload import WorkloadSpec
 from inference_lab.engine.drivers.offline import _timing, distribution
+from inference_lab.engine.drivers.workload_feed import WorkloadFeed
 from inference_lab.engine.sim.core import EngineCore, QueueSaturated, SubmitError
 from inference_lab.engine.sim.kv_transfer import (
     CONSUMER, PRODUCER, KvTransfer, LinkQueue, PdLayout, link_preset,
@@ -162,22 +160,8 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
     cores = prefill.cores + decode.cores
     npre = layout.prefill
     policy = layout.policy
-    seed = spec.seed if seed is None else seed
-    rng = random.Random(seed)
-    convs = (Conversations(spec.shared_prefix_len, spec.num_shared_prefixes, spec.num_turns, seed)
-             if spec.structured else None)
+    feed = WorkloadFeed(spec, seed=seed, tokenizer=tokenizer, arrivals=arrivals)
     total = spec.num_requests
-    limit = math.inf if total is None else total
-    deadline = math.inf if spec.duration_secs is None else spec.duration_secs
-    closed = spec.arrival_pattern == "closed_loop" and arrivals is None
-    dataset = Dataset(spec.dataset_path, tokenizer).prompts() if spec.dataset_path else None
-    if arrivals is None and not closed:
-        arrivals = open_loop_arrivals(spec, rng, dataset)
-    next_arrival = next(arrivals, None) if arrivals is not None else None
-    idle = list(range(spec.num_concurrent_users, 0, -1)) if closed else []
-    jitter = spec.closed_loop_jitter_secs
-    starts = sorted((rng.uniform(0.0, jitter), user) for user in idle)[::-1] if closed and jitter else []
-    idle = [] if starts else idle
     # each core's next step (inf: idle); a core blocked by held handoffs waits for a release
     next_t = [math.inf] * len(cores)
     blocked = [False] * len(cores)
@@ -189,7 +173,6 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
     counts = {"total": 0, "input": 0, "output": 0, "done": 0, "recomputed": 0, "pulled": 0}
     first_arrival, last_finish = math.inf, 0.0
     report_every = max((total or 0) // 200, 100)
-    opened = 0
     steps = 0
     cpu0 = time.process_time()
 
@@ -202,12 +185,11 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
         if on_progress and counts["done"] % report_every == 0:
             on_progress(counts["done"], total or counts["total"])
 
-    def submit(now: float, prompt_len: int, output_len: int, key: object, token_ids: bytes) -> bool:
+    def submit(now: float, prompt_len: int, output_len: int, key: object, tokens: bytes) -> bool:
         nonlocal first_arrival
         counts["total"] += 1
         if now < first_arrival:
             first_arrival = now
-        tokens = convs.next_prompt(key, prompt_len, output_len) if convs else token_ids
         flow = Flow(key, now, prompt_len if not tokens else len(tokens) // 4, output_len, tokens)
         i = prefill.pick(policy)
         try:
@@ -221,18 +203,6 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
             return False
         refresh(i)
         return True
-
-    def users_arrive(now: float) -> None:
-        while idle and counts["total"] < limit and now <= deadline:
-            request = draw_request(spec, rng, dataset)
-            if request is None:
-                idle.clear()
-                break
-            user = idle.pop()
-            if not submit(now, request[0], request[1], user, request[2]):
-                progress()
-                idle.append(user)
-                break  # refused users retry after the next completion
 
     def route_from(now: float, flow: Flow, producer: int) -> None:
         handoff = flow.prefill.handoff
@@ -255,8 +225,8 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
                 blocked[producer] = False
                 refresh(producer)
             progress()
-            if closed:
-                idle.append(flow.key)
+            if feed.closed:
+                feed.user_free(flow.key)
             return
         if handoff is not None:  # the producer frees the blocks when the pull has ended
             heapq.heappush(pending, (flow.decode.ready, _RELEASE, next(seq), (producer, handoff)))
@@ -264,14 +234,14 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
             counts["recomputed"] += 1
         refresh(npre + j)
 
-    if closed and not starts:
-        users_arrive(0.0)
+    if feed.start(submit):
+        progress()
     while True:
         t_core = min(next_t)
         t_pend = pending[0][0] if pending else math.inf
-        t_start = starts[-1][0] if starts else math.inf
-        t_arr = next_arrival[0] if next_arrival is not None else math.inf
-        if t_pend <= t_core and t_pend <= t_start and t_pend <= t_arr:
+        t_feed = feed.next_time()
+        t_feed = math.inf if t_feed is None else t_feed
+        if t_pend <= t_core and t_pend <= t_feed:
             if t_pend == math.inf:
                 break
             now, kind, _, payload = heapq.heappop(pending)
@@ -285,20 +255,13 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
             elif kind == _ROUTE:
                 route_from(now, *payload)
             else:
-                idle.append(payload)
-                users_arrive(now)
+                feed.user_free(payload)
+                if feed.users_arrive(now, submit):
+                    progress()
             continue
-        if t_start <= t_core and t_start <= t_arr:
-            t0, user = starts.pop()
-            idle.append(user)
-            users_arrive(t0)
-            continue
-        if t_arr <= t_core:
-            arrival, prompt_len, output_len, token_ids = next_arrival
-            if not submit(arrival, prompt_len, output_len, opened // spec.num_turns, token_ids):
+        if t_feed <= t_core:
+            if feed.take(submit):
                 progress()
-            opened += 1
-            next_arrival = next(arrivals, None)
             continue
         i = next_t.index(t_core)
         c = cores[i]
@@ -335,7 +298,7 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
                 if records is not None:
                     records.append(flow)
                 progress()
-                if closed:
+                if feed.closed:
                     heapq.heappush(pending, (req.finish_time, _RETURN, next(seq), flow.key))
         if not result.num_tokens and not c.scheduler.running and c.has_work():
             blocked[i] = True  # its queue waits for blocks a pull will give back

@@ -16,10 +16,8 @@ from dataclasses import dataclass, field
 
 from inference_lab.engine.sim.core import EngineCore, QueueSaturated, SubmitError
 from inference_lab.engine.sim.specs import Deployment
-from inference_lab.common.conversations import Conversations
-from inference_lab.common.dataset import Dataset
-from inference_lab.common.workload import (WorkloadSpec, draw_adapter, draw_request,
-                                           open_loop_arrivals)
+from inference_lab.common.workload import WorkloadSpec, draw_adapter
+from inference_lab.engine.drivers.workload_feed import WorkloadFeed
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -63,6 +61,12 @@ class RunRecorder:
     kv_util: float = 0.0
     flops_util: float = 0.0
     bandwidth_util: float = 0.0
+
+    def arrived(self, now: float) -> None:
+        """A request sent at `now` (taken or refused)."""
+        self.total += 1
+        if now < self.first_arrival:
+            self.first_arrival = now
 
     def finished(self, req) -> None:
         """A request's outcome, at its finish (from any core: the last finish is the
@@ -169,36 +173,18 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
     slowdown: every step time x this (a throttled replica, as the `slow` fault)."""
     core = EngineCore(deployment)
     core.slowdown = slowdown
-    rng = random.Random(spec.seed if seed is None else seed)
-    convs = (Conversations(spec.shared_prefix_len, spec.num_shared_prefixes, spec.num_turns,
-                           spec.seed if seed is None else seed) if spec.structured else None)
+    feed = WorkloadFeed(spec, seed=seed, tokenizer=tokenizer)
     rec = RunRecorder()
     total = spec.num_requests  # None: until duration_secs or the dataset's end
-    limit = math.inf if total is None else total
-    deadline = math.inf if spec.duration_secs is None else spec.duration_secs
-    closed = spec.arrival_pattern == "closed_loop"
-    dataset = Dataset(spec.dataset_path, tokenizer).prompts() if spec.dataset_path else None
-    arrivals = None if closed else open_loop_arrivals(spec, rng, dataset)
-    next_arrival = next(arrivals, None) if arrivals else None
     adapters = _adapters(core, spec)
     pick = random.Random((spec.seed if seed is None else seed) ^ 0x10_7A)  # adapter draws
-    idle = list(range(spec.num_concurrent_users, 0, -1)) if closed else []  # user ids
-    # closed loop: the users' first arrivals, spread over [0, closed_loop_jitter_secs)
-    jitter = spec.closed_loop_jitter_secs
-    starts = sorted((rng.uniform(0.0, jitter), user) for user in idle)[::-1] if jitter else []
-    idle = [] if starts else idle
-    opened = 0  # open-loop requests submitted (request i is in conversation i // num_turns)
     done = 0
     report_every = max((total or 0) // 200, 100)
     cpu0 = time.process_time()
     steps = 0
 
-    def submit(now: float, prompt_len: int, output_len: int, key: object,
-               token_ids: bytes = b"") -> bool:
-        rec.total += 1
-        if now < rec.first_arrival:
-            rec.first_arrival = now
-        tokens = convs.next_prompt(key, prompt_len, output_len) if convs else token_ids
+    def submit(now: float, prompt_len: int, output_len: int, key: object, tokens: bytes) -> bool:
+        rec.arrived(now)
         try:
             core.submit(prompt_len if not tokens else 0, output_len, now, tag=key,
                         token_ids=tokens, lora=draw_adapter(adapters, pick) if adapters else None)
@@ -209,34 +195,12 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
             rec.rejected_invalid += 1
         return False
 
-    def users_arrive(now: float) -> None:
-        nonlocal done
-        while idle and rec.total < limit and now <= deadline:
-            request = draw_request(spec, rng, dataset)
-            if request is None:  # the dataset has ended
-                idle.clear()
-                break
-            user = idle.pop()
-            if not submit(now, request[0], request[1], user, request[2]):
-                done += 1
-                idle.append(user)
-                break  # refused users retry after the next completion
-
-    if closed and not starts:
-        users_arrive(0.0)
+    done += feed.start(submit)
     while True:
         t_step = core.next_event_time()
-        if starts and (t_step is None or starts[-1][0] <= t_step):
-            t_start, user = starts.pop()
-            idle.append(user)
-            users_arrive(t_start)
-            continue
-        if next_arrival is not None and (t_step is None or next_arrival[0] <= t_step):
-            arrival, prompt_len, output_len, token_ids = next_arrival
-            if not submit(arrival, prompt_len, output_len, opened // spec.num_turns, token_ids):
-                done += 1
-            opened += 1
-            next_arrival = next(arrivals, None)
+        t_feed = feed.next_time()
+        if t_feed is not None and (t_step is None or t_feed <= t_step):
+            done += feed.take(submit)
             continue
         if t_step is None:
             break
@@ -248,9 +212,10 @@ def run_offline(deployment: Deployment, spec: WorkloadSpec, *, seed: int | None 
             done += 1
             if on_progress and done % report_every == 0:
                 on_progress(done, total or rec.total)
-        if closed and result.finished:
-            idle.extend(req.tag for req in result.finished)
-            users_arrive(result.end)
+        if feed.closed and result.finished:
+            for req in result.finished:
+                feed.user_free(req.tag)
+            done += feed.users_arrive(result.end, submit)
     cpu = time.process_time() - cpu0
     if on_progress:
         on_progress(done, total or rec.total)

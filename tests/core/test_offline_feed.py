@@ -33,130 +33,89 @@ def deployment(path: Path, max_waiting: int, max_num_seqs: int):
     return dep
 
 
-def figures(summary: dict) -> dict:
-    """The summary's figures that follow from the per-request outcomes (not the CPU's)."""
+def figures(summary: dict, *extra) -> tuple:
+    """The summary's figures that follow from the per-request outcomes (not the CPU's):
+    (completed, total, rejected, rejected_queue_saturated, rejected_invalid), steps, the
+    simulated span, the prefix cache's hits, then TTFT, end to end and per token (ms):
+    min, mean, p50 and p99 each; then `extra`."""
     lat = summary["latency_metrics"]
-    return {"requests": summary["requests"], "steps": summary["simulation"]["steps"],
-            "span": round(summary["simulation"]["simulated_seconds"], 9),
-            "ms": [round(lat[k][q], 6) for k in ("ttft_ms", "e2e_ms", "per_token_ms")
-                   for q in ("min", "mean", "p50", "p99")],
-            "prefix_hits": summary["prefix_cache"].get("hits")}
+    return (tuple(summary["requests"].values()), summary["simulation"]["steps"],
+            round(summary["simulation"]["simulated_seconds"], 9), summary["prefix_cache"].get("hits"),
+            tuple(round(lat[k][q], 6) for k in ("ttft_ms", "e2e_ms", "per_token_ms")
+                  for q in ("min", "mean", "p50", "p99")), *extra)
+
+
+def dp_figures(summary: dict, records: list) -> tuple:
+    """... with the rank of each request in order (x: refused) and the sum of finishes."""
+    return figures(summary, "".join(str(rank) if req is not None else "x" for rank, req in records),
+                   round(sum(req.finish_time for _, req in records if req is not None), 9))
+
+
+def pd_figures(summary: dict, flows: list) -> tuple:
+    """... with the first five flows' (arrival, decode finish) and the sum of finishes."""
+    first = tuple((round(f.arrival, 9), round(f.decode.finish_time, 9)) for f in flows[:5])
+    return figures(summary, first,
+                   round(sum(f.decode.finish_time for f in flows), 9))
 
 
 def test_one_core_closed_loop_conversations_with_refusals():
-    got = figures(run_offline(deployment(MOE, 2, 4), CLOSED))
-    assert got == EXPECTED["offline_closed"]
+    assert figures(run_offline(deployment(MOE, 2, 4), CLOSED)) == EXPECTED["offline_closed"]
 
 
 def test_one_core_open_loop_with_lora_adapters():
-    got = figures(run_offline(deployment(DENSE, 4, 8), OPEN_LORA))
-    assert got == EXPECTED["offline_open_lora"]
+    assert figures(run_offline(deployment(DENSE, 4, 8), OPEN_LORA)) == EXPECTED["offline_open_lora"]
 
 
 def test_data_parallel_ranks_closed_loop_with_lora_adapters_and_refusals():
     records = []
     spec = dataclasses.replace(CLOSED, lora_adapters=(("a", 0.6),), num_concurrent_users=12)
-    got = figures(run_data_parallel(deployment(DENSE, 1, 4), spec, 2, records=records))
-    got["ranks"] = "".join(str(rank) if req is not None else "x" for rank, req in records)
-    got["finish_sum"] = round(sum(req.finish_time for _, req in records if req is not None), 9)
-    assert got == EXPECTED["dp_closed"]
+    summary = run_data_parallel(deployment(DENSE, 1, 4), spec, 2, records=records)
+    assert dp_figures(summary, records) == EXPECTED["dp_closed"]
 
 
 def test_data_parallel_moe_ranks_open_loop():
     records = []
-    got = figures(run_data_parallel(deployment(MOE, 2, 8), OPEN, 2, records=records))
-    got["ranks"] = "".join(str(rank) if req is not None else "x" for rank, req in records)
-    got["finish_sum"] = round(sum(req.finish_time for _, req in records if req is not None), 9)
-    assert got == EXPECTED["dp_open"]
+    summary = run_data_parallel(deployment(MOE, 2, 8), OPEN, 2, records=records)
+    assert dp_figures(summary, records) == EXPECTED["dp_open"]
 
 
 def test_prefill_and_decode_pools_closed_loop():
     flows = []
-    got = figures(run_disaggregated(deployment(MOE, 2, 4), CLOSED, PdLayout(1, 2), records=flows))
-    got["flows"] = [(round(f.arrival, 9), round(f.decode.finish_time, 9)) for f in flows[:5]]
-    got["finish_sum"] = round(sum(f.decode.finish_time for f in flows), 9)
-    assert got == EXPECTED["pd_closed"]
+    summary = run_disaggregated(deployment(MOE, 2, 4), CLOSED, PdLayout(1, 2), records=flows)
+    assert pd_figures(summary, flows) == EXPECTED["pd_closed"]
 
 
 def test_prefill_and_decode_pools_open_loop_round_robin():
     flows = []
-    got = figures(run_disaggregated(deployment(MOE, 3, 8), OPEN, PdLayout(2, 1, policy="round_robin"),
-                                    records=flows))
-    got["flows"] = [(round(f.arrival, 9), round(f.decode.finish_time, 9)) for f in flows[:5]]
-    got["finish_sum"] = round(sum(f.decode.finish_time for f in flows), 9)
-    assert got == EXPECTED["pd_open"]
+    layout = PdLayout(2, 1, policy="round_robin")
+    summary = run_disaggregated(deployment(MOE, 3, 8), OPEN, layout, records=flows)
+    assert pd_figures(summary, flows) == EXPECTED["pd_open"]
 
 
-# (what each driver gave for these seeds)
-EXPECTED = {'offline_closed': {'requests': {'completed': 41,
-                                 'total': 60,
-                                 'rejected': 0,
-                                 'rejected_queue_saturated': 19,
-                                 'rejected_invalid': 0},
-                    'steps': 426,
-                    'span': 0.342091516,
-                    'ms': [1.499738, 6.821742, 3.048638, 30.508368, 6.684767, 33.696042, 32.40575,
-                           75.275428, 0.502184, 0.812286, 0.855684, 0.934216],
-                    'prefix_hits': 10624},
- 'offline_open_lora': {'requests': {'completed': 60,
-                                    'total': 60,
-                                    'rejected': 0,
-                                    'rejected_queue_saturated': 0,
-                                    'rejected_invalid': 0},
-                       'steps': 511,
-                       'span': 1.069058442,
-                       'ms': [1.981373, 7.685187, 5.083392, 42.538004, 21.154244, 97.386805,
-                              102.153656, 170.475601, 1.916299, 2.084852, 2.062063, 2.646009],
-                       'prefix_hits': 0},
- 'dp_closed': {'requests': {'completed': 35,
-                            'total': 60,
-                            'rejected': 0,
-                            'rejected_queue_saturated': 25,
-                            'rejected_invalid': 0},
-               'steps': 393,
-               'span': 0.409873533,
-               'ms': [1.903166, 8.720806, 4.575955, 44.921821, 12.523116, 70.277009, 67.872005,
-                      144.687007, 1.887184, 1.980878, 1.936047, 2.182815],
-               'prefix_hits': 1984,
-               'ranks': '0101x10101xx01x1010x0101x1xx0xx10x01x1xxx1x1xx01x1xx0x01xx0x',
-               'finish_sum': 9.193185352},
- 'dp_open': {'requests': {'completed': 60,
-                          'total': 60,
-                          'rejected': 0,
-                          'rejected_queue_saturated': 0,
-                          'rejected_invalid': 0},
-             'steps': 2066,
-             'span': 0.955094803,
-             'ms': [1.499055, 2.02264, 1.858503, 3.234803, 5.696049, 26.627584, 25.30329, 53.204621,
-                    0.45487, 0.565741, 0.541435, 0.776487],
-             'prefix_hits': 0,
-             'ranks': '010101010101010101010100101010101010101011010101001001010101',
-             'finish_sum': 28.41285449},
- 'pd_closed': {'requests': {'completed': 59,
-                            'total': 60,
-                            'rejected': 0,
-                            'rejected_queue_saturated': 1,
-                            'rejected_invalid': 0},
-               'steps': 1045,
-               'span': 0.307948084,
-               'ms': [2.100527, 2.948729, 2.868658, 4.428809, 5.137207, 23.643973, 21.92205,
-                      46.028607, 0.454724, 0.642418, 0.685101, 0.808449],
-               'prefix_hits': 14720,
-               'flows': [(0.003950397, 0.023799838), (0.019658658, 0.029039555),
-                         (0.023799838, 0.043518645), (0.029039555, 0.046971446),
-                         (0.046971446, 0.057545573)],
-               'finish_sum': 11.520824679},
- 'pd_open': {'requests': {'completed': 60,
-                          'total': 60,
-                          'rejected': 0,
-                          'rejected_queue_saturated': 0,
-                          'rejected_invalid': 0},
-             'steps': 1375,
-             'span': 0.962078648,
-             'ms': [2.068652, 2.817127, 2.71672, 3.878283, 7.644962, 31.452089, 30.884131,
-                    62.958018, 0.45487, 0.662137, 0.633397, 0.928581],
-             'prefix_hits': 0,
-             'flows': [(0.016744726, 0.041050829), (0.034193002, 0.048909204),
-                       (0.016254156, 0.063570197), (0.041941104, 0.082909316),
-                       (0.060703179, 0.082909316)],
-             'finish_sum': 28.702324805}}
+# what each driver gave for these seeds (figures(), dp_figures(), pd_figures())
+EXPECTED = {'offline_closed': ((41, 60, 0, 19, 0), 426, 0.342091516, 10624,
+                    (1.499738, 6.821742, 3.048638, 30.508368, 6.684767, 33.696042, 32.40575,
+                     75.275428, 0.502184, 0.812286, 0.855684, 0.934216)),
+ 'offline_open_lora': ((60, 60, 0, 0, 0), 511, 1.069058442, 0,
+                       (1.981373, 7.685187, 5.083392, 42.538004, 21.154244, 97.386805, 102.153656,
+                        170.475601, 1.916299, 2.084852, 2.062063, 2.646009)),
+ 'dp_closed': ((35, 60, 0, 25, 0), 393, 0.409873533, 1984,
+               (1.903166, 8.720806, 4.575955, 44.921821, 12.523116, 70.277009, 67.872005,
+                144.687007, 1.887184, 1.980878, 1.936047, 2.182815),
+               '0101x10101xx01x1010x0101x1xx0xx10x01x1xxx1x1xx01x1xx0x01xx0x', 9.193185352),
+ 'dp_open': ((60, 60, 0, 0, 0), 2066, 0.955094803, 0,
+             (1.499055, 2.02264, 1.858503, 3.234803, 5.696049, 26.627584, 25.30329, 53.204621,
+              0.45487, 0.565741, 0.541435, 0.776487),
+             '010101010101010101010100101010101010101011010101001001010101', 28.41285449),
+ 'pd_closed': ((59, 60, 0, 1, 0), 1045, 0.307948084, 14720,
+               (2.100527, 2.948729, 2.868658, 4.428809, 5.137207, 23.643973, 21.92205, 46.028607,
+                0.454724, 0.642418, 0.685101, 0.808449),
+               ((0.003950397, 0.023799838), (0.019658658, 0.029039555), (0.023799838, 0.043518645),
+                (0.029039555, 0.046971446), (0.046971446, 0.057545573)),
+               11.520824679),
+ 'pd_open': ((60, 60, 0, 0, 0), 1375, 0.962078648, 0,
+             (2.068652, 2.817127, 2.71672, 3.878283, 7.644962, 31.452089, 30.884131, 62.958018,
+              0.45487, 0.662137, 0.633397, 0.928581),
+             ((0.016744726, 0.041050829), (0.034193002, 0.048909204), (0.016254156, 0.063570197),
+              (0.041941104, 0.082909316), (0.060703179, 0.082909316)),
+             28.702324805)}
