@@ -2,8 +2,9 @@
 scraping each replica's /metrics at an interval, and a small subset of PromQL over them.
 
 - `parse_exposition(text, model)`: the sample values of the series in SCRAPED (vLLM's
-  queue gauges and request counters, the lab's capacity gauges), each summed over its
-  other labels (finished_reason, reason), for `model`.
+  queue gauges and request counters, the lab's capacity gauges) whose model_name is
+  `model`, each summed over its other labels (finished_reason, reason)
+  (common.prometheus_text).
 - `MetricStore`: samples by metric and series (a replica index, or "front": the counters
   of the load balancer in front, which the runner keeps), with Prometheus's staleness: a
   target that was not in the latest scrape round has no current value.
@@ -24,6 +25,8 @@ import math
 import re
 from collections import deque
 from dataclasses import dataclass, field
+
+from inference_lab.common.prometheus_text import model_sums
 
 __all__ = ["SCRAPED", "FRONT", "FRONT_REQUESTS", "FRONT_UNROUTED", "MetricStore", "Pod",
            "FleetView", "Query", "QueryError", "parse_query", "parse_exposition"]
@@ -48,23 +51,7 @@ class QueryError(ValueError):
 def parse_exposition(text: str, model: str) -> dict[str, float]:
     """The values of SCRAPED series of `model` in a Prometheus text exposition, each summed
     over the label sets it has."""
-    out: dict[str, float] = {}
-    label = f'model_name="{model}"'
-    wanted = SCRAPED
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name, brace, rest = line.partition("{")
-        if not brace:
-            name, _, rest = line.partition(" ")
-        if name not in wanted or (brace and label not in rest):
-            continue
-        try:
-            value = float(line.rsplit(" ", 1)[1])
-        except (IndexError, ValueError):
-            continue
-        out[name] = out.get(name, 0.0) + value
-    return out
+    return model_sums(text, SCRAPED, model)
 
 
 class MetricStore:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 
+from inference_lab.common.prometheus_text import model_sums
 from inference_lab.experiments.client import ConnectionError_, Result, monotonic
 
 __all__ = ["PdRouter", "pd_bodies", "decode_metrics", "ratio_name"]
@@ -62,18 +63,8 @@ def pd_bodies(raw: bytes) -> tuple[bytes, dict, bytes]:
 
 def decode_metrics(text: str, model: str) -> dict[str, float]:
     """The decode side's transfer counters of `model` from a Prometheus exposition."""
-    out = {name: 0.0 for name in DECODE_METRICS.values()}
-    label = f'model_name="{model}"'
-    for line in text.splitlines():
-        name, brace, rest = line.partition("{")
-        key = DECODE_METRICS.get(name)
-        if key is None or label not in rest:
-            continue
-        try:
-            out[key] += float(line.rsplit(" ", 1)[1])
-        except (IndexError, ValueError):
-            pass
-    return out
+    sums = model_sums(text, DECODE_METRICS, model)
+    return {key: sums.get(name, 0.0) for name, key in DECODE_METRICS.items()}
 
 
 class PdRouter:

@@ -55,6 +55,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from inference_lab.autoscale.metrics import MetricStore, Pod
+from inference_lab.common.prometheus_text import model_sums
 from inference_lab.engine.drivers.alarm import Timer
 from inference_lab.experiments.client import Connection, ConnectionError_, Endpoint, Result, monotonic
 from inference_lab.experiments.controllers import Controller, Outcome
@@ -90,20 +91,7 @@ GAUGES = {
 def parse_gauges(text: str, model: str) -> dict[str, float]:
     """The queue gauges of `model` from a Prometheus text exposition, summed over its
     engines (a server of several data-parallel ranks: one sample per `engine`)."""
-    out: dict[str, float] = {}
-    label = f'model_name="{model}"'
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name, _, rest = line.partition("{")
-        key = GAUGES.get(name)
-        if key is None or label not in rest:
-            continue
-        try:
-            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
-        except (IndexError, ValueError):
-            pass
-    return out
+    return {GAUGES[name]: value for name, value in model_sums(text, GAUGES, model).items()}
 
 
 class Http:
