@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from inference_lab.common.pd_pick import PoolPicker
 from inference_lab.common.workload import WorkloadSpec
 from inference_lab.engine.drivers.offline import _timing, distribution
 from inference_lab.engine.drivers.workload_feed import WorkloadFeed
@@ -62,6 +63,7 @@ class Pool:
     """One pool's cores and what its steps and requests did."""
 
     cores: list[EngineCore]
+    picker: PoolPicker  # the router's pick of one of them
     busy_steps: int = 0
     steps: int = 0
     kv_util: float = 0.0
@@ -75,7 +77,6 @@ class Pool:
     e2e: list[float] = field(default_factory=list)
     rejected_saturated: int = 0
     rejected_invalid: int = 0
-    turn: int = 0  # round robin's next replica
 
     def step(self, core: EngineCore, result) -> None:
         self.steps += 1
@@ -90,21 +91,11 @@ class Pool:
         self.flops_util += min(result.compute_seconds / span, 1.0)
         self.bandwidth_util += min(result.memory_seconds / span, 1.0)
 
-    def pick(self, policy: str) -> int:
-        """The replica the router sends the next request to."""
+    def pick(self) -> int:
+        """The replica the router sends the next request to (least loaded: the fewest
+        waiting + running)."""
         cores = self.cores
-        if len(cores) == 1:
-            return 0
-        if policy == "round_robin":
-            i = self.turn
-            self.turn = (i + 1) % len(cores)
-            return i
-        best, load = 0, math.inf
-        for i, core in enumerate(cores):
-            n = core.scheduler.num_waiting + core.scheduler.num_running
-            if n < load:
-                best, load = i, n
-        return best
+        return self.picker.pick(lambda i: cores[i].scheduler.num_waiting + cores[i].scheduler.num_running)
 
 
 def _ms(xs: list[float]) -> dict[str, float]:
@@ -155,11 +146,12 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
         c.link = LinkQueue(link)
         return c
 
-    prefill = Pool([core(PRODUCER) for _ in range(layout.prefill)])
-    decode = Pool([core(CONSUMER) for _ in range(layout.decode)])
+    prefill = Pool([core(PRODUCER) for _ in range(layout.prefill)],
+                   PoolPicker(range(layout.prefill), layout.policy))
+    decode = Pool([core(CONSUMER) for _ in range(layout.decode)],
+                  PoolPicker(range(layout.decode), layout.policy))
     cores = prefill.cores + decode.cores
     npre = layout.prefill
-    policy = layout.policy
     feed = WorkloadFeed(spec, seed=seed, tokenizer=tokenizer, arrivals=arrivals)
     total = spec.num_requests
     # each core's next step (inf: idle); a core blocked by held handoffs waits for a release
@@ -191,7 +183,7 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
         if now < first_arrival:
             first_arrival = now
         flow = Flow(key, now, prompt_len if not tokens else len(tokens) // 4, output_len, tokens)
-        i = prefill.pick(policy)
+        i = prefill.pick()
         try:
             flow.prefill = cores[i].submit(prompt_len if not tokens else 0, 1, now, tag=flow,
                                            token_ids=tokens, kv=_REMOTE_DECODE)
@@ -209,7 +201,7 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
         pcore = cores[producer]
         if handoff is not None:
             handoff = pcore.take_handoff(handoff.request_id, handoff.digest, now)
-        j = decode.pick(policy)
+        j = decode.pick()
         dcore = cores[npre + j]
         kv = KvTransfer(False, handoff.tokens if handoff is not None else 0)
         try:

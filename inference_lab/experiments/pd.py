@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 
+from inference_lab.common.pd_pick import PoolPicker
 from inference_lab.common.prometheus_text import model_sums
 from inference_lab.experiments.client import ConnectionError_, Result, monotonic
 
@@ -76,14 +77,14 @@ class PdRouter:
             raise ValueError("a P/D fleet needs a prefill and a decode replica")
         self.prefill, self.decode, self.policy = prefill, decode, policy
         self.inflight: dict[int, int] = {r.index: 0 for r in (*prefill, *decode)}
-        self._rr = {"prefill": -1, "decode": -1}
+        self._pickers = {"prefill": PoolPicker([r.index for r in prefill], policy),
+                         "decode": PoolPicker([r.index for r in decode], policy)}
 
     def pick(self, pool: str):
+        """The route of the pool's replica the next request goes to (least loaded: the
+        fewest of this client's requests in flight on it)."""
         routes = self.prefill if pool == "prefill" else self.decode
-        if self.policy == "round_robin":
-            self._rr[pool] = (self._rr[pool] + 1) % len(routes)
-            return routes[self._rr[pool]]
-        return min(routes, key=lambda r: (self.inflight[r.index], r.index))
+        return routes[self._pickers[pool].pick(lambda i: self.inflight[routes[i].index])]
 
     async def _hop(self, route, raw: bytes) -> Result:
         """One request on an idle keep-alive connection of `route` (or a new one, kept)."""

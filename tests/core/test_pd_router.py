@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from inference_lab.common.pd_pick import PoolPicker
 from inference_lab.experiments.client import Endpoint
 from inference_lab.experiments.fleet import Route
 from inference_lab.experiments.pd import PdRouter, decode_metrics, pd_bodies, ratio_name
@@ -34,6 +35,14 @@ def test_least_loaded_picks_the_fewest_in_flight_and_the_lowest_index_on_a_tie()
     assert router.pick("prefill").index == 0 and router.pick("decode").index == 2
     router.inflight.update({0: 2, 1: 1, 2: 1, 3: 0, 4: 0})
     assert router.pick("prefill").index == 1 and router.pick("decode").index == 3
+
+
+def test_least_loaded_breaks_a_tie_by_replica_index_whatever_the_pool_s_order():
+    router = PdRouter(routes(3, 1), routes(4, 2))
+    assert router.pick("prefill").index == 1 and router.pick("decode").index == 2
+    # the offline driver's pools use the same pick, by position (engine.drivers.disagg)
+    picker = PoolPicker(range(3))
+    assert picker.pick([2, 1, 1].__getitem__) == 1
 
 
 def test_round_robin_takes_each_replica_of_a_pool_in_turn():
