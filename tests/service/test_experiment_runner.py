@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from inference_lab.experiments import runner as runner_module
+from inference_lab.experiments import load as load_module
 from inference_lab.experiments.controllers import FixedLimit, make_controller
 from inference_lab.experiments.runner import Runner
 from inference_lab.experiments.scenario import load_scenario
@@ -79,7 +79,7 @@ class OneThenFour(FixedLimit):
 
 async def test_a_release_that_frees_several_slots_wakes_as_many_waiting_users(tmp_path, monkeypatch):
     # No periodic re-check to fall back on within the run: only the release can wake them.
-    monkeypatch.setattr(runner_module, "SLOT_RECHECK", 30.0)
+    monkeypatch.setattr(load_module, "SLOT_RECHECK", 30.0)
     path = tmp_path / "jump.toml"
     path.write_text(SCENARIO.replace('duration = 1.5', 'duration = 1.0'))
     with serve() as served:
