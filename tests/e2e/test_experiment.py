@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from scenario_text import closed_loop
 from system_tools import tool
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -23,26 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # 8 users behind a fixed limit of 8 on max_num_seqs 8: exactly the oracle's concurrency.
 # The action raises max_num_seqs to 16, which leaves the oracle at min(8 users, 16) = 8.
-SCENARIO = """
-name = "short"
-duration = 8
-model = "gpt-oss-20b"
-window = 1.0
-[server]
-max_num_seqs = 8
-max_waiting = 0
-[load]
-arrival_pattern = "closed_loop"
-num_concurrent_users = 8
-input_len_dist = { type = "fixed", value = 16 }
-output_len_dist = { type = "fixed", value = 100 }
-[controller]
-name = "fixed"
-params = { limit = 8 }
-[[timeline]]
-at = 4
-capacity = { max_num_seqs = 16 }
-"""
+SCENARIO = closed_loop("short", 8, 8, limit=8, window=1.0, server="max_num_seqs = 8\nmax_waiting = 0",
+                       more="[[timeline]]\nat = 4\ncapacity = { max_num_seqs = 16 }")
 
 
 def experiment(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -230,21 +213,8 @@ def test_url_drives_a_running_server_and_reads_its_queue_from_control_capacity(t
 
 # Faults on the timeline (4 wall seconds at time scale 2): steps 3x slower from 2 to 4 s,
 # half the requests an injected 503 from 4.5 to 5.5 s, a stall from 6 to 7 s.
-FAULTS = """
-name = "faults"
-duration = 8
-window = 0.5
-[server]
-max_num_seqs = 8
-[load]
-arrival_pattern = "closed_loop"
-num_concurrent_users = 8
-input_len_dist = { type = "fixed", value = 16 }
-output_len_dist = { type = "fixed", value = 50 }
-retry_after_529 = 0.0
-[controller]
-name = "fixed"
-params = { limit = 8 }
+FAULTS = closed_loop("faults", 8, 8, limit=8, output=50, window=0.5, server="max_num_seqs = 8",
+                     load="retry_after_529 = 0.0") + """
 [[timeline]]
 at = 2
 fault = { kind = "slow", factor = 3, seconds = 2 }
@@ -292,25 +262,9 @@ def test_faults_on_the_timeline_reach_the_server_and_the_report(tmp_path):
 # Multi-turn chats on shared system prompts, half of the requests through a LoRA adapter:
 # real distinct prompt text whose structure the server's prefix cache and the oracle's
 # offline simulation both see.
-MULTI_TURN = """
-name = "multi-turn"
-duration = 6
-[server]
-max_num_seqs = 8
-[load]
-arrival_pattern = "closed_loop"
-num_concurrent_users = 8
-input_len_dist = { type = "fixed", value = 64 }
-output_len_dist = { type = "fixed", value = 32 }
-shared_prefix_len = 256
-num_shared_prefixes = 2
-num_turns = 3
-lora_adapters = { sql = 0.5 }
-seed = 9
-[controller]
-name = "fixed"
-params = { limit = 0 }
-"""
+MULTI_TURN = closed_loop("multi-turn", 6, 8, limit=0, prompt=64, output=32, server="max_num_seqs = 8",
+                         load="shared_prefix_len = 256\nnum_shared_prefixes = 2\nnum_turns = 3\n"
+                              "lora_adapters = { sql = 0.5 }\nseed = 9")
 
 
 def test_multi_turn_prompts_hit_the_prefix_cache_as_the_oracle_predicts(tmp_path):
@@ -369,24 +323,8 @@ def test_an_adapter_name_that_is_not_a_plain_file_name_is_refused_and_nothing_is
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
-DP_SERVED = """
-name = "dp-served"
-duration = 6
-model = "gpt-oss-20b"
-window = 1.0
-[server]
-max_num_seqs = 4
-max_waiting = 0
-data_parallel_size = 2
-[load]
-arrival_pattern = "closed_loop"
-num_concurrent_users = 8
-input_len_dist = { type = "fixed", value = 16 }
-output_len_dist = { type = "fixed", value = 100 }
-[controller]
-name = "fixed"
-params = { limit = 8 }
-"""
+DP_SERVED = closed_loop("dp-served", 6, 8, limit=8, window=1.0,
+                        server="max_num_seqs = 4\nmax_waiting = 0\ndata_parallel_size = 2")
 
 
 def test_a_served_scenario_of_two_ranks_runs_on_serve_data_parallel_size_2(tmp_path):

@@ -15,6 +15,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from scenario_text import closed_loop
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = 1500  # tokens: 24 blocks of 64, every position but the last received by transfer
 
@@ -113,16 +115,7 @@ def test_a_sweep_it_cannot_run_is_refused_naming_the_key(tmp_path, args, message
     assert not (tmp_path / "x").exists()
 
 
-CLOSED = """
-name = "pd-url"
-duration = 1
-model = "gpt-oss-20b"
-window = 0.5
-[load]
-arrival_pattern = "closed_loop"
-num_concurrent_users = 3
-input_len_dist = { type = "fixed", value = 640 }
-output_len_dist = { type = "fixed", value = 8 }
+CLOSED = closed_loop("pd-url", 1, 3, prompt=640, output=8, window=0.5) + """
 [fleet]
 kv_roles = "RATIO"
 pd_policy = "round_robin"

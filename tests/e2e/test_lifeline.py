@@ -24,25 +24,11 @@ import pytest
 from inference_lab.common.lifeline import PARENT_PID_ENV
 from inference_lab.testing.launch import Proc, command, serve
 from inference_lab.testing.poll import wait_until
+from scenario_text import closed_loop
 
 GONE_WITHIN_S = 5.0  # the promise: a child ends within 5 s of its parent, ports released
 
-SCENARIO = """
-name = "long"
-duration = 600
-model = "gpt-oss-20b"
-window = 1.0
-[server]
-max_num_seqs = 8
-[load]
-arrival_pattern = "closed_loop"
-num_concurrent_users = 2
-input_len_dist = { type = "fixed", value = 16 }
-output_len_dist = { type = "fixed", value = 100 }
-[controller]
-name = "fixed"
-params = { limit = 2 }
-"""
+SCENARIO = closed_loop("long", 600, 2, limit=2, window=1.0, server="max_num_seqs = 8")
 
 
 def lab_processes(tmpdir: Path) -> list[int]:

@@ -15,21 +15,9 @@ from inference_lab.experiments.controllers import FixedLimit, make_controller
 from inference_lab.experiments.runner import Runner
 from inference_lab.experiments.scenario import load_scenario
 from inference_lab.testing.launch import serve
+from scenario_text import closed_loop
 
-SCENARIO = """
-name = "gc"
-duration = 1.5
-model = "gpt-oss-20b"
-[server]
-max_num_seqs = 4
-[load]
-arrival_pattern = "closed_loop"
-num_concurrent_users = 4
-input_len_dist = { type = "fixed", value = 16 }
-output_len_dist = { type = "fixed", value = 20 }
-[controller]
-name = "fixed"
-params = { limit = 4 }
+SCENARIO = closed_loop("gc", 1.5, 4, limit=4, output=20, server="max_num_seqs = 4") + """
 [[timeline]]
 at = 0.5
 load = { num_concurrent_users = 4 }
