@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 
 from inference_lab.common.dp_balance import Coordinator, RankBalancer
 from inference_lab.common.workload import WorkloadSpec, draw_adapter
-from inference_lab.engine.drivers.offline import RunRecorder, _adapters, distribution, summarise
+from inference_lab.engine.drivers.offline import (RunRecorder, _adapters, distribution, prefix_cache,
+                                                  summarise)
 from inference_lab.engine.drivers.workload_feed import WorkloadFeed
 from inference_lab.engine.sim.core import EngineCore, QueueSaturated, StepResult, SubmitError
 from inference_lab.engine.sim.request import Request
@@ -214,15 +215,6 @@ class DataParallelRanks:
         }
 
 
-def _prefix_cache(cores: list[EngineCore]) -> dict:
-    caches = [c.prefix_cache for c in cores if c.prefix_cache is not None]
-    if not caches:
-        return {"enabled": False}
-    q = sum(c.stats.queries for c in caches)
-    h = sum(c.stats.hits for c in caches)
-    return {"enabled": True, "queries": q, "hits": h, "hit_rate": h / q if q else 0.0}
-
-
 def run_data_parallel(deployment: Deployment, spec: WorkloadSpec, size: int, *,
                       seed: int | None = None,
                       on_progress: Callable[[int, int], None] | None = None,
@@ -299,6 +291,6 @@ def run_data_parallel(deployment: Deployment, spec: WorkloadSpec, size: int, *,
     completed = summary["requests"]["completed"]
     summary["preemptions"] = {"total": preemptions,
                               "per_request_mean": preemptions / completed if completed else 0.0}
-    summary["prefix_cache"] = _prefix_cache(cores)
+    summary["prefix_cache"] = prefix_cache(cores)
     summary["data_parallel"] = dp.summary()
     return summary

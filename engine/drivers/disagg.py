@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from inference_lab.common.pd_pick import PoolPicker
 from inference_lab.common.workload import WorkloadSpec
-from inference_lab.engine.drivers.offline import _timing, distribution
+from inference_lab.engine.drivers.offline import _timing, distribution, prefix_cache
 from inference_lab.engine.drivers.workload_feed import WorkloadFeed
 from inference_lab.engine.sim.core import EngineCore, QueueSaturated, SubmitError
 from inference_lab.engine.sim.kv_transfer import (
@@ -100,15 +100,6 @@ class Pool:
 
 def _ms(xs: list[float]) -> dict[str, float]:
     return {k: v * 1000.0 for k, v in distribution(xs).items()}
-
-
-def _prefix_cache(cores: list[EngineCore]) -> dict:
-    caches = [c.prefix_cache for c in cores if c.prefix_cache is not None]
-    if not caches:
-        return {"enabled": False}
-    q = sum(c.stats.queries for c in caches)
-    h = sum(c.stats.hits for c in caches)
-    return {"enabled": True, "queries": q, "hits": h, "hit_rate": h / q if q else 0.0}
 
 
 def _utilization(pool: Pool) -> dict:
@@ -334,7 +325,7 @@ def _summary(dep: Deployment, layout: PdLayout, link, prefill: Pool, decode: Poo
             "requests": {"rejected_queue_saturated": pool.rejected_saturated,
                          "rejected_invalid": pool.rejected_invalid},
             "preemptions": sum(c.scheduler.num_preemptions for c in pool.cores),
-            "prefix_cache": _prefix_cache(pool.cores),
+            "prefix_cache": prefix_cache(pool.cores),
             "steps": pool.steps,
         }
     return {
@@ -362,7 +353,7 @@ def _summary(dep: Deployment, layout: PdLayout, link, prefill: Pool, decode: Poo
         },
         "preemptions": {"total": preemptions,
                         "per_request_mean": preemptions / completed if completed else 0.0},
-        "prefix_cache": _prefix_cache(prefill.cores),
+        "prefix_cache": prefix_cache(prefill.cores),
         "pd": {
             "prefill_replicas": layout.prefill,
             "decode_replicas": layout.decode,

@@ -94,12 +94,14 @@ class RunRecorder:
         self.bandwidth_util += min(result.memory_seconds / span, 1.0)
 
 
-def _prefix_cache(core: EngineCore) -> dict:
-    """Queries and hits in prompt tokens, as vLLM counts them, and their ratio."""
-    cache = core.prefix_cache
-    if cache is None:
+def prefix_cache(cores: list[EngineCore]) -> dict:
+    """Queries and hits in prompt tokens over the cores, as vLLM counts them, and their
+    ratio."""
+    caches = [c.prefix_cache for c in cores if c.prefix_cache is not None]
+    if not caches:
         return {"enabled": False}
-    q, h = cache.stats.queries, cache.stats.hits
+    q = sum(c.stats.queries for c in caches)
+    h = sum(c.stats.hits for c in caches)
     return {"enabled": True, "queries": q, "hits": h, "hit_rate": h / q if q else 0.0}
 
 
@@ -146,7 +148,7 @@ def summarise(rec: RunRecorder, core: EngineCore, steps: int, cpu_seconds: float
         "preemptions": {"total": core.scheduler.num_preemptions,
                         "per_request_mean": (core.scheduler.num_preemptions / completed
                                              if completed else 0.0)},
-        "prefix_cache": _prefix_cache(core),
+        "prefix_cache": prefix_cache([core]),
         "simulation": {
             "simulated_seconds": span,
             "steps": steps,

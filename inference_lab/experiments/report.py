@@ -77,6 +77,17 @@ def _mark_actions(ax, actions: list[dict], label: bool = False,
                         color=color)
 
 
+def _frame(ax, xmax: float, xlabel: str, ylabel: str, *, floor: bool = True,
+           loc: str = "upper left", ncol: int = 1) -> None:
+    """A time series' axes: x from 0 to `xmax`, y from 0 (`floor`), labels, the legend."""
+    ax.set_xlim(0, xmax)
+    if floor:
+        ax.set_ylim(bottom=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(loc=loc, fontsize=8, ncol=ncol)
+
+
 def _fmt(v, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "–"
@@ -187,11 +198,7 @@ def _run_figures(run: dict, summary: dict, window: float) -> list[tuple[str, str
         ax.step(srv["t"], srv["max_num_seqs"], where="post", label="max_num_seqs",
                 color="#7f7f7f", linestyle=":")
     _mark_actions(ax, actions, phases=summary["phases"])
-    ax.set_xlim(0, duration)
-    ax.set_ylim(bottom=0)
-    ax.set_ylabel("requests")
-    ax.set_xlabel("modelled seconds")
-    ax.legend(loc="upper right", fontsize=8)
+    _frame(ax, duration, "modelled seconds", "requests", loc="upper right")
     figs.append(("Server queue (scraped every 250 ms)", _png(fig)))
     return figs
 
@@ -223,20 +230,12 @@ def _fleet_figures(run: dict, summary: dict, window: float) -> list[tuple[str, s
         ax.step(starts, oracle["replicas"] + oracle["replicas"][-1:], where="post",
                 label="oracle (fewest meeting the SLO)", color="#d62728", linestyle="--", linewidth=1)
     _mark_actions(ax, [dict(a, at=a["at"] * scale) for a in actions])
-    ax.set_xlim(0, duration * scale)
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel(unit)
-    ax.set_ylabel("replicas")
-    ax.legend(loc="upper left", fontsize=8)
+    _frame(ax, duration * scale, unit, "replicas")
     figs.append(("Replicas: desired, ready, and the oracle's", _png(fig)))
 
     fig, ax = plt.subplots(figsize=(11, 3.0))
     ax.plot(w["t"] * scale, w["sent"], color="#1f77b4", label=f"arrivals/s (per {window:g} s)")
-    ax.set_ylim(bottom=0)
-    ax.set_xlim(0, duration * scale)
-    ax.set_xlabel(unit)
-    ax.set_ylabel("requests/s")
-    ax.legend(loc="upper left", fontsize=8)
+    _frame(ax, duration * scale, unit, "requests/s")
     figs.append(("Arrival rate", _png(fig)))
 
     fig, ax = plt.subplots(figsize=(11, 3.0))
@@ -250,10 +249,7 @@ def _fleet_figures(run: dict, summary: dict, window: float) -> list[tuple[str, s
     positive = positive[np.isfinite(positive) & (positive > 0)]
     if positive.size:
         ax.set_yscale("log")
-    ax.set_xlim(0, duration * scale)
-    ax.set_xlabel(unit)
-    ax.set_ylabel("seconds (modelled)")
-    ax.legend(loc="upper left", fontsize=8, ncol=3)
+    _frame(ax, duration * scale, unit, "seconds (modelled)", floor=False, ncol=3)
     figs.append((f"Latency against the SLO per {window:g} s window", _png(fig)))
 
     fig, ax = plt.subplots(figsize=(11, 2.8))
@@ -264,11 +260,7 @@ def _fleet_figures(run: dict, summary: dict, window: float) -> list[tuple[str, s
         counts, _ = np.histogram(send[status == 503], bins=edges)
         ax.plot(w["t"][:counts.size] * scale, counts / window, color="#ff7f0e",
                 label="503/s (no ready replica)")
-    ax.set_ylim(bottom=0)
-    ax.set_xlim(0, duration * scale)
-    ax.set_xlabel(unit)
-    ax.set_ylabel("per second")
-    ax.legend(loc="upper left", fontsize=8)
+    _frame(ax, duration * scale, unit, "per second")
     figs.append(("Refusals: 529s and 503s", _png(fig)))
     return figs
 

@@ -209,14 +209,14 @@ class SloSpec:
 @dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
-    duration: float
-    model: str
-    workload: WorkloadSpec
-    controller: str = "fixed"
+    duration: float  # modelled seconds of load
+    model: str  # the served model's name, as requests name it
+    workload: WorkloadSpec  # [load]
+    controller: str = "fixed"  # a name of experiments.controllers
     controller_params: dict = field(default_factory=dict)
-    rtt: str = "e2e"
-    retry_after_529: float = 0.1
-    window: float = 2.0
+    rtt: str = "e2e"  # the latency the controller is given (RTT_KINDS)
+    retry_after_529: float = 0.1  # modelled s a closed-loop user waits after a non-200 answer
+    window: float = 2.0  # modelled s per window of the summary and the plots
     description: str = ""
     config: Path | None = None
     hardware: str = "b200"
@@ -474,11 +474,7 @@ def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
     if ct is not None:
         controller = ct.get("name", str, "a controller name", "fixed")
         rtt = ct.get("rtt", str, f"one of {', '.join(RTT_KINDS)}", "e2e", ok=lambda v: v in RTT_KINDS)
-        if "params" in ct.data:
-            if not isinstance(ct.data["params"], dict):
-                raise ct.error("params", "a table of the controller's parameters", ct.data["params"])
-            params = dict(ct.data["params"])
-            ct._known.append("params")
+        params = dict(ct.get("params", dict, "a table of the controller's parameters", {}))
         ct.done()
 
     actions = []
@@ -551,11 +547,7 @@ def _fleet_tables(top: Table) -> tuple[FleetSpec | None, str, dict, SloSpec | No
     name, params = "", {}
     if at is not None:
         name = at.get("name", str, "an autoscaler name (hpa, keda, slo, or package.module:Class)")
-        if "params" in at.data:
-            if not isinstance(at.data["params"], dict):
-                raise at.error("params", "a table of the autoscaler's parameters", at.data["params"])
-            params = dict(at.data["params"])
-            at._known.append("params")
+        params = dict(at.get("params", dict, "a table of the autoscaler's parameters", {}))
         at.done()
     slo = None
     if st is not None:
