@@ -78,7 +78,7 @@ def test_an_experiment_stops_its_background_tasks_and_leaves_a_stubborn_one_behi
 
         async def stubborn() -> None:
             try:
-                await asyncio.sleep(3600)
+                await asyncio.sleep(3600)  # waits until cancelled, then refuses to stop
             except asyncio.CancelledError:
                 await asyncio.sleep(3600)  # swallowed
 
