@@ -71,9 +71,14 @@ def machine() -> str:
     return f"{host()}; code at {commit()}"
 
 
-def loadavg() -> str:
+def load_average() -> list[str]:
+    """The 1, 5 and 15 minute load averages, as /proc/loadavg writes them."""
     with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
+        return f.read().split()[:3]
+
+
+def loadavg() -> str:
+    return " ".join(load_average())
 
 
 def print_load(label: str) -> None:
@@ -162,6 +167,16 @@ def stream_arguments(doc: str, clients: int, seconds: float) -> argparse.Argumen
     parser.add_argument("--seconds", type=float, default=seconds)
     parser.add_argument("--max-tokens", type=int, default=200)
     return parser
+
+
+def add_window_arguments(parser: argparse.ArgumentParser, *, warmup: float,
+                         duration: float) -> None:
+    """--warmup and --duration: the seconds of load before the measured window, and the
+    window's."""
+    parser.add_argument("--warmup", type=float, default=warmup,
+                        help=f"seconds of load before the measured window (default {warmup:g})")
+    parser.add_argument("--duration", type=float, default=duration,
+                        help=f"measured seconds (default {duration:g})")
 
 
 def split(n: int, k: int) -> list[int]:
@@ -346,6 +361,13 @@ def summarize_profile(path: str, top: int = 15) -> str:
     rows += [f"  {100 * c / total:5.1f}  {fr}"
              for fr, c in sorted(incl.items(), key=lambda kv: -kv[1])[:top]]
     return "\n".join(rows)
+
+
+def llama70b_server() -> str:
+    """The [server] table of the autoscaling scenarios: llama-3.1-70b on an H100, 64
+    running and 128 waiting per replica."""
+    return (f'[server]\nconfig = "{ROOT / "configs" / "llama-3.1-70b.toml"}"\nhardware = "h100"\n'
+            "max_num_seqs = 64\nmax_waiting = 128")
 
 
 def write_json(path: str | None, data: dict) -> None:

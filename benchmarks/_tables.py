@@ -9,11 +9,13 @@ A refreshable table sits between two markers on lines of their own,
 and `replace_block` swaps what is between them for a new body, leaving every other byte of
 the file as it was. `render` makes that body: a table of figures (what, figure, target,
 met) and one line saying how to reproduce it and where it was measured. Knows nothing of
-the benchmarks themselves (benchmarks/run_all.py holds the registry) and runs nothing.
+the benchmarks themselves (benchmarks/_registry.py holds the registry) and runs nothing.
+`ms`, `pct`, `span` and `within` write a figure the way every table writes it.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -78,3 +80,26 @@ def replace_block(text: str, name: str, body: str) -> str:
     start = re.search(rf"^{re.escape(_OPEN.format(name))}[ \t]*\n", text, re.MULTILINE)
     end = re.search(rf"^{re.escape(_CLOSE.format(name))}", text, re.MULTILINE)
     return f"{text[:start.end()]}{body.strip(chr(10))}\n{text[end.start():]}"
+
+
+# ---- figures ---------------------------------------------------------------------------------------
+def ms(seconds: float, digits: int = 1) -> str:
+    return "n/a" if seconds is None or math.isnan(seconds) else f"{seconds * 1e3:.{digits}f}"
+
+
+def pct(a: float, b: float) -> str:
+    return "n/a" if not b or math.isnan(a) or math.isnan(b) else f"{100 * (a / b - 1):+.1f} %"
+
+
+def span(values: list[float], fmt: str = "{:,.0f}") -> str:
+    """"a" when every value formats the same, else "least–greatest"."""
+    if not values:
+        return "n/a"
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def within(a: float, b: float, tolerance: float) -> bool | None:
+    if not b or math.isnan(a) or math.isnan(b):
+        return None
+    return abs(a / b - 1) <= tolerance

@@ -19,9 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import _common as C
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def scenario(where: Path, minutes: float) -> Path:
@@ -34,11 +34,7 @@ duration = {d}
 model = "llama-3.1-70b"
 window = 10
 scrape_interval = 5
-[server]
-config = "{ROOT / 'configs' / 'llama-3.1-70b.toml'}"
-hardware = "h100"
-max_num_seqs = 64
-max_waiting = 128
+{C.llama70b_server()}
 [load]
 arrival_pattern = "poisson"
 rate_schedule = {{ type = "trace", points = [[0, 8], [{a}, 8], [{a + 0.001}, 30], [{b}, 30], [{b + 0.001}, 8], [{d}, 8]] }}
@@ -91,7 +87,7 @@ def main() -> None:
         "max_decision_gap_s": max((abs(v[0] - s[0]) for v, s in pairs), default=0.0),
         "attainment_points": 100 * abs(virtual["attainment"] - served["attainment"]),
         "gpu_hours_rel": abs(virtual["gpu_hours"] - served["gpu_hours"]) / served["gpu_hours"],
-        "load_average": open("/proc/loadavg").read().split()[:3],
+        "load_average": C.load_average(),
     }
     for name in ("virtual", "served"):
         r = figures[name]
@@ -102,8 +98,7 @@ def main() -> None:
           f"{figures['max_decision_gap_s']:.2f} s; attainment differs by {figures['attainment_points']:.2f} "
           f"points; GPU-hours by {100 * figures['gpu_hours_rel']:.2f} % (load average "
           f"{' '.join(figures['load_average'])})")
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=1))
+    C.write_json(args.json, figures)
 
 
 if __name__ == "__main__":

@@ -16,15 +16,15 @@ pass/fail.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import tempfile
 import time
 from pathlib import Path
 
+import _common as C
+
 DAY = 86_400.0
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def write_day(path: Path, mean_rate: float, swing: float, seed: int = 24) -> int:
@@ -56,11 +56,7 @@ duration = {hours * 3600}
 model = "llama-3.1-70b"
 window = 300
 scrape_interval = 60
-[server]
-config = "{ROOT / 'configs' / 'llama-3.1-70b.toml'}"
-hardware = "h100"
-max_num_seqs = 64
-max_waiting = 128
+{C.llama70b_server()}
 [load]
 arrival_pattern = "trace"
 trace_path = "{trace}"
@@ -110,7 +106,7 @@ def main() -> None:
         "engine_steps": run["engine_steps"], "attainment": auto["attainment"],
         "gpu_hours": auto["gpu_hours"], "cold_starts": auto["cold_starts"],
         "peak_replicas": auto["peak_replicas"], "cost_vs_oracle": auto["cost_vs_oracle"],
-        "trace_written_s": written, "load_average": open("/proc/loadavg").read().split()[:3],
+        "trace_written_s": written, "load_average": C.load_average(),
     }
     print(f"{hours:g} h from hour {args.start_hour:g} of a {rows:,}-request day "
           f"({args.mean_rate:g}/s mean): {auto['requests']:,} requests in {run['wall_s']:.0f} s wall, "
@@ -119,8 +115,7 @@ def main() -> None:
     print(f"attainment {100 * (auto['attainment'] or 0):.2f} %, {auto['gpu_hours']:.1f} GPU-hours, "
           f"{auto['cold_starts']} cold starts, peak {auto['peak_replicas']} replicas, cost vs oracle "
           f"{auto['cost_vs_oracle'] or 0:.2f} x (load average {' '.join(figures['load_average'])})")
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=1))
+    C.write_json(args.json, figures)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ import os
 import signal
 import threading
 import time
-import urllib.request
 
 import _common as C
 
@@ -143,12 +142,17 @@ def report(label: str, reads: list, gauge: list, ended: float, until: float) -> 
     return {"bins": rows, "back_after_s": back}
 
 
+def start_scraping(served: C.Served) -> tuple[list, threading.Event]:
+    """The gauge `scrape_interval` fills from a thread of its own, and the event that stops it."""
+    gauge: list = []
+    stop = threading.Event()
+    threading.Thread(target=scrape_interval, args=(served, gauge, stop), daemon=True).start()
+    return gauge, stop
+
+
 async def spike(served: C.Served, args) -> dict:
     reads: list = []
-    gauge: list = []
-    stop_scrape = threading.Event()
-    scraper = threading.Thread(target=scrape_interval, args=(served, gauge, stop_scrape), daemon=True)
-    scraper.start()
+    gauge, stop_scrape = start_scraping(served)
     low_stop, high_stop = asyncio.Event(), asyncio.Event()
     low = await clients(served.port, args.low, reads, low_stop)
     high = await clients(served.port, args.high - args.low, reads, high_stop)
@@ -166,10 +170,7 @@ async def spike(served: C.Served, args) -> dict:
 
 async def stall(served: C.Served, args) -> dict:
     reads: list = []
-    gauge: list = []
-    stop_scrape = threading.Event()
-    scraper = threading.Thread(target=scrape_interval, args=(served, gauge, stop_scrape), daemon=True)
-    scraper.start()
+    gauge, stop_scrape = start_scraping(served)
     stop = asyncio.Event()
     low = await clients(served.port, args.low, reads, stop)
     await asyncio.sleep(5.0)

@@ -242,31 +242,31 @@ def show(label: str, report: dict) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--chat", type=int, default=12, help="streaming chat clients (default 12)")
-    p.add_argument("--embed", type=int, default=12, help="embeddings clients (default 12)")
-    p.add_argument("--duration", type=float, default=10.0, help="measured seconds (default 10)")
-    p.add_argument("--warmup", type=float, default=2.0, help="seconds before it (default 2)")
-    p.add_argument("--max-tokens", type=int, default=200, help="chat reply length (default 200)")
-    p.add_argument("--inputs", type=int, default=4, help="inputs per embeddings request (default 4)")
-    p.add_argument("--input-tokens", type=int, default=512, help="tokens per input (default 512)")
+    # every flag's help ends with its default, as argparse writes it
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--chat", type=int, default=12, help="streaming chat clients")
+    p.add_argument("--embed", type=int, default=12, help="embeddings clients")
+    p.add_argument("--duration", type=float, default=10.0, help="measured seconds")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds before it")
+    p.add_argument("--max-tokens", type=int, default=200, help="chat reply length")
+    p.add_argument("--inputs", type=int, default=4, help="inputs per embeddings request")
+    p.add_argument("--input-tokens", type=int, default=512, help="tokens per input")
     p.add_argument("--bodies", type=int, default=200,
-                   help="distinct embeddings bodies per client, cycled (default 200)")
+                   help="distinct embeddings bodies per client, cycled")
     p.add_argument("--max-requests", type=int, default=100_000, help="per client, at most")
-    p.add_argument("--hardware", default="b200", help="hardware preset (default b200)")
+    p.add_argument("--hardware", default="b200", help="hardware preset")
     p.add_argument("--embed-model", default="qwen3-embedding-0.6b",
-                   help="embedding model of configs/ (default qwen3-embedding-0.6b)")
+                   help="embedding model of configs/")
     p.add_argument("--alone", action="store_true", help="also run each route by itself")
     p.add_argument("--open", action="store_true",
                    help="open loops instead of closed ones: each route's requests sent on a "
                         "seeded Poisson schedule (--chat-rate, --embed-rate), the same one "
                         "mixed and alone, so the modelled times compare like for like")
-    p.add_argument("--chat-rate", type=float, default=20.0,
-                   help="with --open: chat requests per second (default 20)")
+    p.add_argument("--chat-rate", type=float, default=20.0, help="with --open: chat requests/s")
     p.add_argument("--embed-rate", type=float, default=50.0,
-                   help="with --open: embeddings requests per second (default 50; its "
-                        "bodies are the --embed clients' --bodies, none sent twice below "
-                        "that many requests)")
+                   help="with --open: embeddings requests/s (their bodies are the --embed "
+                        "clients' --bodies, none sent twice below that many requests)")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args()
     C.print_load("before")

@@ -111,8 +111,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--variants", default="1,8,1@0",
                         help="K (back to back) or K@T (ticker every T s), comma-separated")
     parser.add_argument("--tokens", type=int, default=200, help="token events per response")
-    parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--duration", type=float, default=5.0)
+    C.add_window_arguments(parser, warmup=1.0, duration=5.0)
     parser.add_argument("--loadgen-procs", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3,
                         help="measurements per variant; the median is reported")

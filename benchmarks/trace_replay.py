@@ -110,16 +110,15 @@ def main() -> None:
         "send_delay_p99_ms": float(np.percentile(delays, 99)),
         "send_delay_max_ms": float(delays.max()),
         "cpu_us_per_request": cpu / max(delays.size, 1) * 1e6, "server": "serve" if args.serve else "stub",
-        "load_average": open("/proc/loadavg").read().split()[:3], "commit": L.commit(),
+        "load_average": C.load_average(), "commit": L.commit(),
         "measured_at": time.strftime("%Y-%m-%d"),
     }
+    C.write_json(args.json, figures)
     print(f"trace of {rows} requests at {args.rate:g}/s for {seconds:g} s ({args.format}): "
           f"{figures['issued']} issued, {figures['ok']} answered 200")
     print(f"send delay p50 {figures['send_delay_p50_ms']:.3f} ms, p99 {figures['send_delay_p99_ms']:.3f} ms, "
           f"max {figures['send_delay_max_ms']:.3f} ms; runner CPU {figures['cpu_us_per_request']:.0f} us/request "
           f"(load average {' '.join(figures['load_average'])})")
-    if args.json:
-        args.json.write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

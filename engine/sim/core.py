@@ -4,7 +4,8 @@ Knows the scheduler, the cost model and the admission rule (the waiting bound). 
 not know the wall clock, asyncio, gRPC or HTTP: the offline runner and the real-time
 pacer drive it by calling `submit`, `step(now)` and `cancel` with simulated times.
 A step is decided and booked when it starts; its tokens belong to its end time, which
-the driver honours (the pacer delivers them then).
+the driver honours (the pacer delivers them then). Its P/D disaggregation half (a
+replica's KV role, handoffs and pulls) is `KvConnector` (connector.py).
 """
 
 from __future__ import annotations
@@ -13,13 +14,11 @@ import itertools
 from dataclasses import dataclass, field
 
 from inference_lab.engine.sim.capacity import Capacity, CapacityError
+from inference_lab.engine.sim.connector import KvConnector
 from inference_lab.engine.sim.cost import CostModel, attention_load, rate_for
 from inference_lab.engine.sim.speculative import draft_seconds
-from inference_lab.engine.sim.kv import bytes_per_token, fixed_blocks, total_blocks
-from inference_lab.engine.sim.kv_transfer import (
-    BOTH, CONSUMER, NONE, Handoff, Handoffs, HandoffsFull, KvTransfer, LinkQueue, link_preset,
-    prompt_digest,
-)
+from inference_lab.engine.sim.kv import fixed_blocks, total_blocks
+from inference_lab.engine.sim.kv_transfer import HandoffsFull, KvTransfer
 from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.sim.lora import MAX_ADAPTERS, LoraAdapter, LoraRegistry
 from inference_lab.engine.sim.prefix_cache import BlockResidency, block_hashes
@@ -77,7 +76,7 @@ class StepResult:
     accepted_per_draft: int = 0
 
 
-class EngineCore:
+class EngineCore(KvConnector):
     def __init__(self, deployment: Deployment, lengths: OutputLength | None = None, *,
                  record_kv_events: bool = False, kv_cache_metrics_sample: float = 0.0,
                  mfu_metrics: bool = False) -> None:
@@ -127,15 +126,7 @@ class EngineCore:
         # Generation paused (vLLM's PAUSED_NEW): no step admits from the queue, so an
         # engine with only waiting requests has no work; running ones step on.
         self.paused = False
-        # P/D disaggregation (engine.sim.kv_transfer): this replica's role, the handoffs it
-        # holds for consumers, the link its pulls cross, and who it is in the params it
-        # gives (engine id, side-channel host and port: set by whoever runs it).
-        self.kv_role = BOTH
-        self.handoffs = Handoffs()
-        self.link = LinkQueue(link_preset("rdma", deployment.hardware))
-        self.kv_identity: dict = {"remote_engine_id": "", "remote_host": "localhost",
-                                  "remote_port": 0}
-        self.transfers = self.scheduler.transfers
+        self._start_connector()
         # The cheapest step there is: one token attending one position (the weights read once).
         self._shortest_step = self.cost.step_cost(1, attention_load(self.cost.caps, [(1, 0)])).seconds
 
@@ -376,80 +367,6 @@ class EngineCore:
         if req.transfer_s > 0:  # (vLLM holds it aside until its KV has come)
             self.scheduler.pull_pending(req)
         return req
-
-    # ---- P/D disaggregation (engine.sim.kv_transfer) ------------------------------------
-    def _connect(self, req: Request, kv: KvTransfer, token_ids: bytes) -> None:
-        """A producer holds a remote-decode request's KV once prefilled (its blocks booked
-        against the handoffs' cap now: HandoffsFull past it); a consumer pulls a remote
-        prefill's KV over its link, from when the request may be scheduled, and schedules
-        it once the last byte has come. Without a connector (NONE) nothing happens."""
-        if self.kv_role == NONE:
-            return
-        if kv.remote_decode and self.kv_role != CONSUMER and req.n == 1 and not req.pooling:
-            self.handoffs.reserve(self.name, -(-req.prompt_len // self.block_size))
-            req.remote_decode = True
-            req.kv_digest = prompt_digest(token_ids, req.prompt_len)
-        if kv.remote_tokens:
-            tokens = min(kv.remote_tokens, req.prompt_len)
-            blocks = -(-tokens // self.block_size)
-            start = req.ready
-            end = self.link.book(start, blocks * self.block_size * bytes_per_token(self.deployment))
-            req.external_tokens = tokens
-            req.transfer_s = end - start
-            req.ready = end
-
-    def transfer_seconds(self, tokens: int) -> float:
-        """What a pull of `tokens` prompt positions takes alone on this replica's link."""
-        blocks = -(-tokens // self.block_size)
-        return self.link.link.seconds(blocks * self.block_size * bytes_per_token(self.deployment))
-
-    def _hand_off(self, req: Request, now: float) -> None:
-        """A remote-decode prefill finished: its prompt's blocks stay held for a consumer
-        (its reservation becomes the hold)."""
-        need = -(-req.prompt_len // self.block_size)
-        self.handoffs.unreserve(need)
-        blocks = self.scheduler.hold_blocks(need)
-        if blocks:
-            req.handoff = self.handoffs.hold(req.kv_digest, req.prompt_len, blocks, now)
-            req.handoff.params = self.kv_params(req)
-
-    def kv_params(self, req: Request) -> dict | None:
-        """The kv_transfer_params a remote-decode prefill answers with (NixlConnector's
-        request_finished), or None."""
-        handoff = req.handoff
-        if handoff is None:
-            return None
-        return {"do_remote_prefill": True, "do_remote_decode": False,
-                "remote_block_ids": handoff.block_ids, **self.kv_identity,
-                "remote_request_id": handoff.request_id, "tp_size": self.deployment.tp}
-
-    def take_handoff(self, request_id: str, digest: bytes, now: float) -> Handoff | None:
-        """A consumer pulls a handoff (its blocks are held until `free_handoff`), or None
-        when it is gone (never held, pulled already, timed out) or `digest` (the consumer's
-        prompt_digest) is not its prompt's."""
-        self.expire_handoffs(now)
-        return self.handoffs.take(request_id, digest, now)
-
-    def free_handoff(self, handoff: Handoff, pulled: bool = True) -> None:
-        freed = self.handoffs.free(handoff)
-        if freed:
-            self.scheduler.free_blocks += freed
-            if pulled:
-                self.transfers.pulled += 1
-
-    def expire_handoffs(self, now: float) -> int:
-        """Free the handoffs nobody pulled within the abort timeout: how many."""
-        expired = self.handoffs.expired(now)
-        for handoff in expired:
-            self.scheduler.free_blocks += self.handoffs.free(handoff)
-            if not handoff.pulling:
-                self.transfers.expired += 1
-        return len(expired)
-
-    def drop_handoffs(self) -> None:
-        """Every handoff's blocks are gone (the replica slept or stopped)."""
-        for handoff in list(self.handoffs.held.values()):
-            self.scheduler.free_blocks += self.handoffs.free(handoff)
 
     def cancel(self, req: Request, now: float, status: Status = Status.FINISHED_CANCELLED) -> bool:
         """Remove a request from the queue or the batch, freeing its KV blocks.

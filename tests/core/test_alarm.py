@@ -10,6 +10,7 @@ import pytest
 
 from inference_lab.engine.drivers import alarm as alarm_mod
 from inference_lab.engine.drivers.alarm import Alarm, Timer
+from inference_lab.testing.poll import until
 
 
 @pytest.mark.parametrize("precise", [True, False])
@@ -37,7 +38,7 @@ async def test_close_releases_a_sleeper_and_the_descriptor():
     loop = asyncio.get_running_loop()
     alarm = Alarm(loop)
     sleeper = asyncio.ensure_future(alarm.sleep_until(loop.time() + 3600))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: the sleeper starts and waits on the alarm
     alarm.close()
     await asyncio.wait_for(sleeper, 5)
     assert alarm.fd == -1
@@ -72,10 +73,10 @@ async def test_timer_calls_back_at_each_deadline_never_before(monkeypatch, preci
         assert all(now >= deadline - 1e-6 for deadline, now in calls)
         # Not re-armed: the fired timer is cleared, the loop does not spin on its fd.
         before = len(calls)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the window under test: no call may come in it
         assert len(calls) == before
         timer.arm(time.monotonic() - 1.0)  # in the past: at the loop's next turn
-        await asyncio.sleep(0.01)
+        await until(lambda: len(calls) > before, timeout=5, what="the past deadline's call")
         assert len(calls) == before + 1
     finally:
         timer.close()
@@ -89,14 +90,14 @@ async def test_timer_rearmed_for_later_or_disarmed_does_not_call_back_early():
     try:
         timer.arm(time.monotonic() + 0.005)
         timer.arm(time.monotonic() + 0.05)  # moved later before it fired
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # past the first deadline: the window under test
         assert calls == []
         timer.disarm()
-        await asyncio.sleep(0.06)
+        await asyncio.sleep(0.06)  # past the second: a disarmed timer stays silent
         assert calls == []
         deadline = time.monotonic() + 0.01
         timer.arm(deadline)
-        await asyncio.sleep(0.03)
+        await until(lambda: calls, timeout=5, what="the timer's call")
         assert len(calls) == 1 and calls[0] >= deadline - 1e-6
     finally:
         timer.close()

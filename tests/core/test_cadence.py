@@ -49,6 +49,16 @@ def until_changed(cadence: Cadence, limit: int = 10_000) -> int:
     raise AssertionError("no change")
 
 
+def grouping_at_four_minimum_intervals() -> Cadence:
+    """A cadence the relay (5 ms late) has switched on and driven up to 4 x MIN_INTERVAL."""
+    cadence = Cadence()
+    cadence.on_relay(0.005)
+    until_changed(cadence)
+    feed(cadence, 0.0001, 2 * ADJUST_EVERY)
+    assert cadence.current == 4 * MIN_INTERVAL
+    return cadence
+
+
 def seconds(wall: float, step: float = STEP) -> int:
     """Wake-ups in `wall` seconds."""
     return round(wall / step)
@@ -121,11 +131,7 @@ def test_at_the_cap_it_returns_to_every_step_within_a_second_of_the_lateness_end
 
 
 def test_late_now_and_then_but_under_its_target_on_average_it_still_relaxes():
-    cadence = Cadence()
-    cadence.on_relay(0.005)
-    until_changed(cadence)
-    feed(cadence, 0.0001, 2 * ADJUST_EVERY)
-    assert cadence.current == 4 * MIN_INTERVAL
+    cadence = grouping_at_four_minimum_intervals()
     changes = []
     for _ in range(20):  # late 1 wake-up in 20 (5 %, 5 ms): 0.44 ms on average
         cadence.on_relay(0.005)
@@ -211,11 +217,7 @@ def test_a_start_up_burst_of_relay_lateness_shorter_than_the_window_does_not_eng
 
 
 def test_once_on_a_late_moment_does_not_raise_it():
-    cadence = Cadence()
-    cadence.on_relay(0.005)
-    until_changed(cadence)
-    feed(cadence, 0.0001, 2 * ADJUST_EVERY)
-    assert cadence.current == 4 * MIN_INTERVAL
+    cadence = grouping_at_four_minimum_intervals()
     cadence.on_relay(0.0006)  # near its target: it lowers the interval gently
     changes = []
     for _ in range(10):  # 5 ms late for 1 wake-up in 100 (every 0.15 s): a period's

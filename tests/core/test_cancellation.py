@@ -52,7 +52,7 @@ def test_a_timeout_scope_ends_cancelled_when_cancel_and_completion_coincide(sett
                 return await inner
 
         task = loop.create_task(waiter())
-        for _ in range(settle):
+        for _ in range(settle):  # loop turns before the race: the parameter under test
             await asyncio.sleep(0)
         inner.set_result(1)
         task.cancel()
@@ -74,16 +74,16 @@ def test_an_experiment_stops_its_background_tasks_and_leaves_a_stubborn_one_behi
         loop = asyncio.get_running_loop()
 
         async def polite() -> None:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # a task that waits until it is cancelled
 
         async def stubborn() -> None:
             try:
-                await asyncio.sleep(3600)
+                await asyncio.sleep(3600)  # waits until cancelled, then refuses to stop
             except asyncio.CancelledError:
                 await asyncio.sleep(3600)  # swallowed
 
         a, b = loop.create_task(polite()), loop.create_task(stubborn())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn: both start and wait
         t = loop.time()
         await runner._stop([a, b], "background tasks")
         took = loop.time() - t

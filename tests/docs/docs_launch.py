@@ -29,6 +29,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from inference_lab.testing.poll import wait_until
+
 READY = {
     "engine": re.compile(r"engine ready: grpc"),
     "gateway": re.compile(r"gateway listening on http://"),
@@ -101,16 +103,15 @@ def stop(record: dict) -> None:
         pids += [int(p) for p in ENGINE_CHILD.findall(Path(record["log"]).read_text())]
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(record["pid"], signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    with contextlib.suppress(AssertionError):  # still alive after 15 s: killed below
+        wait_until(lambda: not any(alive(p) for p in pids), timeout=15, what="exit")
     for pid in pids:
         if alive(pid):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while not all(port_free(p) for p in record["ports"]) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    with contextlib.suppress(AssertionError):  # a port still held fails the next bind, loudly
+        wait_until(lambda: all(port_free(p) for p in record["ports"]), timeout=10,
+                   what="the ports free")
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -135,22 +136,26 @@ def stop_all(run_dir: Path) -> list[str]:
 
 def wait_ready(command: str, args: list[str], proc: subprocess.Popen, log: Path,
                timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
     health = f"http://127.0.0.1:{flag(args, '--port')}/health"
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:  # its ready line logged (and, for serve, /health answering)
         if proc.poll() is not None:
             raise SystemExit(f"inference-lab {command} exited with {proc.returncode}:\n"
                              f"{log.read_text()[-3000:]}")
-        if READY[command].search(log.read_text()):
-            if command != "serve":
-                return
-            with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
-                with urllib.request.urlopen(health, timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-        time.sleep(0.05)
-    raise SystemExit(f"inference-lab {command} not ready within {timeout} s:\n"
-                     f"{log.read_text()[-3000:]}")
+        if not READY[command].search(log.read_text()):
+            return False
+        if command != "serve":
+            return True
+        with contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError):
+            with urllib.request.urlopen(health, timeout=2) as resp:
+                return resp.status == 200
+        return False
+
+    try:
+        wait_until(ready, timeout=timeout, what="ready")
+    except AssertionError:
+        raise SystemExit(f"inference-lab {command} not ready within {timeout} s:\n"
+                         f"{log.read_text()[-3000:]}") from None
 
 
 def main(argv: list[str]) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from inference_lab.testing.launch import serve
+from inference_lab.testing.poll import wait_until
 
 pytestmark = pytest.mark.tools("curl")
 
@@ -157,9 +158,8 @@ def test_after_tokens_fires_inside_the_real_stream_and_the_engine_sees_a_disconn
     code, out = curl(lab, "cut_between_frames;after_tokens=7", long)
     assert code == 18
     assert "".join(d.get("content") or "" for d in deltas(out)) == " token" * 7
-    deadline = time.monotonic() + 5
-    while (row := capacity(lab))["running"] and time.monotonic() < deadline:
-        time.sleep(0.05)
+    row = wait_until(lambda: (r := capacity(lab))["running"] == 0 and r, timeout=5,
+                     what="the cut request cancelled in the engine")
     assert row["running"] == 0 and row["waiting"] == 0  # cancelled, its KV freed
 
 

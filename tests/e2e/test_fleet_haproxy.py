@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -74,16 +73,16 @@ def haproxy(front: int, base: int):
     proc = subprocess.Popen([tool("haproxy"), "-db", "-f", str(CONFIG)], env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 20
-        while True:  # listening, and every replica's health check has passed
+
+        def routes_to_all() -> bool:  # listening, and every replica's health check has passed
             assert proc.poll() is None, "haproxy exited"
             with contextlib.suppress(OSError):
-                served = {post(front, {"model": "gpt-oss-20b", "prompt": "x", "max_tokens": 1})[1]
-                          .get("x-lab-replica") for _ in range(6)}
-                if served == {"r0", "r1", "r2"}:
-                    break
-            assert time.monotonic() < deadline, "haproxy never routed to all three replicas"
-            time.sleep(0.1)
+                return {post(front, {"model": "gpt-oss-20b", "prompt": "x", "max_tokens": 1})[1]
+                        .get("x-lab-replica") for _ in range(6)} == {"r0", "r1", "r2"}
+            return False
+
+        wait_until(routes_to_all, timeout=20, interval=0.1,
+                   what="haproxy routing to all three replicas")
         yield proc
     finally:
         proc.terminate()

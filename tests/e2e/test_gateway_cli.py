@@ -16,6 +16,7 @@ from inference_lab.gateway.run import run_gateway
 from inference_lab.gateway.server import RUNNER_KWARGS, start_gateway
 from inference_lab.testing.fake_engine import FAKE_MODEL
 from inference_lab.testing.launch import command
+from inference_lab.testing.poll import until
 
 
 def test_gateway_subcommand_defaults():
@@ -85,11 +86,7 @@ async def wait_healthy(session: aiohttp.ClientSession, port: int, proc=None) -> 
         assert proc is None or proc.poll() is None, f"exited with {proc.returncode}"
         return await healthy(session, port)
 
-    for _ in range(400):
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("gateway did not become healthy")
+    await until(check, timeout=20, interval=0.05, what="the gateway healthy")
 
 
 async def test_start_gateway_on_port_zero_serves_health(fake):

@@ -16,6 +16,7 @@ import grpc
 from engine_helpers import collect
 from hardening_helpers import content_tokens, sse_frames
 from inference_lab.testing.launch import engine_process, gateway_process
+from inference_lab.testing.poll import until
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc
 
@@ -51,12 +52,10 @@ async def test_engine_killed_mid_stream_ends_open_streams_with_an_error_frame_th
                 await asyncio.wait_for(resp.content.readuntil(b"\n\n"), STREAM_TIMEOUT_S)
             waiting_reply = asyncio.ensure_future(
                 http.post(base + "/v1/chat/completions", json=chat(50_000, stream=False)))
-            for _ in range(200):  # bounded: until the non-streaming request runs too
-                cap = await (await http.get(base + "/control/capacity")).json()
-                if cap[0]["running"] == 5:
-                    break
-                await asyncio.sleep(0.02)
-            assert cap[0]["running"] == 5
+            async def all_five_run() -> bool:
+                return (await (await http.get(base + "/control/capacity")).json())[0]["running"] == 5
+
+            await until(all_five_run, timeout=10, what="the non-streaming request running too")
 
             os.kill(engine.pid, signal.SIGKILL)
             engine.proc.wait(10)
@@ -73,12 +72,15 @@ async def test_engine_killed_mid_stream_ends_open_streams_with_an_error_frame_th
             await assert_503(await http.get(base + "/control/capacity"))
 
             with engine_process(port=engine.port):  # the engine returns on the same address
-                for _ in range(100):  # bounded: the gateway reconnects on the next request
+                async def served_again():  # the gateway reconnects on the next request
                     resp = await http.post(base + "/v1/chat/completions", json=chat(7))
                     if resp.status == 200:
-                        break
+                        return resp
                     await assert_503(resp)
-                    await asyncio.sleep(0.1)
+                    return None
+
+                resp = await until(served_again, timeout=10, interval=0.1,
+                                   what="a reply once the engine is back")
                 frames = sse_frames(await read_all(resp))
                 assert content_tokens(frames) == 7 and frames[-1] == b"[DONE]"
                 assert (await http.get(base + "/health")).status == 200
@@ -93,12 +95,12 @@ async def test_a_restarted_gateway_finds_the_engines_capacity_and_queue_intact()
                 return (await stub.GetCapacity(pb.GetCapacityRequest(), timeout=5)).models[0]
 
             async def state_is(waiting: int, running: int) -> None:
-                for _ in range(200):  # bounded; the engine applies cancels asynchronously
+                async def reached() -> bool:  # the engine applies cancels asynchronously
                     cap = await capacity()
-                    if (cap.waiting, cap.running) == (waiting, running):
-                        return
-                    await asyncio.sleep(0.05)
-                raise AssertionError(f"engine at {cap}, expected waiting={waiting} running={running}")
+                    return (cap.waiting, cap.running) == (waiting, running)
+
+                await until(reached, timeout=10, interval=0.05,
+                            what=f"engine at waiting={waiting} running={running}")
 
             async with aiohttp.ClientSession() as http:
                 with gateway_process(engine.port) as first:

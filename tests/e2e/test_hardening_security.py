@@ -11,7 +11,6 @@ import contextlib
 import hmac
 import os
 import subprocess
-import time
 
 import aiohttp
 import grpc
@@ -24,6 +23,7 @@ from inference_lab.engine.service.server import EngineServer
 from inference_lab.gateway import create_app
 from inference_lab.gateway.app import STATE
 from inference_lab.testing.launch import Proc, command, engine_process, gateway_process
+from inference_lab.testing.poll import wait_until
 from inference_lab.cli import build_parser
 from inference_lab.v1 import engine_pb2 as pb
 from inference_lab.v1 import engine_pb2_grpc
@@ -216,12 +216,14 @@ def test_serve_reads_both_secrets_from_the_environment_and_keeps_them_off_argv_a
         base = f"http://127.0.0.1:{port}"
         good = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0, timeout=30)
         bad = openai.OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0, timeout=30)
-        for _ in range(100):  # bounded wait until the gateway answers
+
+        def answered():  # until the gateway answers
             try:
-                reply = good.completions.create(model=MODEL, prompt="a", max_tokens=3)
-                break
+                return good.completions.create(model=MODEL, prompt="a", max_tokens=3)
             except openai.APIConnectionError:
-                time.sleep(0.1)
+                return None
+
+        reply = wait_until(answered, timeout=10, interval=0.1, what="the gateway's first answer")
         assert reply.usage.completion_tokens == 3
         with pytest.raises(openai.AuthenticationError) as info:
             bad.completions.create(model=MODEL, prompt="a", max_tokens=3)

@@ -19,6 +19,7 @@ Every server listens on 127.0.0.1 on a free port and is stopped at the end of th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -38,6 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from metrics_helpers import promtool_check
 from system_tools import tool
 from inference_lab.common.ports import free_port
+from inference_lab.testing.poll import until, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -86,21 +88,20 @@ class Process:
 
     def wait_ready(self, probe, what: str, timeout: float = STARTUP_TIMEOUT_S,
                    interval: float = 0.1) -> None:
-        """Poll `probe()` (truthy = ready) until it holds; bounded in time and attempts."""
-        deadline = time.monotonic() + timeout
-        for _ in range(int(timeout / interval) + 1):
+        """Poll `probe()` (truthy = ready) until it holds; bounded in time."""
+        def ready() -> bool:
             if self.proc.poll() is not None:
                 pytest.fail(f"{self.name} exited with {self.proc.returncode} before {what}:\n"
                             f"{self.tail()}")
             try:
-                if probe():
-                    return
+                return bool(probe())
             except (OSError, ValueError):
-                pass
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(interval)
-        pytest.fail(f"{self.name}: no {what} within {timeout:.0f} s:\n{self.tail()}")
+                return False
+
+        try:
+            wait_until(ready, timeout=timeout, interval=interval, what=what)
+        except AssertionError:
+            pytest.fail(f"{self.name}: no {what} within {timeout:.0f} s:\n{self.tail()}")
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -528,7 +529,7 @@ async def test_saturation_is_visible_in_prometheus(stack, prometheus):
                 text = await resp.text()
                 if resp.status == 529:
                     refusals.append((resp.content_type, json.loads(text)))
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.25)  # the client's own pause before it retries: the load shape
 
     async with aiohttp.ClientSession(timeout=timeout) as session:
         async with session.post(f"{gateway}/control/capacity",
@@ -552,18 +553,19 @@ async def test_saturation_is_visible_in_prometheus(stack, prometheus):
                     and (seen.get("gateway_529") or 0) > 0
                     and seen.get("max_num_seqs") == 1)
 
+        async def visible() -> bool:  # Prometheus's view: another process, no event
+            for key, expr in queries.items():
+                seen[key] = await _query_value(session, prometheus, expr)
+            crashed = [t for t in clients if t.done() and t.exception() is not None]
+            if crashed:
+                raise crashed[0].exception()
+            return saturated()
+
         started = time.monotonic()
         clients = [asyncio.create_task(client(session)) for _ in range(CLIENTS)]
         try:
-            for _ in range(int(LOAD_TIMEOUT_S / POLL_S) + 1):
-                await asyncio.sleep(POLL_S)
-                for key, expr in queries.items():
-                    seen[key] = await _query_value(session, prometheus, expr)
-                crashed = [t for t in clients if t.done() and t.exception() is not None]
-                if crashed:
-                    raise crashed[0].exception()
-                if saturated() or time.monotonic() - started > LOAD_TIMEOUT_S:
-                    break
+            with contextlib.suppress(AssertionError):  # asserted below, with what it showed
+                await until(visible, timeout=LOAD_TIMEOUT_S, interval=POLL_S, what="saturation")
             elapsed = time.monotonic() - started
         finally:
             stop.set()

@@ -16,6 +16,7 @@ from engine_helpers import engine_rejections
 from hardening_helpers import json_request
 from inference_lab.common.ports import free_port
 from inference_lab.testing.launch import serve
+from inference_lab.testing.poll import until, wait_until
 from system_tools import tool
 
 
@@ -134,10 +135,10 @@ async def _saturate(served, session, holders: int = 3):
 
 
 async def _until_capacity(served, done, message: str, seconds: float = 10) -> None:
-    deadline = time.monotonic() + seconds
-    while not done(curl_json(served.base, "GET", "/control/capacity")[1][0]):
-        assert time.monotonic() < deadline, message
-        await asyncio.sleep(0.01)
+    """Until the engine's capacity reading satisfies `done` (another process's state: no
+    event announces it)."""
+    await until(lambda: done(curl_json(served.base, "GET", "/control/capacity")[1][0]),
+                timeout=seconds, what=message)
 
 
 async def test_saturated_streaming_requests_get_529_json_never_an_event_stream(served):
@@ -192,16 +193,16 @@ async def test_every_529_is_counted_by_the_engine_and_room_is_served_from_the_ne
             async with session.post(served.base + "/v1/chat/completions", json=body) as resp:
                 statuses.append(resp.status)
         assert statuses == [529] * 30
-        deadline = time.monotonic() + 10
-        while (n := await asyncio.to_thread(engine_rejections, served.metrics_port)) < before + 30:
-            assert time.monotonic() < deadline, f"engine counted {n - before} of 30"
-            await asyncio.sleep(0.02)
+        async def counted() -> int | None:
+            n = await asyncio.to_thread(engine_rejections, served.metrics_port)
+            return n if n >= before + 30 else None
+
+        n = await until(counted, timeout=10, what="the engine's count of the 30 refusals")
         assert n == before + 30
         holders[-1].close()  # the last waiting stream leaves: its place is free once the
-        deadline = time.monotonic() + 10  # engine has heard (no event tells the client)
-        while curl_json(served.base, "GET", "/control/capacity")[1][0]["waiting"] != 1:
-            assert time.monotonic() < deadline, "the engine never heard of the hang-up"
-            await asyncio.sleep(0.01)
+        # engine has heard (no event tells the client)
+        await _until_capacity(served, lambda c: c["waiting"] == 1,
+                              "the engine never heard of the hang-up")
         # admitted (it waits behind the running holder) once the engine's next step began
         assert await admitted_within(session, served, body, 2.0) < 0.5
         for resp in holders:
@@ -240,13 +241,8 @@ async def test_fifty_clients_that_hang_up_early_leave_nothing_waiting_or_running
             resp.close()  # hang up mid-stream
 
         await asyncio.gather(*(hang_up() for _ in range(50)))
-    deadline = time.monotonic() + 10
-    while True:
-        _, body = curl_json(served.base, "GET", "/control/capacity")
-        if (body[0]["waiting"], body[0]["running"]) == (0, 0) or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.05)
-    assert (body[0]["waiting"], body[0]["running"]) == (0, 0)
+    await _until_capacity(served, lambda c: (c["waiting"], c["running"]) == (0, 0),
+                          "requests left in the engine after the hang-ups")
 
 
 def test_engine_killed_gives_503_within_a_second_and_service_resumes_after_restart():
@@ -260,13 +256,14 @@ def test_engine_killed_gives_503_within_a_second_and_service_resumes_after_resta
             client.completions.create(model="gpt-oss-20b", prompt="a", max_tokens=2)
         assert info.value.status_code == 503 and time.monotonic() - start < 1.0
         assert info.value.body["type"] and info.value.body["code"]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # serve restarts the engine; the gateway reconnects
+
+        def served_again():  # serve restarts the engine; the gateway reconnects
             try:
-                reply = client.completions.create(model="gpt-oss-20b", prompt="a", max_tokens=3)
-                break
+                return client.completions.create(model="gpt-oss-20b", prompt="a", max_tokens=3)
             except openai.APIStatusError as err:
                 assert err.status_code == 503
-                time.sleep(0.2)
+                return None
+
+        reply = wait_until(served_again, timeout=30, interval=0.2, what="a reply after the restart")
         assert reply.usage.completion_tokens == 3
         assert len(s.engine_pids()) == 2

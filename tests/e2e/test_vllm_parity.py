@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import urllib.request
 
 import aiohttp
@@ -15,6 +14,7 @@ import pytest
 
 from metrics_helpers import promtool_check, sample
 from inference_lab.testing.launch import serve
+from inference_lab.testing.poll import until
 
 MODEL = "gpt-oss-20b"
 LABELS = {"model_name": MODEL, "engine": "0"}
@@ -75,15 +75,15 @@ async def test_a_hang_up_is_an_abort_with_its_observations(served):
                 chunks += line.startswith(b"data: ")
                 if chunks >= 20:
                     break  # hang up mid-stream
-    deadline = time.monotonic() + 10
-    while True:
-        after = await asyncio.to_thread(metrics, served.base)
-        aborted = sample(after, "vllm:request_success_total", finished_reason="abort", **LABELS)
-        if aborted >= sample(before, "vllm:request_success_total", finished_reason="abort",
-                             **LABELS) + 1 or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.05)
     was = lambda name: sample(before, name, finished_reason="abort", **LABELS)  # noqa: E731
+
+    async def counted_abort() -> str | None:  # (the engine hears the hang-up asynchronously)
+        text = await asyncio.to_thread(metrics, served.base)
+        return text if sample(text, "vllm:request_success_total", finished_reason="abort",
+                              **LABELS) >= was("vllm:request_success_total") + 1 else None
+
+    after = await until(counted_abort, timeout=10, interval=0.05, what="the abort counted")
+    aborted = sample(after, "vllm:request_success_total", finished_reason="abort", **LABELS)
     assert aborted == was("vllm:request_success_total") + 1
     for series in ("vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
                    "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",

@@ -11,7 +11,6 @@ import asyncio
 import json
 import math
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 
@@ -20,6 +19,7 @@ import pytest
 
 from inference_lab.common.ports import free_port
 from inference_lab.testing.launch import serve
+from inference_lab.testing.poll import wait_until
 from system_tools import tool
 
 pytestmark = pytest.mark.tools("prometheus")
@@ -63,10 +63,8 @@ def lab(tmp_path_factory):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 45
-            while value_or_none(base, 'up{job="lab"}') != 1.0:
-                assert time.monotonic() < deadline, "Prometheus never scraped the lab"
-                time.sleep(0.2)
+            wait_until(lambda: value_or_none(base, 'up{job="lab"}') == 1.0, timeout=45,
+                       interval=0.2, what="Prometheus scraping the lab")
             yield served, base
         finally:
             proc.terminate()
@@ -102,10 +100,8 @@ def test_histogram_quantile_of_the_reference_experiment_is_within_5_percent(lab)
     timings = asyncio.run(run_rounds(served.base))
     n = CLIENTS * ROUNDS
     count = f'sum(vllm:e2e_request_latency_seconds_count{{model_name="{MODEL}"}})'
-    deadline = time.monotonic() + 20
-    while value(prom, count) != n:  # until a scrape has seen every finish
-        assert time.monotonic() < deadline, f"Prometheus saw {value(prom, count)} of {n}"
-        time.sleep(0.2)
+    wait_until(lambda: value(prom, count) == n, timeout=20, interval=0.2,
+               what=f"a scrape that has seen all {n} finishes")
     report = {}
     for series, key in (("vllm:e2e_request_latency_seconds", "e2e_s"),
                         ("vllm:time_to_first_token_seconds", "ttft_s")):

@@ -26,6 +26,7 @@ import zmq
 from aiohttp import web
 
 from inference_lab.common.ports import free_port, free_port_run
+from inference_lab.engine.service.kv_events import BlockStored, KVEventBatch
 from inference_lab.testing.launch import serve
 from inference_lab.testing.poll import until
 from inference_lab.testing.routers import (
@@ -187,24 +188,9 @@ async def _load(http, replica: str, n: int) -> bool:
 
 
 # ---- the router's defect, reproduced without the lab ----------------------------------------
-# vLLM's KV event wire types (vllm/distributed/kv_events.py): the batch an array, each
-# event a map tagged by its type; int block hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES).
-
-
-class _Batch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list
-    data_parallel_rank: int | None = None
-
-
-class BlockStored(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
+# The worker speaks vLLM's KV event wire types (vllm/distributed/kv_events.py), encoded by
+# the lab's copy of them (engine.service.kv_events), with int block hashes
+# (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES).
 
 
 @contextlib.contextmanager
@@ -215,7 +201,7 @@ def fake_vllm_worker(rank: int, block: int, prompt: list[int]):
     event loop of its own, in a thread (the router's start-up is waited for blocking)."""
     pub_port, port = free_port(), free_port()
     hashes = list(range(1, len(prompt) // block + 1))
-    payload = msgspec.msgpack.encode(_Batch(time.time(), [BlockStored(
+    payload = msgspec.msgpack.encode(KVEventBatch(time.time(), [BlockStored(
         hashes, None, prompt[:len(hashes) * block], block, None, "GPU", None)], rank))
     usage = {"prompt_tokens": len(prompt), "completion_tokens": 1, "total_tokens": len(prompt) + 1}
     answers = {
@@ -289,6 +275,8 @@ async def test_vllm_router_credits_only_kv_events_of_rank_0_on_a_plain_worker(ra
                 seen = [int(n) for n in CREDIT.findall(ANSI.sub("", router.log()))]
                 if min(seen, default=len(prompt)) < len(prompt):
                     break
+                # (the wait is the test's window: for a rank the router ignores, no
+                # event announces that it credited nothing)
                 await asyncio.sleep(0.1)
         assert f"subscriber for fake-{rank} rank{rank}" in ANSI.sub("", router.log())
         assert seen and (min(seen) < len(prompt)) is credited, seen

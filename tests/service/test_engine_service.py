@@ -308,11 +308,11 @@ async def test_a_session_hears_the_queue_state_first_and_on_every_change():
         # refusals a client made itself on the engine's word are counted as the engine's own
         await act(pb.SessionAction(refused=pb.Refused(model="gpt-oss-20b", count=41)),
                   pb.SessionAction(refused=pb.Refused(model="no-such-model", count=5)))
-        deadline = time.monotonic() + 10
-        while ((n := await asyncio.to_thread(engine_rejections, server.metrics_port)) < 41
-               and time.monotonic() < deadline):
-            await asyncio.sleep(0.01)
-        assert n == 41.0
+        async def counted() -> float | None:
+            n = await asyncio.to_thread(engine_rejections, server.metrics_port)
+            return n if n >= 41 else None
+
+        assert await until(counted, timeout=10, what="the 41 refusals counted") == 41.0
         call.cancel()
 
 

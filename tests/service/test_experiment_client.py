@@ -171,7 +171,7 @@ async def test_a_stream_written_a_few_bytes_at_a_time_is_parsed_the_same():
         for i in range(0, len(CHUNKED), 3):  # splits the head, every frame and the terminator
             writer.write(CHUNKED[i:i + 3])
             await writer.drain()
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # a loop turn between writes: the slow writer under test
         return True
 
     server = await raw_server(trickle)

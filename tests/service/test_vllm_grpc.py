@@ -18,6 +18,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from engine_helpers import running_engine
+from inference_lab.testing.poll import until
 from inference_lab.engine.service.vllm_grpc import OUTPUT_TOKEN_ID
 from inference_lab.vllm_grpc import vllm_engine_pb2 as vpb
 from inference_lab.vllm_grpc import vllm_engine_pb2_grpc
@@ -106,10 +107,8 @@ async def test_a_saturated_model_refuses_generate_with_resource_exhausted():
         running = stub.Generate(generate("a", max_tokens=5000))
         assert (await running.read()).HasField("chunk")  # it holds the only slot
         waiting = stub.Generate(generate("b", max_tokens=10))
-        for _ in range(100):  # until the engine has queued it
-            if server.runtimes[0].core.num_waiting == 1:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: server.runtimes[0].core.num_waiting == 1, timeout=5,
+                    what="the engine queueing it")
         refused = stub.Generate(generate("c", max_tokens=10))
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await refused.read()
