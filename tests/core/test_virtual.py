@@ -22,6 +22,7 @@ from inference_lab.experiments.runner import Runner
 from inference_lab.experiments.scenario import load_scenario, parse_scenario
 from inference_lab.experiments.virtual import (BASE_PORT, VirtualBackend, VirtualLab, VirtualLoop,
                                                VirtualTimeError)
+from inference_lab.testing.poll import until
 from factories import deployment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +33,22 @@ def run(coro_fn):
     with asyncio.Runner(loop_factory=VirtualLoop) as runner:
         loop = runner.get_loop()
         return runner.run(coro_fn(loop)), loop.time()
+
+
+async def send_at(loop, arrivals, lab):
+    """Each (instant, prompt tokens, output tokens) of `arrivals` sent to `lab`'s base port
+    at its instant (a virtual sleep: the workload's own schedule); (the results, lab)."""
+    backend = VirtualBackend(lab)
+    endpoint = backend.endpoint(backend.base_url)
+    results = [None] * len(arrivals)
+
+    async def one(i, at, prompt, output):
+        await asyncio.sleep(at - loop.time())
+        conn = await endpoint.connect()
+        results[i] = await conn.send(endpoint.build(Prompt(None, prompt, ""), output, i))
+
+    await asyncio.gather(*(one(i, *a) for i, a in enumerate(arrivals)))
+    return results, lab
 
 
 # ---- the loop -------------------------------------------------------------------------------
@@ -70,21 +87,7 @@ def test_each_request_gets_exactly_the_offline_drivers_timings():
         arrivals.append((t, rng.randint(20, 400), rng.randint(5, 120)))
     expected = outcomes(dep, arrivals)
 
-    async def main(loop):
-        lab = VirtualLab(loop, dep)
-        backend = VirtualBackend(lab)
-        endpoint = backend.endpoint(backend.base_url)
-        results = [None] * len(arrivals)
-
-        async def one(i, at, prompt, output):
-            await asyncio.sleep(at - loop.time())
-            conn = await endpoint.connect()
-            results[i] = await conn.send(endpoint.build(Prompt(None, prompt, ""), output, i))
-
-        await asyncio.gather(*(one(i, *a) for i, a in enumerate(arrivals)))
-        return results
-
-    results, _ = run(main)
+    (results, _), _ = run(lambda loop: send_at(loop, arrivals, VirtualLab(loop, dep)))
     assert all(r.status == 200 for r in results)
     for r, (ttft, e2e), (at, _, output) in zip(results, expected, arrivals):
         assert r.sent == pytest.approx(at, abs=1e-9)
@@ -103,28 +106,28 @@ def test_the_fleet_starts_drains_and_refuses_as_a_served_one():
         rows = json.loads(body)
         assert status == 200 and [r["replica"] for r in rows] == [0, 1, 2]
         assert set(rows[0]) == {"model", "replica", "port", "ready", "starting", "draining",
-                                "ready_in_s", "waiting", "running"}
+                                "ready_in_s", "waiting", "running", "kv_role"}
         assert [(r["ready"], r["starting"], r["ready_in_s"]) for r in rows] == \
             [(True, False, 0.0), (False, True, 20.0), (False, True, 20.0)]
         endpoint = VirtualBackend(lab).endpoint(f"http://virtual:{BASE_PORT + 1}")
         conn = await endpoint.connect()
         early = await conn.send(endpoint.build(Prompt(None, 10, ""), 5, 0))
-        await asyncio.sleep(20.0)
+        await until(lambda: lab.rows()[1]["ready"], what="replica 1 ready")  # (virtual polls)
+        assert loop.time() == pytest.approx(20.0, abs=0.011)
         late = await conn.send(endpoint.build(Prompt(None, 10, ""), 5, 1))
         # one running, one waiting, the third refused at once: 529
         conns = [await endpoint.connect() for _ in range(3)]
-        sent = []
-        for i, c in enumerate(conns):
-            sent.append(c.send(endpoint.build(Prompt(None, 10, ""), 2000, 2 + i)))
-            await asyncio.sleep(0.01)  # the first is admitted before the second comes
+        sent = [conns[0].send(endpoint.build(Prompt(None, 10, ""), 2000, 2))]
+        await until(lambda: lab.replicas[1].core.num_running == 1, what="the first admitted")
+        sent += [c.send(endpoint.build(Prompt(None, 10, ""), 2000, 3 + i))
+                 for i, c in enumerate(conns[1:])]
         third = await sent[2]
-        await asyncio.sleep(0)
         # drain replica 2 and 1 while replica 1 holds two requests: it stays until they end
         status, body = await http.request("POST", base + "/control/replicas", {"replicas": 1})
         draining = [r["replica"] for r in json.loads(body) if r["draining"]]
         metrics = (await http.request("GET", f"http://virtual:{BASE_PORT + 1}/metrics"))[0]
         done = await asyncio.gather(*sent[:2])
-        await asyncio.sleep(1.0)
+        await until(lambda: list(lab.replicas) == [0], what="replica 1 closed")
         _, body = await http.request("GET", base + "/control/replicas")
         return early, late, third, draining, metrics, done, json.loads(body)
 
@@ -291,21 +294,9 @@ def test_data_parallel_ranks_give_each_request_the_offline_dp_drivers_rank_and_t
                                 records=records)
     assert summary["requests"]["rejected_queue_saturated"] > 0  # the ranks' bounds are met
 
-    async def main(loop):
-        lab = VirtualLab(loop, dep, data_parallel_size=3)
-        backend = VirtualBackend(lab)
-        endpoint = backend.endpoint(backend.base_url)
-        results = [None] * len(arrivals)
-
-        async def one(i, at, prompt, output):
-            await asyncio.sleep(at - loop.time())
-            conn = await endpoint.connect()
-            results[i] = await conn.send(endpoint.build(Prompt(None, prompt, ""), output, i))
-
-        await asyncio.gather(*(one(i, *a) for i, a in enumerate(arrivals)))
-        return results, lab.replicas[0].dp
-
-    (results, dp), _ = run(main)
+    (results, lab), _ = run(lambda loop: send_at(loop, arrivals,
+                                                 VirtualLab(loop, dep, data_parallel_size=3)))
+    dp = lab.replicas[0].dp
     assert dp.lockstep == (model == "gpt-oss-20b")
     assert [r["requests"] for r in dp.summary()["ranks"]] == \
         [r["requests"] for r in summary["data_parallel"]["ranks"]]
