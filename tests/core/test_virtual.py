@@ -20,35 +20,12 @@ from inference_lab.experiments.prompts import Prompt
 from inference_lab.experiments.records import load_run
 from inference_lab.experiments.runner import Runner
 from inference_lab.experiments.scenario import load_scenario, parse_scenario
-from inference_lab.experiments.virtual import (BASE_PORT, VirtualBackend, VirtualLab, VirtualLoop,
-                                               VirtualTimeError)
+from inference_lab.experiments.virtual import BASE_PORT, VirtualBackend, VirtualLab, VirtualTimeError
 from inference_lab.testing.poll import until
 from factories import deployment
+from virtual_helpers import overfill, run, send_at
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(coro_fn):
-    """Run `coro_fn(loop)` on a fresh virtual loop; (its result, the loop's final time)."""
-    with asyncio.Runner(loop_factory=VirtualLoop) as runner:
-        loop = runner.get_loop()
-        return runner.run(coro_fn(loop)), loop.time()
-
-
-async def send_at(loop, arrivals, lab):
-    """Each (instant, prompt tokens, output tokens) of `arrivals` sent to `lab`'s base port
-    at its instant (a virtual sleep: the workload's own schedule); (the results, lab)."""
-    backend = VirtualBackend(lab)
-    endpoint = backend.endpoint(backend.base_url)
-    results = [None] * len(arrivals)
-
-    async def one(i, at, prompt, output):
-        await asyncio.sleep(at - loop.time())
-        conn = await endpoint.connect()
-        results[i] = await conn.send(endpoint.build(Prompt(None, prompt, ""), output, i))
-
-    await asyncio.gather(*(one(i, *a) for i, a in enumerate(arrivals)))
-    return results, lab
 
 
 # ---- the loop -------------------------------------------------------------------------------
@@ -116,11 +93,7 @@ def test_the_fleet_starts_drains_and_refuses_as_a_served_one():
         assert loop.time() == pytest.approx(20.0, abs=0.011)
         late = await conn.send(endpoint.build(Prompt(None, 10, ""), 5, 1))
         # one running, one waiting, the third refused at once: 529
-        conns = [await endpoint.connect() for _ in range(3)]
-        sent = [conns[0].send(endpoint.build(Prompt(None, 10, ""), 2000, 2))]
-        await until(lambda: lab.replicas[1].core.num_running == 1, what="the first admitted")
-        sent += [c.send(endpoint.build(Prompt(None, 10, ""), 2000, 3 + i))
-                 for i, c in enumerate(conns[1:])]
+        sent = await overfill(lab, endpoint, 1, serial=2)
         third = await sent[2]
         # drain replica 2 and 1 while replica 1 holds two requests: it stays until they end
         status, body = await http.request("POST", base + "/control/replicas", {"replicas": 1})
@@ -142,30 +115,20 @@ def test_the_fleet_starts_drains_and_refuses_as_a_served_one():
 
 # ---- the runner in virtual time ------------------------------------------------------------
 
-CLOSED = """
-name = "v"
-duration = 8
-[server]
-max_num_seqs = 4
-max_waiting = 4
-[load]
-arrival_pattern = "closed_loop"
-num_concurrent_users = 12
-input_len_dist = { type = "uniform", min = 10, max = 100 }
-output_len_dist = { type = "uniform", min = 20, max = 200 }
-seed = 5
-retry_after_529 = 0.05
-[controller]
-name = "aimd"
-params = { min_limit = 1 }
-[[timeline]]
-at = 4
-capacity = { max_num_seqs = 2 }
-"""
+CLOSED = {
+    "name": "v", "duration": 8,
+    "server": {"max_num_seqs": 4, "max_waiting": 4},
+    "load": {"arrival_pattern": "closed_loop", "num_concurrent_users": 12,
+             "input_len_dist": {"type": "uniform", "min": 10, "max": 100},
+             "output_len_dist": {"type": "uniform", "min": 20, "max": 200},
+             "seed": 5, "retry_after_529": 0.05},
+    "controller": {"name": "aimd", "params": {"min_limit": 1}},
+    "timeline": [{"at": 4, "capacity": {"max_num_seqs": 2}}],
+}
 
 
 def test_the_same_scenario_in_virtual_time_is_the_same_run_every_time(tmp_path):
-    scenario = parse_scenario(__import__("tomllib").loads(CLOSED), "v.toml")
+    scenario = parse_scenario(CLOSED, "v.toml")
     dep = deployment()
 
     def once():
@@ -202,8 +165,8 @@ def test_a_trace_through_the_hpa_in_virtual_time_issues_every_request_and_scales
 
 
 def test_faults_virtual_time_does_not_model_are_refused(tmp_path):
-    text = CLOSED + '[[timeline]]\nat = 5\nfault = { kind = "stall", seconds = 1 }\n'
-    scenario = parse_scenario(__import__("tomllib").loads(text), "v.toml")
+    stall = {"at": 5, "fault": {"kind": "stall", "seconds": 1}}
+    scenario = parse_scenario({**CLOSED, "timeline": [*CLOSED["timeline"], stall]}, "v.toml")
     with pytest.raises(ValueError, match="'stall' fault at 5 s is not modelled in virtual time"):
         run_virtual(scenario, tmp_path)
 

@@ -16,18 +16,14 @@ from inference_lab.engine.fleet.rules import ReplicaUnavailable
 from inference_lab.engine.metrics.exposition import MetricsRegistry
 from inference_lab.engine.sim.core import EngineCore, QueueSaturated
 from inference_lab.experiments.prompts import Prompt
-from inference_lab.experiments.virtual import BASE_PORT, VirtualBackend, VirtualLab, VirtualLoop
+from inference_lab.experiments.virtual import BASE_PORT, VirtualBackend, VirtualLab
 from inference_lab.gateway.errors import envelope, from_rejected
 from inference_lab.testing.poll import until
 from factories import deployment
+from virtual_helpers import overfill, run, send_at
 
 BASE = f"http://virtual:{BASE_PORT}"
 STARTUP_S = 20.0
-
-
-def run(coro_fn):
-    with asyncio.Runner(loop_factory=VirtualLoop) as runner:
-        return runner.run(coro_fn(runner.get_loop()))
 
 
 class IdleRuntime:
@@ -80,7 +76,7 @@ def test_the_same_scale_requests_give_the_same_rows_served_and_virtual():
             assert json.loads(virtual) == served_rows(fleet)
         return seen
 
-    seen = run(main)
+    seen, _ = run(main)
     assert [len(rows) for _, rows in seen] == [3, 1, 4, 0, 2, 5]
     assert [r["ready"] for r in seen[-1][1]] == [True, True, False, False, False]
 
@@ -100,15 +96,10 @@ def test_a_refusal_reads_as_the_gateway_renders_the_engines():
         except ReplicaUnavailable as exc:
             refused = from_rejected(14, exc.reason, str(exc), {})  # UNAVAILABLE
         await until(lambda: lab.rows()[0]["ready"], what="replica 0 ready")
-        conns = [await endpoint.connect() for _ in range(3)]
-        sent = [conns[0].send(endpoint.build(Prompt(None, 10, ""), 2000, 1))]
-        await until(lambda: lab.replicas[0].core.num_running == 1, what="the first admitted")
-        sent += [c.send(endpoint.build(Prompt(None, 10, ""), 2000, 2 + i))
-                 for i, c in enumerate(conns[1:])]
-        full = await sent[2]
+        full = await (await overfill(lab, endpoint, 0, serial=1))[2]
         return starting, refused, full
 
-    starting, refused, full = run(main)
+    (starting, refused, full), _ = run(main)
     assert starting.status == refused.spec.status == 503
     assert starting.error == envelope(refused).decode()
     assert json.loads(starting.error)["error"]["type"] == "server_error"
@@ -131,19 +122,11 @@ def test_the_virtual_lab_exposes_the_served_engines_series():
     arrivals = [(0.01 * i, 50 + i, 8) for i in range(12)]
 
     async def main(loop):
-        lab = VirtualLab(loop, dep)
-        backend = VirtualBackend(lab)
-        endpoint = backend.endpoint(backend.base_url)
+        results, lab = await send_at(loop, arrivals, VirtualLab(loop, dep))
+        return results, (await VirtualBackend(lab).http.request("GET", BASE + "/metrics"))[1]
 
-        async def one(i, at, prompt, output):
-            await asyncio.sleep(at - loop.time())  # (virtual: the arrival's instant)
-            conn = await endpoint.connect()
-            return await conn.send(endpoint.build(Prompt(None, prompt, ""), output, i))
-
-        results = await asyncio.gather(*(one(i, *a) for i, a in enumerate(arrivals)))
-        return results, (await backend.http.request("GET", BASE + "/metrics"))[1].decode()
-
-    results, text = run(main)
+    (results, text), _ = run(main)
+    text = text.decode()
     assert [r.status for r in results] == [200] * len(arrivals)
     served = MetricsRegistry([EngineCore(dep)]).render().decode()
     assert _heads(text) and _heads(text) <= _heads(served)
