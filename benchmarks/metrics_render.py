@@ -21,7 +21,7 @@ import _common as C  # noqa: E402
 
 from prometheus_client import generate_latest  # noqa: E402
 
-from inference_lab.engine.service.metrics import EngineMetrics, _Collect  # noqa: E402
+from inference_lab.engine.metrics.exposition import MetricsRegistry, _Collect  # noqa: E402
 from inference_lab.engine.sim.config import default_deployments  # noqa: E402
 from inference_lab.engine.sim.core import EngineCore  # noqa: E402
 
@@ -42,7 +42,7 @@ def main() -> None:
     print(C.machine())
     C.print_load("metrics_render")
     cores = [EngineCore(default_deployments("b200", None)[0]) for _ in range(args.models)]
-    metrics = EngineMetrics(cores)
+    metrics = MetricsRegistry(cores)
     for core in cores:
         model = metrics.for_model(core)
         for _ in range(24):

@@ -21,6 +21,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from inference_lab.common.control_rows import capacity_row
 from inference_lab.gateway.aiohttp_gate import http_date, response_head
 from inference_lab.gateway.errors import ErrorKind, GatewayError, engine_unavailable
 from inference_lab.gateway.middleware import read_json_body
@@ -180,12 +181,9 @@ _capacity_decoder = msgspec.json.Decoder(CapacityUpdate)
 
 def _capacity_body(models: list[pb.ModelCapacity], ranks: bool = False) -> web.Response:
     """The rows of /control/capacity; data-parallel ranks behind one port name their rank."""
-    rows = [
-        {"model": m.model, **({"rank": m.replica} if ranks else {}),
-         "max_waiting": m.max_waiting, "max_num_seqs": m.max_num_seqs,
-         "waiting": m.waiting, "running": m.running}
-        for m in models
-    ]
+    rows = [capacity_row(m.model, m.max_waiting, m.max_num_seqs, m.waiting, m.running,
+                         m.replica if ranks else None)
+            for m in models]
     return web.Response(body=json_encode(rows), content_type="application/json")
 
 

@@ -1,9 +1,9 @@
-"""The gateway's one error table and the translations at its edges.
+"""The gateway's errors and the translations at its edges, over the one error table
+(common.error_table: each kind of failure mapped once to HTTP status, OpenAI error
+`type` and `code`, Anthropic error `type`, gRPC status code).
 
-Knows: every kind of failure the gateway reports, each mapped ONCE to (HTTP status,
-OpenAI error `type`, `code`, Anthropic error `type`, gRPC status code); how an engine
-refusal (a Session `Rejected`, or a unary call's gRPC status) becomes one of them; the
-OpenAI error envelope `{"error": {"message", "type", "code"}}` and the Anthropic one
+Knows: how an engine refusal (a Session `Rejected`, or a unary call's gRPC status)
+becomes one of them; the OpenAI error envelope `{"error": {"message", "type", "code"}}` and the Anthropic one
 `{"type": "error", "error": {"type", "message"}}` as HTTP responses (the API dialect of the
 route picks which: `gateway.protocols`); the OpenAI envelope as an SSE frame; and that
 every error is logged as one line.
@@ -13,133 +13,29 @@ Does not know: routes, request schemas, or how the engine is reached.
 
 from __future__ import annotations
 
-import enum
 import logging
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import grpc
-import msgspec
 from aiohttp import web
 from google.rpc import error_details_pb2, status_pb2
 
+from inference_lab.common.error_table import ERRORS, SATURATED_SPECS, ErrorKind, ErrorSpec
+from inference_lab.common.error_table import anthropic_envelope as anthropic_body
+from inference_lab.common.error_table import openai_envelope
+
+__all__ = ["ERRORS", "SATURATED_SPECS", "ErrorKind", "ErrorSpec", "GatewayError", "Saturation",
+           "SATURATED_529", "engine_unavailable", "from_rejected", "from_grpc_error",
+           "envelope", "anthropic_envelope", "log_error", "error_response", "saturated_body",
+           "saturated_response", "sse_error_frame", "from_http_exception"]
+
 log = logging.getLogger("inference_lab.gateway.errors")
 
-_json_encode = msgspec.json.Encoder().encode
-
-
-class ErrorKind(enum.StrEnum):
-    QUEUE_SATURATED = "queue_saturated"
-    ENGINE_UNAVAILABLE = "engine_unavailable"
-    MODEL_NOT_FOUND = "model_not_found"
-    REPLICA_NOT_FOUND = "replica_not_found"
-    REPLICA_UNAVAILABLE = "replica_unavailable"
-    ENGINE_SLEEPING = "engine_sleeping"
-    KV_TRANSFER_FULL = "kv_transfer_full"
-    INVALID_REQUEST = "invalid_request"
-    INVALID_FAULT_DIRECTIVE = "invalid_fault_directive"
-    REQUEST_TIMEOUT = "request_timeout"
-    BODY_TOO_LARGE = "body_too_large"
-    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
-    UNAUTHORIZED = "unauthorized"
-    CONTROL_UNAUTHORIZED = "control_unauthorized"
-    CROSS_ORIGIN_FORBIDDEN = "cross_origin_forbidden"
-    ROUTE_NOT_FOUND = "route_not_found"
-    METHOD_NOT_ALLOWED = "method_not_allowed"
-    INTERNAL = "internal"
-    PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
-    RESPONSE_NOT_FOUND = "response_not_found"
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorSpec:
-    status: int  # HTTP status
-    type: str  # OpenAI error type
-    code: str  # OpenAI error code
-    grpc_code: grpc.StatusCode | None  # the engine status that means this kind, if any
-    anthropic_type: str = "invalid_request_error"  # the Anthropic Messages API's error type
-
-
-# The one table. 529 vs 503: 529 is "no room in the queue" (clients shed load on it),
-# 503 is a liveness failure (engine unreachable, channel closed, shutting down). The
-# Anthropic column follows Anthropic's documented error types; the `anthropic` SDK picks
-# its exception class by status (anthropic/_error_classes.py; the lab sends no
-# `error.details.error_code`, its other key): 529 OverloadedError,
-# 503 ServiceUnavailableError, 500 InternalServerError (both are InternalServerError
-# subclasses), 404 NotFoundError, 413 ContentTooLargeError, 401 AuthenticationError,
-# 403 PermissionDeniedError, 400 BadRequestError; 405 and 415 are plain APIStatusError.
-ERRORS: dict[ErrorKind, ErrorSpec] = {
-    ErrorKind.QUEUE_SATURATED: ErrorSpec(
-        529, "overloaded_error", "queue_saturated", grpc.StatusCode.RESOURCE_EXHAUSTED,
-        "overloaded_error",
-    ),
-    ErrorKind.ENGINE_UNAVAILABLE: ErrorSpec(
-        503, "server_error", "engine_unavailable", grpc.StatusCode.UNAVAILABLE, "api_error"
-    ),
-    ErrorKind.MODEL_NOT_FOUND: ErrorSpec(
-        404, "invalid_request_error", "model_not_found", grpc.StatusCode.NOT_FOUND,
-        "not_found_error",
-    ),
-    # A replica index no model has here (its port is gone), or not one of this model.
-    ErrorKind.REPLICA_NOT_FOUND: ErrorSpec(404, "invalid_request_error", "replica_not_found", None),
-    # The replica exists but admits nothing yet or any more (starting, draining, scaled to 0).
-    ErrorKind.REPLICA_UNAVAILABLE: ErrorSpec(503, "server_error", "replica_unavailable", None),
-    # Sleep mode: the replica sleeps (POST /sleep) until POST /wake_up.
-    ErrorKind.ENGINE_SLEEPING: ErrorSpec(503, "server_error", "engine_sleeping", None, "api_error"),
-    # P/D: a do_remote_decode prefill on a replica whose handoffs hold their share of its KV
-    # cache (--kv-hold-share). A 503, as vLLM answers a server that cannot take the work
-    # now: the OpenAI SDK and vllm-router retry it; not a 529 (the queue is not full, and
-    # clients shed ordinary load on a 529) nor a 429 (no client's rate is at fault).
-    ErrorKind.KV_TRANSFER_FULL: ErrorSpec(503, "server_error", "kv_transfer_full", None,
-                                          "api_error"),
-    ErrorKind.INVALID_REQUEST: ErrorSpec(
-        400, "invalid_request_error", "invalid_request", grpc.StatusCode.INVALID_ARGUMENT
-    ),
-    # An x-inference-lab-fault header that cannot be honoured (gateway.faults.directive).
-    ErrorKind.INVALID_FAULT_DIRECTIVE: ErrorSpec(
-        400, "invalid_request_error", "invalid_fault_directive", None
-    ),
-    # A request body that did not arrive in time (gateway.edge).
-    ErrorKind.REQUEST_TIMEOUT: ErrorSpec(408, "invalid_request_error", "request_timeout", None),
-    ErrorKind.BODY_TOO_LARGE: ErrorSpec(
-        413, "invalid_request_error", "request_too_large", None, "request_too_large"
-    ),
-    ErrorKind.UNSUPPORTED_MEDIA_TYPE: ErrorSpec(
-        415, "invalid_request_error", "unsupported_media_type", None
-    ),
-    ErrorKind.UNAUTHORIZED: ErrorSpec(
-        401, "authentication_error", "invalid_api_key", None, "authentication_error"
-    ),
-    # /control/* without the control token, or the engine refusing the gateway's (SetCapacity).
-    ErrorKind.CONTROL_UNAUTHORIZED: ErrorSpec(
-        401, "authentication_error", "invalid_control_token", grpc.StatusCode.UNAUTHENTICATED,
-        "authentication_error",
-    ),
-    # A control route asked from a web page (a request with an Origin header).
-    ErrorKind.CROSS_ORIGIN_FORBIDDEN: ErrorSpec(
-        403, "permission_error", "cross_origin_forbidden", None, "permission_error"
-    ),
-    ErrorKind.ROUTE_NOT_FOUND: ErrorSpec(
-        404, "invalid_request_error", "not_found", None, "not_found_error"
-    ),
-    ErrorKind.METHOD_NOT_ALLOWED: ErrorSpec(
-        405, "invalid_request_error", "method_not_allowed", None
-    ),
-    ErrorKind.INTERNAL: ErrorSpec(
-        500, "server_error", "internal_error", grpc.StatusCode.INTERNAL, "api_error"
-    ),
-    # A Responses request's previous_response_id that this gateway does not hold.
-    ErrorKind.PREVIOUS_RESPONSE_NOT_FOUND: ErrorSpec(
-        404, "invalid_request_error", "previous_response_not_found", None, "not_found_error"
-    ),
-    # GET or DELETE /v1/responses/{id} of a response this gateway does not hold.
-    ErrorKind.RESPONSE_NOT_FOUND: ErrorSpec(
-        404, "invalid_request_error", "response_not_found", None, "not_found_error"
-    ),
-}
 
 _KIND_BY_GRPC: dict[grpc.StatusCode, ErrorKind] = {
-    spec.grpc_code: kind for kind, spec in ERRORS.items() if spec.grpc_code is not None
+    grpc.StatusCode[spec.grpc_code]: kind for kind, spec in ERRORS.items()
+    if spec.grpc_code is not None
 }
 # Statuses a call gets when the engine cannot be reached or the call was cut.
 for _code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
@@ -167,21 +63,6 @@ class GatewayError(Exception):
     @property
     def spec(self) -> ErrorSpec:
         return self._spec or ERRORS[self.kind]
-
-
-# What a saturated model may answer instead of the 529 (`Saturation`): 503 and 429 are
-# what other servers and simulators send when they are full. The code stays
-# queue_saturated, so a client can tell a full queue from a liveness failure (503
-# engine_unavailable) or an injected rate limit (429 rate_limit_exceeded); the Anthropic
-# type follows Anthropic's documented types (its SDK picks the exception by status:
-# 503 ServiceUnavailableError, 429 RateLimitError).
-SATURATED_SPECS: dict[int, ErrorSpec] = {
-    529: ERRORS[ErrorKind.QUEUE_SATURATED],
-    503: ErrorSpec(503, "overloaded_error", "queue_saturated",
-                   grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded_error"),
-    429: ErrorSpec(429, "overloaded_error", "queue_saturated",
-                   grpc.StatusCode.RESOURCE_EXHAUSTED, "rate_limit_error"),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,17 +164,13 @@ def from_grpc_error(exc: grpc.aio.AioRpcError) -> GatewayError:
 
 
 def envelope(err: GatewayError) -> bytes:
-    spec = err.spec
-    return _json_encode({"error": {"message": err.message, "type": spec.type, "code": spec.code}})
+    """OpenAI's error body of `err` (common.error_table)."""
+    return openai_envelope(err.spec, err.message)
 
 
 def anthropic_envelope(err: GatewayError) -> bytes:
-    """Anthropic's error body: `{"type": "error", "error": {"type", "message"}}` (and
-    `details`, `{"error_code", ...}`, which the anthropic SDK reads, when the error has them)."""
-    error = {"type": err.spec.anthropic_type, "message": err.message}
-    if err.details:
-        error["details"] = err.details
-    return _json_encode({"type": "error", "error": error})
+    """Anthropic's error body of `err` (common.error_table), with its `details`."""
+    return anthropic_body(err.spec, err.message, err.details)
 
 
 def _log_level(status: int) -> int:

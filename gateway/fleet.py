@@ -35,6 +35,7 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
+from inference_lab.common.control_rows import replica_row
 from inference_lab.gateway import cors, dashboard
 from inference_lab.gateway.app import STATE, create_app
 from inference_lab.gateway.engine_client import EngineClient
@@ -217,10 +218,8 @@ class FleetGateway:
 
     def rows_json(self, rows: list[pb.ModelCapacity]) -> bytes:
         return json_encode([
-            {"model": r.model, "replica": r.replica, "port": self.port_of(r.replica),
-             "ready": not (r.starting or r.draining), "starting": r.starting,
-             "draining": r.draining, "ready_in_s": round(r.ready_in_s, 3),
-             "waiting": r.waiting, "running": r.running, "kv_role": r.kv_role or None}
+            replica_row(r.model, r.replica, self.port_of(r.replica), r.starting, r.draining,
+                        r.ready_in_s, r.waiting, r.running, r.kv_role)
             for r in rows])
 
 

@@ -10,7 +10,7 @@ queue is provably full) and a version counting its changes, the replica's LoRA a
 and the lifecycle the fleet (`replicas.Fleet`) orders: start, drained, stop.
 
 Does not know gRPC, messages or Prometheus: the service builds each runtime with its
-metrics (engine.service.metrics.ModelMetrics: `on_step`, `on_lag`, `on_finished`,
+metrics (engine.metrics.updates.ModelMetrics: `on_step`, `on_lag`, `on_finished`,
 `on_cadence`, `on_late`, `on_sleep`), an optional KV-event publisher (`publish(model, events,
 block_size)`) and the senders' hold (`oldest`), and turns the state it announces into
 messages.

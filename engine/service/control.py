@@ -21,6 +21,7 @@ import grpc
 
 from inference_lab.common.fault_names import MAX_FAULT_SECONDS, MAX_SLOW_FACTOR
 from inference_lab.engine.fleet.replicas import ReplicaNotFound
+from inference_lab.engine.fleet.rules import status
 from inference_lab.engine.fleet.runtime import ModelRuntime
 from inference_lab.engine.service.lora_modules import read_rank
 from inference_lab.engine.service.messages import queue_state_pb
@@ -52,11 +53,11 @@ class ControlRpcs:
         now = self.fleet.now()
         rows = []
         for r in replicas:
-            core = r.runtime.core
+            core, st = r.runtime.core, status(r, now)
             rows.append(pb.ModelCapacity(
                 model=core.name, max_waiting=core.max_waiting, max_num_seqs=core.max_num_seqs,
                 waiting=core.num_waiting, running=core.num_running, replica=r.index,
-                starting=r.ready_in(now) > 0, draining=r.draining, ready_in_s=r.ready_in(now),
+                starting=st.starting, draining=st.draining, ready_in_s=st.ready_in_s,
                 sleep_level=r.runtime.sleep_level, wake_s=r.runtime.wake_s,
                 kv_role=r.runtime.kv_role, kv_engine_id=r.runtime.engine_id,
                 paused=MODE_PB[r.runtime.paused]))

@@ -3,7 +3,7 @@ gateway answers a replica's /metrics from its own copy instead of calling GetMet
 scrape (an endpoint picker scrapes every replica every 50 ms; a call per scrape crosses two
 busy processes each time).
 
-Knows: the engine's metrics (EngineMetrics: per replica a key of what its text depends on,
+Knows: the engine's metrics (MetricsRegistry: per replica a key of what its text depends on,
 and the one render GetMetrics uses, so the bytes are the same), the engine-wide metrics
 version (metrics.Versions) that orders a push against a Session batch, and asyncio.
 
@@ -19,7 +19,7 @@ and the watches get it only while some Session is on gRPC. A client that has rea
 seq >= v before it answers (read-your-finishes); otherwise its copy is at most `interval`
 plus the delivery old. Nothing changed: nothing is sent, and a look whose engine-wide
 version has not moved since the last (admissions and capacity or replica changes count too:
-EngineMetrics.touch) reads no key at all (one key read a second all the same, as a safety
+MetricsRegistry.touch) reads no key at all (one key read a second all the same, as a safety
 net), so a scraped idle fleet costs next to nothing.
 
 Does not know: HTTP, the gateway, what a series means.
@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import math
 
-from inference_lab.engine.service.metrics import EngineMetrics
+from inference_lab.engine.metrics.exposition import MetricsRegistry
 from inference_lab.v1 import engine_pb2 as pb
 
 DEFAULT_INTERVAL_S = 0.04  # with the delivery, a copy is under 50 ms old
@@ -53,7 +53,7 @@ class Watchers:
 
     __slots__ = ("metrics", "watches")
 
-    def __init__(self, metrics: EngineMetrics | None) -> None:
+    def __init__(self, metrics: MetricsRegistry | None) -> None:
         self.metrics = metrics
         self.watches: set[_Watch] = set()
 
@@ -90,7 +90,7 @@ def _resolve(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
-async def watch(metrics: EngineMetrics, watchers: Watchers, interval: float):
+async def watch(metrics: MetricsRegistry, watchers: Watchers, interval: float):
     """The pushes of one watch, forever (the RPC ends when the client cancels): a full look
     every `interval`, and between two, the partial pushes handed to it (Watchers)."""
     loop = asyncio.get_running_loop()

@@ -33,7 +33,7 @@ from inference_lab.engine.fleet.runtime import ModelRuntime
 from inference_lab.engine.service.control import ControlRpcs
 from inference_lab.engine.service.holds import Holds
 from inference_lab.engine.service.messages import finished_pb
-from inference_lab.engine.service.metrics import EngineMetrics
+from inference_lab.engine.metrics.exposition import MetricsRegistry
 from inference_lab.engine.service.metrics_feed import Watchers, watch, watch_interval
 from inference_lab.engine.service.refusals import (REFUSALS, REFUSED, ShuttingDown,
                                                    UnknownModel, abort, rejected_pb)
@@ -84,7 +84,7 @@ class EngineService(ControlRpcs, SleepRpcs, DevRpcs, engine_pb2_grpc.EngineServi
     admission funnel, Submit, the Session and metrics here, the control calls mixed in
     (ControlRpcs)."""
 
-    def __init__(self, fleet: Fleet, metrics: EngineMetrics | None = None,
+    def __init__(self, fleet: Fleet, metrics: MetricsRegistry | None = None,
                  holds: Holds | None = None) -> None:
         ControlRpcs.__init__(self)
         self.fleet = fleet
@@ -388,7 +388,7 @@ class EngineService(ControlRpcs, SleepRpcs, DevRpcs, engine_pb2_grpc.EngineServi
         if replica is not None and refused.count:
             replica.runtime.metrics.on_rejected(REFUSALS[QueueSaturated][1], refused.count)
 
-    # ---- metrics (engine.service.metrics, engine.service.metrics_feed) --------------------
+    # ---- metrics (engine.metrics, engine.service.metrics_feed) ----------------------------
     async def GetMetrics(self, request: pb.GetMetricsRequest, context):
         """With engines (replica indices), theirs alone (a gateway's replica port, scraped
         every 50 ms by an endpoint picker): rendered on the loop (a few replicas' text is

@@ -28,7 +28,8 @@ from inference_lab.engine.service.kv_events import KVEventsConfig, ReplicaPublis
 from inference_lab.engine.service.lane import SessionLane
 from inference_lab.engine.service.lora_modules import LoraModule, read_rank
 from inference_lab.engine.sim.lengths import OutputLength
-from inference_lab.engine.service.metrics import EngineMetrics, serve_metrics
+from inference_lab.engine.metrics.exposition import MetricsRegistry
+from inference_lab.engine.service.metrics_http import serve_metrics
 from inference_lab.engine.sim.lora import LoraError
 from inference_lab.engine.service.replica_faults import ReplicaFaults
 from inference_lab.engine.drivers.data_parallel import is_moe
@@ -128,7 +129,7 @@ class EngineServer:
         self.server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
         self.fleet: Fleet | None = None
-        self.metrics: EngineMetrics | None = None
+        self.metrics: MetricsRegistry | None = None
         self.holds = Holds()  # the Sessions' holds, which every pacer reads
         # saved capacity of replicas not started yet: (model, index) -> knobs
         self._pending_capacity: dict[tuple[str, int], dict] = {}
@@ -200,7 +201,7 @@ class EngineServer:
         if events:
             self.kv_events = ReplicaPublishers(self.kv_events_config, self.engine_index,
                                                self.kv_events_expose_replay, self.data_parallel)
-        self.metrics = EngineMetrics(engine_index=self.engine_index)
+        self.metrics = MetricsRegistry(engine_index=self.engine_index)
         if self.lockstep_ports and any(is_moe(d) for d in self.deployments):
             self._lockstep = await LockstepLink(self.lockstep_ports[self.shard.part],
                                                 self.lockstep_ports, self._peer_step).open()

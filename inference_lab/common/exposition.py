@@ -8,7 +8,7 @@ numbers (`Hist`: a list of bucket counts, one bisect per observation); its lines
 (`HistLines`) are formatted in one `%` operation (bucket counts below 10^6 as `%d.0`,
 exactly what floatToGoString gives for them) and kept until it changes.
 
-Does not know: which series a service exports (engine.service.metrics, gateway.metrics).
+Does not know: which series a service exports (engine.metrics, gateway.metrics).
 Safe to read from a thread other than the writer's: a histogram's counts are copied in
 one C call, and a render keyed on numbers read before the copy is at worst redone.
 """

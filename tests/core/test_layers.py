@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTRACTS = 10
+CONTRACTS = 11
 
 
 def _assemble(where: Path) -> Path:
@@ -58,6 +58,9 @@ def test_every_layer_contract_is_kept(tmp_path):
     ("conformance/probe.py", "import grpc", "over HTTP (and ZMQ) only"),
     ("engine/service/rpc.py", "import inference_lab.experiments.runner", "command line on top"),
     ("autoscale/hpa.py", "import asyncio", "Autoscalers are told the time"),
+    ("engine/fleet/rules.py", "import asyncio", "run in virtual time too"),
+    ("engine/metrics/updates.py", "import inference_lab.engine.drivers.pacer",
+     "run in virtual time too"),
     ("autoscale/keda.py", "import inference_lab.experiments.runner", "command line on top"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):

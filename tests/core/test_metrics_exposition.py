@@ -7,8 +7,8 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from factories import core, run_until_idle
-from inference_lab.engine.service import metric_buckets as B
-from inference_lab.engine.service.metrics import EngineMetrics, _Collect
+from inference_lab.engine.metrics import buckets as B
+from inference_lab.engine.metrics.exposition import MetricsRegistry, _Collect
 from inference_lab.engine.sim.request import Status
 
 
@@ -23,7 +23,7 @@ def drive(engine, metrics, results):
 
 def test_a_completed_request_records_vllms_intervals_on_the_modelled_timeline():
     engine = core()
-    metrics = EngineMetrics([engine])
+    metrics = MetricsRegistry([engine])
     req = engine.submit(100, 5, 0.0)
     _, results = run_until_idle(engine)
     model = drive(engine, metrics, results)
@@ -47,7 +47,7 @@ def test_a_completed_request_records_vllms_intervals_on_the_modelled_timeline():
 
 def test_an_early_end_is_an_abort_with_what_it_had_received():
     engine = core()
-    metrics = EngineMetrics([engine])
+    metrics = MetricsRegistry([engine])
     req = engine.submit(100, 50, 0.0)
     results = [engine.step(engine.clock) for _ in range(4)]  # first token + 3 more
     model = drive(engine, metrics, results)
@@ -73,7 +73,7 @@ def test_every_timing_histogram_contains_vllms_boundaries_and_reads_within_5_per
 
 def test_the_fast_exposition_is_prometheus_clients_own_text():
     engines = [core(), core(model="llama-3.1-8b")]
-    metrics = EngineMetrics(engines, engine_index=[3, 4])  # a replica index per core
+    metrics = MetricsRegistry(engines, engine_index=[3, 4])  # a replica index per core
     for engine in engines:
         for i in range(8):
             engine.submit(50 + i, 20, 0.0)
@@ -94,7 +94,7 @@ def test_the_fast_exposition_is_prometheus_clients_own_text():
 
 def test_counts_from_a_million_on_are_written_as_prometheus_client_writes_them():
     engine = core()
-    metrics = EngineMetrics([engine])
+    metrics = MetricsRegistry([engine])
     model = metrics.for_model(engine)
     itl = model.hists["vllm:inter_token_latency_seconds"]
     itl.observe(0.002, 999_999)
@@ -108,7 +108,7 @@ def test_counts_from_a_million_on_are_written_as_prometheus_client_writes_them()
 
 def test_every_update_point_moves_the_engine_wide_version_so_no_change_is_served_from_cache():
     engine = core()
-    metrics = EngineMetrics([engine])
+    metrics = MetricsRegistry([engine])
     model = metrics.for_model(engine)
     metrics.render()  # cached at the version now
     model.on_relay(0.003)  # the gateway's lateness gauge
@@ -142,7 +142,7 @@ def test_a_speculative_model_counts_its_drafts_and_accepted_tokens_as_vllm_names
     # prefill's first. Five drafts of 2 tokens; accepted 0 + 1 + 1 + 1 + 0 = 3, all at
     # position 0 (none kept 2 drafted tokens).
     engine = spec_engine(0.5, 2)
-    metrics = EngineMetrics([engine])
+    metrics = MetricsRegistry([engine])
     engine.submit(16, 9, 0.0)
     _, results = run_until_idle(engine)
     model = drive(engine, metrics, results)
@@ -160,7 +160,7 @@ def test_a_speculative_model_counts_its_drafts_and_accepted_tokens_as_vllm_names
 
 def test_a_model_without_speculation_shows_no_spec_decode_series_even_beside_one_with_it():
     plain, spec = core(), spec_engine(0.6, 3)
-    metrics = EngineMetrics([plain, spec], engine_index=[0, 1])
+    metrics = MetricsRegistry([plain, spec], engine_index=[0, 1])
     for engine in (plain, spec):
         engine.submit(16, 20, 0.0)
         _, results = run_until_idle(engine)
@@ -180,7 +180,7 @@ def test_each_finished_request_observes_its_preemptions_in_vllms_buckets():
     # at least once; the other two never are (le="1" holds 0 and 1, as in vLLM).
     engine = core(kv_cache_capacity=8 * 64 * 24576)
     reqs = [engine.submit(16, 200, 0.0) for _ in range(3)]
-    metrics = EngineMetrics([engine])
+    metrics = MetricsRegistry([engine])
     _, results = run_until_idle(engine)
     model = drive(engine, metrics, results)
     h = model.hists["vllm:request_num_preemptions"]
@@ -219,9 +219,9 @@ def test_kv_cache_metrics_turn_the_residency_histograms_on_with_vllms_boundaries
 
     off = EngineCore(deployment())
     assert off.kv_residency is None
-    assert b"kv_block" not in EngineMetrics([off]).render()
+    assert b"kv_block" not in MetricsRegistry([off]).render()
     engine = EngineCore(deployment(), kv_cache_metrics_sample=1.0)
-    metrics = EngineMetrics([engine])
+    metrics = MetricsRegistry([engine])
     engine.kv_residency.evicted.append((9.0, 3.0, [4.0, 0.5]))  # as an eviction leaves it
     engine.submit(16, 2, 0.0)
     _, results = run_until_idle(engine)
@@ -248,9 +248,9 @@ def test_mfu_metrics_count_each_steps_flops_and_bytes_per_gpu_only_when_enabled(
 
     off = EngineCore(deployment())
     assert not off.mfu_metrics
-    assert b"estimated_" not in EngineMetrics([off]).render()
+    assert b"estimated_" not in MetricsRegistry([off]).render()
     engine = EngineCore(deployment(), mfu_metrics=True)
-    metrics = EngineMetrics([engine])
+    metrics = MetricsRegistry([engine])
     engine.submit(16, 2, 0.0)
     _, results = run_until_idle(engine)
     model = drive(engine, metrics, results)
@@ -276,7 +276,7 @@ def waiting_by_reason(engine, metrics) -> dict[str, float]:
 
 def test_a_request_waiting_for_room_counts_as_capacity_and_one_held_by_a_lora_slot_as_deferred():
     engine = core(max_num_seqs=2)
-    metrics = EngineMetrics([engine])
+    metrics = MetricsRegistry([engine])
     loras = engine.enable_lora(max_loras=1)
     a, b = loras.load("a", "/adapters/a", 8), loras.load("b", "/adapters/b", 8)
     engine.submit(100, 50, 0.0, lora=a)
@@ -301,7 +301,7 @@ def test_a_request_pulling_its_kv_from_a_prefill_replica_is_deferred_until_the_p
 
     engine = core()
     engine.kv_role = CONSUMER
-    metrics = EngineMetrics([engine])
+    metrics = MetricsRegistry([engine])
     pulled = engine.submit(1500, 4, 0.0, kv=KvTransfer(remote_tokens=1500))
     assert pulled.transfer_s > 0
     assert waiting_by_reason(engine, metrics) == {"capacity": 0.0, "deferred": 1.0}

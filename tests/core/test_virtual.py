@@ -20,18 +20,12 @@ from inference_lab.experiments.prompts import Prompt
 from inference_lab.experiments.records import load_run
 from inference_lab.experiments.runner import Runner
 from inference_lab.experiments.scenario import load_scenario, parse_scenario
-from inference_lab.experiments.virtual import (BASE_PORT, VirtualBackend, VirtualLab, VirtualLoop,
-                                               VirtualTimeError)
+from inference_lab.experiments.virtual import BASE_PORT, VirtualBackend, VirtualLab, VirtualTimeError
+from inference_lab.testing.poll import until
 from factories import deployment
+from virtual_helpers import overfill, run, send_at
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(coro_fn):
-    """Run `coro_fn(loop)` on a fresh virtual loop; (its result, the loop's final time)."""
-    with asyncio.Runner(loop_factory=VirtualLoop) as runner:
-        loop = runner.get_loop()
-        return runner.run(coro_fn(loop)), loop.time()
 
 
 # ---- the loop -------------------------------------------------------------------------------
@@ -70,21 +64,7 @@ def test_each_request_gets_exactly_the_offline_drivers_timings():
         arrivals.append((t, rng.randint(20, 400), rng.randint(5, 120)))
     expected = outcomes(dep, arrivals)
 
-    async def main(loop):
-        lab = VirtualLab(loop, dep)
-        backend = VirtualBackend(lab)
-        endpoint = backend.endpoint(backend.base_url)
-        results = [None] * len(arrivals)
-
-        async def one(i, at, prompt, output):
-            await asyncio.sleep(at - loop.time())
-            conn = await endpoint.connect()
-            results[i] = await conn.send(endpoint.build(Prompt(None, prompt, ""), output, i))
-
-        await asyncio.gather(*(one(i, *a) for i, a in enumerate(arrivals)))
-        return results
-
-    results, _ = run(main)
+    (results, _), _ = run(lambda loop: send_at(loop, arrivals, VirtualLab(loop, dep)))
     assert all(r.status == 200 for r in results)
     for r, (ttft, e2e), (at, _, output) in zip(results, expected, arrivals):
         assert r.sent == pytest.approx(at, abs=1e-9)
@@ -103,28 +83,24 @@ def test_the_fleet_starts_drains_and_refuses_as_a_served_one():
         rows = json.loads(body)
         assert status == 200 and [r["replica"] for r in rows] == [0, 1, 2]
         assert set(rows[0]) == {"model", "replica", "port", "ready", "starting", "draining",
-                                "ready_in_s", "waiting", "running"}
+                                "ready_in_s", "waiting", "running", "kv_role"}
         assert [(r["ready"], r["starting"], r["ready_in_s"]) for r in rows] == \
             [(True, False, 0.0), (False, True, 20.0), (False, True, 20.0)]
         endpoint = VirtualBackend(lab).endpoint(f"http://virtual:{BASE_PORT + 1}")
         conn = await endpoint.connect()
         early = await conn.send(endpoint.build(Prompt(None, 10, ""), 5, 0))
-        await asyncio.sleep(20.0)
+        await until(lambda: lab.rows()[1]["ready"], what="replica 1 ready")  # (virtual polls)
+        assert loop.time() == pytest.approx(20.0, abs=0.011)
         late = await conn.send(endpoint.build(Prompt(None, 10, ""), 5, 1))
         # one running, one waiting, the third refused at once: 529
-        conns = [await endpoint.connect() for _ in range(3)]
-        sent = []
-        for i, c in enumerate(conns):
-            sent.append(c.send(endpoint.build(Prompt(None, 10, ""), 2000, 2 + i)))
-            await asyncio.sleep(0.01)  # the first is admitted before the second comes
+        sent = await overfill(lab, endpoint, 1, serial=2)
         third = await sent[2]
-        await asyncio.sleep(0)
         # drain replica 2 and 1 while replica 1 holds two requests: it stays until they end
         status, body = await http.request("POST", base + "/control/replicas", {"replicas": 1})
         draining = [r["replica"] for r in json.loads(body) if r["draining"]]
         metrics = (await http.request("GET", f"http://virtual:{BASE_PORT + 1}/metrics"))[0]
         done = await asyncio.gather(*sent[:2])
-        await asyncio.sleep(1.0)
+        await until(lambda: list(lab.replicas) == [0], what="replica 1 closed")
         _, body = await http.request("GET", base + "/control/replicas")
         return early, late, third, draining, metrics, done, json.loads(body)
 
@@ -139,30 +115,20 @@ def test_the_fleet_starts_drains_and_refuses_as_a_served_one():
 
 # ---- the runner in virtual time ------------------------------------------------------------
 
-CLOSED = """
-name = "v"
-duration = 8
-[server]
-max_num_seqs = 4
-max_waiting = 4
-[load]
-arrival_pattern = "closed_loop"
-num_concurrent_users = 12
-input_len_dist = { type = "uniform", min = 10, max = 100 }
-output_len_dist = { type = "uniform", min = 20, max = 200 }
-seed = 5
-retry_after_529 = 0.05
-[controller]
-name = "aimd"
-params = { min_limit = 1 }
-[[timeline]]
-at = 4
-capacity = { max_num_seqs = 2 }
-"""
+CLOSED = {
+    "name": "v", "duration": 8,
+    "server": {"max_num_seqs": 4, "max_waiting": 4},
+    "load": {"arrival_pattern": "closed_loop", "num_concurrent_users": 12,
+             "input_len_dist": {"type": "uniform", "min": 10, "max": 100},
+             "output_len_dist": {"type": "uniform", "min": 20, "max": 200},
+             "seed": 5, "retry_after_529": 0.05},
+    "controller": {"name": "aimd", "params": {"min_limit": 1}},
+    "timeline": [{"at": 4, "capacity": {"max_num_seqs": 2}}],
+}
 
 
 def test_the_same_scenario_in_virtual_time_is_the_same_run_every_time(tmp_path):
-    scenario = parse_scenario(__import__("tomllib").loads(CLOSED), "v.toml")
+    scenario = parse_scenario(CLOSED, "v.toml")
     dep = deployment()
 
     def once():
@@ -199,8 +165,8 @@ def test_a_trace_through_the_hpa_in_virtual_time_issues_every_request_and_scales
 
 
 def test_faults_virtual_time_does_not_model_are_refused(tmp_path):
-    text = CLOSED + '[[timeline]]\nat = 5\nfault = { kind = "stall", seconds = 1 }\n'
-    scenario = parse_scenario(__import__("tomllib").loads(text), "v.toml")
+    stall = {"at": 5, "fault": {"kind": "stall", "seconds": 1}}
+    scenario = parse_scenario({**CLOSED, "timeline": [*CLOSED["timeline"], stall]}, "v.toml")
     with pytest.raises(ValueError, match="'stall' fault at 5 s is not modelled in virtual time"):
         run_virtual(scenario, tmp_path)
 
@@ -291,21 +257,9 @@ def test_data_parallel_ranks_give_each_request_the_offline_dp_drivers_rank_and_t
                                 records=records)
     assert summary["requests"]["rejected_queue_saturated"] > 0  # the ranks' bounds are met
 
-    async def main(loop):
-        lab = VirtualLab(loop, dep, data_parallel_size=3)
-        backend = VirtualBackend(lab)
-        endpoint = backend.endpoint(backend.base_url)
-        results = [None] * len(arrivals)
-
-        async def one(i, at, prompt, output):
-            await asyncio.sleep(at - loop.time())
-            conn = await endpoint.connect()
-            results[i] = await conn.send(endpoint.build(Prompt(None, prompt, ""), output, i))
-
-        await asyncio.gather(*(one(i, *a) for i, a in enumerate(arrivals)))
-        return results, lab.replicas[0].dp
-
-    (results, dp), _ = run(main)
+    (results, lab), _ = run(lambda loop: send_at(loop, arrivals,
+                                                 VirtualLab(loop, dep, data_parallel_size=3)))
+    dp = lab.replicas[0].dp
     assert dp.lockstep == (model == "gpt-oss-20b")
     assert [r["requests"] for r in dp.summary()["ranks"]] == \
         [r["requests"] for r in summary["data_parallel"]["ranks"]]

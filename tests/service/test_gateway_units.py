@@ -89,7 +89,7 @@ def test_every_kind_has_a_distinct_status_and_code_pair():
     assert len(pairs) == len(ERRORS)
     assert ERRORS[ErrorKind.BODY_TOO_LARGE].status == 413
     assert ERRORS[ErrorKind.UNAUTHORIZED].status == 401
-    assert ERRORS[ErrorKind.QUEUE_SATURATED].grpc_code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert ERRORS[ErrorKind.QUEUE_SATURATED].grpc_code == grpc.StatusCode.RESOURCE_EXHAUSTED.name
 
 
 def test_sse_error_frame_is_an_error_then_done():

@@ -11,7 +11,7 @@ import urllib.request
 
 from engine_helpers import running_engine
 
-from inference_lab.engine.service import metrics as engine_metrics
+from inference_lab.engine.service import metrics_http as engine_metrics
 from inference_lab.testing.poll import until
 
 IDLE = 40

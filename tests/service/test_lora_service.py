@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 from engine_helpers import running_engine
 from factories import core
 
-from inference_lab.engine.service.metrics import EngineMetrics
+from inference_lab.engine.metrics.exposition import MetricsRegistry
 from inference_lab.engine.service.lora_modules import LoraModule, parse_lora_module, read_rank
 from inference_lab.engine.sim.lora import LoraError
 from inference_lab.gateway import create_app
@@ -127,7 +127,7 @@ def test_lora_requests_info_reports_running_and_waiting_adapters_as_vllm_does():
     engine.submit(100, 50, 0.0, lora=b)
     engine.step(0.0)
     before = time.time()
-    text = EngineMetrics([engine]).render().decode()
+    text = MetricsRegistry([engine]).render().decode()
     (line,) = [x for x in text.splitlines() if x.startswith("vllm:lora_requests_info{")]
     labels, value = line.rsplit(" ", 1)
     assert 'max_lora="1"' in labels and 'model_name="gpt-oss-20b"' in labels
