@@ -3,10 +3,11 @@ writes it.
 
 Knows: the aiohttp releases the gateway's fast paths were tested on (`TESTED`, the range
 pyproject.toml declares), and for them the private state those paths use:
-- `Connection`: aiohttp's connection protocol (web.RequestHandler) with the state the edge
-  reads named (requests parsed, the messages queued, whether it is idle between requests,
-  the keep-alive deadline, a parse error queued behind a body), and `ConnectionRunner`,
-  an AppRunner whose connections are made by the caller's factory (gateway.edge);
+- `GateRequestHandler`: aiohttp's connection protocol (web.RequestHandler) with the state
+  the edge reads named (requests parsed, the messages queued, whether it is idle between
+  requests, the keep-alive deadline, a parse error queued behind a body), and
+  `ConnectionRunner`, an AppRunner whose connections are made by the caller's factory
+  (gateway.edge);
 - the relay's writes (gateway.protocols.generate): `write_now` drives a response's write
   without awaiting, `direct_chunks` / `write_chunk` write a body chunk straight to the
   transport, keeping the response writer's byte counts as its own writes keep them;
@@ -69,7 +70,7 @@ except ImportError:  # pragma: no cover (an aiohttp outside the tested range)
     def _http_date() -> str:
         return email.utils.formatdate(usegmt=True)
 
-# what `Connection` reads and writes of aiohttp's connection protocol, and the relay of a
+# what `GateRequestHandler` reads and writes of aiohttp's connection protocol, and the relay of a
 # response (each a slot or attribute of the class in the tested releases)
 _CONNECTION_STATE = ("_request_count", "_messages", "_current_request", "_payload_parser",
                      "_force_close", "_waiter", "_keepalive_timeout",
@@ -159,7 +160,7 @@ def response_head(status: int, content_type: bytes, first: bytes = b"", last: by
 # ---- the connection ------------------------------------------------------------------------
 
 
-class Connection(web.RequestHandler):
+class GateRequestHandler(web.RequestHandler):
     """aiohttp's connection protocol with the state the edge reads named. Served only by
     a `ConnectionRunner`, which is only made while `fast_paths()`."""
 
@@ -221,7 +222,7 @@ class Connection(web.RequestHandler):
 class _Server(web.Server):
     """aiohttp's low-level server whose connections come from `connection`."""
 
-    connection: Callable[..., Connection] | None = None
+    connection: Callable[..., GateRequestHandler] | None = None
 
     def __call__(self) -> web.RequestHandler:
         return self.connection(self, loop=self._loop, **self._kwargs)
@@ -229,11 +230,11 @@ class _Server(web.Server):
 
 class ConnectionRunner(web.AppRunner):
     """An AppRunner whose connections are made by `connections(app)`, a factory of
-    `Connection`s taking aiohttp's arguments, asked once the app has started (what its
+    `GateRequestHandler`s taking aiohttp's arguments, asked once the app has started (what its
     start-up sets is there)."""
 
     def __init__(self, app: web.Application,
-                 connections: Callable[[web.Application], Callable[..., Connection]],
+                 connections: Callable[[web.Application], Callable[..., GateRequestHandler]],
                  **kwargs) -> None:
         super().__init__(app, **kwargs)
         self._connections = connections
@@ -263,8 +264,8 @@ def write_now(resp: web.StreamResponse, data: bytes) -> bool:
 
 def direct_chunks(resp: web.StreamResponse):
     """`resp`'s payload writer when a body chunk may be written to the transport without
-    it (~3 us of coroutine and framing calls per write): its headers are out, the body
-    is chunked, uncompressed, unbounded and nobody listens to its writes; else None."""
+    it (saving the writer's coroutine and framing calls per write): its headers are out,
+    the body is chunked, uncompressed, unbounded and nobody listens to its writes; else None."""
     writer = getattr(resp, "_payload_writer", None)
     if (StreamWriter is None or type(writer) is not StreamWriter
             or not getattr(writer, "chunked", False)

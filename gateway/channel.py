@@ -87,7 +87,7 @@ class SingleFlight:
         await asyncio.shield(fut)
 
 
-class Connection:
+class EngineChannel:
     """The channel to the engine at `target` and its Session, (re)connected lazily.
 
     `prepare` runs first at every connect (the engine answers: it is reachable), returning

@@ -138,7 +138,7 @@ async def read_body(request: web.BaseRequest, timeout: float | None = None) -> b
                            f"Bad HTTP request body: {exc.message}") from None
 
 
-class EdgeRequestHandler(aiohttp_gate.Connection):
+class EdgeRequestHandler(aiohttp_gate.GateRequestHandler):
     """One HTTP connection (aiohttp's protocol) with JSON refusals and a header deadline."""
 
     __slots__ = ("_header_timeout", "_header_timer", "received_at", "_fast", "_fast_gets",
@@ -218,11 +218,12 @@ class EdgeRequestHandler(aiohttp_gate.Connection):
 
     def _answered_fast(self, data: bytes) -> bool:
         """A request answered without aiohttp's request, handler task and response objects
-        (~160 of a /metrics scrape's ~210 CPU-us were theirs): only on a kept-alive HTTP/1.1
-        connection that is idle (aiohttp has served a request on it, holds no partial one
-        and handles none) and whose output is flushed, for `data` that is exactly one
-        complete request the app answers fast (FAST_GETS, FAST_POSTS). Anything else (and
-        an answer of None) goes to aiohttp as it came."""
+        (most of a /metrics scrape's CPU is theirs: see BENCHMARKS.md, "Replicas
+        (fleet)"): only on a kept-alive HTTP/1.1 connection that is idle (aiohttp has
+        served a request on it, holds no partial one and handles none) and whose output is
+        flushed, for `data` that is exactly one complete request the app answers fast
+        (FAST_GETS, FAST_POSTS). Anything else (and an answer of None) goes to aiohttp as
+        it came."""
         if self._header_timer is not None or not self.idle():
             return False
         if data.startswith(b"GET /"):

@@ -39,9 +39,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from inference_lab.common.tokenizer import ids_to_bytes
 from inference_lab.gateway.backlog import Backlog
-from inference_lab.gateway.channel import Connection, SingleFlight
+from inference_lab.gateway.channel import EngineChannel, SingleFlight
 from inference_lab.gateway.errors import ErrorKind, GatewayError, engine_unavailable, from_grpc_error
-from inference_lab.gateway.metrics_feed import EngineMetrics
+from inference_lab.gateway.metrics_feed import EngineExpositions
 from inference_lab.gateway.streams import ClientGone, RequestStream, SequenceRoute, any_ready
 from inference_lab.gateway.transport.session import Probe, Session
 from inference_lab.v1 import engine_pb2 as pb
@@ -80,19 +80,19 @@ class EngineClient:
         # Generation requests read and not yet sent (gateway.backlog): the Session's hold
         # (shared by the clients of one gateway's engines: gateway.engines).
         self.backlog = backlog if backlog is not None else Backlog()
-        self._metrics = EngineMetrics(target, connect_timeout, self._finished_seq)
+        self._metrics = EngineExpositions(target, connect_timeout, self._finished_seq)
         # session_lane "auto": the Session over the engine's same-host lane when it offers
         # one, else gRPC; "off": gRPC always. None: $INFERENCE_LAB_SESSION_LANE, else "auto".
-        self._connection = Connection(
+        self._channel = EngineChannel(
             target, connect_timeout=connect_timeout, session_lane=session_lane, probe=probe,
             metadata=self._control_metadata,
             backlog=self.backlog, prepare=self._fetch_models, on_metrics=self._metrics.feed.take)
-        self.session_lane = self._connection.session_lane
+        self.session_lane = self._channel.session_lane
 
     @property
     def _session(self) -> Session | None:
         """The current Session (None before the first connect), live or broken."""
-        return self._connection.session
+        return self._channel.session
 
     # ---- the hot path ------------------------------------------------------------------
 
@@ -115,9 +115,9 @@ class EngineClient:
         of the reply that comes first as reasoning (None: the engine's default)."""
         prompt_tokens = prompt if isinstance(prompt, int) else len(prompt)
         for _ in range(2):
-            session = self._connection.live()
+            session = self._channel.live()
             if session is None:
-                await self._connection.ensure_session()
+                await self._channel.ensure_session()
                 continue
             refused = self.refusal(model, prompt_tokens, max_tokens, n, replica, arrived)
             if refused is not None:
@@ -166,7 +166,7 @@ class EngineClient:
         the refusal is then counted for the engine's `Refused` report); else None: the
         check `open` makes, for a caller that answers the 529 without raising. Without
         max_tokens the engine fits the length it chooses to the model."""
-        session = self._connection.session
+        session = self._channel.session
         if session is None or session.broken or not session.admission.saturated:
             return None  # (the common case: no queue is full)
         return session.admission.refusal(model, replica or 0, arrived,
@@ -181,7 +181,7 @@ class EngineClient:
     def may_refuse(self, arrived: float | None) -> bool:
         """Whether some queue's "full" span covers an arrival at `arrived` (None: now): a
         cheap test before parsing a body only to ask `refusal`."""
-        session = self._connection.live()
+        session = self._channel.live()
         return session is not None and session.admission.may_refuse(arrived)
 
     def _largest_request(self, model: str) -> int | None:
@@ -193,7 +193,7 @@ class EngineClient:
         """Cancel a request still running in the engine (no-op when it is done)."""
         if stream.done:
             return
-        session = self._connection.live()
+        session = self._channel.live()
         if session is not None:
             for tag in range(stream.tag + 1, stream.tag + stream.n):
                 session.routes.pop(tag, None)
@@ -207,7 +207,7 @@ class EngineClient:
 
     @property
     def inflight(self) -> int:
-        session = self._connection.live()
+        session = self._channel.live()
         return 0 if session is None else len(session.routes)
 
     # ---- connection --------------------------------------------------------------------
@@ -216,15 +216,15 @@ class EngineClient:
         """Open the Session now, in the background (a gateway starting: its first requests
         need not wait for it, which would make their first tokens late); a failure is left
         to the first request, which connects again."""
-        self._connection.connect_soon()
+        self._channel.connect_soon()
 
     async def close(self) -> None:
-        await self._connection.close()
+        await self._channel.close()
         await self._metrics.close()
-        await self._connection.settle()
+        await self._channel.settle()
 
     async def _unary(self, name: str, request: Any, timeout: float, metadata=None) -> Any:
-        return await self._connection.unary(name, request, timeout, metadata)
+        return await self._channel.unary(name, request, timeout, metadata)
 
     # ---- models ------------------------------------------------------------------------
 
@@ -249,8 +249,8 @@ class EngineClient:
         info = self._models.get(name)
         if info is not None:
             return info
-        if self._connection.live() is None:
-            await self._connection.ensure_session()  # connecting refreshes the cache
+        if self._channel.live() is None:
+            await self._channel.ensure_session()  # connecting refreshes the cache
         elif time.monotonic() - self._models_at >= _MODEL_REFRESH_MIN_INTERVAL_S:
             await self._refreshing.run(self._fetch_models)
         info = self._models.get(name)
@@ -272,7 +272,7 @@ class EngineClient:
     async def kv_event_sources(self, replica: int | None = None) -> list[pb.KvEventSource]:
         """The engine's KV-event publishers as bound (one replica's when given; none when
         events are off)."""
-        stub = self._connection.stub()
+        stub = self._channel.stub()
         try:
             resp = await stub.GetKvEventSources(pb.GetKvEventSourcesRequest(replica=replica),
                                                 timeout=self._rpc_timeout, wait_for_ready=False)
@@ -313,7 +313,7 @@ class EngineClient:
             "SetCapacity", pb.SetCapacityRequest(**fields), self._rpc_timeout,
             metadata=self._control_metadata,
         )
-        session = self._connection.live()
+        session = self._channel.live()
         if session is not None:
             # A raised bound counts from now, not the next push. A reply's "full" is never
             # taken: it is the queue at the change, before the engine's next step, and the
@@ -387,7 +387,7 @@ class EngineClient:
         return self._metrics.replica_if_fed(replica)
 
     def _finished_seq(self, replica: int) -> int:
-        session = self._connection.live()
+        session = self._channel.live()
         return 0 if session is None else session.finished_seq.get(replica, 0)
 
     def copy_waits(self, replica: int) -> int:
@@ -420,7 +420,7 @@ class EngineClient:
 
     async def stalled_for(self, replica: int) -> float:
         """Seconds left of a stall fault on `replica` (0 from an engine without faults)."""
-        stub = self._connection.stub()
+        stub = self._channel.stub()
         try:
             state = await stub.GetFaultState(pb.GetFaultStateRequest(replica=replica),
                                              timeout=self._connect_timeout,
@@ -436,8 +436,8 @@ class EngineClient:
     async def serving(self) -> bool:
         """The engine's gRPC health: False while it drains for shutdown (an engine without
         the health service counts as serving)."""
-        self._connection.stub()
-        health = health_pb2_grpc.HealthStub(self._connection.channel)
+        self._channel.stub()
+        health = health_pb2_grpc.HealthStub(self._channel.channel)
         try:
             reply = await health.Check(
                 health_pb2.HealthCheckRequest(service=_ENGINE_SERVICE),

@@ -24,7 +24,7 @@ as they do for GetMetrics). Answers None when it cannot answer (no feed within t
 deadline, an engine without WatchMetrics, a replica the engine never pushed): the caller
 asks GetMetrics then.
 
-`EngineMetrics` is how the engine client reads the engine's expositions: GetMetrics and
+`EngineExpositions` is how the engine client reads the engine's expositions: GetMetrics and
 WatchMetrics over a channel of their own (a scrape on the Session's channel would wait
 behind the token batches the gateway has not read yet), the feed's copy first for a
 replica's, GetMetrics when the copy cannot answer.
@@ -194,7 +194,7 @@ class MetricsFeed:
                 await task
 
 
-class EngineMetrics:
+class EngineExpositions:
     """The engine's expositions as this gateway reads them, over the scrape channel.
     `finished_seq(replica)`: the engine's metrics version once the last request this
     gateway saw finish on the replica was counted (0: none)."""

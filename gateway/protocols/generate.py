@@ -182,14 +182,15 @@ class _Relay:
     """A streaming response's writer, called by the engine client's dispatcher with a
     request's new token total (RequestStream.writer): k new tokens are one
     `reply.tokens(0, k)` (after the opening, with the first of them), written at once,
-    without waking the handler's task (a task switch per write is about a third of the
-    gateway's CPU per token at hundreds of streams, and a first token written by the
-    dispatcher goes out a loop iteration sooner). Only while the client's socket takes
-    bytes without waiting: when its transport pushes back (or is gone) it returns False
-    and the handler's pump writes, and waits, as usual. An error is kept for the pump to
-    raise. Once the headers are out (the first write is aiohttp's), each later write is
-    one HTTP chunk written to the transport directly (aiohttp_gate `direct_chunks`: the
-    writer's coroutine and framing are a sizeable share of the gateway's CPU per token).
+    without waking the handler's task (a task switch per write is a large share of the
+    gateway's CPU per token at hundreds of streams: see BENCHMARKS.md, "Stream cadence";
+    and a first token written by the dispatcher goes out a loop iteration sooner). Only
+    while the client's socket takes bytes without waiting: when its transport pushes back
+    (or is gone) it returns False and the handler's pump writes, and waits, as usual. An
+    error is kept for the pump to raise. Once the headers are out (the first write is
+    aiohttp's), each later write is one HTTP chunk written to the transport directly
+    (aiohttp_gate `direct_chunks`: the writer's coroutine and framing are a sizeable share
+    of the gateway's CPU per token).
     Installed by the pump only while aiohttp's fast paths are on (gateway.aiohttp_gate)."""
 
     __slots__ = ("resp", "reply", "protocol", "head", "streamed", "error", "chunks")
