@@ -203,7 +203,7 @@ class EngineClient:
                 session.send(action)
                 # (a place it frees counts from the engine's next step boundary, where the
                 # span of a "full" announcement ends anyway: the copy stays right)
-        stream._fail(reason or ClientGone())
+        stream.fail(reason or ClientGone())
 
     @property
     def inflight(self) -> int:

@@ -7,8 +7,12 @@ handler awaits (cheaper than an asyncio.Queue), and the relay: a streaming handl
 `RequestStream.writer`, and the dispatcher hands it each new total instead of waking the
 handler's task, `RELAY_CHUNK` streams per loop callback (`relay_all`).
 
-The methods whose names start with an underscore are the dispatcher's
-(gateway.transport.session); a handler reads `next_events`, `ready`, `total`, `done`.
+Two interfaces. The dispatcher's (gateway.transport.session; the engine client's
+`cancel` too), which every route in a Session's table has (`Route`: a `RequestStream`, or
+a `SequenceRoute` for sequence i > 0): `deliver` an Admitted, `deliver_last` a Finished
+or Rejected, `progress` a new token total, `relay` the total to the route's `writer`, and
+`fail` the route with an error. The handler's: `next_events`, `ready`, `total`, `done`,
+and `writer` to set.
 
 Does not know: the Session, its transports, or HTTP.
 """
@@ -17,13 +21,34 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Callable
+from typing import Callable, Protocol
 
 from inference_lab.v1 import engine_pb2 as pb
 
 
 class ClientGone(Exception):
     """The HTTP client went away; its engine request has been cancelled."""
+
+
+class Route(Protocol):
+    """What the Session's dispatcher hands a tag's events to (its routes table). A route
+    whose `writer` is set is a RequestStream: the dispatcher sets its `total` and calls
+    its `relay` (at once for the first tokens, else through `relay_all`)."""
+
+    replica: int
+    writer: Callable[[int], bool] | None
+
+    def deliver(self, event: pb.Progress) -> None:
+        """An event for the handler that is not the tag's last (Admitted)."""
+
+    def deliver_last(self, event: pb.Progress) -> None:
+        """The tag's last event: a Finished (one per sequence) or a Rejected."""
+
+    def progress(self, total: int) -> None:
+        """The engine has announced `total` tokens for the tag so far."""
+
+    def fail(self, exc: BaseException) -> None:
+        """No more events will come: the handler gets `exc` after what came before."""
 
 
 class RequestStream:
@@ -48,7 +73,7 @@ class RequestStream:
         self.total = 0  # tokens announced by the engine so far (every sequence's)
         self.totals: list[int] | None = [0] * n if n > 1 else None  # per sequence, n > 1
         # Set by a handler that can take new tokens synchronously (n == 1): called with the
-        # new total (`_relay`, after the batch's woken tasks) instead of waking the
+        # new total (`relay`, after the batch's woken tasks) instead of waking the
         # handler's task; returns False when it could not write (the task is woken then).
         self.writer: Callable[[int], bool] | None = None
         self._finals = 0  # Finished events received (one per sequence)
@@ -58,25 +83,27 @@ class RequestStream:
         self._error: BaseException | None = None
         self._loop = loop
 
-    def _push(self, event: pb.Progress) -> None:
+    def deliver(self, event: pb.Progress) -> None:
+        """An event for the handler (the dispatcher's: Admitted)."""
         self._events.append(event)
         self._wake()
 
-    def _final(self, event: pb.Progress) -> None:
+    def deliver_last(self, event: pb.Progress) -> None:
         """A Finished (one per sequence) or a Rejected: the last event of its tag."""
         self._finals += 1
         if self._finals >= self.n or event.HasField("rejected"):
             self.done = True
-        self._push(event)
+        self.deliver(event)
 
-    def _tokens(self, total: int) -> None:
+    def progress(self, total: int) -> None:
+        """The engine's token total for the request (for sequence 0 when n > 1)."""
         if self.totals is not None:
-            self._seq_tokens(0, total)
+            self.sequence_progress(0, total)
         elif total > self.total:
             self.total = total
             self._wake()
 
-    def _relay(self) -> None:
+    def relay(self) -> None:
         """Hand `total` to the writer (the dispatcher's relay), else wake the task."""
         writer = self.writer
         if writer is not None and not self._events and writer(self.total):
@@ -84,7 +111,8 @@ class RequestStream:
         else:
             self._wake()
 
-    def _seq_tokens(self, index: int, total: int) -> None:
+    def sequence_progress(self, index: int, total: int) -> None:
+        """Sequence `index`'s token total (n > 1); `total` is the sum over sequences."""
         old = self.totals[index]
         if total > old:
             self.totals[index] = total
@@ -96,7 +124,9 @@ class RequestStream:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """End the request with `exc` (raised by `next_events` after what came before):
+        the Session broke, or the request was cancelled."""
         self.done = True
         if self._error is None:
             self._error = exc
@@ -155,17 +185,17 @@ class SequenceRoute:
         self.index = index
         self.replica = stream.replica
 
-    def _tokens(self, total: int) -> None:
-        self.stream._seq_tokens(self.index, total)
+    def progress(self, total: int) -> None:
+        self.stream.sequence_progress(self.index, total)
 
-    def _push(self, event: pb.Progress) -> None:
-        self.stream._push(event)
+    def deliver(self, event: pb.Progress) -> None:
+        self.stream.deliver(event)
 
-    def _final(self, event: pb.Progress) -> None:
-        self.stream._final(event)
+    def deliver_last(self, event: pb.Progress) -> None:
+        self.stream.deliver_last(event)
 
-    def _fail(self, exc: BaseException) -> None:
-        self.stream._fail(exc)
+    def fail(self, exc: BaseException) -> None:
+        self.stream.fail(exc)
 
 
 RELAY_CHUNK = 16  # streams written per loop callback (a scrape can go in between)
@@ -179,7 +209,7 @@ def relay_all(streams: list[RequestStream], start: int = 0,
     the last stream is written."""
     end = start + RELAY_CHUNK
     for stream in streams[start:end]:
-        stream._relay()
+        stream.relay()
     if end < len(streams):
         asyncio.get_running_loop().call_soon(relay_all, streams, end, then)
     elif then is not None:

@@ -33,7 +33,7 @@ from typing import Callable
 from inference_lab.gateway.admission import AdmissionCopy
 from inference_lab.gateway.backlog import Backlog
 from inference_lab.gateway.errors import engine_unavailable
-from inference_lab.gateway.streams import RequestStream, relay_all
+from inference_lab.gateway.streams import Route, relay_all
 from inference_lab.v1 import engine_pb2 as pb
 
 # The engine client's one logger (gateway.engine_client and the modules it is made of).
@@ -73,7 +73,7 @@ class Session:
 
     def __init__(self, on_broken: Callable[["Session"], None],
                  probe: Probe | None = None, backlog: Backlog | None = None) -> None:
-        self.routes: dict[int, RequestStream] = {}
+        self.routes: dict[int, Route] = {}
         self.backlog = backlog if backlog is not None else Backlog()
         self._hold_sent = 0.0  # the hold last told the engine (0: none)
         self.broken = False
@@ -174,11 +174,11 @@ class Session:
             if kind == "admitted":
                 stream = routes.get(event.tag)
                 if stream is not None:  # else cancelled or unknown: ignore
-                    stream._push(event)
+                    stream.deliver(event)
             elif kind == "tokens":
                 stream = routes.get(event.tag)
                 if stream is not None:
-                    stream._tokens(event.tokens.total_tokens)
+                    stream.progress(event.tokens.total_tokens)
             elif kind is not None:
                 finals.append(event)
         for event in finals:  # a stream's last tokens go out with its closing,
@@ -196,11 +196,11 @@ class Session:
                     first = not stream.total
                     stream.total = total
                     if first:
-                        stream._relay()
+                        stream.relay()
                     else:
                         relayed.append(stream)
                 else:
-                    stream._tokens(total)
+                    stream.progress(total)
         if relayed:
             self._relaying += 1
             self._loop.call_soon(relay_all, relayed, 0, self._relayed)
@@ -212,7 +212,7 @@ class Session:
             if stream is not None:
                 if seq:  # before the client can hear of it (and scrape)
                     self.finished_seq[stream.replica] = seq
-                stream._final(event)
+                stream.deliver_last(event)
                 if event.HasField("rejected"):  # (on a request's own tag only)
                     for tag in range(stream.tag + 1, stream.tag + stream.n):
                         routes.pop(tag, None)  # its other sequences' tags
@@ -226,7 +226,7 @@ class Session:
         routes, self.routes = self.routes, {}
         err = engine_unavailable(reason)
         for stream in routes.values():
-            stream._fail(err)
+            stream.fail(err)
         self._stop()
         level = logging.INFO if shutdown else logging.WARNING
         log.log(level, "engine session closed (%d requests in flight failed): %s",

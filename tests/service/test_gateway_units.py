@@ -271,11 +271,11 @@ async def test_a_batchs_relay_writes_a_chunk_per_loop_iteration_so_other_work_go
 
     order: list = []
 
-    class Stream:  # the dispatcher's side of a RequestStream: _relay writes its tokens
+    class Stream:  # the dispatcher's side of a RequestStream: relay writes its tokens
         def __init__(self, i: int) -> None:
             self.i = i
 
-        def _relay(self) -> None:
+        def relay(self) -> None:
             order.append(self.i)
 
     chunk = relay.RELAY_CHUNK
@@ -333,7 +333,7 @@ async def test_the_lane_acknowledges_only_once_every_overlapping_relay_is_writte
         def __init__(self, tag: int) -> None:
             self.tag = tag
 
-        def _relay(self) -> None:
+        def relay(self) -> None:
             written.append(self.tag)
 
     link = Link()
