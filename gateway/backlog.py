@@ -9,11 +9,12 @@ hundreds of milliseconds of CPU to forward a burst therefore makes the engine's 
 clock wait for it, instead of the engine deciding the burst's queue without the requests
 it has not seen yet.
 
-Marked by the edge (gateway.edge) when it reads a generation request whole; cleared when
-the request is sent (EngineClient.open), answered without the engine (a 529 on the
-engine's word, a 400, a scripted fault), when its body turns out to be still on its way
-(then it is not an arrival yet: the edge marks it once the body is in), or when the
-connection goes. `on_change(first)` is called when the oldest stamp changes: with first
+Marked by the edge (gateway.edge) when it reads a generation request whole (a body still
+on its way is not an arrival yet: the edge marks it once the body is in). Released by two
+owners, each through one path: the request's `Hold` (made and released at the end by the
+app's middleware, gateway.middleware; released earlier by the generation path once the
+request is sent, or before a scripted fault's slow reply), and the edge's connection
+(gone, or a request refused by aiohttp's parser). `on_change(first)` is called when the oldest stamp changes: with first
 True when the backlog goes from empty to not empty, so that the hold reaches the engine at
 once rather than with the next message. A gateway with several engines (gateway.engines)
 shares one backlog among their Sessions, each told through `listen`: a request read here
@@ -85,3 +86,19 @@ class Backlog:
                 return stamp
             heapq.heappop(heap)
         return None
+
+
+class Hold:
+    """One HTTP request's hold on the backlog: its connection's mark (the key). `release`
+    says the request is sent to the engine or answered without it: the connection's mark
+    goes (a no-op when it holds none, so it may be called again)."""
+
+    __slots__ = ("_backlog", "_key")
+
+    def __init__(self, backlog: Backlog | None, key: object) -> None:
+        self._backlog = backlog
+        self._key = key
+
+    def release(self) -> None:
+        if self._backlog is not None:
+            self._backlog.clear(self._key)

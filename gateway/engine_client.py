@@ -12,16 +12,16 @@ metadata, as on the Session and every call that changes state), LoRA adapters, r
 engine's gRPC health (`serving()`: NOT_SERVING while it drains for shutdown).
 
 Refusals without a round trip, only where they are the engine's own answer
-(gateway.admission): `open()` refuses at once with QUEUE_SATURATED and the engine's text a
-request of one sequence whose arrival stamp lies in a span over which the engine said the
-queue stays full, and which is within the largest request the engine says the model takes
-(`ModelInfo.max_request_tokens`); every other request goes to the engine, which judges it
-at its arrival instant. A capacity change made through this client (`set_capacity`)
-applies the engine's "not full" reply at once.
+(gateway.admission): `refusal()` gives the engine's text for a request of one sequence
+whose arrival stamp lies in a span over which the engine said the queue stays full, and
+which is within the largest request the engine says the model takes
+(`ModelInfo.max_request_tokens`); gateway.admit decides on it, once per request, before
+`open()`, which sends what it is given. A capacity change made through this client
+(`set_capacity`) applies the engine's "not full" reply at once.
 
 The hold: the requests this gateway has read and not yet sent (`backlog`,
-gateway.backlog) bound how far the engine may decide its modelled queue (the Session says
-the oldest one's stamp).
+gateway.backlog, released by the request's `Hold` once it is sent) bound how far the
+engine may decide its modelled queue (the Session says the oldest one's stamp).
 
 Does not know: HTTP, OpenAI shapes, token counting, or what the tokens mean.
 """
@@ -99,31 +99,26 @@ class EngineClient:
     async def open(
         self, model: str, prompt: Sequence[int] | int, max_tokens: int | None, *, priority: int = 0,
         request_id: str = "", n: int = 1, replica: int | None = None,
-        arrived: float | None = None, held: object = None, reasoning: float | None = 0.0,
-        kv_transfer=None,
+        arrived: float | None = None, reasoning: float | None = 0.0, kv_transfer=None,
     ) -> RequestStream:
         """Start one request on the Session (on replica `replica` of the model; None =
         the engine's default, replica 0); its first event is `admitted` or `rejected`.
-        `max_tokens` None lets the engine choose the length. With n > 1 it samples n
-        sequences: their progress lands in `totals` and each sends its Finished. Raises
-        GatewayError(queue_saturated) at once while the engine's last word is that the
-        replica's queue is full, GatewayError(engine_unavailable) when the engine cannot be
-        reached. `prompt` is the prompt's token IDs (or only its length). `arrived`: when
-        the request arrived here (time.monotonic()); an engine on this machine books its
-        arrival then (inference_lab.common.clock). `held`: its connection's mark in the
-        backlog, cleared once the request is sent (or refused here). `reasoning`: the share
-        of the reply that comes first as reasoning (None: the engine's default)."""
+        It sends what it is given: whether to refuse the request here is the caller's
+        decision, taken before (gateway.admit, with `refusal`). `max_tokens` None lets
+        the engine choose the length. With n > 1 it samples n sequences: their progress
+        lands in `totals` and each sends its Finished. Raises
+        GatewayError(engine_unavailable) when the engine cannot be reached. `prompt` is the
+        prompt's token IDs (or only its length). `arrived`: when the request arrived here
+        (time.monotonic()); an engine on this machine books its arrival then
+        (inference_lab.common.clock). `reasoning`: the share of the reply that comes first
+        as reasoning (None: the engine's default). The Open leaves with the Session's next
+        message, built once the caller yields to the loop."""
         prompt_tokens = prompt if isinstance(prompt, int) else len(prompt)
         for _ in range(2):
             session = self._channel.live()
             if session is None:
                 await self._channel.ensure_session()
                 continue
-            refused = self.refusal(model, prompt_tokens, max_tokens, n, replica, arrived)
-            if refused is not None:
-                if held is not None:
-                    self.backlog.clear(held)
-                raise GatewayError(ErrorKind.QUEUE_SATURATED, refused)
             tag = next(self._tags)
             if self._probe is not None:
                 self._probe.on_open(tag)
@@ -154,17 +149,15 @@ class EngineClient:
                 for index in range(1, n):  # sequence i reports under tag + i
                     session.routes[next(self._tags)] = SequenceRoute(stream, index)
             session.send(action)
-            if held is not None:
-                self.backlog.clear(held)  # (before the message is built: it is sent)
             return stream
         raise engine_unavailable("the session broke while connecting")
 
     def refusal(self, model: str, prompt_tokens: int, max_tokens: int | None, n: int = 1,
                 replica: int | None = None, arrived: float | None = None) -> str | None:
-        """The engine's saturation message when `open` would refuse this request, which
-        arrived at `arrived` (time.monotonic(); None: now), at once (gateway.admission:
-        the refusal is then counted for the engine's `Refused` report); else None: the
-        check `open` makes, for a caller that answers the 529 without raising. Without
+        """The engine's saturation message when this request, which arrived at `arrived`
+        (time.monotonic(); None: now), is refused here on the engine's word
+        (gateway.admission: the refusal is then counted for the engine's `Refused`
+        report); else None. One prompt's part of gateway.admit's decision. Without
         max_tokens the engine fits the length it chooses to the model."""
         session = self._channel.session
         if session is None or session.broken or not session.admission.saturated:

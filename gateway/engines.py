@@ -214,13 +214,6 @@ class EngineGroup:
                     wake: bool = False, tags: list[str] | None = None) -> list[pb.ModelCapacity]:
         return await self._one_or_all(replica, lambda c, r: c.sleep(model, r, level, wake, tags))
 
-    async def pause(self, model: str | None, replica: int | None, mode: int = 0,
-                    clear_cache: bool = True, resume: bool = False) -> list[pb.ModelCapacity]:
-        if replica is not None:
-            return await self.client_for(replica).pause(model, replica, mode, clear_cache, resume)
-        return await self._rows(c.pause(model, None, mode, clear_cache, resume)
-                                for c in self.clients)
-
     async def reset_prefix_cache(self, model: str | None, replica: int | None) -> int:
         if replica is not None:
             return await self.client_for(replica).reset_prefix_cache(model, replica)

@@ -6,12 +6,14 @@ against the model it names (a bad body, or a model of the wrong kind, is its 400
 any 529), the request's arrival stamp (gateway.edge), the replica it runs on (its port's,
 or on the base port the one vLLM's X-data-parallel-rank header names), which the response
 names with the model (unless told not to), fault directives
-(gateway.faults: scripted replies, or a fault inside the real stream), the refusal on the
-engine's word answered without raising (`saturated_response`: the same 529, or the
-app's saturation status, byte for byte), and the engine path of one prompt or several
-(gateway.protocols.generate, .batch). And `fast_refusal`: the same refusal from a read's
-headers and body, for the edge to write on a kept-alive connection without aiohttp's
-request objects (gateway.edge FAST_POSTS).
+(gateway.faults: scripted replies, or a fault inside the real stream), the request's one
+admission decision (gateway.admit) and its refusal answered without raising
+(`saturated_response`: the same 529, or the app's saturation status, byte for byte), the
+request's hold on the backlog released once it is sent (gateway.backlog `Hold`), and the
+engine path of one prompt or several (gateway.protocols.generate, .batch). And
+`fast_refusal`: the same decision and refusal from a read's headers and body, for the edge
+to write on a kept-alive connection without aiohttp's request objects (gateway.edge
+FAST_POSTS); its None hands the read to the handler, whose decision it then is.
 
 Does not know: routes other than generation (gateway.control), the edge middleware
 (gateway.middleware), gRPC (gateway.engine_client).
@@ -24,6 +26,7 @@ from typing import Awaitable
 
 from aiohttp import web
 
+from inference_lab.gateway import admit
 from inference_lab.gateway.aiohttp_gate import http_date, response_head
 from inference_lab.gateway.edge import arrival_stamp
 from inference_lab.gateway.engine_client import EngineClient
@@ -33,11 +36,11 @@ from inference_lab.gateway.faults import DirectiveError, FaultSpec, directive_fo
 from inference_lab.gateway.faults import control as fault_control
 from inference_lab.gateway.faults import stream as fault_stream
 from inference_lab.gateway.middleware import (
-    MODEL_HEADER, REPLICA_HEADER, SERVED_BY, json_media, read_json_body,
+    HOLD, MODEL_HEADER, REPLICA_HEADER, SERVED_BY, json_media, read_json_body,
 )
 from inference_lab.gateway.protocols import Dialect
-from inference_lab.gateway.protocols.base import Batch, Generation, random_id
-from inference_lab.gateway.protocols.batch import batch_refusal, generate_batch
+from inference_lab.gateway.protocols.base import Batch, random_id
+from inference_lab.gateway.protocols.batch import generate_batch
 from inference_lab.gateway.protocols.generate import generate
 from inference_lab.gateway.protocols.openai.render import Completion
 from inference_lab.gateway.state import GatewayState
@@ -69,34 +72,30 @@ def generation_handler(dialect: Dialect, state: GatewayState,
         client = state.client
         # the model's kind (a pooling model on a generation route, or the reverse: vLLM's
         # 400) and what else depends on the model, before a 529 too; an unknown model is
-        # its 404 (asked of the engine once, as `generate` would)
+        # its 404 (resolved here once: the engine path does not ask again)
         dialect.check(gen, client.known_model(gen.model) or await client.resolve_model(gen.model))
         if replica is None:  # data-parallel ranks behind this port: the balancer's choice
             replica = client.pick_rank(gen.model)
             if replica is not None and state.served_by:
                 request[SERVED_BY] = (str(replica), request[SERVED_BY][1])
         fault = _fault_for(request, state, gen)
-        pump = None
-        if fault is not None:
-            if fault.after_tokens is None:  # scripted: the engine is not asked
-                client.backlog.clear(request.protocol)
-                await client.resolve_model(gen.model)
-                return await fault_stream.serve_scripted(request, gen.reply, fault,
-                                                         gen.prompt_tokens)
-            pump = fault_stream.pump_until_fault(fault)  # fires inside the real stream
-        elif not faulted:
-            # The check `generate` would make in EngineClient.open, answered without raising
-            # the 529 through the handler and the edge (the same response, byte for byte;
-            # with faults set it is raised as before, for the hints to go on it). It
-            # refuses only a model in the client's cache: `generate`'s resolve_model (a 404
-            # first for an unknown one) would have passed without waiting.
-            refused = _refusal(client, gen, replica, arrived)
-            if refused is not None:
-                return saturated_response(refused, request, render, state.saturation)
+        hold = request[HOLD]
+        if fault is not None and fault.after_tokens is None:  # scripted: the engine is not asked
+            hold.release()
+            return await fault_stream.serve_scripted(request, gen.reply, fault,
+                                                     gen.prompt_tokens)
+        # The one admission decision (gateway.admit), as the edge's fast path takes it.
+        refused = admit.refused(client, gen, replica, arrived)
+        if refused is not None:
+            if faulted:  # raised, for the fault's retry hints to go on it
+                raise GatewayError(ErrorKind.QUEUE_SATURATED, refused)
+            # the 529 the middleware would make of that error, byte for byte
+            return saturated_response(refused, request, render, state.saturation)
         if isinstance(gen, Batch):  # several prompts: one engine request each
-            return await generate_batch(request, gen, client, state.inflight,
+            return await generate_batch(request, gen, client, state.inflight, hold.release,
                                         replica=replica, arrived=arrived)
-        return await generate(request, gen, client, state.inflight, pump,
+        pump = fault_stream.pump_until_fault(fault) if fault is not None else None
+        return await generate(request, gen, client, state.inflight, hold.release, pump,
                               replica=replica, arrived=arrived)
 
     def faulted_handler(request: web.Request) -> Awaitable[web.StreamResponse]:
@@ -159,7 +158,7 @@ def fast_refusal(path: str, dialect: Dialect, state: GatewayState,
             check(gen, model)
         except Exception:  # (a 400, or worse: the handler's to answer)
             return None
-        message = _refusal(client, gen, state.replica, stamp)
+        message = admit.refused(client, gen, state.replica, stamp)  # (the handler's decision)
         if message is None:
             return None
         out = saturated_body(message, render, where, state.saturation)
@@ -208,15 +207,6 @@ def _replica_for(request: web.Request, state: GatewayState) -> int | None:
                            f"{RANK_HEADER}: {rank}: this port serves replica {state.replica} "
                            "only; the base port serves every replica")
     return rank
-
-
-def _refusal(client: EngineClient, gen: Generation | Batch, replica: int | None,
-             arrived: float | None) -> str | None:
-    """The engine's saturation message when `open` would refuse the request (every prompt
-    of a batch), which arrived at `arrived`, at once, else None."""
-    if isinstance(gen, Batch):
-        return batch_refusal(client, gen, replica, arrived)
-    return client.refusal(gen.model, gen.prompt_tokens, gen.max_tokens, gen.n, replica, arrived)
 
 
 def _fault_for(request: web.Request, state: GatewayState,

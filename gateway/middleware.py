@@ -6,8 +6,9 @@ labelled JSON: gateway.access),
 errors in the envelope of the route's dialect (gateway.protocols.ROUTES), a saturated
 model's refusal with the app's status (errors.Saturation), metrics by route and status, a
 client who left (499 in the metrics), `x-request-id` on every response (the client's own
-when it sent one) and the replica and model on a generation response, and what a JSON body
-must be to be read (its Content-Type, the size limit).
+when it sent one) and the replica and model on a generation response, what a JSON body
+must be to be read (its Content-Type, the size limit), and each request's hold on the
+backlog (`HOLD`, gateway.backlog), released once it is answered at the latest.
 
 Does not know: what the handlers do, the error table itself (gateway.errors), gRPC.
 """
@@ -23,6 +24,7 @@ from aiohttp import web
 from inference_lab.common.auth import Access, accepted, bearer_ok
 from inference_lab.gateway import cors
 from inference_lab.gateway.access import json_labelled, route_access, same_origin_page
+from inference_lab.gateway.backlog import Hold
 from inference_lab.gateway.edge import read_body
 from inference_lab.gateway.engine_client import ClientGone
 from inference_lab.gateway.errors import ErrorKind, GatewayError, error_response, from_http_exception
@@ -122,6 +124,11 @@ async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
     started = time.perf_counter()
     status = 500
     label = _route_label(request)
+    engine = state.engine
+    # the request's hold on the backlog (gateway.backlog): released once it is answered,
+    # if the generation path has not released it before (sent, or a scripted fault)
+    hold = request[HOLD] = Hold(engine.backlog if engine is not None else None,
+                                request.protocol)
     try:
         _check_access(request, label, state.api_key, state.control_token)
         try:
@@ -151,9 +158,7 @@ async def edge_middleware(request: web.Request, handler) -> web.StreamResponse:
         status = resp.status
         return resp
     finally:
-        engine = state.engine
-        if engine is not None:  # (a generation request not sent: answered here)
-            engine.backlog.clear(request.protocol)
+        hold.release()
         state.metrics.observe(label, status, time.perf_counter() - started)
 
 
@@ -216,4 +221,7 @@ async def echo_request_id(request: web.BaseRequest, response: web.StreamResponse
 SERVED_BY = (web.RequestKey("served_by", tuple) if hasattr(web, "RequestKey")  # aiohttp >= 3.12
              else "inference_lab.served_by")
 REPLICA_HEADER = "x-inference-lab-replica"
+# A request's hold on the gateway's backlog (gateway.backlog), set by the middleware.
+HOLD = (web.RequestKey("arrival_hold", Hold) if hasattr(web, "RequestKey")  # aiohttp >= 3.12
+        else "inference_lab.arrival_hold")
 MODEL_HEADER = "x-inference-lab-model"

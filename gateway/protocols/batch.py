@@ -18,6 +18,8 @@ Does not know: the API's shapes (`Batch`, `BatchReply`), gRPC details
 
 from __future__ import annotations
 
+from typing import Callable
+
 from aiohttp import web
 
 from inference_lab.gateway.engine_client import (
@@ -31,36 +33,24 @@ from inference_lab.gateway.protocols.generate import (
 from inference_lab.v1 import engine_pb2 as pb
 
 
-def batch_refusal(client: EngineClient, batch: Batch, replica: int | None,
-                  arrived: float | None = None) -> str | None:
-    """The engine's saturation message when the batch, which arrived at `arrived`, is
-    refused at once (every prompt the engine would queue is counted as refused, as the
-    engine counts each), else None."""
-    refused = [client.refusal(batch.model, len(prompt), batch.max_tokens, batch.n, replica,
-                              arrived)
-               for prompt in batch.prompts]
-    return next((message for message in refused if message is not None), None)
-
-
 async def generate_batch(request: web.Request, batch: Batch, client: EngineClient,
                          inflight: dict[RequestStream, web.BaseRequest],
-                         replica: int | None = None,
+                         sent: Callable[[], None], replica: int | None = None,
                          arrived: float | None = None) -> web.StreamResponse:
-    """Serve one parsed request of several prompts (on `replica` of the model), which
-    arrived at `arrived` (time.monotonic(), None = unknown); `inflight` holds each of its
-    engine requests while it is open."""
-    await client.resolve_model(batch.model)
+    """Serve one parsed request of several prompts, its model resolved and admitted here
+    (gateway.admit), on `replica` of the model; it arrived at `arrived` (time.monotonic(),
+    None = unknown). `sent()` is called once every prompt is sent; `inflight` holds each
+    of its engine requests while it is open."""
     reply = batch.reply
     streams: list[RequestStream] = []
     try:
-        last = len(batch.prompts) - 1
         for p, prompt in enumerate(batch.prompts):
             stream = await client.open(batch.model, prompt, batch.max_tokens,
                                        priority=batch.priority, request_id=f"{reply.id}-{p}",
-                                       n=batch.n, replica=replica, arrived=arrived,
-                                       held=request.protocol if p == last else None)
+                                       n=batch.n, replica=replica, arrived=arrived)
             streams.append(stream)
             inflight[stream] = request
+        sent()  # (before the Session's message is built: no await since the last Open)
         events = await _admit(streams, client, batch.where)
         if batch.stream:
             return await sse_response(

@@ -1,6 +1,7 @@
 """The one engine path every API dialect rides: admission, streaming, cancellation.
 
-Knows: that a request is opened on the engine Session and its response headers go out
+Knows: that a request (admitted here: gateway.admit) is opened on the engine Session, its
+hold on the backlog released once it is sent, and its response headers go out
 only after the engine admitted it (a refusal, 529 included, is a bare JSON error in the
 route's envelope, never an event stream); how the engine's events become writes (all
 tokens pending for a request go out in one write, the dialect's opening with the first of
@@ -46,18 +47,19 @@ Pump = Callable[[web.Request, RequestStream, Reply, web.StreamResponse, list, in
 
 
 async def generate(request: web.Request, gen: Generation, client: EngineClient,
-                   inflight: dict[RequestStream, web.BaseRequest],
+                   inflight: dict[RequestStream, web.BaseRequest], sent: Callable[[], None],
                    pump: Pump | None = None, replica: int | None = None,
                    arrived: float | None = None) -> web.StreamResponse:
-    """Serve one parsed generation request (on `replica` of the model: gateway.fleet),
-    which arrived at `arrived` (time.monotonic(), None = unknown); `inflight` holds it
-    while it is open. Without max_tokens the engine chooses the length."""
-    await client.resolve_model(gen.model)
+    """Serve one parsed generation request, its model resolved and admitted here
+    (gateway.admit), on `replica` of the model (gateway.fleet); it arrived at `arrived`
+    (time.monotonic(), None = unknown). `sent()` is called once the engine request is
+    sent (its hold on the backlog goes, gateway.backlog); `inflight` holds it while it is
+    open. Without max_tokens the engine chooses the length."""
     reply = gen.reply
     stream = await client.open(gen.model, gen.prompt, gen.max_tokens, priority=gen.priority,
                                request_id=reply.id, n=gen.n, replica=replica, arrived=arrived,
-                               held=request.protocol, reasoning=gen.reasoning,
-                               kv_transfer=gen.kv_transfer)
+                               reasoning=gen.reasoning, kv_transfer=gen.kv_transfer)
+    sent()  # (before the Session's message is built: no await since the Open was queued)
     inflight[stream] = request
     try:
         events = await stream.next_events()  # Admitted or Rejected comes first
