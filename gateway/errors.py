@@ -28,7 +28,7 @@ from inference_lab.common.error_table import openai_envelope
 __all__ = ["ERRORS", "SATURATED_SPECS", "ErrorKind", "ErrorSpec", "GatewayError", "Saturation",
            "SATURATED_529", "engine_unavailable", "from_rejected", "from_grpc_error",
            "envelope", "anthropic_envelope", "log_error", "error_response", "saturated_body",
-           "saturated_response", "sse_error_frame", "from_http_exception"]
+           "saturated_response", "sse_error_frame", "from_http_exception", "from_parser_refusal"]
 
 log = logging.getLogger("inference_lab.gateway.errors")
 
@@ -241,6 +241,25 @@ def sse_error_frame(err: GatewayError) -> bytes:
     """An in-stream failure (after headers went out) in OpenAI's streams: an error frame,
     then [DONE]. (The engine path logs it.)"""
     return b"data: " + envelope(err) + b"\n\ndata: [DONE]\n\n"
+
+
+# aiohttp's parser refusals (gateway.edge), by the status aiohttp gives them.
+_PARSER_KINDS = {400: ErrorKind.BAD_HTTP_REQUEST, 408: ErrorKind.REQUEST_TIMEOUT,
+                 413: ErrorKind.BODY_TOO_LARGE, 431: ErrorKind.HEADERS_TOO_LARGE,
+                 500: ErrorKind.INTERNAL, 501: ErrorKind.NOT_IMPLEMENTED,
+                 505: ErrorKind.HTTP_VERSION_NOT_SUPPORTED}
+
+
+def from_parser_refusal(status: int, message: str) -> GatewayError:
+    """A refusal of malformed HTTP with aiohttp's `status` (or the edge's 408) in the
+    table; a status without a row keeps its status, typed by its class, coded as a bad
+    HTTP request."""
+    kind = _PARSER_KINDS.get(status)
+    if kind is not None:
+        return GatewayError(kind, message)
+    spec = ErrorSpec(status, "server_error" if status >= 500 else "invalid_request_error",
+                     "bad_http_request", None)
+    return GatewayError(ErrorKind.BAD_HTTP_REQUEST, message, spec=spec)
 
 
 def from_http_exception(exc: web.HTTPException) -> GatewayError:

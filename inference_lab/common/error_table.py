@@ -46,6 +46,10 @@ class ErrorKind(enum.StrEnum):
     INTERNAL = "internal"
     PREVIOUS_RESPONSE_NOT_FOUND = "previous_response_not_found"
     RESPONSE_NOT_FOUND = "response_not_found"
+    BAD_HTTP_REQUEST = "bad_http_request"
+    HEADERS_TOO_LARGE = "headers_too_large"
+    NOT_IMPLEMENTED = "not_implemented"
+    HTTP_VERSION_NOT_SUPPORTED = "http_version_not_supported"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,13 @@ ERRORS: dict[ErrorKind, ErrorSpec] = {
     # GET or DELETE /v1/responses/{id} of a response this gateway does not hold.
     ErrorKind.RESPONSE_NOT_FOUND: ErrorSpec(
         404, "invalid_request_error", "response_not_found", None, "not_found_error"
+    ),
+    # What the gateway's HTTP parser (aiohttp's) refuses before there is a request.
+    ErrorKind.BAD_HTTP_REQUEST: ErrorSpec(400, "invalid_request_error", "bad_http_request", None),
+    ErrorKind.HEADERS_TOO_LARGE: ErrorSpec(431, "invalid_request_error", "headers_too_large", None),
+    ErrorKind.NOT_IMPLEMENTED: ErrorSpec(501, "server_error", "not_implemented", None, "api_error"),
+    ErrorKind.HTTP_VERSION_NOT_SUPPORTED: ErrorSpec(
+        505, "server_error", "http_version_not_supported", None, "api_error"
     ),
 }
 

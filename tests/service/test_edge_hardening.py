@@ -11,7 +11,7 @@ import time
 import pytest
 
 from inference_lab.gateway import create_app
-from inference_lab.gateway import edge
+from inference_lab.gateway.edge import reading
 from inference_lab.gateway.server import start_gateway
 from inference_lab.testing.fake_engine import FAKE_MODEL
 
@@ -152,7 +152,7 @@ async def test_a_stream_longer_than_the_header_timeout_is_not_cut(fake, monkeypa
 
 
 async def test_a_trickled_body_gets_a_408(gateway, monkeypatch):
-    monkeypatch.setattr(edge, "BODY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(reading, "BODY_TIMEOUT_S", 0.5)
     _, port = gateway
     head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: 100\r\n\r\n{\"model\"")

@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from inference_lab.gateway import edge
+from inference_lab.gateway.edge import sending
 
 SEND_TIMEOUT = 0.5
 BODY = b"x" * (2 << 20)  # far more than the (small) socket buffers on both sides take
@@ -19,7 +20,7 @@ BODY = b"x" * (2 << 20)  # far more than the (small) socket buffers on both side
 
 @pytest.fixture
 async def served(monkeypatch):
-    monkeypatch.setattr(edge, "SEND_TIMEOUT_S", SEND_TIMEOUT)
+    monkeypatch.setattr(sending, "SEND_TIMEOUT_S", SEND_TIMEOUT)
     ended: list[str] = []
 
     async def big(request: web.Request) -> web.StreamResponse:
