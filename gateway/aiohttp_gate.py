@@ -10,7 +10,8 @@ pyproject.toml declares), and for them the private state those paths use:
   (gateway.edge);
 - the relay's writes (gateway.protocols.generate): `write_now` drives a response's write
   without awaiting, `direct_chunks` / `write_chunk` write a body chunk straight to the
-  transport, keeping the response writer's byte counts as its own writes keep them;
+  transport, keeping the response writer's byte counts as its own writes keep them
+  (`bytes_written` reads them);
 - the head aiohttp writes on a response (`SERVER_SOFTWARE`, `http_date`, `response_head`),
   which the edge's answers copy byte for byte;
 - `HttpProcessingError`: what aiohttp's HTTP parser raises (gateway.edge `read_body`
@@ -277,6 +278,12 @@ def direct_chunks(resp: web.StreamResponse):
             or not isinstance(getattr(writer, "buffer_size", None), int)):
         return None
     return writer
+
+
+def bytes_written(resp: web.StreamResponse) -> int:
+    """The bytes `resp`'s payload writer counts as written (headers and framing included;
+    `write_chunk`'s writes too), as aiohttp's access log counts them."""
+    return resp._payload_writer.output_size
 
 
 def write_chunk(writer, transport, data: bytes) -> bool:

@@ -41,9 +41,9 @@ _PRIVATE = {name for name in (*aiohttp_gate._CONNECTION_STATE, *aiohttp_gate._RE
 
 
 def _sources() -> list[Path]:
-    """The lab's modules (the gateway's, the rest of the package's) that name aiohttp, but
-    the gate."""
-    paths = list((ROOT / "gateway").rglob("*.py"))
+    """The lab's modules (the gateway's, the rest of the package's, the tests') that name
+    aiohttp, but the gate."""
+    paths = list((ROOT / "gateway").rglob("*.py")) + list((ROOT / "tests").rglob("*.py"))
     for sub in (ROOT / "inference_lab").iterdir():  # (its gateway and engine are links)
         if sub.is_dir() and sub.name not in ("gateway", "engine"):
             paths += sub.rglob("*.py")
