@@ -27,15 +27,15 @@ import msgspec
 from inference_lab.common.tokenizer import Tokenizer
 from inference_lab.gateway.errors import GatewayError, sse_error_frame
 from inference_lab.gateway.protocols.base import (
-    _U31, DONE_FRAME, PLACEHOLDER_TOKEN, Dialect, Fraction, Generation, NonNegative, Outcome,
-    Penalty, Reply, checked_ids, data_frame, decode, json_encode, random_id,
+    _U31, DONE_FRAME, PLACEHOLDER_TOKEN, Dialect, Generation, NonNegative, Outcome, Reply,
+    checked_ids, data_frame, decode, json_encode, random_id,
 )
 from inference_lab.gateway.protocols.openai.schemas import (
-    MAX_N, KvTransferParams, NonNegativeInt, Priority, StreamOptions,
+    MAX_N, KvTransferParams, NonNegativeInt, Priority, StreamOptions, VllmSampling,
 )
 
 
-class SamplingParams(msgspec.Struct, kw_only=True):
+class SamplingParams(VllmSampling, kw_only=True):
     """vLLM's SamplingParams as a request carries them: checked, mostly unused (every
     generated token is the placeholder)."""
 
@@ -44,13 +44,6 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     min_tokens: NonNegativeInt = 0
     temperature: NonNegative | None = None
     top_p: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None
-    top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None
-    min_p: Fraction | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    repetition_penalty: Annotated[float, msgspec.Meta(gt=0)] | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: Annotated[int, msgspec.Meta(ge=-1)] | None = None

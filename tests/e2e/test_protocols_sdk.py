@@ -104,18 +104,23 @@ def _saturate(served) -> list:
     return holders
 
 
+def _release(served, holders) -> None:
+    """Hang up the streams holding the engine's places and lift the capacity limits; the
+    hang-ups reach the engine, so the next test starts from an idle queue."""
+    for h in holders:
+        h.close()
+    post_json(served.base, "/control/capacity", {"max_num_seqs": 256, "max_waiting": 0})
+    wait_until(lambda: served.capacity()[0]["running"] == 0
+               and served.capacity()[0]["waiting"] == 0, what="an idle engine")
+
+
 @pytest.fixture
 def saturated(served):
     holders = _saturate(served)
     try:
         yield
     finally:
-        for h in holders:
-            h.close()
-        post_json(served.base, "/control/capacity", {"max_num_seqs": 256, "max_waiting": 0})
-        # (the hang-ups reach the engine: the next test starts from an idle queue)
-        wait_until(lambda: served.capacity()[0]["running"] == 0
-                   and served.capacity()[0]["waiting"] == 0, what="an idle engine")
+        _release(served, holders)
 
 
 def test_a_saturated_model_raises_overloaded_error_529_before_any_event(served, claude, saturated):
@@ -241,12 +246,7 @@ def test_a_request_of_n_sequences_takes_n_places_but_waits_as_one(served, oai):
                                         messages=[{"role": "user", "content": "x"}])
         assert info.value.status_code == 529
     finally:
-        for h in holders:
-            h.close()
-        post_json(served.base, "/control/capacity", {"max_num_seqs": 256, "max_waiting": 0})
-        # (the hang-ups reach the engine: the next test starts from an idle queue)
-        wait_until(lambda: served.capacity()[0]["running"] == 0
-                   and served.capacity()[0]["waiting"] == 0, what="an idle engine")
+        _release(served, holders)
     deadline = time.monotonic() + 10
     while json_request(served.base, "GET", "/control/capacity")[1][0]["running"]:
         assert time.monotonic() < deadline, "the hung-up sequences kept running"

@@ -18,12 +18,14 @@ from engine_helpers import running_engine
 from inference_lab.engine.service.holds import Holds
 from inference_lab.engine.service.rpc import EngineService
 from inference_lab.gateway import create_app
+from inference_lab.gateway.app import STATE
 from inference_lab.gateway.backlog import Backlog
 from inference_lab.gateway.server import start_gateway
 from inference_lab.testing.fake_engine import FAKE_MODEL
 from inference_lab.testing.poll import until
 
 CHAT = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+REAL = {**CHAT, "model": "gpt-oss-20b"}  # (the real engine's model)
 
 
 def test_the_oldest_mark_is_the_hold_and_only_its_moves_are_told():
@@ -84,13 +86,24 @@ def recorded(monkeypatch) -> list[tuple[str, float]]:
 @contextlib.asynccontextmanager
 async def lane_lab(**engine_options):
     """The real engine and the real gateway (its edge marks requests) over the Session
-    lane; yields the gateway's base URL and the engine's core."""
+    lane; yields the gateway's base URL, the engine's core and the gateway's state."""
     async with running_engine(**engine_options) as engine:
-        runner, port = await start_gateway(create_app(f"127.0.0.1:{engine.port}"), "127.0.0.1", 0)
+        app = create_app(f"127.0.0.1:{engine.port}")
+        runner, port = await start_gateway(app, "127.0.0.1", 0)
         try:
-            yield f"http://127.0.0.1:{port}", engine.runtimes[0].core
+            yield f"http://127.0.0.1:{port}", engine.runtimes[0].core, app[STATE]
         finally:
             await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def warm_lab(seen: list):
+    """`lane_lab` with its Session up (one request served) and the engine's record of it
+    cleared; yields the gateway's base URL and a client session."""
+    async with lane_lab() as (base, _, _), aiohttp.ClientSession() as session:
+        assert await chat(session, base, REAL) == 200
+        seen.clear()
+        yield base, session
 
 
 async def chat(session: aiohttp.ClientSession, base: str, body: dict = CHAT) -> int:
@@ -102,11 +115,9 @@ async def chat(session: aiohttp.ClientSession, base: str, body: dict = CHAT) -> 
 @pytest.mark.fast_paths
 async def test_a_request_is_held_from_its_read_until_its_open_goes_with_the_release(recorded):
     seen = recorded
-    async with lane_lab() as (base, _), aiohttp.ClientSession() as session:
-        assert await chat(session, base, {**CHAT, "model": "gpt-oss-20b"}) == 200  # (Session up)
-        seen.clear()
+    async with warm_lab(seen) as (base, session):
         before = time.monotonic()
-        assert await chat(session, base, {**CHAT, "model": "gpt-oss-20b"}) == 200
+        assert await chat(session, base, REAL) == 200
         after = time.monotonic()
     (kind, hold), opened, released = seen[:3]
     assert kind == "hold" and before <= hold <= after  # at once, before its Open
@@ -116,17 +127,18 @@ async def test_a_request_is_held_from_its_read_until_its_open_goes_with_the_rele
 @pytest.mark.fast_paths
 async def test_requests_refused_here_or_malformed_release_the_hold_too(recorded):
     seen = recorded
-    async with lane_lab(max_waiting=1, max_num_seqs=1) as (base, core), \
+    async with lane_lab(max_waiting=1, max_num_seqs=1) as (base, core, state), \
             aiohttp.ClientSession() as session:
-        long = {**CHAT, "model": "gpt-oss-20b", "max_tokens": 100_000, "stream": True}
+        long = {**REAL, "max_tokens": 100_000, "stream": True}
         holders = [asyncio.ensure_future(chat(session, base, long))]  # the running place
         await until(lambda: core.num_running == 1)
         holders.append(asyncio.ensure_future(chat(session, base, long)))  # the waiting one
         await until(lambda: core.num_waiting == 1)
-        await asyncio.sleep(0.01)  # (the gateway has the engine's "full" by now)
+        await until(lambda: REAL["model"] in state.engine._session.saturated,
+                    what="the gateway has the engine's \"full\"")
         seen.clear()
-        refused = await chat(session, base, {**CHAT, "model": "gpt-oss-20b"})
-        malformed = await chat(session, base, {"model": "gpt-oss-20b"})
+        refused = await chat(session, base, REAL)
+        malformed = await chat(session, base, {"model": REAL["model"]})
         for holder in holders:
             holder.cancel()
     assert (refused, malformed) == (529, 400)
@@ -138,16 +150,15 @@ async def test_requests_refused_here_or_malformed_release_the_hold_too(recorded)
 @pytest.mark.fast_paths
 async def test_a_body_still_on_its_way_holds_nothing_until_it_is_in(recorded):
     seen = recorded
-    async with lane_lab() as (base, _), aiohttp.ClientSession() as session:
-        assert await chat(session, base, {**CHAT, "model": "gpt-oss-20b"}) == 200  # (Session up)
-        seen.clear()
-        body = json.dumps({**CHAT, "model": "gpt-oss-20b"}).encode()
+    async with warm_lab(seen) as (base, _):
+        body = json.dumps(REAL).encode()
         host, port = base.removeprefix("http://").split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                      b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:5])
         await writer.drain()
-        await asyncio.sleep(0.2)  # (a slow client: nothing on the gateway's side to await)
+        # the client's slowness is what is tested (nothing on the gateway's side to await)
+        await asyncio.sleep(0.2)
         assert seen == []  # a client's slowness holds no engine step
         sent = time.monotonic()
         writer.write(body[5:])

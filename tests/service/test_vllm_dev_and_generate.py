@@ -152,6 +152,14 @@ async def _waiting(it: Lab, n: int) -> bool:
 # ---- dev mode ----------------------------------------------------------------------------
 
 
+async def started_stream(it, tokens: int) -> asyncio.Task:
+    """A streamed generate request of `tokens` tokens, running: its first frame is in."""
+    started = asyncio.Event()
+    stream = asyncio.create_task(stream_frames(it, generate_body(tokens, stream=True), started))
+    await started.wait()
+    return stream
+
+
 async def test_without_dev_mode_the_dev_routes_are_404():
     async with lab(dev_mode=False) as it:
         for path in ("/pause", "/resume", "/reset_prefix_cache"):
@@ -161,9 +169,7 @@ async def test_without_dev_mode_the_dev_routes_are_404():
 
 async def test_pause_abort_ends_the_stream_and_holds_new_requests_until_resume():
     async with lab() as it:
-        started = asyncio.Event()
-        stream = asyncio.create_task(stream_frames(it, generate_body(3000, stream=True), started))
-        await started.wait()
+        stream = await started_stream(it, 3000)
         assert await it.post("/pause?mode=abort") == (200, {"status": "paused"})
         frames = await stream  # aborted: the stream ends with an error, not its 3000 tokens
         assert any(isinstance(f, dict) and "error" in f for f in frames)
@@ -181,9 +187,7 @@ async def test_pause_abort_ends_the_stream_and_holds_new_requests_until_resume()
 
 async def test_pause_wait_answers_once_the_running_request_has_finished_whole():
     async with lab() as it:
-        started = asyncio.Event()
-        stream = asyncio.create_task(stream_frames(it, generate_body(300, stream=True), started))
-        await started.wait()
+        stream = await started_stream(it, 300)
         status, body = await it.post("/pause?mode=wait")
         assert (status, body) == (200, {"status": "paused"})
         # the pause took hold only once the request had finished (its last bytes may
@@ -197,9 +201,7 @@ async def test_pause_wait_answers_once_the_running_request_has_finished_whole():
 
 async def test_pause_keep_freezes_the_running_request_and_resume_finishes_it():
     async with lab() as it:
-        started = asyncio.Event()
-        stream = asyncio.create_task(stream_frames(it, generate_body(400, stream=True), started))
-        await started.wait()
+        stream = await started_stream(it, 400)
         assert await it.post("/pause?mode=keep") == (200, {"status": "paused"})
         row = await it.capacity()
         assert row["running"] == 1 and not stream.done()  # held, not aborted

@@ -85,16 +85,10 @@ class KvTransferParams(msgspec.Struct, kw_only=True):
     tp_size: Annotated[int, msgspec.Meta(ge=1, le=_U31)] | None = None
 
 
-class _GenerationRequest(msgspec.Struct, kw_only=True):
-    model: str
-    stream: bool | None = False  # null (as OpenAI's API takes it) = false
-    stream_options: StreamOptions | None = None
-    max_tokens: PositiveInt | None = None
-    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] | None = 1  # null = 1
-    priority: Priority = 0  # vLLM extension: lower runs first under policy "priority"
-    # sampling: checked as vLLM checks them (a 400 naming the field), otherwise unused
-    temperature: NonNegative | None = None
-    top_p: Fraction | None = None
+class VllmSampling(msgspec.Struct, kw_only=True):
+    """The sampling fields vLLM takes alike on every generation route, checked as vLLM
+    checks them (a 400 naming the field), otherwise unused."""
+
     top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None  # vLLM: -1 (or 0) = off
     min_p: Fraction | None = None
     presence_penalty: Penalty | None = None
@@ -102,6 +96,18 @@ class _GenerationRequest(msgspec.Struct, kw_only=True):
     repetition_penalty: Annotated[float, msgspec.Meta(gt=0)] | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+
+
+class _GenerationRequest(VllmSampling, kw_only=True):
+    model: str
+    stream: bool | None = False  # null (as OpenAI's API takes it) = false
+    stream_options: StreamOptions | None = None
+    max_tokens: PositiveInt | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] | None = 1  # null = 1
+    priority: Priority = 0  # vLLM extension: lower runs first under policy "priority"
+    # sampling (and VllmSampling's): checked as vLLM checks them, otherwise unused
+    temperature: NonNegative | None = None
+    top_p: Fraction | None = None
     logit_bias: dict[str, Annotated[float, msgspec.Meta(ge=-100, le=100)]] | None = None
     user: str | None = None
     kv_transfer_params: KvTransferParams | None = None  # vLLM's P/D disaggregation
