@@ -1,6 +1,7 @@
 """Helpers of the tests that talk HTTP: an in-process lab on a background loop (for
 synchronous hypothesis tests), a raw HTTP client, a JSON one, the error-envelope checks and
-SSE parsing. The real commands as processes: inference_lab.testing.launch."""
+SSE parsing, and the reads the gateway's edge takes. The real commands as processes:
+inference_lab.testing.launch."""
 
 from __future__ import annotations
 
@@ -207,3 +208,19 @@ def content_tokens(frames: list[bytes], echo: bool = False) -> int:
             if text:
                 n += 1
     return n
+
+
+def record_reads(monkeypatch) -> list[bytes]:
+    """Every read the gateway's edge connections take from now on, in order (so a test
+    can wait for the gateway to have read the first part of a split request)."""
+    from inference_lab.gateway.edge import EdgeRequestHandler
+
+    reads: list[bytes] = []
+    original = EdgeRequestHandler.data_received
+
+    def recorded(self, data: bytes) -> None:
+        reads.append(data)
+        original(self, data)
+
+    monkeypatch.setattr(EdgeRequestHandler, "data_received", recorded)
+    return reads

@@ -24,10 +24,16 @@ from hardening_helpers import content_tokens, exchange, named_events, sse_frames
 from inference_lab.gateway import aiohttp_gate, create_app
 from inference_lab.gateway.protocols import generate
 from inference_lab.gateway.server import start_gateway
+from inference_lab.testing.poll import until
 
 MODEL = "gpt-oss-20b"
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
+
+
+async def _equal(value, expected) -> bool:
+    """Whether the awaited `value` is `expected` (a predicate for `until`)."""
+    return await value == expected
 
 
 # ---- one gate -----------------------------------------------------------------------------------
@@ -204,19 +210,16 @@ async def test_with_the_fast_paths_off_the_lab_serves_the_same_through_aiohttps_
             # saturate: one request running, one waiting, both long
             long = {**CHAT, "max_tokens": 100_000, "stream": True}
             holders = []
-            for _ in range(2):
-                holders.append(asyncio.ensure_future(session.post(base + "/v1/chat/completions",
-                                                                  json=long)))
-                await asyncio.sleep(0.05)
 
-            async def occupied() -> bool:
+            async def counts() -> tuple[int, int]:
                 async with session.get(base + "/control/capacity") as resp:
                     [row] = await resp.json()
-                return row["running"] == 1 and row["waiting"] == 1
-            deadline = asyncio.get_running_loop().time() + 10
-            while not await occupied():
-                assert asyncio.get_running_loop().time() < deadline
-                await asyncio.sleep(0.02)
+                return row["running"], row["waiting"]
+
+            for places in ((1, 0), (1, 1)):  # the first runs, then the second waits
+                holders.append(asyncio.ensure_future(session.post(base + "/v1/chat/completions",
+                                                                  json=long)))
+                await until(lambda: _equal(counts(), places), timeout=10, what=f"{places} taken")
 
             # every dialect's 529, before any byte of a stream, on the same kept-alive
             # connection, each twice (the second is where the edge would answer)
@@ -241,13 +244,12 @@ async def test_with_the_fast_paths_off_the_lab_serves_the_same_through_aiohttps_
             # the queue frees: the same connection is served again
             for holder in holders:
                 (await holder).close()
-            deadline = asyncio.get_running_loop().time() + 10
-            while True:
+            async def served_again() -> bytes | None:
                 [(status, _, raw)] = await exchange(writer, reader, post("/v1/messages", MESSAGES))
-                if status == b"HTTP/1.1 200 OK":
-                    break
-                assert status == b"HTTP/1.1 529 " and asyncio.get_running_loop().time() < deadline
-                await asyncio.sleep(0.02)
+                assert status in (b"HTTP/1.1 200 OK", b"HTTP/1.1 529 ")
+                return raw if status == b"HTTP/1.1 200 OK" else None
+
+            raw = await until(served_again, timeout=10, what="served again")
             assert json.loads(raw)["usage"]["output_tokens"] == 6
         finally:
             writer.close()

@@ -103,7 +103,8 @@ async def test_a_request_read_late_by_a_busy_gateway_is_stamped_when_its_bytes_c
     try:
         thread.start()
         assert sent.wait(10)
-        time.sleep(0.1)  # the gateway's loop is busy (this test's loop is the gateway's)
+        # the gateway's loop busy is what is tested (this test's loop is the gateway's)
+        time.sleep(0.1)
         resumed = time.monotonic()
         await asyncio.get_running_loop().run_in_executor(None, thread.join, 10)
     finally:

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 import pytest
 
 from hardening_helpers import exchange as raw_exchange
+from hardening_helpers import record_reads
 from inference_lab.gateway import generation as gateway_app
 from inference_lab.gateway import create_app
 from inference_lab.gateway.app import STATE
@@ -333,8 +334,10 @@ async def test_the_edge_writes_every_dialects_529_byte_for_byte_as_aiohttp_and_c
 
 
 @pytest.mark.fast_paths
-async def test_pipelined_split_and_first_requests_are_aiohttps_and_answered_right(edge):
+async def test_pipelined_split_and_first_requests_are_aiohttps_and_answered_right(edge,
+                                                                                   monkeypatch):
     port, state, slow = edge
+    reads = record_reads(monkeypatch)
     path, body, expected = DIALECT_CASES[0]
     one = post(path, body)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -346,7 +349,7 @@ async def test_pipelined_split_and_first_requests_are_aiohttps_and_answered_righ
         for split in (20, one.index(b"\r\n\r\n") + 4):  # in the head; at the body
             writer.write(one[:split])
             await writer.drain()
-            await asyncio.sleep(0.05)  # (two reads on the gateway's side)
+            await until(lambda: reads[-1:] == [one[:split]], what="the first part read alone")
             [(status, _, raw)] = await exchange(writer, reader, one[split:])
             assert status == b"HTTP/1.1 529 " and raw.endswith(expected)
         assert len(slow) == 5

@@ -220,7 +220,8 @@ async def test_an_arrival_at_a_stalled_replica_shows_in_its_waiting_gauge(
         async with http.post(urls[0] + "/control/faults/replica",
                              json={"fault": "stall", "seconds": 30, "replica": 2}) as resp:
             assert resp.status == 200
-        await asyncio.sleep(0.1)  # (the feed's looks go on meanwhile, with nothing moving)
+        # time passing is what is tested: the feed's looks go on meanwhile, nothing moving
+        await asyncio.sleep(0.1)
         stuck = asyncio.ensure_future(http.post(urls[2] + "/v1/chat/completions",
                                                 json={**CHAT, "max_tokens": 2}))
         started = time.monotonic()
@@ -251,7 +252,7 @@ def slow_watch(monkeypatch) -> None:
 
     async def slow(metrics, watchers, interval):
         async for push in original(metrics, watchers, interval):
-            if push.partial:
+            if push.partial:  # (late on purpose: the lateness is what is tested)
                 await asyncio.sleep(0.3)
             yield push
 

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from engine_helpers import running_engine
-from hardening_helpers import exchange
+from hardening_helpers import exchange, record_reads
 from metrics_helpers import sample
 from inference_lab.common.ports import free_port_run
 from inference_lab.gateway import control as gateway_app
@@ -110,14 +110,15 @@ async def test_anything_else_is_aiohttps(replica_port, raw, answers):
 
 
 @pytest.mark.fast_paths
-async def test_a_request_split_across_reads_is_aiohttps(replica_port):
+async def test_a_request_split_across_reads_is_aiohttps(replica_port, monkeypatch):
     port, calls = replica_port
+    reads = record_reads(monkeypatch)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         await exchange(writer, reader, GET)
         writer.write(GET[:10])
         await writer.drain()
-        await asyncio.sleep(0.05)  # (two reads on the gateway's side)
+        await until(lambda: reads[-1:] == [GET[:10]], what="the first part read alone")
         [(status, _, body)] = await exchange(writer, reader, GET[10:])
         assert status == b"HTTP/1.1 200 OK" and b"# HELP vllm:" in body
         assert len(calls) == 2

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from inference_lab.gateway import edge
 from inference_lab.gateway.edge import sending
+from inference_lab.testing.poll import until
 
 SEND_TIMEOUT = 0.5
 BODY = b"x" * (2 << 20)  # far more than the (small) socket buffers on both sides take
@@ -62,8 +63,7 @@ async def test_a_client_that_stops_reading_is_cut_off_after_the_send_timeout(ser
     port, ended = served
     c = small_window_client(port)
     started = time.monotonic()
-    while not ended and time.monotonic() - started < 10:
-        await asyncio.sleep(0.05)
+    await until(lambda: ended, timeout=10, what="the response ended")
     c.close()
     assert ended == ["cut"]
     assert SEND_TIMEOUT <= time.monotonic() - started < SEND_TIMEOUT + 3
@@ -76,7 +76,8 @@ async def test_a_client_that_reads_slowly_keeps_its_connection(served):
     got = 0
     loop = asyncio.get_running_loop()
     while not ended or got < len(BODY):
-        await asyncio.sleep(SEND_TIMEOUT / 5)  # pauses shorter than the timeout
+        # the client's slowness is what is tested: pauses shorter than the timeout
+        await asyncio.sleep(SEND_TIMEOUT / 5)
         try:
             chunk = await asyncio.wait_for(loop.sock_recv(c, 256 * 1024), 5)
         except TimeoutError:
