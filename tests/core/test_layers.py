@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTRACTS = 11
+CONTRACTS = 12
 
 
 def _assemble(where: Path) -> Path:
@@ -53,6 +53,8 @@ def test_every_layer_contract_is_kept(tmp_path):
     ("common/toml.py", "import inference_lab.cli", "command line on top"),
     ("gateway/protocols/base.py", "import inference_lab.gateway.app",
      "the app over faults over the API dialects"),
+    ("gateway/edge/fast.py", "import inference_lab.gateway.edge.connection",
+     "its connection over its concerns"),
     ("experiments/runner.py", "import inference_lab.gateway.app", "over HTTP only"),
     ("conformance/checks.py", "import inference_lab.engine.sim.core", "over HTTP (and ZMQ) only"),
     ("conformance/probe.py", "import grpc", "over HTTP (and ZMQ) only"),
