@@ -116,12 +116,15 @@ def _sample_rate(text: str) -> float:
 def _kv_events_config(text: str) -> str:
     """Checked while the flags are read (a bad value stops the start-up); kept as text so
     that `serve` can hand it to its engine child."""
-    from inference_lab.engine.service.kv_events import KVEventsConfig, KVEventsConfigError
+    from inference_lab.engine.service.kv_events import (KVEventsConfig, KVEventsConfigError,
+                                                         require_zmq)
 
     try:
-        KVEventsConfig.parse(text)
+        config = KVEventsConfig.parse(text)
     except KVEventsConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if config.enabled:
+        require_zmq()  # MissingExtra: one line naming the extra, before anything starts
     return text
 
 
