@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 from inference_lab.engine.sim.catalog import load_hardware, load_model
 from inference_lab.engine.sim.core import EngineCore
 from inference_lab.engine.sim.specs import Deployment, SchedulerConfig, TimeCorrection
@@ -36,16 +31,3 @@ def run_until_idle(engine: EngineCore, now: float = 0.0, max_steps: int = 1_000_
         now = result.end
         results.append(result)
     return now, results
-
-
-def calibration_fit() -> ModuleType:
-    """calibration/fit.py (a script, not a package module) loaded as the module `fit`."""
-    path = Path(__file__).resolve().parents[1] / "calibration" / "fit.py"
-    spec = importlib.util.spec_from_file_location("fit", path)
-    fit = importlib.util.module_from_spec(spec)
-    sys.modules["fit"] = fit  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(fit)
-    finally:
-        del sys.modules["fit"]
-    return fit
