@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from inference_lab.engine.sim.catalog import load_hardware, load_model
 from inference_lab.engine.sim.core import EngineCore
 from inference_lab.engine.sim.specs import Deployment, SchedulerConfig, TimeCorrection
@@ -31,3 +33,22 @@ def run_until_idle(engine: EngineCore, now: float = 0.0, max_steps: int = 1_000_
         now = result.end
         results.append(result)
     return now, results
+
+
+def fixed_workload(path: Path, requests: int, prompt: int, output: int, users: int = 0) -> Path:
+    """A workload file at `path`: `requests` requests of fixed prompt and output lengths,
+    from `users` closed-loop clients (0: one batch), seed 1."""
+    arrivals = (f'arrival_pattern = "closed_loop"\nnum_concurrent_users = {users}\n' if users
+                else 'arrival_pattern = "batched"\n')
+    path.write_text(f"{arrivals}num_requests = {requests}\nseed = 1\n"
+                    f'input_len_dist = {{ type = "fixed", value = {prompt} }}\n'
+                    f'output_len_dist = {{ type = "fixed", value = {output} }}\n')
+    return path
+
+
+def inline_model(weights: str, attention: str = "", hardware: str = "b200") -> str:
+    """A deployment config with an inline 16-layer attention model (1024 wide): its one
+    [[model.weights]] table holds `weights`, its [[model.layers]] table `attention` too."""
+    return (f"[model]\nhidden_dim = 1024\nmax_seq_len = 4096\n[[model.weights]]\n{weights}"
+            '[[model.layers]]\nkind = "attention"\ncount = 16\nheads = 16\nhead_dim = 64\n'
+            f"kv_heads = 4\n{attention}[hardware.{hardware}]\n")
