@@ -5,7 +5,7 @@
 
 Takes one closed-loop concurrency sweep of real vLLM (default: InferenceMAX's gpt-oss-120b
 on one B200, vLLM 0.11, 8192 / 1024 tokens, range ratio 0.8, max_num_seqs 512, prefix
-caching off: calibration/data/inferencemax-gpt-oss-120b-b200.toml), writes the rows at the
+caching off: inference_lab/calibrate/data/inferencemax-gpt-oss-120b-b200.toml), writes the rows at the
 --fit-at concurrencies as a calibrate CSV and the others as a --check CSV, runs the real
 `inference-lab calibrate` on them, and prints each held-out row's TPOT and TTFT error and
 whether it is within 15 % (TPOT) and 30 % (TTFT).
@@ -27,7 +27,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "calibration" / "data" / "inferencemax-gpt-oss-120b-b200.toml"
+DATA = ROOT / "inference_lab" / "calibrate" / "data" / "inferencemax-gpt-oss-120b-b200.toml"
 DEPLOYMENT = "gpt-oss-120b-b200-tp1-8k1k"
 TARGETS = {"tpot_ms": 0.15, "ttft_p50_ms": 0.30}
 

@@ -1,10 +1,11 @@
 """How far each timing model is from real vLLM: the error tables of docs/timing.md.
 
-    python benchmarks/timing_error.py [--hardware b200 ...] [--data calibration/data]
+    python benchmarks/timing_error.py [--hardware b200 ...] [--data DIR]
                                       [--jobs 2] [--max-requests 1280] [--json FILE]
 
-Simulates every row of `calibration/data/*.toml` on its GPU under the roofline and under
-the GPU preset's `[calibration]`, exactly as calibration/fit.py does (closed-loop clients,
+Simulates every row of `inference_lab/calibrate/data/*.toml` on its GPU under the roofline and
+under the GPU preset's `[calibration]`, exactly as inference_lab.calibrate.fit_presets does
+(closed-loop clients,
 the source's own scheduler settings and lengths), and prints, per GPU, markdown tables of
 the median and largest |simulated / measured - 1| per metric, with the roofline's beside:
 fit rows, held-out rows (`holdout` in the data: never seen by the fit) and the rows of
@@ -20,14 +21,10 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "calibration"))
-
-from fit import load_rows  # noqa: E402
-
-from inference_lab.calibrate.fitting import Evaluator, relative_errors  # noqa: E402
-from inference_lab.calibrate.simulate import DEFAULT_MAX_REQUESTS, Point  # noqa: E402
-from inference_lab.engine.sim import catalog  # noqa: E402
+from inference_lab.calibrate.fit_presets import DATA, load_rows
+from inference_lab.calibrate.fitting import Evaluator, relative_errors
+from inference_lab.calibrate.simulate import DEFAULT_MAX_REQUESTS, Point
+from inference_lab.engine.sim import catalog
 
 METRIC_NAMES = {"tpot_ms": "TPOT", "tpot_p50_ms": "TPOT (median)", "ttft_ms": "TTFT",
                 "ttft_p50_ms": "TTFT (median)", "e2e_ms": "end to end"}
@@ -104,7 +101,7 @@ def print_tables(items: list[dict]) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=ROOT / "calibration" / "data")
+    parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--hardware", action="append", default=None,
                         help="only this GPU preset (repeatable; default b200, h200, h100)")
     parser.add_argument("--jobs", type=int, default=1, help="simulations in parallel processes")

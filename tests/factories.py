@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 from inference_lab.engine.sim.catalog import load_hardware, load_model
 from inference_lab.engine.sim.core import EngineCore
@@ -38,14 +35,20 @@ def run_until_idle(engine: EngineCore, now: float = 0.0, max_steps: int = 1_000_
     return now, results
 
 
-def calibration_fit() -> ModuleType:
-    """calibration/fit.py (a script, not a package module) loaded as the module `fit`."""
-    path = Path(__file__).resolve().parents[1] / "calibration" / "fit.py"
-    spec = importlib.util.spec_from_file_location("fit", path)
-    fit = importlib.util.module_from_spec(spec)
-    sys.modules["fit"] = fit  # dataclasses look their module up
-    try:
-        spec.loader.exec_module(fit)
-    finally:
-        del sys.modules["fit"]
-    return fit
+def fixed_workload(path: Path, requests: int, prompt: int, output: int, users: int = 0) -> Path:
+    """A workload file at `path`: `requests` requests of fixed prompt and output lengths,
+    from `users` closed-loop clients (0: one batch), seed 1."""
+    arrivals = (f'arrival_pattern = "closed_loop"\nnum_concurrent_users = {users}\n' if users
+                else 'arrival_pattern = "batched"\n')
+    path.write_text(f"{arrivals}num_requests = {requests}\nseed = 1\n"
+                    f'input_len_dist = {{ type = "fixed", value = {prompt} }}\n'
+                    f'output_len_dist = {{ type = "fixed", value = {output} }}\n')
+    return path
+
+
+def inline_model(weights: str, attention: str = "", hardware: str = "b200") -> str:
+    """A deployment config with an inline 16-layer attention model (1024 wide): its one
+    [[model.weights]] table holds `weights`, its [[model.layers]] table `attention` too."""
+    return (f"[model]\nhidden_dim = 1024\nmax_seq_len = 4096\n[[model.weights]]\n{weights}"
+            '[[model.layers]]\nkind = "attention"\ncount = 16\nheads = 16\nhead_dim = 64\n'
+            f"kv_heads = 4\n{attention}[hardware.{hardware}]\n")

@@ -127,18 +127,22 @@ async def exchange(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, r
     return out
 
 
-def json_request(base: str, method: str, path: str, body=None,
-                 raw: str | None = None) -> tuple[int, dict | list]:
-    """One JSON request with urllib: (status, parsed body), error statuses included. The
-    body is `body` as JSON, or the text `raw` as it is."""
+def json_request(base: str, method: str, path: str, body=None, raw: str | None = None,
+                 token: str | None = None) -> tuple[int, dict | list | None]:
+    """One JSON request with urllib: (status, parsed body, None when empty), error statuses
+    included. The body is `body` as JSON, or the text `raw` as it is; `token` goes as a
+    bearer token."""
     data = raw.encode() if raw is not None else json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(base + path, method=method, data=data,
-                                 headers={"content-type": "application/json"})
+    headers = {"content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(base + path, method=method, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
+            answer = resp.read()
+            return resp.status, json.loads(answer) if answer else None
     except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
+        return err.code, json.loads(err.read() or b"null")
 
 
 def _json_4xx(status: int, headers: dict[str, str], body: bytes,

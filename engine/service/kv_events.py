@@ -56,11 +56,22 @@ from dataclasses import dataclass, fields
 from typing import Callable
 
 import msgspec
-import zmq
-import zmq.asyncio
 
+from inference_lab.common.extras import MissingExtra
 from inference_lab.engine.fleet.replicas import MAX_REPLICAS
 from inference_lab.engine.sim.prefix_cache import CLEARED, REMOVED, STORED
+
+try:  # the kv-events extra: without it a config still parses, and enabling it is refused
+    import zmq
+    import zmq.asyncio
+except ImportError:
+    zmq = None
+
+
+def require_zmq() -> None:
+    """MissingExtra naming the kv-events extra when pyzmq is not installed."""
+    if zmq is None:
+        raise MissingExtra("KV events need", "zmq", "kv-events")
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +278,7 @@ class ZmqEventPublisher:
         endpoint binds on loopback whatever host it names. `replica` offsets the
         endpoints; `rank` is the data_parallel_rank its batches carry (default: the
         replica index)."""
+        require_zmq()
         self.config = config
         self.replica = replica
         self.rank = replica if rank is None else rank
@@ -382,6 +394,7 @@ class ReplicaPublishers:
 
     def __init__(self, config: KVEventsConfig, engine_index: int = 0,
                  expose_replay: bool = False, data_parallel: bool = False) -> None:
+        require_zmq()
         self.config = config
         self.engine_index = engine_index  # added to every replica index (ports, and rank)
         # data-parallel ranks say their index; independent replicas say rank 0, as

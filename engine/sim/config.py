@@ -342,8 +342,8 @@ def _apply_timing(dep: Deployment, timing: str | None) -> None:
         dep.timing = timing
     if dep.timing == "calibrated" and dep.hardware.calibration is None:
         raise ConfigError(dep.source, "timing", f"calibrated timing needs a [calibration] table in "
-                          f"the {dep.hardware.name} hardware preset (calibration/fit.py fits one); "
-                          "this one has none")
+                          f"the {dep.hardware.name} hardware preset (inference_lab.calibrate.fit_presets "
+                          "fits one); this one has none")
     cal = dep.hardware.calibration
     if dep.timing == "calibrated" and cal.transferred_from:
         _log_transferred(dep.hardware.name, cal.transferred_from)

@@ -5,7 +5,8 @@ Modules: `simulate` (a measured point and the simulator's answer for it), `fitti
 extrapolation error), `judgement` (whether a fit fits its own points, and the likely
 causes when it does not), `measurements` (benchmark result files as points: CSV,
 `vllm bench serve --save-result`, inference-perf, aiperf, guidellm), `preset` (a
-hardware preset written with a fitted [calibration]). Used by `inference-lab calibrate`
-and by calibration/fit.py, which fits the bundled presets. Runs the engine's offline
-driver; knows no server.
+hardware preset written with a fitted [calibration]), `fit_presets` (the bundled presets'
+fit to the public measurements in `data/`, `python -m inference_lab.calibrate.fit_presets`)
+and `sweep` (a concurrency sweep in both timing models). Used by `inference-lab calibrate`.
+Runs the engine's offline driver; knows no server.
 """

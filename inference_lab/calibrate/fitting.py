@@ -3,7 +3,8 @@
 Knows: the parameters a fit may move (`PARAMETERS`: their bounds and the scale at
 which a change is felt), which of them a set of points can say anything about, and the
 search: damped Gauss-Newton (Levenberg-Marquardt) on the log of simulated / measured
-for every point and metric, with a Jacobian by forward differences, Huber weights
+for every point and metric, with a Jacobian by forward differences, steps solved by
+numpy.linalg (the normal equations; the SVD for the dependence check), Huber weights
 (a few odd points do not pull the rest), parameters moved in log space within their
 bounds. Before the first step it drops, and names, the parameters the points cannot
 determine: those with no effect on any metric, and those whose effect the others
@@ -22,6 +23,8 @@ import signal
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from inference_lab.calibrate.simulate import DEFAULT_MAX_REQUESTS, Point, simulate
 from inference_lab.common import lifeline
@@ -173,40 +176,21 @@ class FitResult:
     iterations: int
 
 
-def _solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """Gaussian elimination with partial pivoting (a is small and square)."""
-    n = len(b)
-    m = [row[:] + [b[i]] for i, row in enumerate(a)]
-    for col in range(n):
-        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[piv][col]) < 1e-300:
-            continue
-        m[col], m[piv] = m[piv], m[col]
-        for r in range(col + 1, n):
-            f = m[r][col] / m[col][col]
-            for c in range(col, n + 1):
-                m[r][c] -= f * m[col][c]
-    x = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        s = m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))
-        x[r] = s / m[r][r] if abs(m[r][r]) > 1e-300 else 0.0
-    return x
-
-
 def _smallest_singular(cols: list[list[float]]) -> tuple[float, list[float]]:
     """The smallest singular value of the matrix with these (unit) columns and its right
-    singular vector: the smallest eigenpair of the Gram matrix, by inverse iteration."""
+    singular vector. When more than one singular value is zero (fewer rows than columns,
+    or columns that repeat), the vector of that null space nearest the all-equal
+    direction (its projection there), so that which one is picked does not depend on the
+    SVD's choice of basis."""
     n = len(cols)
-    gram = [[sum(a * b for a, b in zip(cols[i], cols[j])) for j in range(n)] for i in range(n)]
-    shifted = [[gram[i][j] + (1e-9 if i == j else 0.0) for j in range(n)] for i in range(n)]
-    v = [1.0 / math.sqrt(n)] * n
-    for _ in range(60):
-        w = _solve(shifted, v)
-        norm = math.sqrt(sum(x * x for x in w)) or 1.0
-        v = [x / norm for x in w]
-    gv = [sum(gram[i][j] * v[j] for j in range(n)) for i in range(n)]
-    eig = max(sum(a * b for a, b in zip(v, gv)), 0.0)
-    return math.sqrt(eig), v
+    _, s, vt = np.linalg.svd(np.array(cols).T)  # vt: n right singular vectors, rows < n too
+    sigma = np.zeros(n)
+    sigma[:len(s)] = s
+    null = vt[sigma < 1e-6]
+    if len(null) > 1:
+        v = null.T @ (null @ np.full(n, 1.0 / math.sqrt(n)))
+        return 0.0, list(v / np.linalg.norm(v))
+    return float(sigma[-1]), list(vt[-1])
 
 
 def identify(names: list[str], jac: list[list[float]], rows: int) -> tuple[list[str], dict[str, str]]:
@@ -224,7 +208,7 @@ def identify(names: list[str], jac: list[list[float]], rows: int) -> tuple[list[
     while len(keep) > 1:
         unit = []
         for j in keep:
-            norm = math.sqrt(sum(x * x for x in jac[j])) or 1.0
+            norm = float(np.linalg.norm(jac[j])) or 1.0
             unit.append([x / norm for x in jac[j]])
         sigma, v = _smallest_singular(unit)
         if sigma >= 0.08 and len(keep) < rows:
@@ -286,18 +270,17 @@ def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx:
             start = calibration(x)  # the dropped ones stay at their start values
             if not params:
                 break
-        # Huber IRLS weights on the current residuals
-        w = [1.0 if abs(v) <= HUBER else HUBER / abs(v) for v in r]
-        n = len(params)
-        jtj = [[sum(w[k] * jac[a][k] * jac[b][k] for k in range(len(r))) for b in range(n)] for a in range(n)]
-        jtr = [sum(w[k] * jac[a][k] * r[k] for k in range(len(r))) for a in range(n)]
+        # the normal equations, with Huber IRLS weights on the current residuals
+        res, jm = np.array(r), np.array(jac).T  # jm: a row per residual, a column per parameter
+        w = np.where(np.abs(res) <= HUBER, 1.0, HUBER / np.maximum(np.abs(res), HUBER))
+        jtj = jm.T @ (w[:, None] * jm)
+        jtr = jm.T @ (w * res)
         improved = False
         for _ in range(6):
-            a = [[jtj[i][j] + (lam * (jtj[i][i] + 1e-6) if i == j else 0.0) for j in range(n)]
-                 for i in range(n)]
-            delta = _solve(a, [-v for v in jtr])
-            delta = [max(min(d, 1.5), -1.5) for d in delta]  # at most a factor e^1.5 a step
-            x_new = [params[j].to_x(params[j].from_x(v + d)) for j, (v, d) in enumerate(zip(x, delta))]
+            damped = jtj + np.diag(lam * (np.diag(jtj) + 1e-6))  # positive definite
+            delta = np.clip(np.linalg.solve(damped, -jtr), -1.5, 1.5)  # at most e^1.5 a step
+            x_new = [params[j].to_x(params[j].from_x(float(v + d)))
+                     for j, (v, d) in enumerate(zip(x, delta))]
             r_new = residuals([calibration(x_new)])[0]
             c_new = _cost(r_new)
             if c_new < cost - 1e-9:

@@ -46,8 +46,14 @@ def main(argv: list[str] | None = None) -> int:
 
     # First: a child whose parent dies while this one is still starting ends too.
     lifeline.bind_to_parent()
+    from inference_lab.common.extras import MissingExtra
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:  # a flag's value may need an extra (--tokenizer, --kv-events-config)
+        args = parser.parse_args(argv)
+    except MissingExtra as exc:
+        print(f"inference-lab: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -59,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args) or 0)
-    except (UsageError, ConfigError) as exc:
+    except (UsageError, ConfigError, MissingExtra) as exc:
         print(f"inference-lab {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from inference_lab.cli.auth_flags import (add_api_key_argument, add_control_token_argument,
                                           api_key, control_token, warn_exposure)
-from inference_lab.cli.flag_types import port, positive_int, seconds, time_scale, update_rate
+from inference_lab.cli.flag_types import (number, port, positive_int, rate, refused_as, seconds,
+                                          share, time_scale, update_rate)
 from inference_lab.cli.catalog_flags import (
     add_catalog_argument, add_kv_cache_dtype_argument, add_timing_argument, build_catalog,
 )
@@ -70,7 +71,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="export vLLM's KV block residency histograms (vllm:kv_block_lifetime_seconds, "
                         "_idle_before_evict_seconds, _reuse_gap_seconds) of a sample of the "
                         "prefix-cached blocks, in simulated seconds (docs/metrics.md)")
-    p.add_argument("--kv-cache-metrics-sample", type=_sample_rate, default=0.01, metavar="RATE",
+    p.add_argument("--kv-cache-metrics-sample", type=rate, default=0.01, metavar="RATE",
                    help="share of blocks --kv-cache-metrics follows, in (0, 1] (vLLM's default 0.01)")
     p.add_argument("--enable-mfu-metrics", action="store_true",
                    help="export vLLM's MFU estimates (vllm:estimated_flops_per_gpu_total, "
@@ -86,10 +87,8 @@ def _lora_module(text: str) -> str:
     from inference_lab.engine.service.lora_modules import parse_lora_module
     from inference_lab.engine.sim.lora import LoraError
 
-    try:
+    with refused_as(LoraError):
         parse_lora_module(text)
-    except LoraError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
@@ -103,47 +102,30 @@ def lora_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def _sample_rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a rate in (0, 1], got {text!r}")
-    return value
-
-
 def _kv_events_config(text: str) -> str:
     """Checked while the flags are read (a bad value stops the start-up); kept as text so
     that `serve` can hand it to its engine child."""
-    from inference_lab.engine.service.kv_events import KVEventsConfig, KVEventsConfigError
+    from inference_lab.engine.service.kv_events import (KVEventsConfig, KVEventsConfigError,
+                                                         require_zmq)
 
-    try:
-        KVEventsConfig.parse(text)
-    except KVEventsConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    with refused_as(KVEventsConfigError):
+        config = KVEventsConfig.parse(text)
+    if config.enabled:
+        require_zmq()  # MissingExtra: one line naming the extra, before anything starts
     return text
 
 
 def _startup_delay(text: str) -> float | str:
     from inference_lab.engine.fleet.startup import parse_startup_delay
 
-    try:
+    with refused_as(ValueError):
         return parse_startup_delay(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _replicas(text: str) -> int:
     from inference_lab.engine.fleet.replicas import MAX_REPLICAS
 
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 1 <= value <= MAX_REPLICAS:
-        raise argparse.ArgumentTypeError(f"expected 1..{MAX_REPLICAS}, got {value}")
-    return value
+    return number(int, lambda v: 1 <= v <= MAX_REPLICAS, f"an integer in 1..{MAX_REPLICAS}")(text)
 
 
 def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
@@ -176,20 +158,10 @@ def add_fleet_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-abort-timeout", type=seconds, default=480.0, metavar="SECONDS",
                    help="how long a prefill replica holds KV nobody pulls before freeing it "
                         "(vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT; default 480)")
-    p.add_argument("--kv-hold-share", type=_share, default=0.5, metavar="SHARE",
+    p.add_argument("--kv-hold-share", type=share, default=0.5, metavar="SHARE",
                    help="of a replica's KV cache, the share its P/D handoffs may hold, those of "
                         "admitted prefills included; a prefill past it is refused (503 "
                         "kv_transfer_full). 0 < SHARE <= 1; default 0.5")
-
-
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"a share is a number in (0, 1], got {text!r}")
-    return value
 
 
 def _ports(text: str) -> list[int]:
@@ -262,10 +234,8 @@ def _kv_link(text: str) -> str:
     from inference_lab.engine.sim.catalog import load_hardware
     from inference_lab.engine.sim.kv_transfer import link_preset
 
-    try:
+    with refused_as(ValueError):
         link_preset(text, load_hardware("b200"))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

@@ -397,6 +397,9 @@ def _stop_on_sigterm() -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from inference_lab.common.extras import require_extra
+
+    require_extra("experiments", "experiments need")  # refused before a run, not after it
     if args.target == "compare":
         return _compare(args)
     received = _stop_on_sigterm()

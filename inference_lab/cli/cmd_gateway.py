@@ -15,7 +15,7 @@ import os
 import signal
 from pathlib import Path
 
-from inference_lab.cli.flag_types import number, port, seconds
+from inference_lab.cli.flag_types import number, port, refused_as, seconds
 from inference_lab.cli.auth_flags import (
     add_api_key_argument,
     add_control_token_argument,
@@ -56,10 +56,8 @@ def _tokenizer(path: str):
     """--tokenizer: loaded while the flags are read, so a bad file stops the start-up."""
     from inference_lab.common.tokenizer import TokenizerError, load_tokenizer
 
-    try:
+    with refused_as(TokenizerError):
         return load_tokenizer(path)
-    except TokenizerError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _backlog(text: str) -> int:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from inference_lab.common.extras import require
 from inference_lab.conformance.checks import Failed
 
 BLOCK_STORED = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")
@@ -67,7 +68,7 @@ def judge(frames: list[bytes], rank: int) -> str | None:
 def one_block_stored(source: dict, rank: int, host: str, send: Callable[[], None], wait: float) -> str:
     """Subscribe to `source`, call `send` (a request that stores new blocks), and judge
     the batches that arrive within `wait` seconds until one stores a block."""
-    import zmq
+    zmq = require("zmq", "the KV events check needs", "kv-events")
 
     endpoint = reachable(source["endpoint"], host)
     ctx = zmq.Context()

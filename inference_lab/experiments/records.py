@@ -24,6 +24,7 @@ import json
 import math
 from pathlib import Path
 
+from inference_lab.common.extras import require
 from inference_lab.common.reading import loads, read_text
 
 __all__ = ["Records", "REQUEST_COLUMNS", "load_run"]
@@ -186,7 +187,7 @@ class Records:
         return cols
 
     def write(self, out: Path) -> None:
-        import pyarrow as pa
+        pa = require("pyarrow", "Parquet records need", "experiments")
         import pyarrow.parquet as pq
 
         out.mkdir(parents=True, exist_ok=True)
@@ -211,7 +212,7 @@ def load_run(directory: Path) -> dict:
     """{"requests": columns, "controller": ..., "server": ..., "actions": [...], facts...}
     with each table as a dict of numpy arrays. A missing or unreadable file is a
     RunFileError naming it."""
-    import pyarrow.parquet as pq
+    pq = require("pyarrow.parquet", "Parquet records need", "experiments")
 
     run: dict = {}
     for name in ("requests", "controller", "server", "fleet", "scaling"):

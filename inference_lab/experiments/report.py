@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from inference_lab.common.extras import require
 from inference_lab.experiments.summary import window_series
 
 __all__ = ["write_report", "write_comparison", "write_pd_sweep"]
@@ -41,16 +42,12 @@ th { background: #f3f3f3; } td.l, th.l { text-align: left; }
 def _png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
+    _plt().close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
+    require("matplotlib", "experiment plots need", "experiments").use("Agg")
     import matplotlib.pyplot as plt
 
     return plt

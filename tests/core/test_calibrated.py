@@ -8,8 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from factories import calibration_fit
 
+from inference_lab.calibrate import fit_presets
 from inference_lab.engine.sim import catalog
 from inference_lab.engine.sim.config import ConfigError, load_deployment
 from inference_lab.engine.sim.core import EngineCore
@@ -69,7 +69,7 @@ def test_timing_is_chosen_per_entry_or_by_the_flag_and_needs_a_fit(tmp_path):
 def test_the_fitted_presets_name_their_fit():
     for name in ("b200", "h100", "h200", "mi300x"):
         cal = catalog.load_hardware(name).calibration
-        assert cal is not None and cal.fit.startswith("calibration/fit.py on ")
+        assert cal is not None and cal.fit.startswith(f"{fit_presets.PROVENANCE} on ")
         assert 0 < cal.bandwidth_efficiency <= 1 and 0 < cal.flops_efficiency <= 1
         assert cal.provenance == "fitted"
 
@@ -97,7 +97,8 @@ def test_calibrated_deepseek_on_b300_is_slower_than_the_roofline_and_says_where_
             runs[timing] = run_offline(load_deployment(config, "b300", timing=timing), spec)
     assert runs["roofline"]["timing"] == {"model": "roofline"}
     assert runs["calibrated"]["timing"]["calibration"] == "transferred from b200"
-    assert runs["calibrated"]["timing"]["fit"].startswith("transferred from b200: calibration/fit.py")
+    assert runs["calibrated"]["timing"]["fit"].startswith(
+        f"transferred from b200: {fit_presets.PROVENANCE} on ")
     roof, cal = runs["roofline"]["latency_metrics"], runs["calibrated"]["latency_metrics"]
     assert cal["per_token_ms"]["mean"] > 2 * roof["per_token_ms"]["mean"]
     assert cal["ttft_ms"]["mean"] > roof["ttft_ms"]["mean"]
@@ -107,13 +108,12 @@ def test_calibrated_deepseek_on_b300_is_slower_than_the_roofline_and_says_where_
 
 
 def test_every_calibration_data_file_carries_its_provenance_and_a_held_out_part():
-    fit = calibration_fit()
-    files = sorted((ROOT / "calibration" / "data").glob("*.toml"))
+    files = sorted(fit_presets.DATA.glob("*.toml"))
     assert files
     for path in files:
         source = tomllib.loads(path.read_text())["source"]
         assert {"title", "url", "engine", "date", "settings"} <= set(source), path
-    rows = fit.load_rows(ROOT / "calibration" / "data")
+    rows = fit_presets.load_rows()
     assert any(r.holdout for r in rows) and any(not r.holdout for r in rows)
     assert all(r.measured for r in rows)
 

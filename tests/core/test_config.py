@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from factories import inline_model
 
 from inference_lab.engine.sim import catalog
 from inference_lab.engine.sim.config import ConfigError, default_deployments, load_config_dir, load_deployment
@@ -193,23 +194,8 @@ def test_a_hardware_entry_overrides_the_scheduler_and_sets_time_correction(tmp_p
 
 
 def test_an_inline_model_table_is_parsed_like_a_preset(tmp_path):
-    inline = """\
-[model]
-hidden_dim = 1024
-max_seq_len = 4096
-[[model.weights]]
-precision = "bf16"
-active_params = 1.0e9
-resident_params = 1.2e9
-[[model.layers]]
-kind = "attention"
-count = 16
-heads = 16
-head_dim = 64
-kv_heads = 4
-kv_precision = "fp8"
-[hardware.h100]
-"""
+    inline = inline_model('precision = "bf16"\nactive_params = 1.0e9\nresident_params = 1.2e9\n',
+                          'kv_precision = "fp8"\n', hardware="h100")
     dep = load_deployment(write(tmp_path, inline, "tiny.toml"), "h100")
     assert dep.model.name == "tiny" and dep.model.num_layers == 16
     assert dep.model.kv_precision == "fp8" and dep.model.weight_streams[0].resident_params == 1.2e9

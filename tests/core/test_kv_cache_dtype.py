@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from factories import fixed_workload
 
 from inference_lab.engine.sim import catalog, kv, layers
 from inference_lab.engine.sim.config import ConfigError, load_deployment
@@ -84,10 +85,7 @@ def test_a_bad_kv_cache_dtype_is_refused_naming_the_choices(tmp_path):
 
 
 def _sim(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    workload = tmp_path / "w.toml"
-    workload.write_text('arrival_pattern = "closed_loop"\nnum_concurrent_users = 8\nnum_requests = 16\n'
-                        'seed = 1\ninput_len_dist = { type = "fixed", value = 8192 }\n'
-                        'output_len_dist = { type = "fixed", value = 64 }\n')
+    workload = fixed_workload(tmp_path / "w.toml", 16, 8192, 64, users=8)
     return subprocess.run([sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING", "sim",
                            "--config", str(ROOT / "configs" / "gpt-oss-120b.toml"), "--hardware", "b200",
                            "--workload", str(workload), "-q", *extra],

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from factories import inline_model
 
 from inference_lab.engine.sim import catalog, kv
 from inference_lab.engine.sim.config import ConfigError, load_deployment
@@ -54,23 +55,8 @@ def test_a_decode_step_reads_the_scales_of_the_experts_it_touches():
 
 def test_a_scale_block_must_be_a_positive_integer(tmp_path: Path):
     path = tmp_path / "m.toml"
-    path.write_text("""\
-[model]
-hidden_dim = 1024
-max_seq_len = 4096
-[[model.weights]]
-precision = "fp4"
-scale_block = 0
-active_params = 1.0e9
-resident_params = 1.0e9
-[[model.layers]]
-kind = "attention"
-count = 16
-heads = 16
-head_dim = 64
-kv_heads = 4
-[hardware.b200]
-""")
+    path.write_text(inline_model('precision = "fp4"\nscale_block = 0\nactive_params = 1.0e9\n'
+                                 'resident_params = 1.0e9\n'))
     with pytest.raises(ConfigError) as info:
         load_deployment(path, "b200")
     assert "model.weights[0].scale_block: expected an integer >= 1, got 0" in str(info.value)

@@ -2,21 +2,18 @@
 small enough to simulate in seconds: each fitted GPU's shipped calibration predicts their
 TPOT within 10 % at the median and 20 % at worst, and the roofline default is faster
 than real vLLM on every one of them by at least a fifth. The rows are never seen by the
-fit (`holdout = true` in calibration/data); each is simulated with 4 x its clients'
+fit (`holdout = true` in inference_lab/calibrate/data); each is simulated with 4 x its clients'
 requests instead of the source's 10 x (the full tables: benchmarks/timing_error.py)."""
 
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 import pytest
-from factories import calibration_fit
 
+from inference_lab.calibrate import fit_presets
 from inference_lab.calibrate.fitting import Evaluator, relative_errors
 from inference_lab.engine.sim import catalog
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # Per GPU: held-out rows of a model its calibration was fitted on, by label: InferenceMAX's
 # gpt-oss-120b sweeps (vLLM 0.11) on B200 and H100, dstack's DeepSeek-R1 (vLLM 0.7) on H200.
@@ -30,12 +27,7 @@ SAMPLE = {
 }
 
 
-def _rows():
-    fit = calibration_fit()
-    return {r.label: r for r in fit.load_rows(ROOT / "calibration" / "data")}
-
-
-ROWS = _rows()
+ROWS = {r.label: r for r in fit_presets.load_rows()}
 
 
 @pytest.mark.parametrize("gpu", sorted(SAMPLE))

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from factories import fixed_workload
 
 from inference_lab.calibrate.simulate import Point, simulate
 from inference_lab.engine.sim import catalog
@@ -131,10 +132,7 @@ def test_a_fit_recovers_the_costs_and_the_preset_reproduces_the_measurements(tmp
     assert table["memory_bandwidth"] == catalog.load_hardware("h100").hbm_bandwidth  # the rest is h100's
     config = tmp_path / "m.toml"
     config.write_text('model = "llama-3.1-8b"\n[scheduler]\nblock_size = 16\n[hardware.my-h100]\n')
-    workload = tmp_path / "w.toml"
-    workload.write_text('arrival_pattern = "closed_loop"\nnum_concurrent_users = 32\nnum_requests = 320\n'
-                        'seed = 1\ninput_len_dist = { type = "fixed", value = 2048 }\n'
-                        'output_len_dist = { type = "fixed", value = 64 }\n')
+    workload = fixed_workload(tmp_path / "w.toml", 320, 2048, 64, users=32)
     run = cli("sim", "--catalog", str(tmp_path / "cat"), "--config", str(config), "--hardware", "my-h100",
               "--timing", "calibrated", "--workload", str(workload), "-q", "-o", str(tmp_path / "o.json"))
     assert run.returncode == 0, run.stderr

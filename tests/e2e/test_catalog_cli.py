@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from factories import fixed_workload
+
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
@@ -40,10 +42,7 @@ def test_sim_takes_a_model_from_a_user_catalog_in_the_environment(tmp_path):
     (tmp_path / "cat" / "models" / "my-llama.toml").write_text(text.replace('"llama-3.1-8b"', '"my-llama"'))
     config = tmp_path / "my.toml"
     config.write_text('model = "my-llama"\n[memory]\ntiers = []\n[hardware.b200]\n')
-    workload = tmp_path / "w.toml"
-    workload.write_text('arrival_pattern = "batched"\nnum_requests = 4\nseed = 1\n'
-                        'input_len_dist = { type = "fixed", value = 8 }\n'
-                        'output_len_dist = { type = "fixed", value = 4 }\n')
+    workload = fixed_workload(tmp_path / "w.toml", 4, 8, 4)
     args = ("sim", "--config", str(config), "--workload", str(workload), "-o", str(tmp_path / "o.json"))
     missing = cli(*args)
     assert missing.returncode == 2 and "unknown model preset 'my-llama'" in missing.stderr

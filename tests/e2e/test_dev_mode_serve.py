@@ -5,27 +5,17 @@ VLLM_SERVER_DEV_MODE=1) /pause holds a tokens-in request of /inference/v1/genera
 
 from __future__ import annotations
 
-import json
 import threading
-import urllib.error
-import urllib.request
 
 import pytest
+from hardening_helpers import json_request
 
 from inference_lab.testing.launch import serve
 from inference_lab.testing.poll import wait_until
 
 
 def call(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, dict | None]:
-    headers = {"content-type": "application/json"} if body is not None else {}
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, headers=headers,
-                                 data=json.dumps(body).encode() if body is not None else None)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            raw = r.read()
-            return r.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"null")
+    return json_request(f"http://127.0.0.1:{port}", method, path, body)
 
 
 def capacity(port: int) -> dict:

@@ -60,3 +60,14 @@ def test_the_installed_command_runs_from_any_directory(installed, tmp_path, cwd)
         run = _run(installed, "-m", "inference_lab", sub, "--help", cwd=where)
         assert run.returncode == 0, run.stderr
         assert f"inference-lab {sub}" in run.stdout
+
+
+def test_the_bundled_presets_fit_runs_from_the_wheel_on_the_measurements_it_ships(installed, tmp_path):
+    shipped = sorted(p.name for p in (installed / "inference_lab" / "calibrate" / "data").glob("*.toml"))
+    assert shipped == sorted(p.name for p in (ROOT / "inference_lab" / "calibrate" / "data").glob("*.toml"))
+    code = ("from inference_lab.calibrate import fit_presets; "
+            "print(fit_presets.DATA); print(len(fit_presets.load_rows()))")
+    run = _run(installed, "-c", code, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    data, rows = run.stdout.split()
+    assert data.startswith(str(installed)) and int(rows) > 0

@@ -6,7 +6,6 @@ in the first request's TTFT and in the gauges."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import urllib.error
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from hardening_helpers import json_request
 
 from inference_lab.testing.launch import serve
 
@@ -36,17 +36,7 @@ def lab(tmp_path_factory):
 
 def call(port: int, method: str, path: str, body: dict | None = None,
          token: str | None = TOKEN) -> tuple[int, dict | None]:
-    headers = {"content-type": "application/json"}
-    if token:
-        headers["authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, headers=headers,
-                                 data=json.dumps(body).encode() if body is not None else None)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            raw = r.read()
-            return r.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"null")
+    return json_request(f"http://127.0.0.1:{port}", method, path, body, token=token)
 
 
 def chat(port: int, max_tokens: int = 4) -> tuple[int, dict]:

@@ -9,14 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from factories import fixed_workload
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def sim(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
-    workload = tmp_path / "w.toml"
-    workload.write_text('arrival_pattern = "closed_loop"\nnum_concurrent_users = 4\nnum_requests = 8\n'
-                        'seed = 1\ninput_len_dist = { type = "fixed", value = 512 }\n'
-                        'output_len_dist = { type = "fixed", value = 32 }\n')
+    workload = fixed_workload(tmp_path / "w.toml", 8, 512, 32, users=4)
     return subprocess.run([sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING", "sim",
                            "--config", str(ROOT / "configs" / "llama-3.1-8b.toml"), "--workload",
                            str(workload), "-o", str(tmp_path / "o.json"), *extra],

@@ -26,6 +26,8 @@ import zlib
 from array import array
 from collections.abc import Iterable, Sequence
 
+from inference_lab.common.extras import require
+
 __all__ = ["ByteTokenizer", "HFTokenizer", "JoinedIds", "Tokenizer", "TokenizerError",
            "ids_to_bytes", "load_tokenizer"]
 
@@ -184,10 +186,7 @@ class HFTokenizer:
     """A Hugging Face `tokenizer.json`, through the `tokenizers` package."""
 
     def __init__(self, path: str) -> None:
-        try:
-            from tokenizers import Tokenizer as _Tokenizer
-        except ImportError as exc:  # a dependency, but say so plainly if it is missing
-            raise TokenizerError(f"--tokenizer needs the `tokenizers` package: {exc}") from None
+        _Tokenizer = require("tokenizers", "--tokenizer needs", "tokenizer").Tokenizer
         if not os.path.isfile(path):
             raise TokenizerError(f"tokenizer file {path} does not exist (or is not a file)")
         self.path = str(path)  # (a process started with the same flags loads it again)

@@ -1,6 +1,6 @@
 """A closed-loop concurrency sweep as the simulator sees it, in both timing models.
 
-    python calibration/sweep.py --model gpt-oss-120b --hardware b200 --kv-cache-dtype fp8 \\
+    python -m inference_lab.calibrate.sweep --model gpt-oss-120b --hardware b200 --kv-cache-dtype fp8 \\
         --max-num-seqs 512 --input 8192 --output 1024 --range-ratio 0.8 \\
         --concurrency 4,8,16,32,64,128 [--measured-tpot 4:3.7,128:23]
 
@@ -22,7 +22,8 @@ from inference_lab.engine.sim.specs import Deployment, SchedulerConfig
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m inference_lab.calibrate.sweep",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--hardware", required=True)
     p.add_argument("--tp", type=int, default=1)

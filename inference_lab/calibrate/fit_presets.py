@@ -1,9 +1,11 @@
-"""Fit the `calibrated` timing model to public measurements and print the error table.
+"""Fit the bundled hardware presets' `calibrated` timing model to public measurements
+and print the error table.
 
-    python calibration/fit.py [--data calibration/data] [--hardware b200] [--jobs 2]
-                              [--max-iter 12] [--report-only]
+    python -m inference_lab.calibrate.fit_presets [--data DIR] [--hardware b200] [--jobs 2]
+                                                  [--max-iter 12] [--report-only]
 
-Reads every `calibration/data/*.toml` (a [source] with its provenance, [[deployments]]
+Reads every `inference_lab/calibrate/data/*.toml` (`DATA`, or --data DIR: a [source] with
+its provenance, [[deployments]]
 naming a bundled model and hardware preset with tp and scheduler settings, [[rows]] of
 measured metrics at a concurrency and prompt / output lengths; `holdout = true` rows are
 never seen by the fit), then per hardware:
@@ -21,7 +23,8 @@ Row keys: input, output, concurrency, requests (default 10 x concurrency), range
 file has several), and the metrics in ms: ttft_ms, tpot_ms, e2e_ms (means), ttft_p50_ms,
 tpot_p50_ms (medians). A source's `metrics` list names the ones compared (default: the
 means present). Each row runs through the offline driver with closed-loop clients,
-exactly as `inference-lab sim` would.
+exactly as `inference-lab sim` would. `inference-lab calibrate` fits a user's own
+measurements (inference_lab.cli.cmd_calibrate); this fits the presets that ship.
 """
 
 from __future__ import annotations
@@ -38,12 +41,16 @@ from inference_lab.calibrate.simulate import DEFAULT_MAX_REQUESTS, Point
 from inference_lab.engine.sim import catalog
 from inference_lab.engine.sim.specs import Calibration, Deployment, SchedulerConfig
 
+DATA = Path(__file__).resolve().parent / "data"  # the public measurements, each with its [source]
 DEFAULT_METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
 _SCHED_KEYS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "enable_chunked_prefill",
                "enable_prefix_caching", "max_model_len", "kv_cache_dtype")
 
 
-def load_rows(data_dir: Path) -> list[Point]:
+PROVENANCE = "inference_lab.calibrate.fit_presets"  # how a preset's `fit` names this fit
+
+
+def load_rows(data_dir: Path = DATA) -> list[Point]:
     rows = []
     for path in sorted(data_dir.glob("*.toml")):
         data = tomllib.loads(path.read_text())
@@ -97,8 +104,9 @@ def report(hw: str, rows: list[Point], ev: Evaluator, cal: Calibration, roof: Ev
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parent / "data")
+    parser = argparse.ArgumentParser(prog="python -m inference_lab.calibrate.fit_presets",
+                                     description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--hardware", action="append", default=None,
                         help="fit only this hardware preset (repeatable)")
     parser.add_argument("--jobs", type=int, default=1, help="simulations in parallel processes")
@@ -137,7 +145,7 @@ def main() -> int:
                 print(f"not determined by these rows (kept at {getattr(cal, name):g}): {name}: {why}")
         roof = None if args.no_roofline else Evaluator(hw_rows, args.max_requests, args.jobs)
         report(hw, hw_rows, ev, cal, roof)
-        print(f"[calibration]   # {hw}: calibration/fit.py on "
+        print(f"[calibration]   # {hw}: {PROVENANCE} on "
               f"{' + '.join(sorted({r.source for r in hw_rows}))}")
         for f in fields(Calibration):
             if f.name in PARAMETERS:
