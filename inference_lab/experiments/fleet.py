@@ -115,8 +115,12 @@ class FleetSide:
                     status, body = await self.http.request("GET", f"{self._url(route)}/metrics")
                 except (OSError, asyncio.TimeoutError):
                     continue
-                if status == 200:
+                if status != 200:
+                    continue
+                try:
                     samples[route.index] = parse_exposition(body.decode("utf-8", "replace"), self.sc.model)
+                except ValueError as exc:  # an exposition that does not parse: a failed scrape, as Prometheus counts it
+                    log.warning("replica %d's /metrics does not parse: %s", route.index, exc)
             self.store.scrape_round(t, samples)
             self._scraped(t)
             tick += 1

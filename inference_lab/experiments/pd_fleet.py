@@ -60,8 +60,12 @@ class PdFleetSide:
                 status, body = await self.http.request("GET", f"{self._url(route)}/metrics")
             except (OSError, asyncio.TimeoutError):
                 continue
-            if status == 200:
+            if status != 200:
+                continue
+            try:
                 decode[str(route.index)] = decode_metrics(body.decode("utf-8", "replace"), self.sc.model)
+            except ValueError:  # an exposition that does not parse: no counters from that replica
+                continue
         return {"kv_roles": ratio_name(self.sc.pd), "policy": self.pd.policy,
                 "prefill_replicas": [r.index for r in self.pd.prefill],
                 "decode_replicas": [r.index for r in self.pd.decode], "decode_metrics": decode}
