@@ -150,9 +150,8 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         help="the gateway's event loop. asyncio (default): a request's arrival is the "
         "instant its bytes reached this host (the kernel's receive timestamp, Linux), so a "
         "busy gateway's delay in reading it is not booked as modelled queueing; uvloop: "
-        "reads in C, so an arrival is stamped when the gateway reads it (some 0.3 ms later "
-        "at 24 streams here), for about the same gateway CPU "
-        "(BENCHMARKS.md, 'Arrivals at the kernel's receive instant')",
+        "reads in C, so an arrival is stamped when the gateway reads it (later, on a busy "
+        "gateway), for about the same gateway CPU (docs/benchmarks.md, 'TTFT breakdown')",
     )
     parser.add_argument(
         "--saturated-status", type=int, choices=(529, 503, 429), default=529,
