@@ -14,11 +14,13 @@ Does not know: time, drivers, services or HTTP.
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from collections.abc import Iterator
+from importlib import resources
 from dataclasses import dataclass
 
 from inference_lab.engine.sim.scheduler import Scheduler
-from inference_lab.engine.sim.specs import Deployment, SchedulerConfig
+from inference_lab.engine.sim.specs import Calibration, Deployment, SchedulerConfig
 
 __all__ = ["PROFILES", "EngineProfile", "ProfileError", "apply", "make_scheduler", "profile_of"]
 
@@ -79,7 +81,19 @@ def apply(deployment: Deployment, engine: str, max_queued: int | None = None) ->
                                                     sched.max_num_batched_tokens)}
     if profile.block_size is not None:
         changes["block_size"] = profile.block_size
-    return dataclasses.replace(deployment, scheduler=dataclasses.replace(sched, **changes))
+    deployment = dataclasses.replace(deployment, scheduler=dataclasses.replace(sched, **changes))
+    fitted = calibration(profile.name, deployment.hardware.name)
+    if fitted is not None:  # the profile's own fit on this GPU (`--timing calibrated`)
+        deployment = dataclasses.replace(
+            deployment, hardware=dataclasses.replace(deployment.hardware, calibration=fitted))
+    return deployment
+
+
+def calibration(engine: str, hardware: str) -> Calibration | None:
+    """The profile's own [calibration] on `hardware` (calibration.toml), if fitted."""
+    table = tomllib.loads(resources.files(__package__).joinpath("calibration.toml")
+                          .read_text(encoding="utf-8")).get(engine, {}).get(hardware)
+    return Calibration(**table) if table is not None else None
 
 
 def make_scheduler(config: SchedulerConfig, total_blocks: int, windows: tuple[int, ...],
