@@ -136,13 +136,14 @@ async def flush_cache(request: web.Request) -> web.Response:
     return web.Response(status=200, text=FLUSHED)
 
 
+# (method, path, handler): SGLang's paths, the newer names beside the deprecated ones
+ROUTES = (("GET", "/get_server_info", server_info), ("GET", "/server_info", server_info),
+          ("GET", "/get_load", get_load), ("GET", "/v1/loads", loads),
+          ("GET", "/health_generate", health_generate), ("GET", "/get_model_info", model_info),
+          ("GET", "/model_info", model_info), ("GET", "/flush_cache", flush_cache),
+          ("POST", "/flush_cache", flush_cache))
+
+
 def add_routes(app: web.Application) -> None:
-    app.router.add_get("/get_server_info", server_info)
-    app.router.add_get("/server_info", server_info)
-    app.router.add_get("/get_load", get_load)
-    app.router.add_get("/v1/loads", loads)
-    app.router.add_get("/health_generate", health_generate)
-    app.router.add_get("/get_model_info", model_info)
-    app.router.add_get("/model_info", model_info)
-    app.router.add_get("/flush_cache", flush_cache)
-    app.router.add_post("/flush_cache", flush_cache)
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, path, handler)
