@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from inference_lab.engine.sim.config import load_deployment
+from inference_lab.engine.sim.profiles import apply as apply_profile
 from inference_lab.engine.drivers.data_parallel import run_data_parallel
 from inference_lab.engine.drivers.disagg import run_disaggregated
 from inference_lab.engine.drivers.offline import run_offline
@@ -43,10 +44,13 @@ def main() -> None:
     parser.add_argument("--kv-link", default="rdma", help="with --pd: nvlink | rdma | GBPS[@MS]")
     parser.add_argument("--data-parallel-size", type=int, default=1, metavar="D",
                         help="D data-parallel ranks (an MoE model's in lockstep)")
+    parser.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
+                        help="the engine profile simulated (engine.sim.profiles)")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
 
-    deployment = load_deployment(args.config, args.hardware, timing=args.timing)
+    deployment = apply_profile(load_deployment(args.config, args.hardware, timing=args.timing),
+                               args.engine)
     spec = load_workload(args.workload)
     if args.requests:
         spec = dataclasses.replace(spec, num_requests=args.requests)
@@ -67,7 +71,7 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}")
     print(f"workload: {args.workload.name}, {spec.num_requests:,} requests, "
           f"{spec.num_concurrent_users} users, {deployment.name} on {deployment.hardware.name}, "
-          f"{deployment.timing} timing{layout}")
+          f"{deployment.timing} timing, engine {args.engine}{layout}")
     print(f"simulated: {sim['simulated_seconds']:.1f} s, {sim['steps']:,} steps, "
           f"{out_tokens:,.0f} output tokens, mean batch {out_tokens / max(sim['steps'], 1):.1f}")
     print(f"cpu: {sim['cpu_seconds']:.2f} s (wall {wall:.2f} s)")

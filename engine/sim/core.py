@@ -23,7 +23,7 @@ from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.sim.lora import MAX_ADAPTERS, LoraAdapter, LoraRegistry
 from inference_lab.engine.sim.prefix_cache import BlockResidency, block_hashes
 from inference_lab.engine.sim.request import Request, Status
-from inference_lab.engine.sim.scheduler import Scheduler
+from inference_lab.engine.sim.profiles import make_scheduler, profile_of
 from inference_lab.engine.sim.specs import Deployment
 
 __all__ = ["CapacityError", "EngineCore", "HandoffsFull", "QueueSaturated", "StepResult",
@@ -38,14 +38,14 @@ class QueueSaturated(Exception):
     """The waiting queue holds max_waiting requests: refuse, immediately. Its text is
     the one refusal message (the gateway relays it, never re-writes it)."""
 
-    def __init__(self, model: str, waiting: int, max_waiting: int) -> None:
+    def __init__(self, model: str, waiting: int, max_waiting: int, text: str = "") -> None:
         self.model = model
         self.waiting = waiting
         self.max_waiting = max_waiting
-        super().__init__(
+        super().__init__(text or (
             f"Server is at capacity: {waiting} requests waiting (max_waiting = {max_waiting}). "
             "Retry with reduced concurrency."
-        )
+        ))
 
 
 @dataclass(slots=True)
@@ -96,7 +96,8 @@ class EngineCore(KvConnector):
         self.capacity = Capacity(0, 0).changed(config.max_num_batched_tokens,
                                                config.max_num_seqs, config.max_waiting)
         self._ids = itertools.count(1)
-        self.scheduler = Scheduler(config, self.total_blocks, self.cost.windows,
+        self.profile = profile_of(config)  # the engine imitated (engine.sim.profiles)
+        self.scheduler = make_scheduler(config, self.total_blocks, self.cost.windows,
                                    fixed_blocks(deployment), record_kv_events, ids=self._ids)
         self.max_request_tokens = min(limit for limit, _ in self._request_limits())
         self.speculative = deployment.speculative
@@ -153,7 +154,7 @@ class EngineCore(KvConnector):
             else:  # an idle engine takes a hang-up or a new bound at once
                 self._freed = self._bound = 0
         if 0 < bound <= waiting:
-            return QueueSaturated(self.name, waiting, bound)
+            return QueueSaturated(self.name, waiting, bound, self.profile.refusal_message)
         return None
 
     @property

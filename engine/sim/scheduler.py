@@ -171,9 +171,7 @@ class Scheduler:
         decode verifies `width` positions and keeps `advance` of them. With `admit` False
         no waiting request is admitted (EngineCore's promise that the queue stays full)."""
         decision = Decision(num_decodes=0, decode_width=width, decode_advance=advance)
-        pulls = self._pulls
-        while pulls and pulls[0][0] <= now:  # pulls ended: schedulable from now on
-            self.pulling.pop(heapq.heappop(pulls)[1], None)
+        self._end_pulls(now)
         budget = self.config.max_num_batched_tokens
         budget -= self._schedule_decodes(decision)
         budget = self._schedule_prefilling(decision, budget)
@@ -181,6 +179,11 @@ class Scheduler:
             self._admit_waiting(decision, budget, now, max_num_seqs)
         assert decision.num_tokens <= self.config.max_num_batched_tokens
         return decision
+
+    def _end_pulls(self, now: float) -> None:
+        pulls = self._pulls
+        while pulls and pulls[0][0] <= now:  # pulls ended: schedulable from now on
+            self.pulling.pop(heapq.heappop(pulls)[1], None)
 
     def _schedule_decodes(self, decision: Decision) -> int:
         group = self.group
@@ -244,6 +247,8 @@ class Scheduler:
             copies = siblings * self._sibling_blocks(req.prompt_len)
             if need + revived + copies > self.free_blocks:
                 break  # KV full: wait for blocks to free up, never preempt to admit
+            if not self._fits(req, start):
+                break  # the profile's admission rule (engine.sim.profiles)
             self.waiting.pop()
             req.status = Status.RUNNING
             if self.cache is not None:
@@ -267,6 +272,10 @@ class Scheduler:
             self.waiting.push(req, front=True)
         if skipped or self.lora_deferred:
             self.lora_deferred = {req.id: req for req in skipped}
+
+    def _fits(self, req: Request, start: int) -> bool:
+        """An engine profile's admission rule beyond KV room (vLLM's: none)."""
+        return True
 
     # ---- LoRA slots: at most max_loras distinct adapters in the batch ------------------
     def _lora_blocked(self, req: Request) -> bool:

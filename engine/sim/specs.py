@@ -253,6 +253,7 @@ class SchedulerConfig:
     max_model_len: int | None = None  # None = the model's max_seq_len
     long_prefill_token_threshold: int = 0  # 0 = no per-request prefill cap
     max_waiting: int = 0  # 0 = unbounded: never refuse
+    engine: str = "vllm"  # the engine profile (engine.sim.profiles): "vllm" | "sglang"
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from pathlib import Path
 from inference_lab.calibrate.fitting import PARAMETERS, Evaluator, fit, relative_errors
 from inference_lab.calibrate.simulate import DEFAULT_MAX_REQUESTS, Point
 from inference_lab.engine.sim import catalog
+from inference_lab.engine.sim.profiles import apply as apply_profile
 from inference_lab.engine.sim.specs import Calibration, Deployment, SchedulerConfig
 
 DATA = Path(__file__).resolve().parent / "data"  # the public measurements, each with its [source]
@@ -59,10 +60,15 @@ def load_rows(data_dir: Path = DATA) -> list[Point]:
         first_wave = source.get("first_wave") == "included"
         deployments = {}
         for d in data["deployments"]:
-            sched = SchedulerConfig(**{k: d[k] for k in _SCHED_KEYS if k in d})
-            deployments[d["name"]] = Deployment(
+            explicit = {k: d[k] for k in _SCHED_KEYS if k in d}
+            dep = Deployment(
                 name=d["name"], model=catalog.load_model(d["model"]),
-                hardware=catalog.load_hardware(d["hardware"]), tp=d.get("tp", 1), scheduler=sched)
+                hardware=catalog.load_hardware(d["hardware"]), tp=d.get("tp", 1),
+                scheduler=SchedulerConfig(**explicit))
+            if d.get("engine", "vllm") != "vllm":  # an engine profile, the row's settings on top
+                dep = apply_profile(dep, d["engine"])
+                dep = replace(dep, scheduler=replace(dep.scheduler, **explicit))
+            deployments[d["name"]] = dep
         only = next(iter(deployments)) if len(deployments) == 1 else None
         for r in data["rows"]:
             dep = deployments[r.get("deployment", only)]
@@ -125,11 +131,14 @@ def main() -> int:
     rows = [r for r in load_rows(args.data)
             if args.hardware is None or r.deployment.hardware.name in args.hardware]
     by_hw: dict[str, list[Point]] = {}
-    for row in rows:
-        by_hw.setdefault(row.deployment.hardware.name, []).append(row)
+    for row in rows:  # an engine profile's rows are fitted apart (hardware+engine)
+        engine = row.deployment.scheduler.engine
+        key = row.deployment.hardware.name + ("" if engine == "vllm" else f"+{engine}")
+        by_hw.setdefault(key, []).append(row)
     names = [n.strip() for n in args.params.split(",") if n.strip()]
     for hw, hw_rows in sorted(by_hw.items()):
-        start = replace(catalog.load_hardware(hw).calibration or Calibration(), transferred_from="",
+        start = replace(catalog.load_hardware(hw.split("+")[0]).calibration or Calibration(),
+                        transferred_from="",
                         **{k: float(v) for k, v in (kv.split("=") for kv in args.start.split(",") if kv)})
         ev = Evaluator(hw_rows, args.max_requests, args.jobs)
         fit_idx = [i for i, r in enumerate(hw_rows) if not r.holdout]

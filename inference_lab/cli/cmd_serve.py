@@ -29,6 +29,7 @@ from inference_lab.cli.cmd_engine import (
     output_lengths,
 )
 from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs, loop_runner
+from inference_lab.cli.engine_profile_flags import engine_profile_argv, saturated_status
 from inference_lab.cli.flag_types import port
 from inference_lab.cli.serve_layout import ServeLayout, add_scale_arguments, layout
 from inference_lab.common import lifeline
@@ -167,6 +168,7 @@ class EngineProcess(Child):
             self.argv.append("--state-dir-temporary")
         if args.max_waiting is not None:
             self.argv += ["--max-waiting", str(args.max_waiting)]
+        self.argv += engine_profile_argv(args)
         if args.kv_events_config:
             self.argv += ["--kv-events-config", args.kv_events_config]
         if args.kv_events_expose_replay:
@@ -223,7 +225,8 @@ class GatewayProcess(Child):
                 "--header-timeout", repr(args.header_timeout),
                 "--api-server-index", str(index), "--api-server-count", str(shape.api_servers),
                 "--event-loop", args.event_loop,
-                "--saturated-status", str(args.saturated_status)]
+                "--saturated-status", str(saturated_status(args)),
+                "--engine-profile", args.engine_profile]
         if shape.data_parallel is not None:
             argv += ["--data-parallel", shape.data_parallel,
                      "--data-parallel-start-rank", str(shape.start_rank)]
