@@ -82,7 +82,7 @@ def test_the_lab_passes_every_check_and_exits_0(lab):
     assert "kv_block_size 64" in reasons["/get_server_info"]
     assert "BlockStored" in reasons["KV events over ZMQ"]
     assert "1 adapter served" in reasons["metrics: LoRA"]
-    assert reasons["offload tier"].startswith("not modelled yet")
+    assert reasons["offload tier"].startswith("offload off: vllm:cache_config_info has ")
 
     plain = conformance(lab)  # not a terminal: one line per check
     assert plain.returncode == 0, plain.stdout + plain.stderr
