@@ -24,6 +24,7 @@ import sys
 import tempfile
 
 from inference_lab.cli.auth_flags import API_KEY_ENV, CONTROL_TOKEN_ENV, api_key, control_token
+from inference_lab.cli.offload_flags import offload_argv
 from inference_lab.cli.cmd_engine import (
     add_model_arguments, add_run_arguments, check_ports, kv_roles, load_deployments, lora_argv,
     output_lengths,
@@ -183,6 +184,7 @@ class EngineProcess(Child):
             self.argv += ["--timing", args.timing]
         if args.kv_cache_dtype is not None:
             self.argv += ["--kv-cache-dtype", args.kv_cache_dtype]
+        self.argv += offload_argv(args)
         self.argv += ["--replicas", str(args.replicas)] if fleet is None else fleet
         if args.startup_delay:
             self.argv += ["--startup-delay", str(args.startup_delay)]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from inference_lab.cli import UsageError
 from inference_lab.engine.sim.kv_transfer import PD_POLICIES
+from inference_lab.cli.offload_flags import add_offload_arguments, apply_offload
 from inference_lab.cli.catalog_flags import (
     add_catalog_argument, add_kv_cache_dtype_argument, add_timing_argument, build_catalog,
 )
@@ -77,6 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_catalog_argument(p)
     add_timing_argument(p)
     add_kv_cache_dtype_argument(p)
+    add_offload_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -234,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
     from inference_lab.common.workload import load_workload
 
     deployment = pick_deployment(args)
+    apply_offload(args, [deployment])
     if args.max_num_seqs is not None:
         from inference_lab.engine.sim.core import CapacityError, EngineCore
 

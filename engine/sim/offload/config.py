@@ -76,10 +76,10 @@ class OffloadConfig:
                 "kv_connector_extra_config": extra}
 
 
-def _nonneg(value, flag: str) -> float:
+def _nonneg(value, flag: str, what: str = "a number of GiB >= 0") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
             or value < 0 or value == float("inf"):
-        raise OffloadConfigError(f"{flag}: expected a number of GiB >= 0, got {value!r}")
+        raise OffloadConfigError(f"{flag}: expected {what}, got {value!r}")
     return float(value)
 
 
@@ -95,10 +95,10 @@ def from_flags(size_gib: float | None, backend: str | None = None,
         raise OffloadConfigError(f"--kv-offloading-backend: expected one of "
                                  f"{', '.join(BACKENDS)}, got {backend!r}")
     if size_gib is not None:
-        size = _nonneg(size_gib, "--kv-offloading-size")
+        what = "a number of GiB > 0 (leave it out for no offloading)"
+        size = _nonneg(size_gib, "--kv-offloading-size", what)
         if size == 0:
-            raise OffloadConfigError("--kv-offloading-size: expected a number of GiB > 0 "
-                                     "(leave it out for no offloading), got 0")
+            raise OffloadConfigError(f"--kv-offloading-size: expected {what}, got {size_gib!r}")
         config = replace(config, cpu_bytes=size * GIB) if config else OffloadConfig(size * GIB)
     if config is None:
         if disk_size_gib:
@@ -143,7 +143,7 @@ def parse_kv_transfer_config(text: str) -> OffloadConfig:
                                  f"(known: {', '.join(_EXTRA_KEYS)})")
     if "cpu_bytes_to_use" not in extra:
         raise OffloadConfigError(f"{flag}: kv_connector_extra_config.cpu_bytes_to_use is required")
-    cpu = _nonneg(extra["cpu_bytes_to_use"], f"{flag}: cpu_bytes_to_use")
+    cpu = _nonneg(extra["cpu_bytes_to_use"], f"{flag}: cpu_bytes_to_use", "a number of bytes >= 0")
     bpc = extra.get("blocks_per_chunk", 1)
     if isinstance(bpc, bool) or not isinstance(bpc, int) or bpc < 1:
         raise OffloadConfigError(f"{flag}: blocks_per_chunk must be an integer >= 1, got {bpc!r}")
@@ -163,6 +163,7 @@ def parse_kv_transfer_config(text: str) -> OffloadConfig:
     for tier in extra.get("secondary_tiers", []) or []:
         if not isinstance(tier, dict) or tier.get("type") not in ("fs", "fs_python"):
             raise OffloadConfigError(f"{flag}: secondary_tiers: only an `fs` tier is modelled")
-        disk = _nonneg(tier.get("capacity_bytes", 0), f"{flag}: secondary_tiers capacity_bytes")
+        disk = _nonneg(tier.get("capacity_bytes", 0), f"{flag}: secondary_tiers capacity_bytes",
+                       "a number of bytes >= 0")
         break
     return OffloadConfig(cpu, backends[connector], bpc, chunk_tokens, policy, prompt_only, disk)
