@@ -216,8 +216,11 @@ class EngineCore(KvConnector):
         return load if head_ready is None or load < head_ready else head_ready
 
     def transfers_pending(self) -> bool:
-        """Requests wait for a host load: a step that ran nothing is no stall."""
-        return bool(self.scheduler.loading)
+        """Requests wait for a host load, or the queue for a copy in flight (a disk
+        promotion, a store a lookup found unfinished): a step that ran nothing is no stall."""
+        scheduler = self.scheduler
+        return bool(scheduler.loading) or (self.offload is not None and bool(self.offload.jobs)
+                                           and scheduler.num_waiting > 0)
 
     def take_kv_events(self) -> list[tuple]:
         """The KV events recorded since the last take: the GPU prefix cache's, then the
@@ -562,6 +565,9 @@ class EngineCore(KvConnector):
             if req.remote_decode:
                 self._hand_off(req, end)
         self.clock = end
+        if not num_tokens and offload is not None and offload.jobs and not scheduler.running:
+            # nothing ran: what waits, waits for a copy in flight; no step before it ends
+            self.clock = max(end, offload.jobs[0][0])
         spawned, scheduler.spawned = scheduler.spawned, []
         result = StepResult(start, end, num_tokens, sampled, prefill_tokens, decodes,
                             decision.admitted, first, done, decision.preempted, spawned,

@@ -7,11 +7,11 @@ scheduler's half (a request waiting for its load). Pure: told the time, as the c
 """
 
 from inference_lab.engine.sim.offload.config import (
-    HOST_LINK_FALLBACK, OffloadConfig, OffloadConfigError, from_flags, parse_kv_transfer_config,
+    GIB_BYTES, HOST_LINK_FALLBACK, OffloadConfig, OffloadConfigError, from_flags, parse_kv_transfer_config,
 )
 from inference_lab.engine.sim.offload.manager import HostOffload, OffloadRequest
 
-__all__ = ["HOST_LINK_FALLBACK", "HostOffload", "OffloadConfig", "OffloadConfigError",
+__all__ = ["GIB_BYTES", "HOST_LINK_FALLBACK", "HostOffload", "OffloadConfig", "OffloadConfigError",
            "OffloadRequest", "from_flags", "host_link", "parse_kv_transfer_config"]
 
 

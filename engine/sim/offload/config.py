@@ -29,6 +29,7 @@ POLICIES = ("lru", "arc")
 CONNECTORS = {"native": "OffloadingConnector", "lmcache": "LMCacheMPConnector"}
 # A host link where the hardware preset names none: PCIe Gen5 x16's effective DMA rate
 # per direction (docs/kv-offload research: vLLM's offloading blog measured ~50 GB/s).
+GIB_BYTES = GIB
 HOST_LINK_FALLBACK = (5.0e10, 5e-5)
 # A disk tier's read and write rate where none is given: Dynamo's mocker default for its
 # G2<->G3 link (7 GB/s); its fixed latency per job is an assumption.
