@@ -83,7 +83,10 @@ LIVE = {
     "inference_lab_kv_transfer_pulled": lambda core: core.transfers.pulled,
     "inference_lab_kv_transfer_expired": lambda core: core.transfers.expired,
     "inference_lab_kv_transfer_recomputed": lambda core: core.transfers.recomputed,
-    # ... and KV offloading's (engine.sim.offload), for a model with it
+}
+# KV offloading's numbers (engine.sim.offload), read from a core that has it at scrape
+# time; they move only in steps, so the model's version keys them (not read for a cache key).
+OFFLOAD_LIVE = {
     "vllm:kv_offload_load_bytes": lambda core: core.offload.stats.load_bytes,
     "vllm:kv_offload_store_bytes": lambda core: core.offload.stats.store_bytes,
     "vllm:kv_offload_load_time": lambda core: core.offload.stats.load_time,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from inference_lab.common.exposition import Hist
 from inference_lab.engine.metrics.series import (CACHED_SOURCES, FINISH_HISTOGRAMS, FINISHED_REASON,
-                                                 FINISHED_REASONS, LIVE, METRICS, OPTIONS,
+                                                 FINISHED_REASONS, LIVE, METRICS, OFFLOAD_LIVE, OPTIONS,
                                                  PROMPT_SOURCES, REJECTION_REASONS,
                                                  SLEEP_STATES, bucket_sets)
 from inference_lab.engine.sim.core import EngineCore, StepResult
@@ -54,7 +54,8 @@ class ModelMetrics:
         self.hists = {name: Hist(sets[spec.buckets])
                       for name, spec in METRICS.items() if spec.kind == "histogram"}
         self.counters = {name: 0.0 for name, spec in METRICS.items()  # and the event gauges
-                         if spec.kind != "histogram" and not spec.labels and name not in LIVE}
+                         if spec.kind != "histogram" and not spec.labels and name not in LIVE
+                         and name not in OFFLOAD_LIVE}
         self.mfu = "mfu" in on
         self.success = dict.fromkeys(FINISHED_REASONS, 0.0)
         self.rejections = dict.fromkeys(REJECTION_REASONS, 0.0)
@@ -253,6 +254,8 @@ class ModelMetrics:
             return [(("capacity",), float(waiting - deferred)), (("deferred",), float(deferred))]
         if name in LIVE:
             return [((), float(LIVE[name](self.core)))]
+        if name in OFFLOAD_LIVE:
+            return [((), float(OFFLOAD_LIVE[name](self.core)))]
         if spec.kind == "histogram":
             return [((), self.hists[name].cumulative())]
         if name == "vllm:request_success":
