@@ -37,6 +37,14 @@ def engine(gpu_blocks: int = 200, host_gib: float = 4.0, events: bool = False, t
     return EngineCore(dep, record_kv_events=events)
 
 
+def stored_then_evicted(e: EngineCore, prompt: bytes) -> float:
+    """`prompt` computed (its chunks stored to the host), then pushed out of the GPU by
+    other prompts: when that is done."""
+    e.submit(0, 4, 0.0, token_ids=prompt)
+    t, _ = run_until_idle(e)
+    return evict_from_gpu(e, t)
+
+
 def evict_from_gpu(e: EngineCore, t: float, seeds=range(100, 106)) -> float:
     for s in seeds:
         e.submit(0, 4, t, token_ids=ids(4000, s))
@@ -145,9 +153,7 @@ def test_a_prompt_evicted_from_the_gpu_loads_from_the_host_and_its_ttft_drops():
 def test_the_loading_request_waits_out_of_the_queue_while_others_compute():
     e = engine()
     prompt = ids(4000, 1)
-    e.submit(0, 4, 0.0, token_ids=prompt)
-    t, _ = run_until_idle(e)
-    t = evict_from_gpu(e, t)
+    t = stored_then_evicted(e, prompt)
     runner = e.submit(0, 400, t, token_ids=ids(500, 7))
     step = e.step(t)  # runner admitted
     loader = e.submit(0, 4, step.end, token_ids=prompt)
@@ -168,9 +174,7 @@ def test_the_loading_request_waits_out_of_the_queue_while_others_compute():
 def test_a_prompt_of_whole_blocks_recomputes_its_last_token_after_a_full_load():
     e = engine()
     prompt = ids(10 * BS, 3)
-    e.submit(0, 2, 0.0, token_ids=prompt)
-    t, _ = run_until_idle(e)
-    t = evict_from_gpu(e, t)
+    t = stored_then_evicted(e, prompt)
     again = e.submit(0, 2, t, token_ids=prompt)
     _, results = run_until_idle(e, t)
     assert again.offload.host_tokens == 10 * BS - 1 == again.cached_tokens
@@ -182,9 +186,7 @@ def test_a_prompt_of_whole_blocks_recomputes_its_last_token_after_a_full_load():
 def test_max_load_tokens_caps_the_load_in_whole_chunks_and_zero_loads_nothing():
     e = engine()
     prompt = ids(4000, 1)
-    e.submit(0, 4, 0.0, token_ids=prompt)
-    t, _ = run_until_idle(e)
-    t = evict_from_gpu(e, t)
+    t = stored_then_evicted(e, prompt)
     capped = e.submit(0, 4, t, token_ids=prompt, kv=KvTransfer(max_load_tokens=1000))
     t, _ = run_until_idle(e, t)
     assert capped.offload.host_tokens == 15 * BS  # 1000 // 64 whole blocks

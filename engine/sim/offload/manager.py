@@ -135,6 +135,23 @@ class HostOffload:
         self._seq += 1
         heapq.heappush(self.jobs, (end, self._seq, kind, keys))
 
+    def _copy(self, kind: int, keys: list[int], nbytes: float, now: float) -> float:
+        """A store (GPU to host) or a load (host to GPU) of `nbytes` per rank submitted at
+        `now` on its FIFO, counted as vLLM counts it (bytes and copy time summed over the
+        ranks, the wait in the FIFO excluded): when it ends."""
+        begin, end = (self.d2h if kind == STORE else self.h2d).book(now, nbytes)
+        stats, total, seconds = self.stats, nbytes * self.tp, (end - begin) * self.tp
+        if kind == STORE:
+            stats.store_bytes += total
+            stats.store_time += seconds
+            stats.store_sizes.append(total)
+        else:
+            stats.load_bytes += total
+            stats.load_time += seconds
+            stats.load_sizes.append(total)
+        self._job(end, kind, keys)
+        return end
+
     def _key(self, hashes: list[int], chunk: int) -> int:
         return hashes[(chunk + 1) * self.bpc - 1]
 
@@ -159,13 +176,7 @@ class HostOffload:
                 self.disk.complete(keys)
         if self.queued:
             for keys in self.queued:
-                nbytes = len(keys) * self.bpc * self.rank_block_bytes
-                begin, end = self.d2h.book(now, nbytes)
-                stats = self.stats
-                stats.store_bytes += nbytes * self.tp
-                stats.store_time += (end - begin) * self.tp
-                stats.store_sizes.append(nbytes * self.tp)
-                self._job(end, STORE, keys)
+                self._copy(STORE, keys, len(keys) * self.bpc * self.rank_block_bytes, now)
             self.queued = []
 
     def _write_through(self, keys: list[int], at: float) -> None:
@@ -266,13 +277,7 @@ class HostOffload:
             if chunk.from_disk:
                 chunk.from_disk = False
                 disk_chunks += 1
-        nbytes = blocks * self.rank_block_bytes
-        begin, end = self.h2d.book(now, nbytes)
-        stats = self.stats
-        stats.load_bytes += nbytes * self.tp
-        stats.load_time += (end - begin) * self.tp
-        stats.load_sizes.append(nbytes * self.tp)
-        self._job(end, LOAD, keys)
+        end = self._copy(LOAD, keys, blocks * self.rank_block_bytes, now)
         state = req.offload
         state.offered = max(state.offered, (hit_blocks + blocks) // bpc)
         state.disk_tokens = disk_chunks * self.chunk_tokens
