@@ -2,6 +2,7 @@
 
     python benchmarks/kv_offload.py [--json FILE]           # multi-turn-offload, offline
     python benchmarks/kv_offload.py --llm-d [--json FILE]    # the llm-d CPU guide's shape
+    python benchmarks/kv_offload.py --virtual | --served [--seconds 30]   # the scenario's arms
 
 The default runs configs/workloads/multi-turn-offload.toml (128 long-context agents,
 histories 3.5x the GPU's KV cache) on configs/llama-3.1-8b.toml, H100, on the offline
@@ -12,13 +13,22 @@ one engine's share of a prefix-affine router (6 users on 6 of the prompts), with
 offloading and with `--kv-offloading-size 160`, next to the guide's published figures
 (docs/kv-offload.md). Per arm: TTFT mean / p50 / p90, the share of prompt tokens the GPU
 prefix cache and the host tier served, the prompt tokens computed, throughput, and
-GPU-seconds (simulated seconds x GPUs). Prints figures, no pass/fail.
+GPU-seconds (simulated seconds x GPUs). `--virtual` and `--served` run
+configs/experiments/kv-offload.toml and the same scenario without its
+`kv_offloading_size` through `inference-lab experiment` (in virtual time, or on a private
+`serve`, cut to `--seconds` modelled seconds each, at `--time-scale`), and print TTFT p50 /
+p99, the cached share of prompt tokens (a reply's cached_tokens: GPU and host) and
+goodput per arm. Prints figures, no pass/fail.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -94,12 +104,45 @@ def llm_d(args) -> dict:
     return figures
 
 
+def scenario_arms(args) -> dict:
+    """Both arms of the kv-offload scenario through `inference-lab experiment`."""
+    mode = ["--serve", "--time-scale", repr(args.time_scale)] if args.served else ["--virtual"]
+    text = (ROOT / "configs/experiments/kv-offload.toml").read_text().replace(
+        'config = "../llama-3.1-8b.toml"', f'config = "{ROOT / "configs/llama-3.1-8b.toml"}"')
+    if args.served:
+        text = text.replace("duration = 120", f"duration = {args.seconds:g}")
+    figures = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, body in (("off", text.replace("kv_offloading_size = 256\n", "")), ("256 GiB", text)):
+            path = Path(tmp) / f"{name.split()[0]}.toml"
+            path.write_text(body)
+            out = Path(tmp) / f"run-{name.split()[0]}"
+            subprocess.run([sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING",
+                            "experiment", str(path), *mode, "--out", str(out)],
+                           check=True, capture_output=True, text=True)
+            whole = json.loads((out / "summary.json").read_text())["phases"][0]["whole"]
+            figures[name] = {k: whole[k] for k in ("requests", "ttft_p50_s", "ttft_p99_s",
+                                                   "cached_frac", "goodput_tok_s")}
+    print(f"kv-offload scenario, {'served at --time-scale ' + repr(args.time_scale) if args.served else 'virtual time'}"
+          f" ({args.seconds if args.served else 120:g} modelled s per arm)")
+    print(f"{'':>10} {'requests':>9} {'TTFT p50':>9} {'p99':>8} {'cached':>7} {'goodput':>12}")
+    for name, f in figures.items():
+        print(f"{name:>10} {f['requests']:>9} {f['ttft_p50_s']:>8.2f}s {f['ttft_p99_s']:>7.2f}s "
+              f"{f['cached_frac']:>7.1%} {f['goodput_tok_s']:>8,.0f} tok/s")
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llm-d", action="store_true", help="the llm-d CPU guide's shape and its figures")
+    parser.add_argument("--virtual", action="store_true", help="the kv-offload scenario's two arms in virtual time")
+    parser.add_argument("--served", action="store_true", help="the kv-offload scenario's two arms on a private serve")
+    parser.add_argument("--seconds", type=float, default=30.0, help="--served: modelled seconds per arm (default 30)")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="--served: the server's --time-scale (default 1)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
-    C.write_json(args.json, llm_d(args) if args.llm_d else multi_turn(args))
+    run = scenario_arms if args.virtual or args.served else llm_d if args.llm_d else multi_turn
+    C.write_json(args.json, run(args))
 
 
 if __name__ == "__main__":
