@@ -23,17 +23,15 @@ from inference_lab.testing.launch import serve
 from inference_lab.testing.poll import until
 from inference_lab.testing.routers import metric
 
-pytestmark = pytest.mark.timeout(180)
-
-MODEL = "gpt-oss-20b"
-# a 120-block GPU cache (block 64, 24,576 B per position) and a 1 GiB host tier (682 chunks)
-CONFIG = f"""model = "{MODEL}"
-[scheduler]
-block_size = 64
-kv_cache_capacity = {24576 * 64 * 120}
-[hardware.b200]
-"""
 USERS, TURNS, OUTPUT = 4, 3, 8
+MODEL = "gpt-oss-20b"
+# a GPU cache of 120 blocks of 64 positions at 24,576 B each, and a 1 GiB host tier
+# (682 chunks) beside it
+GPU_BYTES = 120 * 64 * 24576
+CONFIG = (f'model = "{MODEL}"\n[hardware.b200]\n'
+          f"[scheduler]\nkv_cache_capacity = {GPU_BYTES}\nblock_size = 64\n")
+
+pytestmark = pytest.mark.timeout(180)
 
 
 def prompts() -> list[str]:
