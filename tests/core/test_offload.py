@@ -261,3 +261,16 @@ def test_the_kv_transfer_config_form_turns_offloading_on():
                 '{"cpu_bytes_to_use":1,"eviction_policy":"fifo"}}'):
         with pytest.raises(OffloadConfigError, match="--kv-transfer-config"):
             parse_kv_transfer_config(bad)
+
+
+@pytest.mark.parametrize("config", [[], ["--config", "configs/gpt-oss-20b.toml"]])
+def test_the_flag_reaches_the_embedded_default_and_a_config_alike(config):
+    from inference_lab.cli import build_parser
+    from inference_lab.cli.cmd_engine import load_deployments
+
+    args = build_parser().parse_args(["engine", *config, "--kv-offloading-size", "4"])
+    deployments = load_deployments(args)
+    assert deployments and all(d.offload is not None and d.offload.cpu_bytes == 4 * 2**30
+                               for d in deployments)
+    args = build_parser().parse_args(["engine", *config])
+    assert all(d.offload is None for d in load_deployments(args))
