@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CONTRACTS = 12
+CONTRACTS = 13
 
 
 def _assemble(where: Path) -> Path:
@@ -64,6 +64,8 @@ def test_every_layer_contract_is_kept(tmp_path):
     ("engine/metrics/updates.py", "import inference_lab.engine.drivers.pacer",
      "run in virtual time too"),
     ("autoscale/keda.py", "import inference_lab.experiments.runner", "command line on top"),
+    ("engine/sim/offload/tier.py", "import inference_lab.engine.sim.offload.manager",
+     "over the manager over a tier"),
 ])
 def test_a_forbidden_import_breaks_its_contract(tmp_path, module, line, contract):
     package = _assemble(tmp_path)
