@@ -6,6 +6,7 @@ series and no vllm: ones."""
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,38 @@ def test_a_full_sglang_queue_is_refused_with_its_503_in_both_modes(tmp_path, mod
     assert 529 not in status
     refused = [e for s, e in zip(status, table["error"]) if s == 503]
     assert all('"The request queue is full."' in e and '"queue_saturated"' in e for e in refused)
+
+
+@pytest.mark.parametrize("mode", [("--virtual",), ("--serve", "--time-scale", "2")],
+                         ids=["virtual", "served"])
+def test_the_queue_gauges_of_an_sglang_server_are_scraped(tmp_path, mode):
+    # served: sglang:num_queue_reqs and sglang:num_running_reqs from the engine's /metrics,
+    # the knobs (which SGLang's exposition lacks) from /control/capacity
+    out = experiment(tmp_path, BOUNDED, *mode)
+    server = pq.read_table(out / "server.parquet").to_pydict()
+    assert len(server["t"]) >= 4
+    for key in ("waiting", "running", "max_num_seqs", "max_waiting"):
+        assert not any(math.isnan(v) for v in server[key]), key
+    assert max(server["running"]) == 2 and max(server["waiting"]) == 2
+    assert set(server["max_num_seqs"]) == {2.0} and set(server["max_waiting"]) == {2.0}
+
+
+def test_keda_scales_an_sglang_fleet_on_its_queue_gauge(tmp_path):
+    # 150 requests/s against max_num_seqs 2 per replica: sglang:num_queue_reqs summed over
+    # the replicas stays far above the threshold, so KEDA adds replicas at every sync.
+    text = BOUNDED.replace("duration = 3", "duration = 20\nscrape_interval = 1") + """
+[fleet]
+replicas = 1
+max_replicas = 4
+startup_delay = 1
+metrics_interval = 1
+[autoscaler]
+name = "keda"
+params = { query = "sum(sglang:num_queue_reqs)", threshold = 1, polling_interval = 2, sync_period = 2 }
+"""
+    out = experiment(tmp_path, text, "--virtual")
+    scaling = pq.read_table(out / "scaling.parquet").to_pydict()
+    assert scaling["to"] and max(scaling["to"]) == 4
 
 
 def test_an_unbounded_sglang_queue_refuses_nothing_in_virtual_time(tmp_path):

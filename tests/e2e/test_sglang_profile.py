@@ -134,3 +134,26 @@ def test_without_a_bound_nothing_is_refused():
         for t in threads:
             t.join(timeout=60)
         assert results == [3] * 40
+
+
+def test_the_dashboard_feed_reads_sglangs_series(served):
+    """The feed's KV usage, tokens and latency come from sglang:* (common.engine_series),
+    and its queue and running counts follow a held request."""
+    results: list = []
+    held = threading.Thread(target=_stream, args=(served, results), daemon=True)
+    held.start()
+    try:
+        wait_until(lambda: served.capacity()[0]["running"] == 1, timeout=15)
+
+        def row() -> dict:
+            return json.loads(get(served.base + "/dashboard/feed")[1])["replicas"][0]
+        now = wait_until(lambda: (lambda r: r if r["running"] == 1 and r["kv_cache_usage"] > 0
+                                  and r["generation_tokens"] > 0 else None)(row()), timeout=15)
+        assert now["model"] == MODEL and now["waiting"] == 0
+        assert 0 < now["kv_cache_usage"] < 1
+        for key in ("ttft_s", "e2e_s", "itl_s"):  # [sum, count] of SGLang's histograms
+            assert now[key][1] >= 1 and now[key][0] > 0, key
+        assert now["tpot_s"] == [0.0, 0.0] and now["queue_s"] == [0.0, 0.0]  # SGLang has none
+    finally:
+        served.capacity({"model": MODEL, "max_num_seqs": 256})
+        held.join(timeout=30)
