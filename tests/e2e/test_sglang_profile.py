@@ -157,3 +157,27 @@ def test_the_dashboard_feed_reads_sglangs_series(served):
     finally:
         served.capacity({"model": MODEL, "max_num_seqs": 256})
         held.join(timeout=30)
+
+
+def test_server_info_carries_the_schedulers_budgets_from_the_engine(served):
+    # gpt-oss-20b on a B200 (over 160 GiB): SGLang's chunk default by memory, 16384 tokens
+    info = json.loads(get(served.base + "/get_server_info")[1])
+    assert info["chunked_prefill_size"] == info["max_prefill_tokens"] == 16384
+    assert info["mem_fraction_static"] == 0.9
+
+
+def test_v1_loads_honours_include_and_dp_rank(served):
+    every = json.loads(get(served.base + "/v1/loads")[1])["loads"]
+    assert every[0]["queues"] == {"waiting": 0, "grammar": 0, "paused": 0, "retracted": 0}
+    core = json.loads(get(served.base + "/v1/loads?include=core")[1])["loads"]
+    assert "queues" not in core[0] and core[0]["max_running_requests"] == 256
+    assert "queues" in json.loads(get(served.base + "/v1/loads?include=core,queues")[1])["loads"][0]
+    assert [r["dp_rank"] for r in json.loads(get(served.base + "/v1/loads?dp_rank=0")[1])["loads"]] == [0]
+    assert json.loads(get(served.base + "/v1/loads?dp_rank=3")[1])["loads"] == []
+    for query, message in (("include=core,bogus", "include: invalid sections bogus; valid: core, "),
+                           ("dp_rank=x", "dp_rank: expected an integer >= 0, got 'x'")):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            get(served.base + "/v1/loads?" + query)
+        assert refused.value.code == 400
+        error = json.loads(refused.value.read())["error"]
+        assert error["type"] == "invalid_request_error" and error["message"].startswith(message)
