@@ -3,10 +3,13 @@
 shapes (sgl-project/sglang, python/sglang/srt/entrypoints/http_server.py and
 v1_loads.py; docs/engines.md).
 
-Knows: `GET /get_server_info` (its ServerArgs fields the lab models, `scheduler_info`,
-`internal_states` per rank, `version`), `GET /get_load` (a list per data-parallel rank:
-dp_rank, num_reqs, num_waiting_reqs, num_tokens), `GET /v1/loads` (timestamp, version and
-`loads`: one GetLoadsReqOutput per rank), `GET /health_generate` (200 while the engine
+Knows: `GET /get_server_info` (its ServerArgs fields the lab models, the scheduler's
+among them from the engine's model info, `scheduler_info`, `internal_states` per rank,
+`version`), `GET /get_load` (a list per data-parallel rank: dp_rank, num_reqs,
+num_waiting_reqs, num_tokens), `GET /v1/loads` (timestamp, version and `loads`: one
+GetLoadsReqOutput per rank; `?dp_rank=` one rank, `?include=` its sections as SGLang's
+`GetLoadsReqInput` reads them: the core fields always, `queues` when asked or with
+`all`, the sections the lab has no numbers for never), `GET /health_generate` (200 while the engine
 serves, 503 otherwise), `GET /get_model_info` and `GET|POST /flush_cache` (the prefix
 cache emptied, or a 400 while requests run or wait, as SGLang refuses). The numbers come
 from the engine: its capacity rows and its sglang:* gauges (engine.metrics.sglang).
@@ -70,6 +73,11 @@ async def server_info(request: web.Request) -> web.Response:
         "max_queued_requests": row.max_waiting or None, "schedule_policy": "fcfs",
         "schedule_conservativeness": 1.0, "disable_radix_cache": False,
         "radix_eviction_policy": "lru", "enable_mixed_chunk": False,
+        # the scheduler's budgets, as the engine runs them (SGLang's -1: chunking off)
+        "chunked_prefill_size": (model.max_num_batched_tokens if model.enable_chunked_prefill
+                                 else -1),
+        "max_prefill_tokens": model.max_num_batched_tokens,
+        "mem_fraction_static": round(model.gpu_memory_utilization, 6),
         "scheduler_info": {"max_total_num_tokens": int(ranks[0].get("max_total_num_tokens", 0)),
                            "max_req_input_len": model.max_request_tokens},
         "internal_states": [{
@@ -92,20 +100,60 @@ async def get_load(request: web.Request) -> web.Response:
                   for r in ranks])
 
 
+# /v1/loads' sections, all by default (SGLang's GetLoadsReqInput.VALID_SECTIONS; the route
+# in sgl-project/sglang python/sglang/srt/entrypoints/v1_loads.py at
+# 0564b5215b333749d722348c3b3d9b92c3de8c44). Of the optional sections the lab has numbers
+# for `queues` only: memory, spec, lora and disagg are left out, as SGLang leaves out a
+# section it has no numbers for.
+SECTIONS = ("core", "memory", "spec", "lora", "disagg", "queues", "all")
+
+
+def _include(request: web.Request) -> set[str]:
+    """`?include=a,b` (absent: all), each one of SECTIONS, else a 400 naming them."""
+    raw = request.query.get("include")
+    asked = {s.strip() for s in raw.split(",")} if raw else {"all"}
+    invalid = sorted(asked - set(SECTIONS))
+    if invalid:
+        raise GatewayError(ErrorKind.INVALID_REQUEST, f"include: invalid sections "
+                           f"{', '.join(invalid)}; valid: {', '.join(SECTIONS)}")
+    return asked
+
+
+def _dp_rank(request: web.Request) -> int | None:
+    raw = request.query.get("dp_rank")
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           f"dp_rank: expected an integer >= 0, got {raw!r}")
+    return int(raw)
+
+
+def _load(r: dict, now: float, queues: bool) -> dict:
+    """One rank's GetLoadsReqOutput: the core fields, then its queues when included."""
+    row = r["row"]
+    out = {"dp_rank": row.replica, "timestamp": now,
+           "num_running_reqs": row.running, "num_waiting_reqs": row.waiting,
+           "num_used_tokens": int(r.get("num_used_tokens", 0)),
+           "max_total_num_tokens": int(r.get("max_total_num_tokens", 0)),
+           "token_usage": r.get("token_usage", 0.0), "gen_throughput": r.get("gen_throughput", 0.0),
+           "cache_hit_rate": r.get("cache_hit_rate", 0.0),
+           "utilization": row.running / row.max_num_seqs if row.max_num_seqs else 0.0,
+           "max_running_requests": row.max_num_seqs}
+    if queues:
+        out["queues"] = {"waiting": row.waiting, "grammar": 0, "paused": 0, "retracted": 0}
+    return out
+
+
 async def loads(request: web.Request) -> web.Response:
-    """GET /v1/loads: the core fields of each rank's GetLoadsReqOutput."""
-    ranks = await _ranks(request.app[STATE])
+    """GET /v1/loads: each rank's GetLoadsReqOutput; `?dp_rank=N` that rank's alone,
+    `?include=` its sections."""
+    include, only = _include(request), _dp_rank(request)
+    ranks = [r for r in await _ranks(request.app[STATE]) if only in (None, r["row"].replica)]
     now = time.time()
-    return _json({"timestamp": now, "version": VERSION, "loads": [{
-        "dp_rank": r["row"].replica, "timestamp": now,
-        "num_running_reqs": r["row"].running, "num_waiting_reqs": r["row"].waiting,
-        "num_used_tokens": int(r.get("num_used_tokens", 0)),
-        "max_total_num_tokens": int(r.get("max_total_num_tokens", 0)),
-        "token_usage": r.get("token_usage", 0.0), "gen_throughput": r.get("gen_throughput", 0.0),
-        "cache_hit_rate": r.get("cache_hit_rate", 0.0),
-        "utilization": (r["row"].running / r["row"].max_num_seqs
-                        if r["row"].max_num_seqs else 0.0),
-        "max_running_requests": r["row"].max_num_seqs} for r in ranks]})
+    queues = bool(include & {"queues", "all"})
+    return _json({"timestamp": now, "version": VERSION,
+                  "loads": [_load(r, now, queues) for r in ranks]})
 
 
 async def health_generate(request: web.Request) -> web.Response:

@@ -197,7 +197,10 @@ class ControlRpcs:
                                  max_model_len=d.scheduler.max_model_len or d.model.max_seq_len,
                                  kv_blocks=total_blocks(d), block_size=d.scheduler.block_size,
                                  parent=parent, lora_rank=rank,
-                                 max_request_tokens=self._max_request_tokens(d))
+                                 max_request_tokens=self._max_request_tokens(d),
+                                 max_num_batched_tokens=d.scheduler.max_num_batched_tokens,
+                                 enable_chunked_prefill=d.scheduler.enable_chunked_prefill,
+                                 gpu_memory_utilization=d.scheduler.gpu_memory_utilization)
             pooling = d.model.pooling
             if pooling is not None:
                 model.pooling.CopyFrom(pb.PoolingInfo(

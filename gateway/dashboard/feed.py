@@ -15,7 +15,9 @@ most every MIN_AGE_S; readers in between get the same bytes.
 
 Only the lines it needs are picked from an exposition (a replica's is ~150 KB, mostly
 histogram buckets); those are parsed by prometheus-client's parser, and the result is
-kept while the copy is the same object.
+kept while the copy is the same object. The tables below name vLLM's series; an SGLang
+profile's exposition is read by SGLang's names for the same signals
+(common.engine_series), and the signals it does not serve stay at zero.
 
 Does not know: HTTP routes or the page (gateway.dashboard), how the copy is kept
 (gateway.metrics_feed), what the engine does with a knob.
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from inference_lab.common.engine_series import ENGINES, engine_of, renamed
 from inference_lab.gateway.errors import GatewayError
 from inference_lab.gateway.protocols import ROUTES
 from inference_lab.gateway.protocols.base import json_encode
@@ -62,28 +65,47 @@ BY_LABEL = {
     "vllm:request_success_total": ("finished", "finished_reason"),
     "inference_lab_rejections_total": ("rejections", "reason"),
 }
-_PREFIXES = tuple(
-    f"{name}{{".encode() for name in
-    [*SCALARS, *BY_LABEL, *(f"{h}_{part}" for h in HISTOGRAMS for part in ("sum", "count"))])
+
+
+@dataclass(frozen=True, slots=True)
+class _Names:
+    """The feed's tables in one engine's names, and the line prefixes they start with."""
+
+    scalars: dict[str, str]
+    histograms: dict[str, str]
+    by_label: dict[str, tuple[str, str]]
+    prefixes: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, engine: str) -> "_Names":
+        scalars, histograms = renamed(SCALARS, engine), renamed(HISTOGRAMS, engine)
+        by_label = renamed(BY_LABEL, engine)
+        prefixes = tuple(f"{name}{{".encode() for name in [
+            *scalars, *by_label, *(f"{h}_{part}" for h in histograms for part in ("sum", "count"))])
+        return cls(scalars, histograms, by_label, prefixes)
+
+
+_NAMES = {engine: _Names.of(engine) for engine in ENGINES}
 
 
 def pick(text: bytes) -> dict[str, dict]:
     """An exposition's numbers the feed shows, per model_name."""
-    lines = [line for line in text.split(b"\n") if line.startswith(_PREFIXES)]
+    names = _NAMES[engine_of(text)]
+    lines = [line for line in text.split(b"\n") if line.startswith(names.prefixes)]
     models: dict[str, dict] = {}
     for family in text_string_to_metric_families(b"\n".join(lines).decode() + "\n"):
         for sample in family.samples:
             labels = sample.labels
             out = models.setdefault(labels.get("model_name", ""), _empty())
             name = sample.name
-            if name in SCALARS:
-                out[SCALARS[name]] = sample.value
-            elif name in BY_LABEL:
-                key, label = BY_LABEL[name]
+            if name in names.scalars:
+                out[names.scalars[name]] = sample.value
+            elif name in names.by_label:
+                key, label = names.by_label[name]
                 out[key][labels.get(label, "")] = sample.value
             else:
                 base, _, part = name.rpartition("_")
-                out[HISTOGRAMS[base]][0 if part == "sum" else 1] = sample.value
+                out[names.histograms[base]][0 if part == "sum" else 1] = sample.value
     return models
 
 

@@ -2,8 +2,10 @@
 scraping each replica's /metrics at an interval, and a small subset of PromQL over them.
 
 - `parse_exposition(text, model)`: the sample values of the series in SCRAPED (vLLM's
-  queue gauges and request counters, the lab's capacity gauges) whose model_name is
-  `model`, each summed over its other labels (finished_reason, reason)
+  queue gauges and request counters, the lab's capacity gauges, and SGLang's equivalents
+  of those it serves, common.engine_series: a fleet of SGLang profiles is scaled on
+  `sglang:num_queue_reqs` as a real one would be) whose model_name is `model`, each
+  summed over its other labels (finished_reason, reason, dp_rank)
   (common.prometheus_text).
 - `MetricStore`: samples by metric and series (a replica index, or "front": the counters
   of the load balancer in front, which the runner keeps), with Prometheus's staleness: a
@@ -26,6 +28,7 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
+from inference_lab.common.engine_series import SGLANG, renamed
 from inference_lab.common.prometheus_text import model_sums
 
 __all__ = ["SCRAPED", "FRONT", "FRONT_REQUESTS", "FRONT_UNROUTED", "MetricStore", "Pod",
@@ -34,12 +37,15 @@ __all__ = ["SCRAPED", "FRONT", "FRONT_REQUESTS", "FRONT_UNROUTED", "MetricStore"
 FRONT = "front"  # the series key of the load balancer's own counters
 FRONT_REQUESTS = "inference_lab_front_requests_total"  # every request the load sent to the fleet
 FRONT_UNROUTED = "inference_lab_front_unrouted_total"  # ... that found no ready replica (503)
-SCRAPED = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
-           "vllm:request_success_total", "vllm:generation_tokens_total",
-           "vllm:prompt_tokens_total", "inference_lab_rejections_total",
-           "inference_lab_max_num_seqs", "inference_lab_max_waiting")
-COUNTERS = ("vllm:request_success_total", "vllm:generation_tokens_total", "vllm:prompt_tokens_total",
-            "inference_lab_rejections_total", FRONT_REQUESTS, FRONT_UNROUTED)
+_VLLM = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+         "vllm:request_success_total", "vllm:generation_tokens_total",
+         "vllm:prompt_tokens_total", "inference_lab_rejections_total",
+         "inference_lab_max_num_seqs", "inference_lab_max_waiting")
+_VLLM_COUNTERS = ("vllm:request_success_total", "vllm:generation_tokens_total",
+                  "vllm:prompt_tokens_total", "inference_lab_rejections_total")
+SCRAPED = (*_VLLM, *(n for n in renamed(dict.fromkeys(_VLLM), SGLANG) if n not in _VLLM))
+COUNTERS = (*_VLLM_COUNTERS, *(n for n in renamed(dict.fromkeys(_VLLM_COUNTERS), SGLANG)
+                               if n not in _VLLM), FRONT_REQUESTS, FRONT_UNROUTED)
 KNOWN = (*SCRAPED, FRONT_REQUESTS, FRONT_UNROUTED)
 HISTORY_S = 3600.0  # samples kept per series (the longest range a query may ask)
 

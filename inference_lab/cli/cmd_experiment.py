@@ -103,6 +103,8 @@ class PrivateServer:
 
     def __init__(self, scenario, time_scale: float, log_path: Path,
                  adapters: dict[str, str] | None = None, startup_delay: float = 0.0) -> None:
+        from inference_lab.experiments.server_table import engine_flags
+
         self.argv = [sys.executable, "-P", "-m", "inference_lab", "--log-level", "WARNING",
                      "serve", "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
                      "--hardware", scenario.hardware, "--time-scale", repr(time_scale),
@@ -113,8 +115,9 @@ class PrivateServer:
             self.argv += ["--kv-offloading-size", repr(scenario.kv_offloading_size)]
         if scenario.fleet is not None:  # the engine times start-ups on the wall: modelled / K
             self.argv += ["--replicas", str(max(scenario.fleet.replicas, 1)),
-                          "--startup-delay", repr(startup_delay / time_scale),
-                          "--max-waiting", str(scenario.max_waiting)]
+                          "--startup-delay", repr(startup_delay / time_scale)]
+        if scenario.fleet is not None or scenario.engine != "vllm":  # the queue bound, by engine
+            self.argv += engine_flags(scenario.engine, scenario.max_waiting)
         self.ranks = scenario.data_parallel_size
         if self.ranks > 1:  # one server of D ranks (internal balancing)
             self.argv += ["--data-parallel-size", str(self.ranks)]

@@ -9,7 +9,11 @@ reported and does not fail the run. SKIP is for a signal that does not apply (no
 adapter served, KV events off, KV offloading off).
 
 The checks know the wire shapes (vLLM's metric names and labels, OpenAI's bodies and SSE,
-vllm-router's fields), not how any server builds them."""
+vllm-router's fields), not how any server builds them. A server whose /metrics has
+SGLang's series (a real SGLang, or the lab's `--engine sglang`) is checked on SGLang's
+equivalents where it has one (common.engine_series: its queue gauges, its token usage,
+its /get_server_info), and a check of a signal only vLLM serves is a SKIP naming it as
+vLLM-only, not a FAIL."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from inference_lab.common.engine_series import RANK_LABEL, SGLANG, VLLM, equivalent
 from inference_lab.conformance.probe import Probe, Reply, Unreachable
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -74,6 +79,21 @@ class Context:
         if self._metrics_error:
             raise Failed(self._metrics_error)
         return self._metrics
+
+    @property
+    def engine(self) -> str:
+        """SGLANG when /metrics has SGLang's queue gauge, else VLLM (also when /metrics
+        does not answer: the vLLM checks then name what is missing)."""
+        try:
+            families = self.metrics()
+        except Failed:
+            return VLLM
+        return SGLANG if equivalent("vllm:num_requests_waiting", SGLANG) in families else VLLM
+
+    def vllm_only(self, what: str) -> None:
+        """Skipped on an SGLang server: `what` is a vLLM signal it has no equivalent of."""
+        if self.engine == SGLANG:
+            raise Skipped(f"vLLM-only: {what} (an SGLang server, sglang:* on /metrics, has no equivalent)")
 
     def chat_body(self, content: str = "Say hello.", max_tokens: int = 4, **extra) -> dict:
         return {"model": self.need_model(), "max_tokens": max_tokens,
@@ -166,21 +186,26 @@ def _gauge(ctx: Context, name: str, labels: tuple[str, ...], of_model: bool = Tr
 
 @check("metrics: queue gauges")
 def queue_gauges(ctx: Context) -> str:
-    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running"):
-        _gauge(ctx, name, ("model_name", "engine"))
-    return "vllm:num_requests_waiting and vllm:num_requests_running, gauges with model_name, engine"
+    engine = ctx.engine  # (the engine's own names and rank label)
+    names = [equivalent(n, engine) for n in ("vllm:num_requests_waiting", "vllm:num_requests_running")]
+    for name in names:
+        _gauge(ctx, name, ("model_name", RANK_LABEL[engine]))
+    return f"{names[0]} and {names[1]}, gauges with model_name, {RANK_LABEL[engine]}"
 
 
 @check("metrics: KV-cache usage")
 def kv_usage(ctx: Context) -> str:
-    samples = _gauge(ctx, "vllm:kv_cache_usage_perc", ("model_name", "engine"))
+    engine = ctx.engine
+    name = equivalent("vllm:kv_cache_usage_perc", engine)
+    samples = _gauge(ctx, name, ("model_name", RANK_LABEL[engine]))
     if not all(0.0 <= s.value <= 1.0 for s in samples):
-        raise Failed("vllm:kv_cache_usage_perc outside 0..1 (a fraction, as vLLM's)")
-    return "vllm:kv_cache_usage_perc, a gauge with model_name, engine, in 0..1"
+        raise Failed(f"{name} outside 0..1 (a fraction, as {engine}'s)")
+    return f"{name}, a gauge with model_name, {RANK_LABEL[engine]}, in 0..1"
 
 
 @check("metrics: cache config")
 def cache_config(ctx: Context) -> str:
+    ctx.vllm_only("vllm:cache_config_info")
     samples = _gauge(ctx, "vllm:cache_config_info", ("block_size", "num_gpu_blocks"), of_model=False)
     sample = samples[0].labels
     if not (sample["block_size"].isdigit() and sample["num_gpu_blocks"].isdigit()):
@@ -197,6 +222,7 @@ def lora_info(ctx: Context) -> str:
             present = False
         if not present:
             raise Skipped("no LoRA adapter in /v1/models (and no vllm:lora_requests_info)")
+    ctx.vllm_only("vllm:lora_requests_info")
     _gauge(ctx, "vllm:lora_requests_info",
            ("max_lora", "running_lora_adapters", "waiting_lora_adapters"), of_model=False)
     n = len(ctx.adapters)
@@ -277,6 +303,15 @@ def load(ctx: Context) -> str:
 def server_info(ctx: Context) -> str:
     route = "/get_server_info"
     body = _json_of(ctx.probe.get(route), route)
+    if ctx.engine == SGLANG:  # SGLang's own answer: its ServerArgs and scheduler_info
+        _fields(body, route, {"model_path": str, "page_size": int, "dp_size": int,
+                              "scheduler_info": dict})
+        tokens = body["scheduler_info"].get("max_total_num_tokens")
+        if body["page_size"] < 1 or not isinstance(tokens, int) or tokens < 1:
+            raise Failed(f"{route}: page_size below 1 or no scheduler_info.max_total_num_tokens")
+        ctx.server_info = {"kv_block_size": body["page_size"]}
+        return (f"SGLang's: model_path {body['model_path']}, page_size {body['page_size']}, "
+                f"dp_size {body['dp_size']}, max_total_num_tokens {tokens}")
     _fields(body, route, {"model_id": str, "kv_block_size": int, "data_parallel_rank": int})
     if body["kv_block_size"] < 1 or body["data_parallel_rank"] < 0:
         raise Failed(f"{route}: kv_block_size below 1 or a negative data_parallel_rank")
@@ -364,7 +399,8 @@ def offload(ctx: Context) -> str:
     """vLLM's `--kv-offloading-size` as a router or dashboard sees it: the size in
     `vllm:cache_config_info`, the `vllm:kv_offload_*` transfer series, and the host tier's
     capacity in `vllm:kv_offload_config_info` when the server has it. SKIP when the size
-    label says offload is off and no offload series is served."""
+    label says offload is off and no offload series is served, or on an SGLang server."""
+    ctx.vllm_only("vLLM's OffloadingConnector series (vllm:kv_offload_*)")
     families = ctx.metrics()
     config = families.get("vllm:cache_config_info")
     labels = config.samples[0].labels if config is not None and config.samples else {}

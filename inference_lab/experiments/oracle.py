@@ -39,6 +39,7 @@ from inference_lab.engine.drivers.data_parallel import run_data_parallel
 from inference_lab.engine.drivers.offline import run_offline
 from inference_lab.engine.sim.config import default_deployments, load_config_dir
 from inference_lab.engine.sim.offload import from_flags
+from inference_lab.engine.sim.profiles import apply as apply_profile
 from inference_lab.engine.sim.specs import Deployment
 from inference_lab.experiments.scenario import Phase, Scenario
 
@@ -56,7 +57,8 @@ def deployment_for(scenario: Scenario) -> Deployment:
         if dep.name == scenario.model:
             if scenario.kv_offloading_size is not None:  # as serve's --kv-offloading-size
                 dep.offload = from_flags(scenario.kv_offloading_size)
-            return dep
+            # as serve's --engine (and --max-queued-requests: sglang's bound is max_waiting)
+            return apply_profile(dep, scenario.engine, scenario.max_waiting or None)
     raise ValueError(f"{scenario.path}: model {scenario.model!r} is not in the server's config "
                      f"(models: {', '.join(d.name for d in deps)})")
 

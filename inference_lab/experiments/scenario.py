@@ -16,6 +16,8 @@ timeline of actions at given (modelled) seconds.
                                         # balancer, an MoE model's ranks in lockstep
     kv_offloading_size = 256            # GiB of host KV tier per replica (vLLM's
                                         # --kv-offloading-size; absent: off)
+    engine = "vllm"                     # or "sglang", with max_queued_requests for its
+                                        # queue bound (experiments.server_table)
 
     [load]                              # the keys of inference_lab.common.workload ...
     arrival_pattern = "closed_loop"     # closed_loop | poisson
@@ -94,6 +96,7 @@ from inference_lab.common.fault_names import (ERROR_TYPES, MAX_FAULT_SECONDS, MA
                                               OK_STEP)
 from inference_lab.common.toml import ConfigError, Table, read_toml
 from inference_lab.common.workload import WorkloadSpec, parse_workload, resolve_trace
+from inference_lab.experiments.server_table import parse_server
 
 __all__ = ["Action", "Scenario", "Phase", "FleetSpec", "SloSpec", "load_scenario", "parse_scenario",
            "ConfigError"]
@@ -109,8 +112,6 @@ PD_POLICIES = ("least_loaded", "round_robin")
 _AUTOSCALER = ("name", "params")
 _SLO = ("ttft_s", "e2e_s", "attainment", "window")
 MAX_REPLICAS = 64
-_SERVER = ("config", "hardware", "max_num_seqs", "max_waiting", "time_scale", "data_parallel_size",
-           "kv_offloading_size")
 _CONTROLLER = ("name", "rtt", "params")
 _ACTION = ("at", "capacity", "load", "fault", "label", "replicas")
 _CAPACITY = ("max_num_seqs", "max_waiting")
@@ -228,6 +229,7 @@ class Scenario:
     time_scale: float = 1.0
     data_parallel_size: int = 1  # ranks per replica (virtual time only)
     kv_offloading_size: float | None = None  # GiB of host KV tier per replica; None: off
+    engine: str = "vllm"  # the engine imitated (engine.sim.profiles); max_waiting is its bound
     timeline: tuple[Action, ...] = ()
     path: str = ""
     fleet: FleetSpec | None = None  # a fleet of replicas (autoscaling scenarios)
@@ -445,22 +447,7 @@ def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
     window = top.get("window", float, "a number of seconds > 0", 2.0, ok=lambda v: v > 0)
     description = top.get("description", str, "a string", "")
 
-    st = top.table("server", None, keys=_SERVER)
-    config = hardware = None
-    seqs, waiting, scale, dp_size, offload = 256, 0, 1.0, 1, None
-    if st is not None:
-        config_text = st.get("config", str, "a path to a model TOML file or directory", None)
-        if config_text is not None:
-            config = (base / config_text) if base is not None else Path(config_text)
-        hardware = st.get("hardware", str, "a hardware preset name", None)
-        seqs = st.get("max_num_seqs", int, "an integer >= 1", 256, ok=lambda v: v >= 1)
-        waiting = st.get("max_waiting", int, "an integer >= 0", 0, ok=lambda v: v >= 0)
-        scale = st.get("time_scale", float, "a number > 0", 1.0, ok=lambda v: v > 0)
-        dp_size = st.get("data_parallel_size", int, "an integer in [1, 64]", 1,
-                         ok=lambda v: 1 <= v <= 64)
-        offload = st.get("kv_offloading_size", float, "a number of GiB > 0 (absent: off)", None,
-                         ok=lambda v: v > 0)
-        st.done()
+    server = parse_server(top, base)
 
     lt = top.table("load")
     retry = lt.get("retry_after_529", float, "a number of seconds >= 0", 0.1, ok=lambda v: v >= 0)
@@ -513,10 +500,7 @@ def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
     return Scenario(name=name, duration=duration, model=model, workload=workload,
                     controller=controller, controller_params=params, rtt=rtt,
                     retry_after_529=float(retry), window=window, description=description,
-                    config=config, hardware=hardware or "b200", max_num_seqs=seqs,
-                    max_waiting=waiting, time_scale=scale, data_parallel_size=dp_size,
-                    kv_offloading_size=offload,
-                    timeline=tuple(sorted(actions, key=lambda a: a.at)), path=where,
+                    **server, timeline=tuple(sorted(actions, key=lambda a: a.at)), path=where,
                     fleet=fleet, autoscaler=autoscaler, autoscaler_params=autoscaler_params,
                     slo=slo, scrape_interval=scrape)
 

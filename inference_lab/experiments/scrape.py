@@ -1,7 +1,9 @@
 """The runner's scrape of the server's queue gauges (experiments.runner.Runner mixes it in):
 waiting, running and the capacity knobs every `scrape_interval`, from the engine's
 /metrics, else from GET /control/capacity; a fleet's: the sums over its replicas. Each
-scrape also moves the records kept so far out of the collector's full passes.
+scrape also moves the records kept so far out of the collector's full passes. An SGLang
+profile's /metrics names the queue gauges its way (common.engine_series) and has no
+capacity gauges: those come from GET /control/capacity beside it.
 
 Knows /metrics, /control/capacity and /control/replicas' rows. Does not know the load.
 """
@@ -13,6 +15,7 @@ import gc
 import json
 import logging
 
+from inference_lab.common.engine_series import SGLANG, engine_of, renamed
 from inference_lab.common.prometheus_text import model_sums
 
 __all__ = ["GAUGES", "SCRAPE_INTERVAL", "ScrapeSide", "parse_gauges"]
@@ -31,8 +34,10 @@ GAUGES = {
 
 def parse_gauges(text: str, model: str) -> dict[str, float]:
     """The queue gauges of `model` from a Prometheus text exposition, summed over its
-    engines (a server of several data-parallel ranks: one sample per `engine`)."""
-    return {GAUGES[name]: value for name, value in model_sums(text, GAUGES, model).items()}
+    engines (a server of several data-parallel ranks: one sample per `engine`), by the
+    names of the engine the exposition is from."""
+    gauges = renamed(GAUGES, engine_of(text))
+    return {gauges[name]: value for name, value in model_sums(text, gauges, model).items()}
 
 
 class ScrapeSide:
@@ -52,12 +57,22 @@ class ScrapeSide:
             except (OSError, asyncio.TimeoutError):
                 status, body = -1, b""
             if status == 200:
-                return parse_gauges(body.decode("utf-8", "replace"), self.sc.model)
+                text = body.decode("utf-8", "replace")
+                gauges = parse_gauges(text, self.sc.model)
+                if engine_of(text) != SGLANG:
+                    return gauges
+                knobs = await self._capacity()  # (SGLang's exposition has no knobs)
+                return {**{k: v for k, v in knobs.items() if k.startswith("max_")}, **gauges}
+        return await self._capacity()
+
+    async def _capacity(self) -> dict[str, float]:
+        """The queue gauges of GET /control/capacity's rows of the model (a server of
+        data-parallel ranks: a row each, summed)."""
         status, body = await self.http.request("GET", self.base + "/control/capacity")
         if status != 200:
             return {}
         out: dict[str, float] = {}
-        for row in json.loads(body):  # (a server of data-parallel ranks: a row each, summed)
+        for row in json.loads(body):
             if row.get("model") == self.sc.model:
                 for k in GAUGES.values():
                     if k in row:

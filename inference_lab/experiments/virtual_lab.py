@@ -32,13 +32,15 @@ import json
 from urllib.parse import urlsplit
 
 from inference_lab.common.control_rows import capacity_row, replica_row
-from inference_lab.common.error_table import ERRORS, ErrorKind, openai_envelope
+from inference_lab.common.error_table import (ERRORS, SATURATED_SPECS, ErrorKind, ErrorSpec,
+                                             openai_envelope)
 from inference_lab.engine.drivers.data_parallel import DataParallelRanks
 from inference_lab.engine.fleet.rules import (MAX_REPLICAS, Replica, ReplicaNotFound,
                                               ReplicaTable, ReplicaUnavailable)
 from inference_lab.engine.metrics.exposition import Exposition
 from inference_lab.engine.metrics.series import REJECTION_REASONS
-from inference_lab.engine.metrics.updates import ModelMetrics, Versions
+from inference_lab.engine.metrics.sglang import model_metrics
+from inference_lab.engine.metrics.updates import Versions
 from inference_lab.engine.sim.capacity import CapacityError, require_change
 from inference_lab.engine.sim.core import EngineCore, QueueSaturated, SubmitError
 from inference_lab.engine.sim.specs import Deployment
@@ -69,7 +71,8 @@ class _Runtime:
         self.timer = None  # the ranks' next step
         self.publisher = None  # the coordinator's next publication
         versions = Versions()
-        self.metrics = [ModelMetrics(core, engine, versions) for core, engine in zip(cores, engines)]
+        # named as the cores' engine profile names them (vllm:* or sglang:*)
+        self.metrics = [model_metrics(core, engine, versions) for core, engine in zip(cores, engines)]
         self.exposition = Exposition(list(self.metrics))
         self.unretired: list[tuple[float, int, object]] = []  # (end, rank, StepResult)
 
@@ -94,8 +97,8 @@ def _json(status: int, body) -> tuple[int, bytes]:
     return status, json.dumps(body).encode()
 
 
-def _error(kind: ErrorKind, message: str) -> tuple[int, bytes]:
-    spec = ERRORS[kind]
+def _error(kind: ErrorKind, message: str, spec: ErrorSpec | None = None) -> tuple[int, bytes]:
+    spec = spec or ERRORS[kind]
     return spec.status, openai_envelope(spec, message)
 
 
@@ -185,7 +188,9 @@ class VirtualLab:
             rt.metrics[rank].on_rejected(QUEUE_SATURATED)
             if rt.dp is not None:
                 self._publish_later(rt)
-            return self._answer(conn, result, ErrorKind.QUEUE_SATURATED, str(exc))
+            # the status of the engine imitated (sglang: 503), as serve's gateway answers it
+            return self._answer(conn, result, ErrorKind.QUEUE_SATURATED, str(exc),
+                                SATURATED_SPECS[core.profile.saturated_status])
         except SubmitError as exc:
             rt.metrics[rank].on_rejected(INVALID_REQUEST)
             return self._answer(conn, result, ErrorKind.INVALID_REQUEST, str(exc))
@@ -195,8 +200,9 @@ class VirtualLab:
         elif not rt.scheduled:
             self._schedule(rt)
 
-    def _answer(self, conn, result: Result, kind: ErrorKind, message: str) -> None:
-        status, body = _error(kind, message)
+    def _answer(self, conn, result: Result, kind: ErrorKind, message: str,
+                spec: ErrorSpec | None = None) -> None:
+        status, body = _error(kind, message, spec)
         result.status, result.done = status, self.loop.time()
         result.error = body[:300].decode("utf-8", "replace")  # as the client keeps a body
         self.loop.call_soon(conn.done, result)

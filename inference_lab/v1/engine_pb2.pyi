@@ -362,7 +362,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "hardware", "tp", "max_model_len", "kv_blocks", "block_size", "parent", "lora_rank", "max_request_tokens", "pooling")
+    __slots__ = ("name", "hardware", "tp", "max_model_len", "kv_blocks", "block_size", "parent", "lora_rank", "max_request_tokens", "pooling", "max_num_batched_tokens", "enable_chunked_prefill", "gpu_memory_utilization")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     TP_FIELD_NUMBER: _ClassVar[int]
@@ -373,6 +373,9 @@ class ModelInfo(_message.Message):
     LORA_RANK_FIELD_NUMBER: _ClassVar[int]
     MAX_REQUEST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     POOLING_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ENABLE_CHUNKED_PREFILL_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     name: str
     hardware: str
     tp: int
@@ -383,7 +386,10 @@ class ModelInfo(_message.Message):
     lora_rank: int
     max_request_tokens: int
     pooling: PoolingInfo
-    def __init__(self, name: _Optional[str] = ..., hardware: _Optional[str] = ..., tp: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., parent: _Optional[str] = ..., lora_rank: _Optional[int] = ..., max_request_tokens: _Optional[int] = ..., pooling: _Optional[_Union[PoolingInfo, _Mapping]] = ...) -> None: ...
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+    gpu_memory_utilization: float
+    def __init__(self, name: _Optional[str] = ..., hardware: _Optional[str] = ..., tp: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., parent: _Optional[str] = ..., lora_rank: _Optional[int] = ..., max_request_tokens: _Optional[int] = ..., pooling: _Optional[_Union[PoolingInfo, _Mapping]] = ..., max_num_batched_tokens: _Optional[int] = ..., enable_chunked_prefill: _Optional[bool] = ..., gpu_memory_utilization: _Optional[float] = ...) -> None: ...
 
 class PoolingInfo(_message.Message):
     __slots__ = ("task", "dimensions", "normalize", "matryoshka", "matryoshka_dimensions", "pooling_type")

@@ -37,6 +37,14 @@ def test_the_offload_scenario_gives_its_deployment_the_host_tier_and_the_other_a
     assert deployment_for(dataclasses.replace(sc, kv_offloading_size=None)).offload is None
 
 
+def test_an_sglang_server_runs_its_profile_with_max_queued_requests_as_its_bound():
+    sc = parse_scenario({**BASE, "server": {"engine": "sglang", "max_queued_requests": 3}}, "s.toml")
+    assert (sc.engine, sc.max_waiting, sc.phases()[0].max_waiting) == ("sglang", 3, 3)
+    sched = deployment_for(sc).scheduler
+    assert (sched.engine, sched.max_waiting, sched.block_size) == ("sglang", 3, 1)
+    assert deployment_for(parse_scenario(BASE, "s.toml")).scheduler.engine == "vllm"
+
+
 def test_phases_follow_the_timeline():
     sc = load_scenario(ROOT / "configs" / "experiments" / "capacity-step.toml")
     phases = sc.phases()
@@ -69,6 +77,11 @@ def test_phases_follow_the_timeline():
      "timeline[0].fault.script[0].count"),
     ({"timeline": [{"at": 1, "fault": {"kind": "errors"}}]}, "timeline[0].fault.rate: expected one or more"),
     ({"server": {"kv_offloading_size": 0}}, "server.kv_offloading_size: expected a number of GiB > 0"),
+    ({"server": {"engine": "trt"}}, "server.engine: expected one of vllm, sglang"),
+    ({"server": {"engine": "sglang", "max_waiting": 4}}, "server.max_waiting: expected no max_waiting"),
+    ({"server": {"max_queued_requests": 4}}, 'server.max_queued_requests: expected engine = "sglang"'),
+    ({"server": {"engine": "sglang", "max_queued_requests": 0}},
+     "server.max_queued_requests: expected an integer >= 1"),
 ])
 def test_bad_scenarios_are_refused_naming_the_key(change, key):
     with pytest.raises(ConfigError) as err:

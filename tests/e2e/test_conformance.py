@@ -156,3 +156,20 @@ def test_the_offload_tier_passes_on_a_server_with_kv_offloading():
     assert (offload["status"], offload["required"]) == ("PASS", False), offload
     assert offload["reason"].startswith("kv_offloading_size=4.0; backend native; 2730 host chunks; "
                                         "4 vllm:kv_offload_* counters ("), offload["reason"]
+
+
+def test_an_sglang_server_passes_on_its_own_signals_and_skips_the_vllm_only_ones():
+    with serve("--engine", "sglang") as served:
+        out = conformance(served.base, "--json", "--timeout", "10")
+    assert out.returncode == 0, out.stdout + out.stderr
+    checks = {c["name"]: (c["status"], c["reason"]) for c in json.loads(out.stdout)["checks"]}
+    assert checks["metrics: queue gauges"] == (
+        "PASS", "sglang:num_queue_reqs and sglang:num_running_reqs, gauges with model_name, dp_rank")
+    assert checks["metrics: KV-cache usage"][0] == "PASS"
+    assert checks["metrics: KV-cache usage"][1].startswith("sglang:token_usage")
+    assert checks["/get_server_info"][0] == "PASS"
+    assert checks["/get_server_info"][1].startswith("SGLang's: model_path gpt-oss-20b, page_size 1")
+    for name in ("metrics: cache config", "offload tier"):
+        status, reason = checks[name]
+        assert status == "SKIP" and reason.startswith("vLLM-only: "), (name, reason)
+    assert not [name for name, (status, _) in checks.items() if status == "FAIL"]

@@ -134,3 +134,50 @@ def test_without_a_bound_nothing_is_refused():
         for t in threads:
             t.join(timeout=60)
         assert results == [3] * 40
+
+
+def test_the_dashboard_feed_reads_sglangs_series(served):
+    """The feed's KV usage, tokens and latency come from sglang:* (common.engine_series),
+    and its queue and running counts follow a held request."""
+    results: list = []
+    held = threading.Thread(target=_stream, args=(served, results), daemon=True)
+    held.start()
+    try:
+        wait_until(lambda: served.capacity()[0]["running"] == 1, timeout=15)
+
+        def row() -> dict:
+            return json.loads(get(served.base + "/dashboard/feed")[1])["replicas"][0]
+        now = wait_until(lambda: (lambda r: r if r["running"] == 1 and r["kv_cache_usage"] > 0
+                                  and r["generation_tokens"] > 0 else None)(row()), timeout=15)
+        assert now["model"] == MODEL and now["waiting"] == 0
+        assert 0 < now["kv_cache_usage"] < 1
+        for key in ("ttft_s", "e2e_s", "itl_s"):  # [sum, count] of SGLang's histograms
+            assert now[key][1] >= 1 and now[key][0] > 0, key
+        assert now["tpot_s"] == [0.0, 0.0] and now["queue_s"] == [0.0, 0.0]  # SGLang has none
+    finally:
+        served.capacity({"model": MODEL, "max_num_seqs": 256})
+        held.join(timeout=30)
+
+
+def test_server_info_carries_the_schedulers_budgets_from_the_engine(served):
+    # gpt-oss-20b on a B200 (over 160 GiB): SGLang's chunk default by memory, 16384 tokens
+    info = json.loads(get(served.base + "/get_server_info")[1])
+    assert info["chunked_prefill_size"] == info["max_prefill_tokens"] == 16384
+    assert info["mem_fraction_static"] == 0.9
+
+
+def test_v1_loads_honours_include_and_dp_rank(served):
+    every = json.loads(get(served.base + "/v1/loads")[1])["loads"]
+    assert every[0]["queues"] == {"waiting": 0, "grammar": 0, "paused": 0, "retracted": 0}
+    core = json.loads(get(served.base + "/v1/loads?include=core")[1])["loads"]
+    assert "queues" not in core[0] and core[0]["max_running_requests"] == 256
+    assert "queues" in json.loads(get(served.base + "/v1/loads?include=core,queues")[1])["loads"][0]
+    assert [r["dp_rank"] for r in json.loads(get(served.base + "/v1/loads?dp_rank=0")[1])["loads"]] == [0]
+    assert json.loads(get(served.base + "/v1/loads?dp_rank=3")[1])["loads"] == []
+    for query, message in (("include=core,bogus", "include: invalid sections bogus; valid: core, "),
+                           ("dp_rank=x", "dp_rank: expected an integer >= 0, got 'x'")):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            get(served.base + "/v1/loads?" + query)
+        assert refused.value.code == 400
+        error = json.loads(refused.value.read())["error"]
+        assert error["type"] == "invalid_request_error" and error["message"].startswith(message)
