@@ -67,6 +67,9 @@ def held_out_summary(rows: list[Point], sims: list[dict]) -> None:
     print("|---|---|---|---|")
     for model, errs in sorted(by_model.items()):
         tp, tt = errs.get("tpot", []), errs.get("ttft", [])
+        if not tp and not tt:
+            print(f"| {model} | - | - | no held-out TPOT or TTFT (end to end only) |")
+            continue
         ok = (tp and statistics.median(tp) <= TARGETS["tpot_median"] and max(tp) <= TARGETS["tpot_max"]
               and (not tt or statistics.median(tt) <= TARGETS["ttft_median"]))
         tps = f"{statistics.median(tp):.1%} / {max(tp):.1%} ({len(tp)})" if tp else "-"
