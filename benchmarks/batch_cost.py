@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing_error import row_set  # noqa: E402
+from timing_error import add_row_arguments, row_set  # noqa: E402
 
-from inference_lab.calibrate.fit_presets import DATA, load_rows  # noqa: E402
+from inference_lab.calibrate.fit_presets import load_rows  # noqa: E402
 from inference_lab.calibrate.fitting import Evaluator, fit, relative_errors  # noqa: E402
 from inference_lab.calibrate.simulate import Point  # noqa: E402
 from inference_lab.cli.cmd_calibrate import DEFAULT_FIT  # noqa: E402
@@ -110,12 +110,7 @@ def extrapolation(ev: Evaluator, rows: list[Point], sims: list[dict], split: int
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--hardware", action="append", default=None,
-                        help="only this GPU preset (repeatable; default b200, h200, h100)")
-    parser.add_argument("--jobs", type=int, default=1, help="simulations in parallel processes")
-    parser.add_argument("--max-requests", type=int, default=640,
-                        help="simulate at most this many requests per row (at least 4 x its concurrency)")
+    add_row_arguments(parser, max_requests=640)
     parser.add_argument("--fit-iter", type=int, default=6, help="Gauss-Newton steps of each lower-half fit")
     parser.add_argument("--split", type=int, default=32,
                         help="the lower half of a sweep: concurrency up to this (default 32)")

@@ -99,15 +99,20 @@ def print_tables(items: list[dict]) -> dict:
     return {"by_set": by_set, "by_model": by_model, "by_model_set": by_model_set, "rows": items}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_row_arguments(parser: argparse.ArgumentParser, max_requests: int = DEFAULT_MAX_REQUESTS) -> None:
+    """--data, --hardware, --jobs, --max-requests: which rows, simulated how."""
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--hardware", action="append", default=None,
                         help="only this GPU preset (repeatable; default b200, h200, h100)")
     parser.add_argument("--jobs", type=int, default=1, help="simulations in parallel processes")
-    parser.add_argument("--max-requests", type=int, default=DEFAULT_MAX_REQUESTS,
+    parser.add_argument("--max-requests", type=int, default=max_requests,
                         help="simulate at most this many requests per row (at least 4 x its "
                              "concurrency)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_row_arguments(parser)
     parser.add_argument("--json", type=Path, help="also write the summaries here")
     args = parser.parse_args()
     gpus = args.hardware or ["b200", "h200", "h100"]
