@@ -1,6 +1,7 @@
 """Timing past the rows it was fitted on: how the calibrated presets extrapolate in load.
 
-    python benchmarks/batch_cost.py [--hardware b200 ...] [--data DIR] [--jobs 1]
+    python benchmarks/batch_cost.py [--hardware b200 ...] [--model gpt-oss-120b ...]
+                                    [--vllm-version 0.22] [--data DIR] [--jobs 1]
                                     [--max-requests 640] [--fit-iter 6] [--split 32]
 
 Per shipped GPU (b200, h200, h100) and per model, with each row timed by the preset's
@@ -104,6 +105,8 @@ def extrapolation(ev: Evaluator, rows: list[Point], sims: list[dict], split: int
             result = fit(ev, calibration_of(rows[low[0]]), DEFAULT_FIT, low, fit_iter)
             preds = ev.sims([result.calibration], high)[0]
             extra = ", ".join(f"c={rows[i].concurrency} {tpot_err(rows[i], s):+.1%}" for i, s in zip(high, preds))
+        if row_set(rows[top], calibration_of(rows[top]).fit) == "not fitted":
+            label += " (a source the fit does not use)"
         print(f"| {label} | c={rows[mid].concurrency} {e_mid:+.1%} / c={rows[top].concurrency} {e_top:+.1%} "
               f"| {'yes' if abs(e_top) <= abs(e_mid) else 'no'} | {extra} |", flush=True)
 
@@ -112,12 +115,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_row_arguments(parser, max_requests=640)
     parser.add_argument("--fit-iter", type=int, default=6, help="Gauss-Newton steps of each lower-half fit")
+    parser.add_argument("--model", action="append", default=None,
+                        help="only this model's rows (repeatable; default every model)")
+    parser.add_argument("--vllm-version", default="",
+                        help="only the rows of this vLLM generation (their source's vllm_version)")
     parser.add_argument("--split", type=int, default=32,
                         help="the lower half of a sweep: concurrency up to this (default 32)")
     args = parser.parse_args()
     rows = load_rows(args.data)
     for gpu in args.hardware or ["b200", "h200", "h100"]:
-        hw_rows = [r for r in rows if r.deployment.hardware.name == gpu]
+        hw_rows = [r for r in rows if r.deployment.hardware.name == gpu
+                   and (args.model is None or r.deployment.model.name in args.model)
+                   and (not args.vllm_version or r.tags.get("vllm_version") == args.vllm_version)]
         hw = catalog.load_hardware(gpu)
         if not hw_rows or hw.calibration is None:
             print(f"\n### {gpu}: no rows or no calibration")
