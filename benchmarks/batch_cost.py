@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing_error import add_row_arguments, row_set  # noqa: E402
+from timing_error import add_row_arguments, calibration_of, row_set, shipped_sims  # noqa: E402
 
 from inference_lab.calibrate.fit_presets import load_rows  # noqa: E402
 from inference_lab.calibrate.fitting import Evaluator, fit, relative_errors  # noqa: E402
@@ -35,24 +35,6 @@ from inference_lab.cli.cmd_calibrate import DEFAULT_FIT  # noqa: E402
 from inference_lab.engine.sim import catalog, generations  # noqa: E402
 
 TARGETS = {"tpot_median": 0.10, "tpot_max": 0.20, "ttft_median": 0.25, "extrapolation": 0.15}
-
-
-def calibration_of(row: Point):
-    """The shipped fit that times `row`: its vLLM generation's, else the preset's own."""
-    hw = row.deployment.hardware
-    return (generations.calibration_for(hw, row.tags.get("vllm_version", ""))
-            or hw.calibration)
-
-
-def simulate_all(rows: list[Point], max_requests: int, jobs: int) -> tuple[Evaluator, list[dict]]:
-    ev = Evaluator(rows, max_requests, jobs)
-    cals = [calibration_of(r) for r in rows]
-    sims = [None] * len(rows)
-    for cal in set(cals):
-        idx = [i for i, c in enumerate(cals) if c == cal]
-        for i, sim in zip(idx, ev.sims([cal], idx)[0]):
-            sims[i] = sim
-    return ev, sims
 
 
 def held_out_summary(rows: list[Point], sims: list[dict]) -> None:
@@ -132,7 +114,8 @@ def main() -> int:
             print(f"\n### {gpu}: no rows or no calibration")
             continue
         print(f"\n### {gpu} (fits: {', '.join('vLLM ' + v for v in generations.versions(hw))})\n")
-        ev, sims = simulate_all(hw_rows, args.max_requests, args.jobs)
+        ev = Evaluator(hw_rows, args.max_requests, args.jobs)
+        sims = shipped_sims(ev)
         held_out_summary(hw_rows, sims)
         print()
         extrapolation(ev, hw_rows, sims, args.split, args.fit_iter)
