@@ -61,10 +61,13 @@ def held_out_summary(rows: list[Point], sims: list[dict]) -> None:
 
 
 def sweeps(rows: list[Point]) -> dict[str, list[int]]:
-    """Series label -> indices of its rows, by concurrency; sweeps of 4+ points only."""
+    """Series label -> indices of its rows, by concurrency; sweeps of 4+ points only. A
+    sweep is one source's model at one TP degree and prompt / output shape (its rows may
+    be deployments of their own, as InferenceMAX's H100 runs with max_num_seqs = clients)."""
     out: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
-        out.setdefault(f"{r.deployment.name} {r.input_len}/{r.output_len}", []).append(i)
+        d = r.deployment
+        out.setdefault(f"{r.source}: {d.model.name} TP {d.tp} {r.input_len}/{r.output_len}", []).append(i)
     return {k: sorted(v, key=lambda i: rows[i].concurrency) for k, v in out.items()
             if len({rows[i].concurrency for i in v}) >= 4 and all("tpot_ms" in rows[i].measured for i in v)}
 
