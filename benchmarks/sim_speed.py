@@ -5,7 +5,7 @@ B200 through the offline driver and prints the figures. No pass/fail: a benchmar
 
     python benchmarks/sim_speed.py [--requests N] [--workload FILE] [--config FILE]
         [--hardware NAME] [--timing roofline|calibrated] [--pd P:D [--kv-link LINK]]
-        [--data-parallel-size D] [--json FILE]
+        [--data-parallel-size D] [--kv-offloading-size GIB] [--json FILE]
 
 --pd runs the workload disaggregated (P prefill and D decode replicas, engine.drivers.disagg);
 --data-parallel-size on D data-parallel ranks (engine.drivers.data_parallel).
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from inference_lab.engine.sim.config import load_deployment
+from inference_lab.engine.sim.profiles import apply as apply_profile
 from inference_lab.engine.drivers.data_parallel import run_data_parallel
 from inference_lab.engine.drivers.disagg import run_disaggregated
 from inference_lab.engine.drivers.offline import run_offline
@@ -43,10 +44,19 @@ def main() -> None:
     parser.add_argument("--kv-link", default="rdma", help="with --pd: nvlink | rdma | GBPS[@MS]")
     parser.add_argument("--data-parallel-size", type=int, default=1, metavar="D",
                         help="D data-parallel ranks (an MoE model's in lockstep)")
+    parser.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
+                        help="the engine profile simulated (engine.sim.profiles)")
+    parser.add_argument("--kv-offloading-size", type=float, metavar="GIB",
+                        help="KV offloading to a host tier of this many GiB (default: off)")
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
 
-    deployment = load_deployment(args.config, args.hardware, timing=args.timing)
+    deployment = apply_profile(load_deployment(args.config, args.hardware, timing=args.timing),
+                               args.engine)
+    if args.kv_offloading_size:
+        from inference_lab.engine.sim.offload import from_flags
+
+        deployment.offload = from_flags(args.kv_offloading_size)
     spec = load_workload(args.workload)
     if args.requests:
         spec = dataclasses.replace(spec, num_requests=args.requests)
@@ -67,7 +77,8 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}")
     print(f"workload: {args.workload.name}, {spec.num_requests:,} requests, "
           f"{spec.num_concurrent_users} users, {deployment.name} on {deployment.hardware.name}, "
-          f"{deployment.timing} timing{layout}")
+          f"{deployment.timing} timing, engine {args.engine}{layout}"
+          + (f", KV offloading {args.kv_offloading_size:g} GiB" if args.kv_offloading_size else ""))
     print(f"simulated: {sim['simulated_seconds']:.1f} s, {sim['steps']:,} steps, "
           f"{out_tokens:,.0f} output tokens, mean batch {out_tokens / max(sim['steps'], 1):.1f}")
     print(f"cpu: {sim['cpu_seconds']:.2f} s (wall {wall:.2f} s)")

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from inference_lab.common.tokenizer import Tokenizer, load_tokenizer
 from inference_lab.gateway import (control, cors, dashboard, dev, generation, lifecycle, middleware,
-                                   routing)
+                                   routing, sglang)
 from inference_lab.gateway import sleep as sleep_mode
 from inference_lab.gateway import lora as lora_routes
 from inference_lab.gateway.edge import ARRIVALS, FAST_GETS, FAST_POSTS
@@ -63,6 +63,7 @@ def create_app(
     data_parallel: bool = False,
     dev_mode: bool = False,
     dashboard_page: bool = True,
+    engine_profile: str = "vllm",
 ) -> web.Application:
     """The gateway application for the engine at `engine_target` ("host:port").
 
@@ -91,6 +92,8 @@ def create_app(
     /reset_prefix_cache: gateway.dev); without it they are 404s, as in vLLM.
     `dashboard_page`: the live dashboard (`/dashboard`, its feed, `/` redirecting to it:
     gateway.dashboard) on the app of the base port (replica 0, or no replica).
+    `engine_profile`: the engine the engines imitate ("vllm" or "sglang": SGLang's routes,
+    gateway.sglang).
     """
     state = GatewayState(
         engine_target=engine_target,
@@ -138,7 +141,10 @@ def create_app(
     vllm_api.add_routes(app, lambda: state.client, lambda: state.tokenizer, read_body)
     count_tokens.add_routes(app, lambda: state.client, lambda: state.tokenizer, read_body)
     stored_responses.add_routes(app)
-    routing.add_routes(app)  # what a router reads: load, render, server info, KV-event sources
+    if engine_profile == "sglang":  # SGLang's routes in its shapes (gateway.sglang)
+        sglang.add_routes(app)
+    # what a router reads: load, render, server info, KV-event sources
+    routing.add_routes(app, skip=sglang.PATHS if engine_profile == "sglang" else ())
     lora_routes.add_routes(app, lambda: state.client, read_body)
     app.router.add_get("/health", control.health)
     app.router.add_get("/ping", control.health)  # (vLLM's, for SageMaker-style probes: /health's answer)

@@ -3,8 +3,8 @@
 `type` and `code`, Anthropic error `type`, gRPC status code).
 
 Knows: how an engine refusal (a Session `Rejected`, or a unary call's gRPC status)
-becomes one of them; the OpenAI error envelope `{"error": {"message", "type", "code"}}` and the Anthropic one
-`{"type": "error", "error": {"type", "message"}}` as HTTP responses (the API dialect of the
+becomes one of them; the OpenAI error envelope `{"error": {"message", "type", "code"}}` and
+the Anthropic one `{"type": "error", "error": {"type", "message"}}` as HTTP responses (the API dialect of the
 route picks which: `gateway.protocols`); the OpenAI envelope as an SSE frame; and that
 every error is logged as one line.
 

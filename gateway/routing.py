@@ -226,10 +226,12 @@ async def derender_completion(request: web.Request) -> web.Response:
     return _json(derender.completion_response(req, state.tokenizer))
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: web.Application, skip: tuple[str, ...] = ()) -> None:
+    """The routes, less the paths in `skip` (another engine's shapes serve them)."""
     app.router.add_get("/load", load)
-    app.router.add_get("/get_load", get_load)
-    app.router.add_get("/get_server_info", server_info)
+    for path, handler in (("/get_load", get_load), ("/get_server_info", server_info)):
+        if path not in skip:
+            app.router.add_get(path, handler)
     app.router.add_get("/kv_event_sources", kv_event_sources)
     app.router.add_post("/v1/chat/completions/render", render_chat)
     app.router.add_post("/v1/completions/render", render_completion)

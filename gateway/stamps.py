@@ -7,7 +7,7 @@ returned reached this machine's TCP stack. A request's arrival is then its last 
 arrival, not the later instant at which a busy gateway got round to reading them: on a
 2-core machine the gateway often reads a request a few hundred microseconds after it came
 (relaying a step's tokens, or waiting for a core), and that delay is the lab's, not the
-modelled server's (BENCHMARKS.md, "TTFT breakdown"). The engine books the arrival at the
+modelled server's (docs/benchmarks.md, "TTFT breakdown"). The engine books the arrival at the
 stamp, never earlier than its clock can honour (engine.drivers.pacer `arrival_of`).
 
 Where the timestamp cannot be had (not Linux, an option the kernel refuses, an event loop

@@ -96,13 +96,19 @@ class RunRecorder:
 
 def prefix_cache(cores: list[EngineCore]) -> dict:
     """Queries and hits in prompt tokens over the cores, as vLLM counts them, and their
-    ratio."""
+    ratio; with KV offloading, the prompt tokens loaded from the host tier (`host_hits`,
+    vLLM's cached-by-source host) and, of those, promoted from disk first (`disk_hits`)."""
     caches = [c.prefix_cache for c in cores if c.prefix_cache is not None]
     if not caches:
         return {"enabled": False}
     q = sum(c.stats.queries for c in caches)
     h = sum(c.stats.hits for c in caches)
-    return {"enabled": True, "queries": q, "hits": h, "hit_rate": h / q if q else 0.0}
+    out = {"enabled": True, "queries": q, "hits": h, "hit_rate": h / q if q else 0.0}
+    offloads = [c.offload.stats for c in cores if c.offload is not None]
+    if offloads:
+        out["host_hits"] = sum(s.host_tokens for s in offloads)
+        out["disk_hits"] = sum(s.disk_tokens for s in offloads)
+    return out
 
 
 def _timing(dep: Deployment) -> dict:

@@ -479,8 +479,8 @@ class Pacer(Delivery):
                     core.hold_until(self.sim_of(busy))
                     continue
             result = core.step(start)
-            if result.num_tokens == 0:  # nothing can run until something changes
-                self._stalled = True
+            if result.num_tokens == 0:  # nothing can run until something changes (a host
+                self._stalled = not core.transfers_pending()  # load's end is such a change)
                 continue  # (arrivals up to the horizon are still judged)
             if lockstep is not None:  # the group's step: as long as its slowest rank's
                 wall_start, wall_end = self.wall_of(result.start), self.wall_of(result.end)

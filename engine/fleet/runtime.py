@@ -88,7 +88,7 @@ class ModelRuntime:
         """A retired step: metrics, then the cache's events of the step as one batch."""
         self.metrics.on_step(result)
         core = self.core
-        self.kv_events.publish(core.name, core.prefix_cache.take_events(), core.block_size,
+        self.kv_events.publish(core.name, core.take_kv_events(), core.block_size,
                                self._lora_name)
 
     def _on_finished(self, req, tokens: int, last_token: float) -> None:

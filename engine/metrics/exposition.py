@@ -25,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from inference_lab.common.exposition import HistLines, Lines, render, split_families
 from inference_lab.engine.metrics.series import CACHE_CONFIG_INFO, LIVE, LORA_INFO, METRICS
+from inference_lab.engine.metrics.sglang import SglangMetrics, model_metrics, render_sglang
 from inference_lab.engine.metrics.updates import ModelMetrics, Versions
 from inference_lab.engine.sim.core import EngineCore
 
@@ -140,6 +141,15 @@ class Exposition:
                   and (not wanted or m.labels[1] in wanted)]
         if not chosen:
             return b""
+        sglang = [m for m in chosen if isinstance(m, SglangMetrics)]
+        if sglang:  # named as SGLang names them (engine.metrics.sglang)
+            chosen = [m for m in chosen if not isinstance(m, SglangMetrics)]
+            with self._lock:
+                text = render_sglang(sglang)
+            return text + (self.render_vllm(chosen) if chosen else b"")
+        return self.render_vllm(chosen)
+
+    def render_vllm(self, chosen: list[ModelMetrics]) -> bytes:
         with self._lock:
             templates = [self._template(m) for m in chosen]
             rendered = [t.render() for t in templates]
@@ -185,7 +195,7 @@ class MetricsRegistry:
         indexes = engine_index if isinstance(engine_index, list) else [engine_index] * len(cores)
         self.offset = engine_index if isinstance(engine_index, int) else 0
         self.versions = Versions()  # shared by every model and replica
-        self.models = [ModelMetrics(core, i, self.versions)
+        self.models = [model_metrics(core, i, self.versions)
                        for core, i in zip(cores, indexes, strict=True)]
         self.exposition = Exposition(self.models)
 
@@ -194,7 +204,7 @@ class MetricsRegistry:
 
     def for_replica(self, core: EngineCore, replica: int = 0) -> ModelMetrics:
         """A new replica's metrics (engine = offset + replica)."""
-        model = ModelMetrics(core, self.offset + replica, self.versions)
+        model = model_metrics(core, self.offset + replica, self.versions)
         self.models.append(model)
         return model
 

@@ -37,6 +37,9 @@ FINISHED_REASON: dict[Status, str] = {
 }
 REJECTION_REASONS = ("QUEUE_SATURATED", "INVALID_REQUEST")  # shown from the start, at 0
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+CACHED_SOURCES = ("device", "host", "disk")  # vllm:prompt_tokens_cached_by_source's, the lab's
+# vLLM's kv_offload_*_size buckets (bytes per transfer job)
+OFFLOAD_SIZE_BUCKETS = (1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6)
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")  # by sleep level 0, 1, 2
 
 
@@ -81,6 +84,17 @@ LIVE = {
     "inference_lab_kv_transfer_expired": lambda core: core.transfers.expired,
     "inference_lab_kv_transfer_recomputed": lambda core: core.transfers.recomputed,
 }
+# KV offloading's numbers (engine.sim.offload), read from a core that has it at scrape
+# time; they move only in steps, so the model's version keys them (not read for a cache key).
+OFFLOAD_LIVE = {
+    "vllm:kv_offload_load_bytes": lambda core: core.offload.stats.load_bytes,
+    "vllm:kv_offload_store_bytes": lambda core: core.offload.stats.store_bytes,
+    "vllm:kv_offload_load_time": lambda core: core.offload.stats.load_time,
+    "vllm:kv_offload_store_time": lambda core: core.offload.stats.store_time,
+    "vllm:kv_offload_allocation_failure": lambda core: core.offload.stats.allocation_failures,
+    "vllm:kv_offload_cpu_cache_usage_perc": lambda core: core.offload.host.pinned_usage(),
+    "inference_lab_kv_offload_host_usage_perc": lambda core: core.offload.host.usage(),
+}
 # Series fed by a request's finish and by each step (the rest are live or event counters).
 FINISH_HISTOGRAMS = {
     "e2e": "vllm:e2e_request_latency_seconds",
@@ -102,6 +116,7 @@ OPTIONS = {
     "speculative": lambda core: core.speculative is not None,
     "kv_cache_metrics": lambda core: core.kv_residency is not None,
     "mfu": lambda core: core.mfu_metrics,
+    "offload": lambda core: core.offload is not None,
 }
 
 
@@ -109,4 +124,5 @@ def bucket_sets(max_model_len: int) -> dict[str, tuple[float, ...]]:
     return {"ttft": B.TTFT, "per_token": B.PER_TOKEN, "e2e": B.E2E, "phase": B.PHASE,
             "tokens": B.one_two_five(max_model_len), "iteration": B.VLLM_ITERATION_TOKENS,
             "n": B.VLLM_PARAMS_N, "preemptions": B.VLLM_NUM_PREEMPTIONS,
-            "kv_residency": B.VLLM_KV_RESIDENCY, "lag": LAG_BUCKETS, "interval": INTERVAL_BUCKETS}
+            "kv_residency": B.VLLM_KV_RESIDENCY, "lag": LAG_BUCKETS, "interval": INTERVAL_BUCKETS,
+            "offload_size": OFFLOAD_SIZE_BUCKETS}

@@ -19,8 +19,8 @@ virtual-time lab), how the numbers are rendered (engine.metrics.exposition).
 from __future__ import annotations
 
 from inference_lab.common.exposition import Hist
-from inference_lab.engine.metrics.series import (FINISH_HISTOGRAMS, FINISHED_REASON,
-                                                 FINISHED_REASONS, LIVE, METRICS, OPTIONS,
+from inference_lab.engine.metrics.series import (CACHED_SOURCES, FINISH_HISTOGRAMS, FINISHED_REASON,
+                                                 FINISHED_REASONS, LIVE, METRICS, OFFLOAD_LIVE, OPTIONS,
                                                  PROMPT_SOURCES, REJECTION_REASONS,
                                                  SLEEP_STATES, bucket_sets)
 from inference_lab.engine.sim.core import EngineCore, StepResult
@@ -54,7 +54,8 @@ class ModelMetrics:
         self.hists = {name: Hist(sets[spec.buckets])
                       for name, spec in METRICS.items() if spec.kind == "histogram"}
         self.counters = {name: 0.0 for name, spec in METRICS.items()  # and the event gauges
-                         if spec.kind != "histogram" and not spec.labels and name not in LIVE}
+                         if spec.kind != "histogram" and not spec.labels and name not in LIVE
+                         and name not in OFFLOAD_LIVE}
         self.mfu = "mfu" in on
         self.success = dict.fromkeys(FINISHED_REASONS, 0.0)
         self.rejections = dict.fromkeys(REJECTION_REASONS, 0.0)
@@ -69,6 +70,7 @@ class ModelMetrics:
         self._finish = {key: h[name] for key, name in FINISH_HISTOGRAMS.items()}
         self._transfer = h["inference_lab_kv_transfer_seconds"]
         self.external = 0  # prompt tokens pulled from producers (by source: external_kv_transfer)
+        self.offloaded = [0, 0]  # prompt tokens loaded from the host tier, of which via disk
         self.sleep_level = 0  # sleep mode: 0 awake, 1 or 2 the level it sleeps at
         spec = core.speculative
         self.accepted_per_pos = [0.0] * (spec.gamma if spec is not None else 0)
@@ -93,6 +95,9 @@ class ModelMetrics:
                 prompt += req.prompt_len
                 cached += req.cached_tokens
                 external += req.external_tokens
+                if req.offload is not None:
+                    self.offloaded[0] += req.offload.host_tokens
+                    self.offloaded[1] += req.offload.disk_tokens
             self._ttft.observe(req.first_token - req.arrival)
         if prompt:
             c["vllm:prompt_tokens"] += prompt
@@ -118,6 +123,9 @@ class ModelMetrics:
             c["vllm:estimated_flops_per_gpu"] += result.flops
             c["vllm:estimated_read_bytes_per_gpu"] += result.read_bytes
             c["vllm:estimated_write_bytes_per_gpu"] += result.write_bytes
+        offload = self.core.offload
+        if offload is not None and (offload.stats.load_sizes or offload.stats.store_sizes):
+            self._offload_sizes(offload.stats)
         residency = self.core.kv_residency
         if residency is not None and residency.evicted:  # sampled blocks evicted this step
             h = self.hists
@@ -129,6 +137,16 @@ class ModelMetrics:
                 for gap in gaps:
                     reuse.observe(gap)
         self._changed()
+
+    def _offload_sizes(self, stats) -> None:
+        """The step's transfer jobs, each one observation of its bytes."""
+        h = self.hists
+        for name, sizes in (("vllm:kv_offload_load_size", stats.load_sizes),
+                            ("vllm:kv_offload_store_size", stats.store_sizes)):
+            for size in sizes:
+                h[name].observe(size)
+        stats.load_sizes.clear()
+        stats.store_sizes.clear()
 
     def on_finished(self, req: Request, tokens: int, last_token: float) -> None:
         """Any finish (length, client hang-up or cancellation, shutdown): `tokens` had been
@@ -236,6 +254,8 @@ class ModelMetrics:
             return [(("capacity",), float(waiting - deferred)), (("deferred",), float(deferred))]
         if name in LIVE:
             return [((), float(LIVE[name](self.core)))]
+        if name in OFFLOAD_LIVE:
+            return [((), float(OFFLOAD_LIVE[name](self.core)))]
         if spec.kind == "histogram":
             return [((), self.hists[name].cumulative())]
         if name == "vllm:request_success":
@@ -249,6 +269,15 @@ class ModelMetrics:
                   "local_cache_hit": cached - self.external,
                   "external_kv_transfer": float(self.external)}
             return [((s,), by.get(s, 0.0)) for s in PROMPT_SOURCES]
+        if name == "vllm:prompt_tokens_cached_by_source":  # counted when the first token came
+            host, disk = self.offloaded
+            device = self.counters["vllm:prompt_tokens_cached"] - self.external
+            by = {"device": device, "host": float(host - disk), "disk": float(disk)}
+            return [((s,), by[s]) for s in CACHED_SOURCES]
+        if name == "vllm:kv_offload_config_info":
+            offload = self.core.offload
+            return [((str(offload.num_chunks), str(offload.bpc),
+                      str(offload.num_chunks * offload.chunk_bytes), str(offload.cpu_tokens)), 1.0)]
         if name == "inference_lab_kv_transfer_info":
             return [((self.core.kv_role, self.core.kv_identity["remote_engine_id"]), 1.0)]
         if name == "vllm:spec_decode_num_accepted_tokens_per_pos":
@@ -265,7 +294,13 @@ class ModelMetrics:
     def cache_config(self) -> dict[str, str]:
         """vllm:cache_config_info's labels (vLLM's CacheConfig keys the lab knows)."""
         config = self.core.deployment.scheduler
-        return {"block_size": str(self.core.block_size), "cache_dtype": "auto",
-                "enable_prefix_caching": str(config.enable_prefix_caching),
-                "gpu_memory_utilization": str(config.gpu_memory_utilization),
-                "num_gpu_blocks": str(self.core.total_blocks), "engine": self.labels[1]}
+        labels = {"block_size": str(self.core.block_size), "cache_dtype": "auto",
+                  "enable_prefix_caching": str(config.enable_prefix_caching),
+                  "gpu_memory_utilization": str(config.gpu_memory_utilization),
+                  "num_gpu_blocks": str(self.core.total_blocks)}
+        offload = self.core.deployment.offload
+        if offload is not None:  # (vLLM's CacheConfig fields; shown only with offloading on)
+            labels["kv_offloading_backend"] = offload.backend
+            labels["kv_offloading_size"] = str(offload.size_gib)
+        labels["engine"] = self.labels[1]
+        return labels

@@ -12,7 +12,10 @@ endpoint, replay_endpoint, buffer_steps, hwm, topic) and its wire format, as vLL
   "block_size", "lora_id", "medium", "lora_name"}`, `{"type": "BlockRemoved",
   "block_hashes", "medium"}`, `{"type": "AllBlocksCleared"}` (block hashes are unsigned
   64-bit integers, vLLM's `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES` form; medium "GPU";
-  an adapter's blocks carry its `lora_id` and `lora_name`; the fields vLLM gives
+  an adapter's blocks carry its `lora_id` and `lora_name`; with KV offloading the
+  host tier's chunks are "CPU" and the disk tier's "STORAGE", in vLLM's placeholder
+  payload: one event per chunk, the hash of its last GPU block, no parent, no token IDs,
+  block_size 0, after the GPU's events of the step; the fields vLLM gives
   defaults, such as `extra_keys` and `group_idx`, are left out as its encoder leaves
   them out when unset);
 - an optional ROUTER socket (`replay_endpoint`) answers a request `(b"", seq as 8 bytes
@@ -252,13 +255,17 @@ def wire_events(recorded: list[tuple], block_size: int,
     for event in recorded:
         kind = event[0]
         if kind == STORED:
+            if len(event) > 5:  # an offload tier's chunk (engine.sim.offload.tier): vLLM's
+                # placeholder payload, its medium, block_size 0
+                out.append(BlockStored(list(event[1]), None, [], event[6], None, event[5], None))
+                continue
             _, hashes, parent, tokens, lora_id = event
             ids = array("I")
             ids.frombytes(tokens)
             out.append(BlockStored(list(hashes), parent, ids.tolist(), block_size, lora_id,
                                    MEDIUM_GPU, None if lora_id is None else lora_names(lora_id)))
         elif kind == REMOVED:
-            out.append(BlockRemoved(list(event[1]), MEDIUM_GPU))
+            out.append(BlockRemoved(list(event[1]), event[2] if len(event) > 2 else MEDIUM_GPU))
         elif kind == CLEARED:
             out.append(AllBlocksCleared())
     return out

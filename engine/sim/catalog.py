@@ -133,7 +133,7 @@ def load_model(name: str) -> Model:
 
 _POSITIVE = "a positive number"
 _HARDWARE_KEYS = ("name", *(f"flops_{p}" for p in PRECISION_ORDER), "memory_bandwidth",
-                  "memory_capacity", "load_bandwidth", "fabric", "memory", "calibration")
+                  "memory_capacity", "load_bandwidth", "host_link", "fabric", "memory", "calibration")
 _CALIBRATION_KEYS = ("flops_efficiency", "moe_flops_efficiency", "flops_half_tokens", "bandwidth_efficiency",
                      "comm_efficiency", "step_overhead", "request_overhead", "layer_overhead",
                      "expert_overhead", "mla_layer_overhead", "sequence_overhead",
@@ -215,7 +215,8 @@ def _parse_memory(t: Table) -> tuple[str, ...]:
 
 def parse_hardware(table: Any, where: str, path: str = "", name: str | None = None) -> Hardware:
     """A Hardware from a hardware table: `flops_<precision>` (at least one),
-    `memory_bandwidth`, `memory_capacity`, optional `load_bandwidth` (bytes/s), `[fabric]` (`gpus_per_node`,
+    `memory_bandwidth`, `memory_capacity`, optional `load_bandwidth` (bytes/s), `host_link`
+    ({bandwidth, latency}: KV offloading's link to host memory), `[fabric]` (`gpus_per_node`,
     `scale_up` and `scale_out` = {bandwidth, latency, in_network_reduction}) and `[memory]`
     (stores, junctions, links: parsed, not simulated). An optional `name` key names it
     when the caller gives no `name`."""
@@ -226,6 +227,13 @@ def parse_hardware(table: Any, where: str, path: str = "", name: str | None = No
     bandwidth = t.get("memory_bandwidth", float, f"{_POSITIVE} (bytes/s)", ok=lambda v: v > 0)
     capacity = t.get("memory_capacity", float, f"{_POSITIVE} (bytes)", ok=lambda v: v > 0)
     load = t.get("load_bandwidth", float, f"{_POSITIVE} (bytes/s)", 64e9, ok=lambda v: v > 0)
+    host = t.table("host_link", None, ("bandwidth", "latency"))
+    host_bw, host_latency = 0.0, -1.0
+    if host is not None:  # KV offloading's link to host memory (engine.sim.offload)
+        host_bw = host.get("bandwidth", float, f"{_POSITIVE} (bytes/s per direction)", ok=lambda v: v > 0)
+        host_latency = host.get("latency", float, "a number >= 0 (seconds per transfer)", 5e-5,
+                                ok=lambda v: v >= 0)
+        host.done()
     fabric = t.table("fabric", None, ("gpus_per_node", "scale_up", "scale_out"))
     link_bw, latency, reduce, per_node, out_bw, out_latency = 0.0, 5e-6, False, 0, 0.0, 0.0
     if fabric is not None:
@@ -247,7 +255,8 @@ def parse_hardware(table: Any, where: str, path: str = "", name: str | None = No
                     in_network_reduction=reduce, gpus_per_node=per_node,
                     scale_out_bandwidth=out_bw, scale_out_latency=out_latency,
                     memory_stores=stores, calibration=calibration, generations=generations,
-                    load_bandwidth=load)
+                    load_bandwidth=load, host_link_bandwidth=host_bw,
+                    host_link_latency=host_latency)
 
 
 def _parse_calibration(t: Table) -> Calibration:

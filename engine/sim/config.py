@@ -40,6 +40,8 @@ from inference_lab.engine.sim import generations
 from inference_lab.engine.sim.capacity import EXPECTED, out_of_range, seqs_fit_budget
 from inference_lab.engine.sim.catalog import Catalog
 from inference_lab.engine.sim.kv_transfer import PD_POLICIES, PdLayout, link_preset
+from inference_lab.engine.sim.profiles import PROFILES
+from inference_lab.engine.sim.profiles import apply as apply_profile
 from inference_lab.engine.sim.specs import (
     KV_CACHE_DTYPES, Deployment, Hardware, Model, SchedulerConfig, TimeCorrection,
 )
@@ -79,6 +81,7 @@ _SCHEDULER: dict[str, tuple[type, str, Any]] = {
     "max_model_len": (int, "an integer >= 1", lambda v: v >= 1),
     "long_prefill_token_threshold": (int, "an integer >= 0 (0 = no cap)", lambda v: v >= 0),
     "max_waiting": (int, EXPECTED["max_waiting"], None),
+    "engine": (str, f"one of {', '.join(PROFILES)}", lambda v: v in PROFILES),
 }
 assert set(_SCHEDULER) == {f.name for f in fields(SchedulerConfig)}
 # Scheduler keys inference-lab has that are parsed, not simulated: key -> (type, what,
@@ -283,10 +286,12 @@ def _parse_entry(entry: Table, hw_name: str, model: Model, served: str,
     entry.done()
     sched = _build_scheduler(keys, model, entry.where, notes)
     _check_fit(model, hardware, tp, sched, entry)
-    return Deployment(name=served, model=model, hardware=hardware, tp=tp, scheduler=sched,
-                      time_correction=correction, source=entry.where, ep=ep,
-                      speculative=speculative, unmodelled=tuple(dict.fromkeys(notes)),
-                      timing=timing, pd=pd)
+    dep = Deployment(name=served, model=model, hardware=hardware, tp=tp, scheduler=sched,
+                     time_correction=correction, source=entry.where, ep=ep,
+                     speculative=speculative, unmodelled=tuple(dict.fromkeys(notes)),
+                     timing=timing, pd=pd)
+    # an engine profile named in [scheduler] (engine.sim.profiles): its settings on top
+    return dep if sched.engine == "vllm" else apply_profile(dep, sched.engine, sched.max_waiting)
 
 
 def _check_fit(model: Model, hardware: Hardware, tp: int, sched: SchedulerConfig,
@@ -341,6 +346,9 @@ def _apply_timing(dep: Deployment, timing: str | None) -> None:
     if timing is not None:
         dep.timing = timing
     dep.timing, version = generations.parse_timing(dep.timing)
+    if version and dep.scheduler.engine != "vllm":
+        raise ConfigError(dep.source, "timing", f"calibrated-v{version} is a fit of vLLM; the "
+                          f"{dep.scheduler.engine} engine profile has its own (--timing calibrated)")
     if version:
         try:
             dep.hardware = generations.select(dep.hardware, version)

@@ -17,13 +17,14 @@ from inference_lab.engine.sim.capacity import Capacity, CapacityError
 from inference_lab.engine.sim.connector import KvConnector
 from inference_lab.engine.sim.cost import CostModel, attention_load, rate_for
 from inference_lab.engine.sim.speculative import draft_seconds
-from inference_lab.engine.sim.kv import fixed_blocks, total_blocks
+from inference_lab.engine.sim.kv import bytes_per_token, fixed_blocks, total_blocks
 from inference_lab.engine.sim.kv_transfer import HandoffsFull, KvTransfer
 from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.sim.lora import MAX_ADAPTERS, LoraAdapter, LoraRegistry
+from inference_lab.engine.sim.offload import HostOffload, OffloadRequest, host_link
 from inference_lab.engine.sim.prefix_cache import BlockResidency, block_hashes
 from inference_lab.engine.sim.request import Request, Status
-from inference_lab.engine.sim.scheduler import Scheduler
+from inference_lab.engine.sim.profiles import make_scheduler, profile_of
 from inference_lab.engine.sim.specs import Deployment
 
 __all__ = ["CapacityError", "EngineCore", "HandoffsFull", "QueueSaturated", "StepResult",
@@ -38,14 +39,14 @@ class QueueSaturated(Exception):
     """The waiting queue holds max_waiting requests: refuse, immediately. Its text is
     the one refusal message (the gateway relays it, never re-writes it)."""
 
-    def __init__(self, model: str, waiting: int, max_waiting: int) -> None:
+    def __init__(self, model: str, waiting: int, max_waiting: int, text: str = "") -> None:
         self.model = model
         self.waiting = waiting
         self.max_waiting = max_waiting
-        super().__init__(
+        super().__init__(text or (
             f"Server is at capacity: {waiting} requests waiting (max_waiting = {max_waiting}). "
             "Retry with reduced concurrency."
-        )
+        ))
 
 
 @dataclass(slots=True)
@@ -96,7 +97,8 @@ class EngineCore(KvConnector):
         self.capacity = Capacity(0, 0).changed(config.max_num_batched_tokens,
                                                config.max_num_seqs, config.max_waiting)
         self._ids = itertools.count(1)
-        self.scheduler = Scheduler(config, self.total_blocks, self.cost.windows,
+        self.profile = profile_of(config)  # the engine imitated (engine.sim.profiles)
+        self.scheduler = make_scheduler(config, self.total_blocks, self.cost.windows,
                                    fixed_blocks(deployment), record_kv_events, ids=self._ids)
         self.max_request_tokens = min(limit for limit, _ in self._request_limits())
         self.speculative = deployment.speculative
@@ -127,6 +129,13 @@ class EngineCore(KvConnector):
         # engine with only waiting requests has no work; running ones step on.
         self.paused = False
         self._start_connector()
+        # KV offloading to the host (and disk) tier: one per replica (engine.sim.offload)
+        self.offload: HostOffload | None = None
+        if deployment.offload is not None:
+            self.offload = HostOffload(deployment.offload, self.block_size,
+                                       bytes_per_token(deployment), deployment.tp,
+                                       host_link(deployment.hardware), record_kv_events)
+            self.scheduler.offload = self.offload
         # The cheapest step there is: one token attending one position (the weights read once).
         self._shortest_step = self.cost.step_cost(1, attention_load(self.cost.caps, [(1, 0)])).seconds
 
@@ -153,7 +162,7 @@ class EngineCore(KvConnector):
             else:  # an idle engine takes a hang-up or a new bound at once
                 self._freed = self._bound = 0
         if 0 < bound <= waiting:
-            return QueueSaturated(self.name, waiting, bound)
+            return QueueSaturated(self.name, waiting, bound, self.profile.refusal_message)
         return None
 
     @property
@@ -192,10 +201,36 @@ class EngineCore(KvConnector):
         if not scheduler.running:  # (nothing to run until the queue's head may be admitted)
             head = scheduler.waiting.peek()
             start = max(self.clock, self.admit_after)
-            if head is not None and head.ready > start:
-                return head.ready
+            ready = head.ready if head is not None else None
+            if scheduler.loading:  # (or a host load has ended)
+                ready = self._first_ready(ready)
+            if ready is not None and ready > start:
+                return ready
             return start
         return self.clock
+
+    def _first_ready(self, head_ready: float | None) -> float | None:
+        """The earlier of the queue head's readiness and the first host load's end."""
+        load = self.scheduler.loads_ready_at()
+        if load is None:
+            return head_ready
+        return load if head_ready is None or load < head_ready else head_ready
+
+    def transfers_pending(self) -> bool:
+        """Requests wait for a host load, or the queue for a copy in flight (a disk
+        promotion, a store a lookup found unfinished): a step that ran nothing is no stall."""
+        scheduler = self.scheduler
+        return bool(scheduler.loading) or (self.offload is not None and bool(self.offload.jobs)
+                                           and scheduler.num_waiting > 0)
+
+    def take_kv_events(self) -> list[tuple]:
+        """The KV events recorded since the last take: the GPU prefix cache's, then the
+        offload tiers' (the order of vLLM's batch: the block pool's, then the
+        connector's)."""
+        events = self.prefix_cache.take_events() if self.prefix_cache is not None else []
+        if self.offload is not None:
+            events += self.offload.take_events()
+        return events
 
     def tokens_of(self, req: Request) -> int:
         """Tokens `req` has sampled so far (booked up to the latest step's end)."""
@@ -356,11 +391,15 @@ class EngineCore(KvConnector):
                       # output is pooled: it finishes with the step that completes its
                       # prompt, and the token that step samples is not kept
                       pooling=pooling)
-        if token_ids and self.prefix_cache is not None and prompt_len >= self.block_size:
+        if token_ids and (self.prefix_cache is not None or self.offload is not None) \
+                and prompt_len >= self.block_size:
             req.block_hashes = block_hashes(token_ids, self.block_size,
                                             lora.name.encode() if lora is not None else b"")
             if self.record_kv_events:
                 req.token_bytes = token_ids
+            if self.offload is not None:
+                req.offload = (OffloadRequest(kv.max_load_tokens, kv.max_offload_tokens)
+                               if kv is not None else OffloadRequest())
         if kv is not None:
             self._connect(req, kv, token_ids)
         self.scheduler.waiting.push(req)
@@ -473,8 +512,14 @@ class EngineCore(KvConnector):
         scheduler = self.scheduler
         if not scheduler.running:
             head = scheduler.waiting.peek()
-            if head is not None and head.ready > start:
-                start = head.ready  # idle until then: nothing was ready at `start`
+            ready = head.ready if head is not None else None
+            if scheduler.loading:
+                ready = self._first_ready(ready)
+            if ready is not None and ready > start:
+                start = ready  # idle until then: nothing was ready at `start`
+        offload = self.offload
+        if offload is not None:  # transfers ended by now take effect; last step's stores go
+            offload.begin_step(start)
         if self.kv_residency is not None:
             self.kv_residency.now = start  # the step's hits, stores and evictions happen then
         width = advance = 1
@@ -482,6 +527,8 @@ class EngineCore(KvConnector):
             width, advance = self._draft()
         decision = scheduler.schedule(start, self.capacity.max_num_seqs, width, advance,
                                        admit and not self.paused)
+        if offload is not None:
+            offload.offer(decision.chunks)
         decodes = decision.num_decodes
         if decodes:
             full, wins = scheduler.group.attention(width)
@@ -519,6 +566,9 @@ class EngineCore(KvConnector):
             if req.remote_decode:
                 self._hand_off(req, end)
         self.clock = end
+        if not num_tokens and offload is not None and offload.jobs and not scheduler.running:
+            # nothing ran: what waits, waits for a copy in flight; no step before it ends
+            self.clock = max(end, offload.jobs[0][0])
         spawned, scheduler.spawned = scheduler.spawned, []
         result = StepResult(start, end, num_tokens, sampled, prefill_tokens, decodes,
                             decision.admitted, first, done, decision.preempted, spawned,

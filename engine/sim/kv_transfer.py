@@ -140,6 +140,10 @@ class KvTransfer:
 
     remote_decode: bool = False  # hold the prompt's KV for a consumer once prefilled
     remote_tokens: int = 0  # prompt positions to pull from a producer (0: none)
+    # KV offloading (engine.sim.offload): tokens it may load from / store to the host
+    # tier (-1: no cap; 0: none), vLLM's experimental max_load_tokens / max_offload_tokens
+    max_load_tokens: int = -1
+    max_offload_tokens: int = -1
 
 
 @dataclass(slots=True)

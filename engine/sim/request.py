@@ -77,6 +77,7 @@ class Request:
     transfer_s: float = 0.0  # P/D: the pull's time, its wait for the link included (sim s)
     handoff: object = None  # P/D: the producer's Handoff of its KV (engine.sim.kv_transfer)
     kv_digest: bytes = b""  # P/D: its prompt's digest, which a pull of its handoff presents
+    offload: object = None  # KV offloading's state of it (engine.sim.offload.OffloadRequest)
 
     def __post_init__(self) -> None:
         if self.ready < self.arrival:

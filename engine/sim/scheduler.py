@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from inference_lab.engine.sim.decode_group import DecodeGroup
 from inference_lab.engine.sim.kv import blocks_for
 from inference_lab.engine.sim.kv_transfer import TransferStats
+from inference_lab.engine.sim.offload.admission import OffloadScheduling
 from inference_lab.engine.sim.prefix_cache import PrefixCache
 from inference_lab.engine.sim.request import Family, Request, Status
 from inference_lab.engine.sim.specs import SchedulerConfig
@@ -100,7 +101,7 @@ class WaitingQueue:
         self.count -= 1
 
 
-class Scheduler:
+class Scheduler(OffloadScheduling):
     def __init__(self, config: SchedulerConfig, total_blocks: int, windows: tuple[int, ...],
                  fixed_blocks: int = 0, record_kv_events: bool = False,
                  ids: Iterator[int] | None = None):
@@ -130,11 +131,12 @@ class Scheduler:
         self.pulling: dict[int, Request] = {}
         self._pulls: list[tuple[float, int]] = []  # (pull's end, id), a heap
         self.transfers = TransferStats()
+        self._start_offload()  # KV offloading's loads (engine.sim.offload.admission)
 
     # ---- queries -------------------------------------------------------------------
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.waiting) + len(self.loading)
 
     @property
     def num_running(self) -> int:
@@ -145,7 +147,7 @@ class Scheduler:
     @property
     def num_deferred(self) -> int:
         """Waiting requests deferred by a LoRA slot or a KV pull (vLLM's `deferred`)."""
-        return len(self.lora_deferred) + len(self.pulling)
+        return len(self.lora_deferred) + len(self.pulling) + len(self.loading)
 
     def pull_pending(self, req: Request) -> None:
         """`req` waits until `req.ready` for its KV pull (engine.core's connector)."""
@@ -153,7 +155,7 @@ class Scheduler:
         heapq.heappush(self._pulls, (req.ready, req.id))
 
     def has_work(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0
+        return bool(self.running) or len(self.waiting) > 0 or bool(self.loading)
 
     def blocks_for(self, positions: int) -> int:
         """Blocks a running sequence with `positions` cached positions holds."""
@@ -171,9 +173,9 @@ class Scheduler:
         decode verifies `width` positions and keeps `advance` of them. With `admit` False
         no waiting request is admitted (EngineCore's promise that the queue stays full)."""
         decision = Decision(num_decodes=0, decode_width=width, decode_advance=advance)
-        pulls = self._pulls
-        while pulls and pulls[0][0] <= now:  # pulls ended: schedulable from now on
-            self.pulling.pop(heapq.heappop(pulls)[1], None)
+        self._end_pulls(now)
+        if self.loading:
+            self._loads_ended(now)
         budget = self.config.max_num_batched_tokens
         budget -= self._schedule_decodes(decision)
         budget = self._schedule_prefilling(decision, budget)
@@ -181,6 +183,11 @@ class Scheduler:
             self._admit_waiting(decision, budget, now, max_num_seqs)
         assert decision.num_tokens <= self.config.max_num_batched_tokens
         return decision
+
+    def _end_pulls(self, now: float) -> None:
+        pulls = self._pulls
+        while pulls and pulls[0][0] <= now:  # pulls ended: schedulable from now on
+            self.pulling.pop(heapq.heappop(pulls)[1], None)
 
     def _schedule_decodes(self, decision: Decision) -> int:
         group = self.group
@@ -223,6 +230,10 @@ class Scheduler:
 
     def _admit_waiting(self, decision: Decision, budget: int, now: float, cap: int) -> None:
         skipped: list[Request] = []  # waiting for a LoRA slot: later requests may go first
+        if self.loaded:  # loads that ended go before the queue's head
+            budget, held = self._admit_loaded(decision, budget, cap)
+            if held:
+                return
         while budget > 0:
             req = self.waiting.peek()
             if req is None or req.ready > now:
@@ -234,6 +245,15 @@ class Scheduler:
             if self.num_running + 1 + siblings > cap and (self.running or not siblings):
                 break  # (a request of more sequences than the cap runs alone)
             hit = self._cached_prefix(req)
+            if self.offload is not None and req.offload is not None and not req.num_computed:
+                loading = self._try_load(req, hit, now)
+                if loading == -1:  # a chunk it needs is still in flight: a later step
+                    skipped.append(self.waiting.pop())
+                    continue
+                if loading == -2:
+                    break  # KV full
+                if loading == 1:
+                    continue  # waits for its load, out of the queue
             external = self._external(req, hit)
             start = hit * self.block_size + external
             n = self._chunk(req, budget, start)
@@ -244,29 +264,41 @@ class Scheduler:
             copies = siblings * self._sibling_blocks(req.prompt_len)
             if need + revived + copies > self.free_blocks:
                 break  # KV full: wait for blocks to free up, never preempt to admit
+            if not self._fits(req, start):
+                break  # the profile's admission rule (engine.sim.profiles)
             self.waiting.pop()
-            req.status = Status.RUNNING
             if self.cache is not None:
                 self._use_cached(req, hit, revived)
             if self.connector and req.first_scheduled < 0:
                 self._use_external(req, start, external)
-            self._take(need + copies)
-            req.blocks += need
-            req.pending_siblings, req.reserved_blocks = siblings, copies
-            self.reserved_places += siblings
-            self.running[req.id] = req
-            self.prefilling[req.id] = req
-            if req.lora is not None:
-                self._lora_enter(req, decision)
-            decision.admitted.append(req)
-            decision.chunks.append((req, n))
-            if self.cache is not None and req.block_hashes:
-                self._store_scheduled(req, req.num_computed + n)
+            self._enter(req, decision, n, need, copies, siblings)
             budget -= n
         for req in reversed(skipped):  # back at the head, in their order
             self.waiting.push(req, front=True)
         if skipped or self.lora_deferred:
             self.lora_deferred = {req.id: req for req in skipped}
+
+    def _fits(self, req: Request, start: int) -> bool:
+        """An engine profile's admission rule beyond KV room (vLLM's: none)."""
+        return True
+
+    def _enter(self, req: Request, decision: Decision, n: int, need: int, copies: int,
+               siblings: int) -> None:
+        """An admitted request joins the batch with a first chunk of n positions, taking
+        `need` blocks of its own and `copies` for its siblings' last blocks."""
+        req.status = Status.RUNNING
+        self._take(need + copies)
+        req.blocks += need
+        req.pending_siblings, req.reserved_blocks = siblings, copies
+        self.reserved_places += siblings
+        self.running[req.id] = req
+        self.prefilling[req.id] = req
+        if req.lora is not None:
+            self._lora_enter(req, decision)
+        decision.admitted.append(req)
+        decision.chunks.append((req, n))
+        if self.cache is not None and req.block_hashes:
+            self._store_scheduled(req, req.num_computed + n)
 
     # ---- LoRA slots: at most max_loras distinct adapters in the batch ------------------
     def _lora_blocked(self, req: Request) -> bool:
@@ -468,7 +500,9 @@ class Scheduler:
         """End a request wherever it is (running, waiting or already final)."""
         if req.finished:
             return
-        if req.status is Status.WAITING:
+        if req.status is Status.WAITING and req.id in self.loading:
+            self._drop_load(req)
+        elif req.status is Status.WAITING:
             self.waiting.discard(req)
             self.lora_deferred.pop(req.id, None)
             self.pulling.pop(req.id, None)

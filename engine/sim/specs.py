@@ -113,6 +113,10 @@ class Hardware:
     # bytes/s per GPU at which weights load from the host at start-up (the host link's peak;
     # engine.fleet.startup): PCIe Gen5 x16 unless the preset says otherwise
     load_bandwidth: float = 64e9
+    # the GPU's link to host memory per direction, for KV offloading (engine.sim.offload):
+    # bytes/s per GPU (0: PCIe Gen5 x16's effective rate) and seconds per transfer job
+    host_link_bandwidth: float = 0.0
+    host_link_latency: float = -1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +266,7 @@ class SchedulerConfig:
     max_model_len: int | None = None  # None = the model's max_seq_len
     long_prefill_token_threshold: int = 0  # 0 = no per-request prefill cap
     max_waiting: int = 0  # 0 = unbounded: never refuse
+    engine: str = "vllm"  # the engine profile (engine.sim.profiles): "vllm" | "sglang"
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,3 +326,4 @@ class Deployment:
     unmodelled: tuple[str, ...] = ()  # features parsed but not simulated, by name
     timing: str = "roofline"  # "roofline" | "calibrated" (hardware.calibration, a generation's once chosen)
     pd: object = None  # [pd]: a disaggregated layout for `sim` (engine.sim.kv_transfer.PdLayout)
+    offload: object = None  # KV offloading (engine.sim.offload.OffloadConfig); None: off

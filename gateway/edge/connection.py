@@ -17,8 +17,8 @@ non-HTTP handshake that never becomes a request line (aiohttp logs it at DEBUG a
 
 A fast answer is taken only on a kept-alive HTTP/1.1 connection that is idle (aiohttp has
 served a request on it, holds no partial one and handles none) and whose output is flushed
-(most of a /metrics scrape's CPU is aiohttp's request objects: see BENCHMARKS.md,
-"Replicas (fleet)").
+(most of a /metrics scrape's CPU is aiohttp's request objects: see
+docs/benchmarks.md, "Replicas (fleet)").
 
 `runner` serves these connections only while aiohttp_gate's fast paths are on; otherwise
 it is aiohttp's own AppRunner: no fast answers, no header or send deadline, no receive

@@ -185,7 +185,7 @@ class _Relay:
     request's new token total (RequestStream.writer): k new tokens are one
     `reply.tokens(0, k)` (after the opening, with the first of them), written at once,
     without waking the handler's task (a task switch per write is a large share of the
-    gateway's CPU per token at hundreds of streams: see BENCHMARKS.md, "Stream cadence";
+    gateway's CPU per token at hundreds of streams: see docs/benchmarks.md, "Stream cadence";
     and a first token written by the dispatcher goes out a loop iteration sooner). Only
     while the client's socket takes bytes without waiting: when its transport pushes back
     (or is gone) it returns False and the handler's pump writes, and waits, as usual. An

@@ -39,6 +39,7 @@ from pathlib import Path
 from inference_lab.calibrate.fitting import PARAMETERS, Evaluator, fit, relative_errors
 from inference_lab.calibrate.simulate import DEFAULT_MAX_REQUESTS, Point
 from inference_lab.engine.sim import catalog, generations
+from inference_lab.engine.sim.profiles import apply as apply_profile
 from inference_lab.engine.sim.specs import Calibration, Deployment, SchedulerConfig
 
 DATA = Path(__file__).resolve().parent / "data"  # the public measurements, each with its [source]
@@ -61,10 +62,15 @@ def load_rows(data_dir: Path = DATA) -> list[Point]:
         tags = {"vllm_version": source["vllm_version"]} if "vllm_version" in source else {}
         deployments = {}
         for d in data["deployments"]:
-            sched = SchedulerConfig(**{k: d[k] for k in _SCHED_KEYS if k in d})
-            deployments[d["name"]] = Deployment(
+            explicit = {k: d[k] for k in _SCHED_KEYS if k in d}
+            dep = Deployment(
                 name=d["name"], model=catalog.load_model(d["model"]),
-                hardware=catalog.load_hardware(d["hardware"]), tp=d.get("tp", 1), scheduler=sched)
+                hardware=catalog.load_hardware(d["hardware"]), tp=d.get("tp", 1),
+                scheduler=SchedulerConfig(**explicit))
+            if d.get("engine", "vllm") != "vllm":  # an engine profile, the row's settings on top
+                dep = apply_profile(dep, d["engine"])
+                dep = replace(dep, scheduler=replace(dep.scheduler, **explicit))
+            deployments[d["name"]] = dep
         only = next(iter(deployments)) if len(deployments) == 1 else None
         for r in data["rows"]:
             dep = deployments[r.get("deployment", only)]
@@ -133,11 +139,13 @@ def main() -> int:
             if (args.hardware is None or r.deployment.hardware.name in args.hardware)
             and (not args.vllm_version or r.tags.get("vllm_version") == args.vllm_version)]
     by_hw: dict[str, list[Point]] = {}
-    for row in rows:
-        by_hw.setdefault(row.deployment.hardware.name, []).append(row)
+    for row in rows:  # an engine profile's rows are fitted apart (hardware+engine)
+        engine = row.deployment.scheduler.engine
+        key = row.deployment.hardware.name + ("" if engine == "vllm" else f"+{engine}")
+        by_hw.setdefault(key, []).append(row)
     names = [n.strip() for n in args.params.split(",") if n.strip()]
     for hw, hw_rows in sorted(by_hw.items()):
-        hardware = catalog.load_hardware(hw)
+        hardware = catalog.load_hardware(hw.split("+")[0])
         own = generations.calibration_for(hardware, args.vllm_version) or hardware.calibration
         start = replace(own or Calibration(), transferred_from="", vllm_version=args.vllm_version
                         or (own.vllm_version if own else ""),

@@ -109,6 +109,8 @@ class PrivateServer:
                      "--grace", "1"]
         if scenario.config is not None:
             self.argv += ["--config", str(scenario.config)]
+        if scenario.kv_offloading_size is not None:
+            self.argv += ["--kv-offloading-size", repr(scenario.kv_offloading_size)]
         if scenario.fleet is not None:  # the engine times start-ups on the wall: modelled / K
             self.argv += ["--replicas", str(max(scenario.fleet.replicas, 1)),
                           "--startup-delay", repr(startup_delay / time_scale),

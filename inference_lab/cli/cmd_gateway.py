@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 
 from inference_lab.cli.flag_types import number, port, refused_as, seconds
+from inference_lab.cli.engine_profile_flags import ENGINES, saturated_status
 from inference_lab.cli.auth_flags import (
     add_api_key_argument,
     add_control_token_argument,
@@ -80,6 +81,12 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
             "separated, for engine processes that share one fleet: replica index i in the "
             "i mod n-th (`engine --replica-shard`), or rank S + k in the k-th with "
             "--data-parallel",
+        )
+        parser.add_argument(
+            "--engine-profile", choices=ENGINES, default="vllm",
+            help="the serving engine the engines imitate (their `--engine`): its refusal "
+            "status and its routes (sglang: /get_server_info, /get_load, /v1/loads, "
+            "/health_generate, /get_model_info, /flush_cache in SGLang's shapes)",
         )
         parser.add_argument(
             "--data-parallel", choices=("internal", "external"), default=None,
@@ -150,14 +157,14 @@ def add_gateway_arguments(parser: argparse.ArgumentParser, engine_flag: bool = T
         help="the gateway's event loop. asyncio (default): a request's arrival is the "
         "instant its bytes reached this host (the kernel's receive timestamp, Linux), so a "
         "busy gateway's delay in reading it is not booked as modelled queueing; uvloop: "
-        "reads in C, so an arrival is stamped when the gateway reads it (some 0.3 ms later "
-        "at 24 streams here), for about the same gateway CPU "
-        "(BENCHMARKS.md, 'Arrivals at the kernel's receive instant')",
+        "reads in C, so an arrival is stamped when the gateway reads it (later, on a busy "
+        "gateway), for about the same gateway CPU (docs/benchmarks.md, 'TTFT breakdown')",
     )
     parser.add_argument(
-        "--saturated-status", type=int, choices=(529, 503, 429), default=529,
+        "--saturated-status", type=int, choices=(529, 503, 429), default=None,
         help="the status a saturated model's refusal carries, before any byte of a response: "
-        "529 overloaded_error (default), or 503 / 429 as other servers and simulators answer; "
+        "529 overloaded_error (default; 503 with --engine sglang, as SGLang answers), or "
+        "503 / 429 as other servers and simulators answer; "
         "the code stays queue_saturated, the envelope the route's (docs/routers.md)",
     )
     parser.add_argument(
@@ -245,7 +252,8 @@ def gateway_app_kwargs(args: argparse.Namespace, config: Path | None = None) -> 
     kwargs = {"api_key": api_key(args), "control_token": control_token(args),
               "enable_directives": args.enable_directives,
               "tokenizer": args.tokenizer, "session_lane": args.session_lane,
-              "saturation": Saturation(args.saturated_status, args.saturated_retry_after),
+              "saturation": Saturation(saturated_status(args), args.saturated_retry_after),
+              "engine_profile": getattr(args, "engine_profile", "vllm"),
               "served_by": args.served_by, "dev_mode": dev_mode(args),
               "dashboard_page": args.dashboard,
               **fault_kwargs(config if config is not None else getattr(args, "config", None),

@@ -24,11 +24,13 @@ import sys
 import tempfile
 
 from inference_lab.cli.auth_flags import API_KEY_ENV, CONTROL_TOKEN_ENV, api_key, control_token
+from inference_lab.cli.offload_flags import offload_argv
 from inference_lab.cli.cmd_engine import (
     add_model_arguments, add_run_arguments, check_ports, kv_roles, load_deployments, lora_argv,
     output_lengths,
 )
 from inference_lab.cli.cmd_gateway import add_gateway_arguments, gateway_app_kwargs, loop_runner
+from inference_lab.cli.engine_profile_flags import engine_profile_argv, saturated_status
 from inference_lab.cli.flag_types import port
 from inference_lab.cli.serve_layout import ServeLayout, add_scale_arguments, layout
 from inference_lab.common import lifeline
@@ -167,6 +169,7 @@ class EngineProcess(Child):
             self.argv.append("--state-dir-temporary")
         if args.max_waiting is not None:
             self.argv += ["--max-waiting", str(args.max_waiting)]
+        self.argv += engine_profile_argv(args)
         if args.kv_events_config:
             self.argv += ["--kv-events-config", args.kv_events_config]
         if args.kv_events_expose_replay:
@@ -183,6 +186,7 @@ class EngineProcess(Child):
             self.argv += ["--timing", args.timing]
         if args.kv_cache_dtype is not None:
             self.argv += ["--kv-cache-dtype", args.kv_cache_dtype]
+        self.argv += offload_argv(args)
         self.argv += ["--replicas", str(args.replicas)] if fleet is None else fleet
         if args.startup_delay:
             self.argv += ["--startup-delay", str(args.startup_delay)]
@@ -223,7 +227,8 @@ class GatewayProcess(Child):
                 "--header-timeout", repr(args.header_timeout),
                 "--api-server-index", str(index), "--api-server-count", str(shape.api_servers),
                 "--event-loop", args.event_loop,
-                "--saturated-status", str(args.saturated_status)]
+                "--saturated-status", str(saturated_status(args)),
+                "--engine-profile", args.engine_profile]
         if shape.data_parallel is not None:
             argv += ["--data-parallel", shape.data_parallel,
                      "--data-parallel-start-rank", str(shape.start_rank)]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from inference_lab.cli import UsageError
 from inference_lab.engine.sim.kv_transfer import PD_POLICIES
+from inference_lab.cli.engine_profile_flags import add_engine_profile_arguments, profiled
+from inference_lab.cli.offload_flags import add_offload_arguments, apply_offload
 from inference_lab.cli.catalog_flags import (
     add_catalog_argument, add_kv_cache_dtype_argument, add_timing_argument, build_catalog,
 )
@@ -51,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="override the workload's seed")
     p.add_argument("--max-num-seqs", type=int, help="override the scheduler's max_num_seqs")
     p.add_argument("--max-waiting", type=int, help="override max_waiting (0 = unbounded)")
+    add_engine_profile_arguments(p)
     p.add_argument("-q", "--no-progress", "--quiet", dest="no_progress", action="store_true",
                    help="do not show a progress bar")
     p.add_argument("-t", "--tokenizer", metavar="PATH", default=None,
@@ -77,6 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_catalog_argument(p)
     add_timing_argument(p)
     add_kv_cache_dtype_argument(p)
+    add_offload_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -98,8 +102,9 @@ def pick_deployment(args: argparse.Namespace):
     from inference_lab.engine.sim.config import load_config_dir
 
     args.hardware = _hardware(args)
-    deployments = load_config_dir(args.config, args.hardware, args.max_waiting, build_catalog(args),
-                                  args.timing, args.kv_cache_dtype)
+    deployments = profiled(args, load_config_dir(args.config, args.hardware, args.max_waiting,
+                                                 build_catalog(args), args.timing,
+                                                 args.kv_cache_dtype))
     if args.model:
         chosen = [d for d in deployments if d.name == args.model]
         if not chosen:
@@ -234,6 +239,7 @@ def run(args: argparse.Namespace) -> int:
     from inference_lab.common.workload import load_workload
 
     deployment = pick_deployment(args)
+    apply_offload(args, [deployment])
     if args.max_num_seqs is not None:
         from inference_lab.engine.sim.core import CapacityError, EngineCore
 

@@ -6,7 +6,7 @@ A required check that fails makes the server non-conformant. Optional checks are
 signals a real vLLM serves only in some setups (`/kv_event_sources` is the lab's and
 vllm-router's discovery route; `/is_sleeping` is a dev-mode route): their failure is
 reported and does not fail the run. SKIP is for a signal that does not apply (no LoRA
-adapter served, KV events off) or that nothing models yet (the offload tier).
+adapter served, KV events off, KV offloading off).
 
 The checks know the wire shapes (vLLM's metric names and labels, OpenAI's bodies and SSE,
 vllm-router's fields), not how any server builds them."""
@@ -352,9 +352,50 @@ def sleep_mode(ctx: Context) -> str:
     return f"is_sleeping {str(body['is_sleeping']).lower()}"
 
 
+# vLLM's OffloadingConnector series (counters as prometheus_client's parser names their
+# families, without `_total`): the transfer bytes and times a dashboard of the tier reads.
+OFFLOAD_SERIES = ("vllm:kv_offload_load_bytes", "vllm:kv_offload_store_bytes",
+                  "vllm:kv_offload_load_time", "vllm:kv_offload_store_time")
+_OFF = (None, "", "None", "none", "null", "0", "0.0")  # an unset kv_offloading_size
+
+
 @check("offload tier", required=False)
 def offload(ctx: Context) -> str:
-    raise Skipped("not modelled yet: no CPU or disk KV tier to check")
+    """vLLM's `--kv-offloading-size` as a router or dashboard sees it: the size in
+    `vllm:cache_config_info`, the `vllm:kv_offload_*` transfer series, and the host tier's
+    capacity in `vllm:kv_offload_config_info` when the server has it. SKIP when the size
+    label says offload is off and no offload series is served."""
+    families = ctx.metrics()
+    config = families.get("vllm:cache_config_info")
+    labels = config.samples[0].labels if config is not None and config.samples else {}
+    size = labels.get("kv_offloading_size")
+    present = [n for n in OFFLOAD_SERIES if n in families]
+    if size in _OFF and not present:
+        said = "no kv_offloading_size label" if size is None else f"kv_offloading_size={size!r}"
+        raise Skipped(f"offload off: vllm:cache_config_info has {said} and /metrics no vllm:kv_offload_* series")
+    missing = [n for n in OFFLOAD_SERIES if n not in families]
+    if missing:
+        raise Failed(f"offload on (kv_offloading_size={size}) but no {', '.join(missing)} in /metrics")
+    wrong = [n for n in OFFLOAD_SERIES if families[n].type != "counter"]
+    if wrong:
+        raise Failed(f"{', '.join(wrong)} not counters")
+    found = [f"kv_offloading_size={size}" if size not in _OFF
+             else "vllm:cache_config_info has no kv_offloading_size"]
+    backend = labels.get("kv_offloading_backend")
+    if backend and backend not in _OFF:
+        found.append(f"backend {backend}")
+    info = families.get("vllm:kv_offload_config_info")
+    if info is not None and info.samples:
+        chunks = info.samples[0].labels.get("cpu_num_chunks")
+        if chunks is not None and not chunks.isdigit():
+            raise Failed(f"vllm:kv_offload_config_info cpu_num_chunks={chunks!r} is not a whole number")
+        if chunks is not None:
+            found.append(f"{chunks} host chunks")
+    moved = {n: sum(s.value for s in families[n].samples if s.name.endswith("_total"))
+             for n in OFFLOAD_SERIES[:2]}
+    found.append(f"{len(OFFLOAD_SERIES)} vllm:kv_offload_* counters "
+                 f"({moved[OFFLOAD_SERIES[0]]:.0f} B loaded, {moved[OFFLOAD_SERIES[1]]:.0f} B stored)")
+    return "; ".join(found)
 
 
 def run_checks(probe: Probe, model: str | None = None, kv_wait: float = 5.0) -> tuple[str | None, list[Result]]:

@@ -111,16 +111,28 @@ class FleetSide:
             samples: dict[object, dict[str, float]] = {
                 FRONT: {FRONT_REQUESTS: float(self.front_requests), FRONT_UNROUTED: float(self.front_unrouted)}}
             for route in list(self._ready):
-                try:
-                    status, body = await self.http.request("GET", f"{self._url(route)}/metrics")
-                except (OSError, asyncio.TimeoutError):
-                    continue
-                if status == 200:
-                    samples[route.index] = parse_exposition(body.decode("utf-8", "replace"), self.sc.model)
+                scraped = await self._scrape(route, parse_exposition)
+                if scraped is not None:
+                    samples[route.index] = scraped
             self.store.scrape_round(t, samples)
             self._scraped(t)
             tick += 1
             await self._sleep_until(tick * interval)
+
+    async def _scrape(self, route, parse):
+        """`parse(text, model)` of one replica's /metrics, or None: unreachable, not a 200,
+        or an exposition that does not parse (a failed scrape, as Prometheus counts it)."""
+        try:
+            status, body = await self.http.request("GET", f"{self._url(route)}/metrics")
+        except (OSError, asyncio.TimeoutError):
+            return None
+        if status != 200:
+            return None
+        try:
+            return parse(body.decode("utf-8", "replace"), self.sc.model)
+        except ValueError as exc:
+            log.warning("replica %d's /metrics does not parse: %s", route.index, exc)
+            return None
 
     def _scraped(self, t: float) -> None:
         self._scraped_at = t

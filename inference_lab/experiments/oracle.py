@@ -38,6 +38,7 @@ from inference_lab.common.workload import WorkloadSpec
 from inference_lab.engine.drivers.data_parallel import run_data_parallel
 from inference_lab.engine.drivers.offline import run_offline
 from inference_lab.engine.sim.config import default_deployments, load_config_dir
+from inference_lab.engine.sim.offload import from_flags
 from inference_lab.engine.sim.specs import Deployment
 from inference_lab.experiments.scenario import Phase, Scenario
 
@@ -53,6 +54,8 @@ def deployment_for(scenario: Scenario) -> Deployment:
             else default_deployments(scenario.hardware))
     for dep in deps:
         if dep.name == scenario.model:
+            if scenario.kv_offloading_size is not None:  # as serve's --kv-offloading-size
+                dep.offload = from_flags(scenario.kv_offloading_size)
             return dep
     raise ValueError(f"{scenario.path}: model {scenario.model!r} is not in the server's config "
                      f"(models: {', '.join(d.name for d in deps)})")
@@ -77,8 +80,16 @@ def _facts(summary: dict, concurrency: float, kind: str) -> dict:
         "ttft_p50_s": lat["ttft_ms"]["p50"] / 1000.0,
         "ttft_p99_s": lat["ttft_ms"]["p99"] / 1000.0,
         "e2e_mean_s": lat["e2e_ms"]["mean"] / 1000.0,
-        "cache_hit_rate": summary["prefix_cache"].get("hit_rate"),  # None: caching off
+        "cache_hit_rate": _cached_rate(summary["prefix_cache"]),  # None: caching off
     }
+
+
+def _cached_rate(cache: dict) -> float | None:
+    """The share of prompt tokens served cached, as a reply's cached_tokens counts them:
+    the GPU prefix cache's hits plus, with KV offloading, the host tier's."""
+    if "host_hits" not in cache:
+        return cache.get("hit_rate")
+    return (cache["hits"] + cache["host_hits"]) / cache["queries"] if cache["queries"] else 0.0
 
 
 def _simulate(dep: Deployment, spec: WorkloadSpec, slowdown: float, ranks: int) -> dict:

@@ -56,12 +56,9 @@ class PdFleetSide:
         """The P/D layout and each decode replica's transfer counters, for the records."""
         decode = {}
         for route in self.pd.decode:
-            try:
-                status, body = await self.http.request("GET", f"{self._url(route)}/metrics")
-            except (OSError, asyncio.TimeoutError):
-                continue
-            if status == 200:
-                decode[str(route.index)] = decode_metrics(body.decode("utf-8", "replace"), self.sc.model)
+            counters = await self._scrape(route, decode_metrics)
+            if counters is not None:
+                decode[str(route.index)] = counters
         return {"kv_roles": ratio_name(self.sc.pd), "policy": self.pd.policy,
                 "prefill_replicas": [r.index for r in self.pd.prefill],
                 "decode_replicas": [r.index for r in self.pd.decode], "decode_metrics": decode}

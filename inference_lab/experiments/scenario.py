@@ -14,6 +14,8 @@ timeline of actions at given (modelled) seconds.
     time_scale = 1.0                    # --time-scale overrides
     data_parallel_size = 1              # ranks per replica (--virtual only): vLLM's
                                         # balancer, an MoE model's ranks in lockstep
+    kv_offloading_size = 256            # GiB of host KV tier per replica (vLLM's
+                                        # --kv-offloading-size; absent: off)
 
     [load]                              # the keys of inference_lab.common.workload ...
     arrival_pattern = "closed_loop"     # closed_loop | poisson
@@ -107,7 +109,8 @@ PD_POLICIES = ("least_loaded", "round_robin")
 _AUTOSCALER = ("name", "params")
 _SLO = ("ttft_s", "e2e_s", "attainment", "window")
 MAX_REPLICAS = 64
-_SERVER = ("config", "hardware", "max_num_seqs", "max_waiting", "time_scale", "data_parallel_size")
+_SERVER = ("config", "hardware", "max_num_seqs", "max_waiting", "time_scale", "data_parallel_size",
+           "kv_offloading_size")
 _CONTROLLER = ("name", "rtt", "params")
 _ACTION = ("at", "capacity", "load", "fault", "label", "replicas")
 _CAPACITY = ("max_num_seqs", "max_waiting")
@@ -224,6 +227,7 @@ class Scenario:
     max_waiting: int = 0
     time_scale: float = 1.0
     data_parallel_size: int = 1  # ranks per replica (virtual time only)
+    kv_offloading_size: float | None = None  # GiB of host KV tier per replica; None: off
     timeline: tuple[Action, ...] = ()
     path: str = ""
     fleet: FleetSpec | None = None  # a fleet of replicas (autoscaling scenarios)
@@ -443,7 +447,7 @@ def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
 
     st = top.table("server", None, keys=_SERVER)
     config = hardware = None
-    seqs, waiting, scale, dp_size = 256, 0, 1.0, 1
+    seqs, waiting, scale, dp_size, offload = 256, 0, 1.0, 1, None
     if st is not None:
         config_text = st.get("config", str, "a path to a model TOML file or directory", None)
         if config_text is not None:
@@ -454,6 +458,8 @@ def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
         scale = st.get("time_scale", float, "a number > 0", 1.0, ok=lambda v: v > 0)
         dp_size = st.get("data_parallel_size", int, "an integer in [1, 64]", 1,
                          ok=lambda v: 1 <= v <= 64)
+        offload = st.get("kv_offloading_size", float, "a number of GiB > 0 (absent: off)", None,
+                         ok=lambda v: v > 0)
         st.done()
 
     lt = top.table("load")
@@ -509,6 +515,7 @@ def parse_scenario(doc: dict, where: str, base: Path | None = None) -> Scenario:
                     retry_after_529=float(retry), window=window, description=description,
                     config=config, hardware=hardware or "b200", max_num_seqs=seqs,
                     max_waiting=waiting, time_scale=scale, data_parallel_size=dp_size,
+                    kv_offloading_size=offload,
                     timeline=tuple(sorted(actions, key=lambda a: a.at)), path=where,
                     fleet=fleet, autoscaler=autoscaler, autoscaler_params=autoscaler_params,
                     slo=slo, scrape_interval=scrape)

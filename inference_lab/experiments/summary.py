@@ -12,7 +12,7 @@ time to react; the whole phase is reported too):
   delivery_lag_p99_s: how much later than the engine's own e2e the client saw a stream
   end (gateway, loopback and client time). While either is long against the gap
   between completions, AIMD's +1 per success runs ahead of its refusals and then takes
-  a x0.9 for each refusal of the overshoot (BENCHMARKS.md, "AIMD in the capacity step");
+  a x0.9 for each refusal of the overshoot (docs/benchmarks.md, "AIMD in the capacity step");
 - cached_frac: the prompt tokens the server's prefix cache served (usage cached_tokens /
   prompt tokens, of 200s), beside the oracle's cache_hit_rate;
 - scores: goodput / oracle goodput, e2e p50 / oracle e2e p50, and settle_s: seconds after

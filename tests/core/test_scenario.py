@@ -3,11 +3,13 @@ refused naming the file and the key."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from inference_lab.common.toml import ConfigError
+from inference_lab.experiments.oracle import deployment_for
 from inference_lab.experiments.scenario import load_scenario, parse_scenario
 from inference_lab.experiments.summary import settle_seconds, step_series
 
@@ -24,6 +26,15 @@ BASE = {"duration": 10, "load": {"arrival_pattern": "closed_loop", "num_concurre
 def test_the_shipped_scenarios_load(name):
     sc = load_scenario(ROOT / "configs" / "experiments" / f"{name}.toml")
     assert sc.name == name and sc.timeline and sc.config.is_file()
+
+
+def test_the_offload_scenario_gives_its_deployment_the_host_tier_and_the_other_arm_none():
+    # 256 GiB over Llama-3.1-8B's 64-token chunks of 8 MiB: 32,768 chunks (the workload's comments)
+    sc = load_scenario(ROOT / "configs" / "experiments" / "kv-offload.toml")
+    assert (sc.kv_offloading_size, sc.hardware, sc.timeline) == (256.0, "h100", ())
+    dep = deployment_for(sc)
+    assert dep.offload.cpu_bytes == 256 * 2**30
+    assert deployment_for(dataclasses.replace(sc, kv_offloading_size=None)).offload is None
 
 
 def test_phases_follow_the_timeline():
@@ -57,6 +68,7 @@ def test_phases_follow_the_timeline():
     ({"timeline": [{"at": 1, "fault": {"kind": "errors", "script": [{"error": "ok", "count": 0}]}}]},
      "timeline[0].fault.script[0].count"),
     ({"timeline": [{"at": 1, "fault": {"kind": "errors"}}]}, "timeline[0].fault.rate: expected one or more"),
+    ({"server": {"kv_offloading_size": 0}}, "server.kv_offloading_size: expected a number of GiB > 0"),
 ])
 def test_bad_scenarios_are_refused_naming_the_key(change, key):
     with pytest.raises(ConfigError) as err:

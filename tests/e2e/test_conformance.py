@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -82,7 +83,7 @@ def test_the_lab_passes_every_check_and_exits_0(lab):
     assert "kv_block_size 64" in reasons["/get_server_info"]
     assert "BlockStored" in reasons["KV events over ZMQ"]
     assert "1 adapter served" in reasons["metrics: LoRA"]
-    assert reasons["offload tier"].startswith("not modelled yet")
+    assert reasons["offload tier"].startswith("offload off: vllm:cache_config_info has ")
 
     plain = conformance(lab)  # not a terminal: one line per check
     assert plain.returncode == 0, plain.stdout + plain.stderr
@@ -141,3 +142,17 @@ def test_data_parallel_ranks_behind_one_port_pass_too():
     assert reasons["/kv_event_sources"] == ("PASS", "ranks 0, 1")
     status, reason = reasons["KV events over ZMQ"]
     assert status == "PASS" and "BlockStored" in reason, reason
+
+
+def test_the_offload_tier_passes_on_a_server_with_kv_offloading():
+    # 4 GiB over gpt-oss-20b's 64-token blocks of 1,572,864 B (rounded to whole pages):
+    # 4 x 2^30 // 1,572,864 = 2,730 chunks
+    config = Path(__file__).resolve().parents[2] / "configs" / "gpt-oss-20b.toml"
+    with serve("--config", str(config), "--kv-offloading-size", "4") as served:
+        out = conformance(served.base, "--json", "--timeout", "10")
+    assert out.returncode == 0, out.stdout + out.stderr
+    checks = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    offload = checks["offload tier"]
+    assert (offload["status"], offload["required"]) == ("PASS", False), offload
+    assert offload["reason"].startswith("kv_offloading_size=4.0; backend native; 2730 host chunks; "
+                                        "4 vllm:kv_offload_* counters ("), offload["reason"]
