@@ -101,3 +101,10 @@ def test_the_kv_cache_is_read_at_its_own_fraction_of_the_peak():
     a, b = plain.step_cost(64, load), slow.step_cost(64, load)
     assert b.seconds - a.seconds == pytest.approx(kv / 4e12 - kv / 6.4e12, rel=1e-6)
     assert b.read_bytes == a.read_bytes  # the bytes are the same; only their time differs
+
+
+def test_a_vllm_generation_is_refused_on_another_engine_profile(tmp_path):
+    path = tmp_path / "m.toml"
+    path.write_text('model = "gpt-oss-120b"\n[scheduler]\nengine = "sglang"\n[hardware.h200]\n')
+    with pytest.raises(ConfigError, match="calibrated-v0.22 is a fit of vLLM; the sglang engine profile"):
+        load_deployment(path, "h200", timing="calibrated-v0.22")
