@@ -4,7 +4,8 @@
                                       [--jobs 2] [--max-requests 1280] [--json FILE]
 
 Simulates every row of `inference_lab/calibrate/data/*.toml` on its GPU under the roofline and
-under the GPU preset's `[calibration]`, exactly as inference_lab.calibrate.fit_presets does
+under the GPU preset's fit of the row's vLLM generation (its `[calibration]` unless
+the preset has a `[calibration.generations]` table of the source's `vllm_version`), exactly as inference_lab.calibrate.fit_presets does
 (closed-loop clients,
 the source's own scheduler settings and lengths), and prints, per GPU, markdown tables of
 the median and largest |simulated / measured - 1| per metric, with the roofline's beside:
@@ -24,7 +25,7 @@ from pathlib import Path
 from inference_lab.calibrate.fit_presets import DATA, load_rows
 from inference_lab.calibrate.fitting import Evaluator, relative_errors
 from inference_lab.calibrate.simulate import DEFAULT_MAX_REQUESTS, Point
-from inference_lab.engine.sim import catalog
+from inference_lab.engine.sim import catalog, generations
 
 METRIC_NAMES = {"tpot_ms": "TPOT", "tpot_p50_ms": "TPOT (median)", "ttft_ms": "TTFT",
                 "ttft_p50_ms": "TTFT (median)", "e2e_ms": "end to end"}
@@ -39,15 +40,31 @@ def row_set(row: Point, fit: str) -> str:
     return "held out" if row.holdout else "fit"
 
 
+def calibration_of(row: Point):
+    """The shipped fit that times `row`: the preset's fit of the row's vLLM generation
+    (its source's `vllm_version`; engine.sim.generations), else the preset's own."""
+    hw = row.deployment.hardware
+    return generations.calibration_for(hw, row.tags.get("vllm_version", "")) or hw.calibration
+
+
+def shipped_sims(ev: Evaluator) -> list[dict]:
+    """The evaluator's rows, each simulated under its shipped fit (calibration_of)."""
+    cals = [calibration_of(r) for r in ev.points]
+    sims: dict[int, dict] = {}
+    for cal in dict.fromkeys(cals):
+        idx = [i for i, c in enumerate(cals) if c == cal]
+        sims.update(zip(idx, ev.sims([cal], idx)[0]))
+    return [sims[i] for i in range(len(cals))]
+
+
 def errors(rows: list[Point], max_requests: int, jobs: int) -> list[dict]:
     """Per row: its set, model, and the relative error of each metric in both models."""
-    hw = rows[0].deployment.hardware
     ev = Evaluator(rows, max_requests, jobs)
-    roof, cal = ev.sims([None, hw.calibration])
+    cal, roof = shipped_sims(ev), ev.sims([None])[0]
     out = []
     for row, r, c in zip(rows, roof, cal):
         out.append({"row": row.label, "source": row.source, "model": row.deployment.model.name,
-                    "set": row_set(row, hw.calibration.fit),
+                    "set": row_set(row, calibration_of(row).fit),
                     "calibrated": relative_errors(row, c), "roofline": relative_errors(row, r)})
     return out
 
@@ -99,15 +116,20 @@ def print_tables(items: list[dict]) -> dict:
     return {"by_set": by_set, "by_model": by_model, "by_model_set": by_model_set, "rows": items}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_row_arguments(parser: argparse.ArgumentParser, max_requests: int = DEFAULT_MAX_REQUESTS) -> None:
+    """--data, --hardware, --jobs, --max-requests: which rows, simulated how."""
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--hardware", action="append", default=None,
                         help="only this GPU preset (repeatable; default b200, h200, h100)")
     parser.add_argument("--jobs", type=int, default=1, help="simulations in parallel processes")
-    parser.add_argument("--max-requests", type=int, default=DEFAULT_MAX_REQUESTS,
+    parser.add_argument("--max-requests", type=int, default=max_requests,
                         help="simulate at most this many requests per row (at least 4 x its "
                              "concurrency)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_row_arguments(parser)
     parser.add_argument("--json", type=Path, help="also write the summaries here")
     args = parser.parse_args()
     gpus = args.hardware or ["b200", "h200", "h100"]

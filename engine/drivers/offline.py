@@ -116,7 +116,10 @@ def _timing(dep: Deployment) -> dict:
     if dep.timing != "calibrated" or dep.hardware.calibration is None:
         return {"model": dep.timing}
     cal = dep.hardware.calibration
-    return {"model": dep.timing, "calibration": cal.provenance, "fit": cal.fit}
+    out = {"model": dep.timing, "calibration": cal.provenance, "fit": cal.fit}
+    if cal.vllm_version:  # the vLLM generation the fit imitates (engine.sim.generations)
+        out["vllm_version"] = cal.vllm_version
+    return out
 
 
 def summarise(rec: RunRecorder, core: EngineCore, steps: int, cpu_seconds: float) -> dict:

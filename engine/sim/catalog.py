@@ -12,8 +12,10 @@ nor how a step is timed (`sim.cost`, `sim.layers`).
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterable
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -136,8 +138,8 @@ _CALIBRATION_KEYS = ("flops_efficiency", "moe_flops_efficiency", "flops_half_tok
                      "comm_efficiency", "step_overhead", "request_overhead", "layer_overhead",
                      "expert_overhead", "mla_layer_overhead", "sequence_overhead",
                      "sequence_kernel_overhead", "mixed_step_overhead",
-                     "prompt_token_overhead", "unoverlapped_fraction", "routing_skew", "fit",
-                     "transferred_from")
+                     "prompt_token_overhead", "unoverlapped_fraction", "routing_skew", "kv_bandwidth_efficiency",
+                     "fit", "transferred_from", "vllm_version", "generations")
 _LINK_KEYS = ("bandwidth", "latency", "in_network_reduction")
 _STORE_KEYS = ("name", "per", "kind", "capacity", "bandwidth", "stripe", "aggregate_bandwidth",
                "latency", "pin")
@@ -242,6 +244,7 @@ def parse_hardware(table: Any, where: str, path: str = "", name: str | None = No
     memory = t.table("memory", None)
     stores = _parse_memory(memory) if memory is not None else ()
     cal = t.table("calibration", None, _CALIBRATION_KEYS)
+    generations = _parse_generations(cal.table("generations", None)) if cal is not None else ()
     calibration = _parse_calibration(cal) if cal is not None else None
     t.done()
     if not flops:
@@ -251,7 +254,7 @@ def parse_hardware(table: Any, where: str, path: str = "", name: str | None = No
                     hbm_bytes=capacity, link_bandwidth=link_bw, link_latency=latency,
                     in_network_reduction=reduce, gpus_per_node=per_node,
                     scale_out_bandwidth=out_bw, scale_out_latency=out_latency,
-                    memory_stores=stores, calibration=calibration,
+                    memory_stores=stores, calibration=calibration, generations=generations,
                     load_bandwidth=load, host_link_bandwidth=host_bw,
                     host_link_latency=host_latency)
 
@@ -290,10 +293,33 @@ def _parse_calibration(t: Table) -> Calibration:
                                     ok=lambda v: 0 <= v <= 1),
         routing_skew=t.get("routing_skew", float, "a number >= 0 (Zipf exponent)", 0.0,
                            ok=lambda v: v >= 0),
+        kv_bandwidth_efficiency=t.get("kv_bandwidth_efficiency", float,
+                                      "a number in [0, 1] (0: as bandwidth_efficiency)", 0.0,
+                                      ok=lambda v: 0 <= v <= 1),
         fit=t.get("fit", str, "a string", ""),
-        transferred_from=t.get("transferred_from", str, "a hardware preset name", ""))
+        transferred_from=t.get("transferred_from", str, "a hardware preset name", ""),
+        vllm_version=t.get("vllm_version", str, "a vLLM release such as \"0.11\"", "",
+                           ok=lambda v: bool(_VERSION.fullmatch(v))))
     t.done()
     return c
+
+
+_VERSION = re.compile(r"\d+(?:\.\d+)*")
+
+
+def _parse_generations(t: Table | None) -> tuple[Calibration, ...]:
+    """`[calibration.generations."0.22"]`: the fits of other vLLM generations, each a
+    full calibration table named by its release (engine.sim.generations)."""
+    if t is None:
+        return ()
+    out = []
+    for version in t.data:
+        if not _VERSION.fullmatch(version):
+            raise t.error(version, 'a vLLM release such as "0.22" as the table\'s name', version)
+        keys = tuple(k for k in _CALIBRATION_KEYS if k != "generations")
+        out.append(replace(_parse_calibration(t.table(version, keys=keys)), vllm_version=version))
+    t.done()
+    return tuple(out)
 
 
 def _parse_weights(w: Table) -> WeightStream:

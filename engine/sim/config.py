@@ -36,6 +36,7 @@ from typing import Any
 
 from inference_lab.common.toml import ConfigError, Table, read_toml
 from inference_lab.engine.sim import catalog as bundled
+from inference_lab.engine.sim import generations
 from inference_lab.engine.sim.capacity import EXPECTED, out_of_range, seqs_fit_budget
 from inference_lab.engine.sim.catalog import Catalog
 from inference_lab.engine.sim.kv_transfer import PD_POLICIES, PdLayout, link_preset
@@ -59,7 +60,6 @@ _TOP_KEYS = ("name", "model", "scheduler", "hardware", "speculative", "router", 
              "memory", "fault", "pd")
 _ENTRY_KEYS = ("tp", "ep", "dp_attention", "replicas", "spec", "scheduler", "speculative",
                "router", "decode_router", "memory", "time_correction", "timing")
-TIMINGS = ("roofline", "calibrated")
 _ROUTER_KEYS = ("policy", "max_load_ratio", "load_weight")
 _ROUTERS = ("round_robin", "least_loaded", "prefix_affinity", "kv_aware", "kv_aware_decode")
 _MEMORY_KEYS = ("tiers", "capacity", "preset", "source", "hbm_eviction", "write", "eviction",
@@ -245,8 +245,7 @@ def _parse_entry(entry: Table, hw_name: str, model: Model, served: str,
     entry.refuse_unknown(_ENTRY_KEYS)
     notes: list[str] = []
     hardware = _entry_hardware(entry, hw_name, cat)
-    timing = entry.get("timing", str, "'roofline' or 'calibrated'", "roofline",
-                       ok=lambda v: v in TIMINGS)
+    timing = entry.get("timing", str, generations.TIMING_HELP, "roofline", ok=generations.is_timing)
     tp = entry.get("tp", int, "an integer >= 1", 1, ok=lambda v: v >= 1)
     ep = entry.get("ep", int, f"an integer >= 1 dividing tp ({tp})", 1,
                    ok=lambda v: v >= 1 and tp % v == 0)
@@ -336,15 +335,25 @@ def _parse_entries(hw_table: Table | None, model: Model, served: str,
 
 
 def _check_timing(timing: Any) -> None:
-    if timing is not None and timing not in TIMINGS:
-        raise ConfigError("--timing", "", f"expected 'roofline' or 'calibrated', got {timing!r}")
+    if timing is not None and not generations.is_timing(timing):
+        raise ConfigError("--timing", "", f"expected {generations.TIMING_HELP}, got {timing!r}")
 
 
 def _apply_timing(dep: Deployment, timing: str | None) -> None:
     """Use `timing` when given (the --timing flag), and refuse a calibrated timing on
-    hardware without a fit."""
+    hardware without a fit; `calibrated-v<version>` picks that vLLM generation's fit
+    (engine.sim.generations), refused by name on a preset without one."""
     if timing is not None:
         dep.timing = timing
+    dep.timing, version = generations.parse_timing(dep.timing)
+    if version and dep.scheduler.engine != "vllm":
+        raise ConfigError(dep.source, "timing", f"calibrated-v{version} is a fit of vLLM; the "
+                          f"{dep.scheduler.engine} engine profile has its own (--timing calibrated)")
+    if version:
+        try:
+            dep.hardware = generations.select(dep.hardware, version)
+        except ValueError as exc:
+            raise ConfigError(dep.source, "timing", str(exc)) from None
     if dep.timing == "calibrated" and dep.hardware.calibration is None:
         raise ConfigError(dep.source, "timing", f"calibrated timing needs a [calibration] table in "
                           f"the {dep.hardware.name} hardware preset (inference_lab.calibrate.fit_presets "

@@ -137,8 +137,14 @@ class CostModel:
         self.request_overhead = cal.request_overhead if cal else 0.0
         self.prompt_token_overhead = cal.prompt_token_overhead if cal else 0.0
         comm = cal.comm_efficiency if cal else 1.0
+        # KV reads at their own fraction of the peak (the decode attention kernels'), as
+        # extra seconds per KV byte beside the weights' rate; 0 when not set
+        self._kv_extra = 0.0
         if cal:
             self.bandwidth *= cal.bandwidth_efficiency
+            if cal.kv_bandwidth_efficiency:
+                self._kv_extra = (1.0 / cal.kv_bandwidth_efficiency
+                                  - 1.0 / cal.bandwidth_efficiency) / (hw.hbm_bandwidth * tp)
 
         warned: set[str] = set()
 
@@ -292,8 +298,11 @@ class CostModel:
         for i, (rate, flops_per_token, dense_bytes, moe, moe_flops_per_token) in enumerate(self._streams):
             flops = flops_per_token * tokens + attn_flops[i]
             nbytes = dense_bytes + self._moe_bytes(moe, tokens) if moe else dense_bytes
+            t_memory = 0.0
             if i == self._attention_index:
                 nbytes += attn_bytes
+                if self._kv_extra:
+                    t_memory = (attn_bytes - self._state_bytes * load.sequences) * self._kv_extra
             t_compute = flops / (rate * eff)
             if moe_flops_per_token:
                 moe_flops = moe_flops_per_token * tokens
@@ -301,7 +310,7 @@ class CostModel:
                 flops += moe_flops
             total_flops += flops
             total_bytes += nbytes
-            t_memory = nbytes / bandwidth
+            t_memory += nbytes / bandwidth
             busy_compute += t_compute
             busy_memory += t_memory
             if t_compute > t_memory:

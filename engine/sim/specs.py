@@ -47,7 +47,8 @@ class Calibration:
     prefill path beside the decode path, its per-step planning and metadata. A stream's math
     and memory traffic overlap only in part: unoverlapped_fraction of the shorter of the
     two adds to the longer (kernels far below their FLOP peak do not hide their weight
-    reads). The routed experts a step touches follow routing_skew, the Zipf exponent of
+    reads). The KV cache a step attends is read at kv_bandwidth_efficiency of the HBM
+    peak (0: as the weights). The routed experts a step touches follow routing_skew, the Zipf exponent of
     their popularity (0: uniform routing; larger: fewer touched at a middling batch). The
     LM head is charged once per sequence in the step (the position that
     samples), not per position (needs the model's vocab_size)."""
@@ -71,10 +72,16 @@ class Calibration:
     unoverlapped_fraction: float = 0.0
     # Zipf exponent of the routed experts' popularity (0: uniform routing)
     routing_skew: float = 0.0
+    # fraction of the HBM peak the decode attention kernels reach on the KV cache they
+    # read (0: bandwidth_efficiency, as the weights)
+    kv_bandwidth_efficiency: float = 0.0
     fit: str = ""  # where the numbers come from
     # "" when fitted on this GPU; else the preset whose fit was carried over by rule
     # (fractions of peak and fixed time costs unchanged: docs/timing.md)
     transferred_from: str = ""
+    # the vLLM release whose measurements the fit imitates ("0.11"; "" unstated;
+    # engine.sim.generations)
+    vllm_version: str = ""
 
     @property
     def provenance(self) -> str:
@@ -101,6 +108,8 @@ class Hardware:
     scale_out_latency: float = 0.0
     memory_stores: tuple[str, ...] = ()  # KV tiers beyond HBM the node offers (parsed only)
     calibration: Calibration | None = None  # the `calibrated` timing model's fit
+    # fits of other vLLM generations (`--timing calibrated-v0.22`: engine.sim.generations)
+    generations: tuple[Calibration, ...] = ()
     # bytes/s per GPU at which weights load from the host at start-up (the host link's peak;
     # engine.fleet.startup): PCIe Gen5 x16 unless the preset says otherwise
     load_bandwidth: float = 64e9
@@ -315,6 +324,6 @@ class Deployment:
     ep: int = 1  # expert-parallel ranks (divides tp); experts priced as balanced
     speculative: Speculative | None = None
     unmodelled: tuple[str, ...] = ()  # features parsed but not simulated, by name
-    timing: str = "roofline"  # "roofline" | "calibrated" (hardware.calibration)
+    timing: str = "roofline"  # "roofline" | "calibrated" (hardware.calibration, a generation's once chosen)
     pd: object = None  # [pd]: a disaggregated layout for `sim` (engine.sim.kv_transfer.PdLayout)
     offload: object = None  # KV offloading (engine.sim.offload.OffloadConfig); None: off

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from inference_lab.calibrate.fitting import PARAMETERS, Evaluator, fit, relative_errors
 from inference_lab.calibrate.simulate import DEFAULT_MAX_REQUESTS, Point
-from inference_lab.engine.sim import catalog
+from inference_lab.engine.sim import catalog, generations
 from inference_lab.engine.sim.profiles import apply as apply_profile
 from inference_lab.engine.sim.specs import Calibration, Deployment, SchedulerConfig
 
@@ -58,6 +58,8 @@ def load_rows(data_dir: Path = DATA) -> list[Point]:
         source = data["source"]
         metrics = tuple(source.get("metrics", DEFAULT_METRICS))
         first_wave = source.get("first_wave") == "included"
+        # the vLLM generation measured (engine.sim.generations): picks the preset's fit
+        tags = {"vllm_version": source["vllm_version"]} if "vllm_version" in source else {}
         deployments = {}
         for d in data["deployments"]:
             explicit = {k: d[k] for k in _SCHED_KEYS if k in d}
@@ -76,7 +78,8 @@ def load_rows(data_dir: Path = DATA) -> list[Point]:
             rows.append(Point(f"{dep.name} {r['input']}/{r['output']} c={r['concurrency']}", dep,
                               r["concurrency"], r["input"], r["output"], measured,
                               requests=r.get("requests", 0), range_ratio=r.get("range_ratio", 1.0),
-                              first_wave=first_wave, holdout=r.get("holdout", False), source=path.stem))
+                              first_wave=first_wave, holdout=r.get("holdout", False), source=path.stem,
+                              tags=dict(tags)))
     return rows
 
 
@@ -124,12 +127,17 @@ def main() -> int:
                         help="comma-separated [calibration] keys to fit (default: all)")
     parser.add_argument("--start", default="", metavar="KEY=VALUE,...",
                         help="start the fit from these [calibration] values instead of the preset's")
+    parser.add_argument("--vllm-version", default="", metavar="VERSION",
+                        help="fit only the rows of this vLLM generation (their source's "
+                             "vllm_version), starting from the preset's fit of it "
+                             "([calibration.generations.\"VERSION\"], else its [calibration])")
     parser.add_argument("--report-only", action="store_true",
                         help="no fit: the error table of the preset's current [calibration]")
     parser.add_argument("--no-roofline", action="store_true", help="leave the roofline column out")
     args = parser.parse_args()
     rows = [r for r in load_rows(args.data)
-            if args.hardware is None or r.deployment.hardware.name in args.hardware]
+            if (args.hardware is None or r.deployment.hardware.name in args.hardware)
+            and (not args.vllm_version or r.tags.get("vllm_version") == args.vllm_version)]
     by_hw: dict[str, list[Point]] = {}
     for row in rows:  # an engine profile's rows are fitted apart (hardware+engine)
         engine = row.deployment.scheduler.engine
@@ -137,8 +145,10 @@ def main() -> int:
         by_hw.setdefault(key, []).append(row)
     names = [n.strip() for n in args.params.split(",") if n.strip()]
     for hw, hw_rows in sorted(by_hw.items()):
-        start = replace(catalog.load_hardware(hw.split("+")[0]).calibration or Calibration(),
-                        transferred_from="",
+        hardware = catalog.load_hardware(hw.split("+")[0])
+        own = generations.calibration_for(hardware, args.vllm_version) or hardware.calibration
+        start = replace(own or Calibration(), transferred_from="", vllm_version=args.vllm_version
+                        or (own.vllm_version if own else ""),
                         **{k: float(v) for k, v in (kv.split("=") for kv in args.start.split(",") if kv)})
         ev = Evaluator(hw_rows, args.max_requests, args.jobs)
         fit_idx = [i for i, r in enumerate(hw_rows) if not r.holdout]
@@ -154,11 +164,14 @@ def main() -> int:
                 print(f"not determined by these rows (kept at {getattr(cal, name):g}): {name}: {why}")
         roof = None if args.no_roofline else Evaluator(hw_rows, args.max_requests, args.jobs)
         report(hw, hw_rows, ev, cal, roof)
-        print(f"[calibration]   # {hw}: {PROVENANCE} on "
+        table = f'calibration.generations."{args.vllm_version}"' if args.vllm_version else "calibration"
+        print(f"[{table}]   # {hw}: {PROVENANCE} on "
               f"{' + '.join(sorted({r.source for r in hw_rows}))}")
         for f in fields(Calibration):
             if f.name in PARAMETERS:
                 print(f"{f.name} = {float(f'{getattr(cal, f.name):.3g}'):g}")
+        if cal.vllm_version:
+            print(f'vllm_version = "{cal.vllm_version}"')
     return 0
 
 

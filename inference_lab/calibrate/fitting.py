@@ -66,6 +66,8 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter("unoverlapped_fraction", 0.0, 1.0, 0.02,
               "share of the shorter of a stream's math and memory time not hidden under the longer"),
     Parameter("routing_skew", 0.0, 3.0, 0.05, "Zipf exponent of the routed experts' popularity"),
+    Parameter("kv_bandwidth_efficiency", 0.05, 1.0, 0.0,
+              "fraction of the HBM peak the decode attention reaches on the KV cache"),
     Parameter("request_overhead", 0.0, 1.0, 1e-3, "seconds from arrival to schedulable"),
     Parameter("prompt_token_overhead", 0.0, 1e-4, 1e-6, "seconds per prompt token before schedulable"),
 )}

@@ -23,12 +23,26 @@ def add_catalog_argument(parser: argparse.ArgumentParser) -> None:
              f"${CATALOG_ENV}, colon-separated, read before the flags)")
 
 
+def _timing(value: str) -> str:
+    from inference_lab.engine.sim.generations import parse_timing
+
+    try:
+        parse_timing(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
 def add_timing_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--timing", choices=("roofline", "calibrated"), default=None,
+        "--timing", type=_timing, default=None,
+        metavar="{roofline,calibrated,calibrated-vVERSION}",
         help="step timing model for every model: roofline (datasheet peaks, the default unless "
-             "a hardware entry says `timing`) or calibrated (the hardware preset's fitted "
-             "[calibration]: achieved efficiencies, per-step and per-request overheads)")
+             "a hardware entry says `timing`), calibrated (the hardware preset's fitted "
+             "[calibration]: achieved efficiencies, per-step and per-request overheads, fitted "
+             "on the vLLM release its vllm_version names: 0.11 for b200, h200 and h100) or "
+             "calibrated-vVERSION (the preset's fit of another vLLM generation, e.g. "
+             "calibrated-v0.22 on h200; `inference-lab catalog show HARDWARE` lists them)")
 
 
 KV_CACHE_DTYPE_CHOICES = ("auto", "bf16", "fp16", "fp8")

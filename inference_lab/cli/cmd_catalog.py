@@ -91,6 +91,12 @@ def show_hardware(hw, source: str) -> None:
         print(f"  scale-out: {hw.scale_out_bandwidth / 1e9:,.0f} GB/s per direction per GPU")
     if hw.memory_stores:
         print(f"  KV stores beyond HBM (parsed, not modelled): {', '.join(hw.memory_stores)}")
+    if hw.calibration is not None:
+        own = hw.calibration.vllm_version or "unstated"
+        line = f"  calibrated timing: vLLM {own} (--timing calibrated, {hw.calibration.provenance})"
+        for gen in hw.generations:
+            line += f"; vLLM {gen.vllm_version} (--timing calibrated-v{gen.vllm_version})"
+        print(line)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -62,7 +62,8 @@ def test_timing_is_chosen_per_entry_or_by_the_flag_and_needs_a_fit(tmp_path):
     assert load_deployment(path, "a100").timing == "roofline"
     with pytest.raises(ConfigError, match="calibrated timing needs a \\[calibration\\] table in the a100"):
         load_deployment(path, "a100", timing="calibrated")
-    with pytest.raises(ConfigError, match="--timing: expected 'roofline' or 'calibrated', got 'fast'"):
+    with pytest.raises(ConfigError, match="--timing: expected 'roofline', 'calibrated' or "
+                                          "'calibrated-v<vLLM version>' .*got 'fast'"):
         load_deployment(path, "h100", timing="fast")
 
 

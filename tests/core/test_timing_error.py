@@ -13,7 +13,7 @@ import pytest
 
 from inference_lab.calibrate import fit_presets
 from inference_lab.calibrate.fitting import Evaluator, relative_errors
-from inference_lab.engine.sim import catalog
+from inference_lab.engine.sim import catalog, generations
 
 # Per GPU: held-out rows of a model its calibration was fitted on, by label: InferenceMAX's
 # gpt-oss-120b sweeps (vLLM 0.11) on B200 and H100, dstack's DeepSeek-R1 (vLLM 0.7) on H200.
@@ -62,3 +62,20 @@ def test_the_b200_rows_furthest_off_are_within_a_fifth():
     (cal,) = Evaluator(rows, max_requests=1).sims([catalog.load_hardware("b200").calibration])
     errors = {r.label: round(relative_errors(r, s)["tpot_ms"], 3) for r, s in zip(rows, cal)}
     assert max(abs(e) for e in errors.values()) <= 0.20, errors
+
+
+# The H200's vLLM 0.22 generation (engine.sim.generations) on its held-out rows: the
+# 8000 / 1000 sweep at 2 and 16 clients and InferenceX's recipe at 4 clients, both shapes.
+SAMPLE_H200_022 = ["gpt-oss-120b-h200-vllm022 8000/1000 c=2", "gpt-oss-120b-h200-vllm022 8000/1000 c=16",
+                   "gpt-oss-120b-h200-vllm022-1k1k-c4 1024/1024 c=4",
+                   "gpt-oss-120b-h200-vllm022-8k1k-c4 8192/1024 c=4"]
+
+
+def test_the_h200_vllm_022_generation_predicts_its_held_out_tpot():
+    rows = [ROWS[label] for label in SAMPLE_H200_022]
+    assert all(r.holdout and r.tags["vllm_version"] == "0.22" for r in rows)
+    fit = generations.calibration_for(catalog.load_hardware("h200"), "0.22")
+    (cal,) = Evaluator(rows, max_requests=1).sims([fit])
+    errors = [relative_errors(r, s)["tpot_ms"] for r, s in zip(rows, cal)]
+    assert statistics.median(abs(e) for e in errors) <= 0.10, errors
+    assert max(abs(e) for e in errors) <= 0.20, errors

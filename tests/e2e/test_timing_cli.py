@@ -44,3 +44,24 @@ def test_calibrated_timing_on_a_gpu_with_a_transferred_fit_says_so(tmp_path):
     assert out.stderr.count("uses a calibration transferred from the b200 fit") == 1
     timing = json.loads((tmp_path / "o.json").read_text())["timing"]
     assert timing["model"] == "calibrated" and timing["calibration"] == "transferred from b200"
+
+
+def test_a_vllm_generation_is_chosen_by_name_and_reported(tmp_path):
+    out = sim(tmp_path, "--hardware", "h200", "--timing", "calibrated")
+    assert out.returncode == 0, out.stderr
+    own = json.loads((tmp_path / "o.json").read_text())
+    out = sim(tmp_path, "--hardware", "h200", "--timing", "calibrated-v0.22")
+    assert out.returncode == 0, out.stderr
+    newer = json.loads((tmp_path / "o.json").read_text())
+    assert own["timing"]["vllm_version"] == "0.11" and newer["timing"]["vllm_version"] == "0.22"
+    assert newer["timing"]["model"] == "calibrated" and "vllm022" in newer["timing"]["fit"]
+    assert newer["latency_metrics"]["per_token_ms"]["mean"] != own["latency_metrics"]["per_token_ms"]["mean"]
+
+
+def test_a_vllm_generation_the_preset_lacks_is_refused_in_one_line(tmp_path):
+    out = sim(tmp_path, "--hardware", "b200", "--timing", "calibrated-v0.22")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "the b200 hardware preset has no calibration for vLLM 0.22 (it has: calibrated-v0.11)" in out.stderr
+    out = sim(tmp_path, "--hardware", "b200", "--timing", "calibrated-0.22")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "argument --timing: expected 'roofline', 'calibrated' or 'calibrated-v<vLLM version>'" in out.stderr
