@@ -366,7 +366,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "hardware", "tp", "max_model_len", "kv_blocks", "block_size", "parent", "lora_rank", "max_request_tokens", "pooling")
+    __slots__ = ("name", "hardware", "tp", "max_model_len", "kv_blocks", "block_size", "parent", "lora_rank", "max_request_tokens", "pooling", "kv_offload")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     TP_FIELD_NUMBER: _ClassVar[int]
@@ -377,6 +377,7 @@ class ModelInfo(_message.Message):
     LORA_RANK_FIELD_NUMBER: _ClassVar[int]
     MAX_REQUEST_TOKENS_FIELD_NUMBER: _ClassVar[int]
     POOLING_FIELD_NUMBER: _ClassVar[int]
+    KV_OFFLOAD_FIELD_NUMBER: _ClassVar[int]
     name: str
     hardware: str
     tp: int
@@ -387,7 +388,18 @@ class ModelInfo(_message.Message):
     lora_rank: int
     max_request_tokens: int
     pooling: PoolingInfo
-    def __init__(self, name: _Optional[str] = ..., hardware: _Optional[str] = ..., tp: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., parent: _Optional[str] = ..., lora_rank: _Optional[int] = ..., max_request_tokens: _Optional[int] = ..., pooling: _Optional[_Union[PoolingInfo, _Mapping]] = ...) -> None: ...
+    kv_offload: KvOffloadInfo
+    def __init__(self, name: _Optional[str] = ..., hardware: _Optional[str] = ..., tp: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., parent: _Optional[str] = ..., lora_rank: _Optional[int] = ..., max_request_tokens: _Optional[int] = ..., pooling: _Optional[_Union[PoolingInfo, _Mapping]] = ..., kv_offload: _Optional[_Union[KvOffloadInfo, _Mapping]] = ...) -> None: ...
+
+class KvOffloadInfo(_message.Message):
+    __slots__ = ("size_gib", "backend", "kv_transfer_config_json")
+    SIZE_GIB_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    size_gib: float
+    backend: str
+    kv_transfer_config_json: str
+    def __init__(self, size_gib: _Optional[float] = ..., backend: _Optional[str] = ..., kv_transfer_config_json: _Optional[str] = ...) -> None: ...
 
 class PoolingInfo(_message.Message):
     __slots__ = ("task", "dimensions", "normalize", "matryoshka", "matryoshka_dimensions", "pooling_type")
