@@ -7,11 +7,14 @@ its host tier. Driven through the drivers `inference-lab sim` runs (`--data-para
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
+from pathlib import Path
 
 from factories import deployment
 
+from inference_lab.cli import main
 from inference_lab.common.workload import LengthDist, WorkloadSpec
 from inference_lab.engine.drivers.data_parallel import run_data_parallel
 from inference_lab.engine.drivers.disagg import run_disaggregated
@@ -98,3 +101,31 @@ def test_a_decode_replica_pulls_the_same_kv_with_offloading_on_as_off():
         assert a.decode.transfer_s == b.decode.transfer_s > 0
     assert on["pd"]["transfers"] == off["pd"]["transfers"]
     assert on["pd"]["decode"]["prefix_cache"]["host_hits"] == 0
+
+
+def test_sim_gives_every_rank_and_every_pool_its_host_tier(tmp_path):
+    """`inference-lab sim --kv-offloading-size` with `--data-parallel-size 2` and with
+    `--pd 1:1`: each rank reports its own host tier's hits, each pool its replicas'."""
+    config = Path(__file__).resolve().parents[2] / "configs" / "gpt-oss-20b.toml"
+    w = tmp_path / "w.toml"
+    w.write_text('[workload]\narrival_pattern = "closed_loop"\nnum_concurrent_users = 4\n'
+                 'num_requests = 24\nseed = 1\nshared_prefix_len = 1000\nnum_turns = 3\n'
+                 'input_len_dist = { type = "fixed", value = 200 }\n'
+                 'output_len_dist = { type = "fixed", value = 20 }\n')
+
+    def sim(*flags: str) -> dict:
+        out = tmp_path / "out.json"
+        assert main(["sim", "-c", str(config), "-w", str(w), "-q", "-o", str(out),
+                     *flags]) == 0
+        return json.loads(out.read_text())
+
+    dp = sim("--data-parallel-size", "2", "--kv-offloading-size", "1")
+    ranks = dp["data_parallel"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["host_hits"] >= 0 for r in ranks)
+    assert sum(r["host_hits"] for r in ranks) == dp["prefix_cache"]["host_hits"]
+    pd = sim("--pd", "1:1", "--kv-offloading-size", "1")["pd"]
+    assert pd["prefill"]["prefix_cache"]["host_hits"] >= 0
+    assert pd["decode"]["prefix_cache"]["host_hits"] >= 0
+    assert pd["transfers"]["pulled"] == 24
+    off = sim("--data-parallel-size", "2")
+    assert all("host_hits" not in r for r in off["data_parallel"]["ranks"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import aiohttp
 import openai
 import pytest
+from offload_helpers import BLOCK, BYTES_PER_TOKEN, CONFIG, MODEL, cached, text
 from openai import OpenAI
 
 from inference_lab.testing.launch import serve
@@ -20,22 +21,6 @@ from inference_lab.testing.routers import metric
 
 pytestmark = pytest.mark.timeout(120)
 
-MODEL = "gpt-oss-20b"
-BLOCK = 64
-BYTES_PER_TOKEN = 24576
-# a 120-block GPU cache: three 3,000-token prompts (47 blocks each) push a fourth out
-CONFIG = f"""model = "{MODEL}"
-[scheduler]
-block_size = {BLOCK}
-kv_cache_capacity = {BYTES_PER_TOKEN * BLOCK * 120}
-[hardware.b200]
-"""
-
-
-def text(seed: int, n: int = 3000) -> str:
-    """A prompt of its own of about n tokens (the built-in tokenizer packs 4 bytes a token)."""
-    return "".join(chr(0x61 + (seed * 7 + i * 13 + i // 5) % 26) for i in range(4 * n))
-
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
@@ -43,10 +28,6 @@ def lab(tmp_path_factory):
     config.write_text(CONFIG)
     with serve("--config", str(config), "--kv-offloading-size", "1") as served:
         yield served
-
-
-def cached(usage) -> int:
-    return usage.prompt_tokens_details.cached_tokens
 
 
 async def test_max_load_tokens_zero_computes_an_offloaded_prefix_the_default_loads(lab):
