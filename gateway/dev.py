@@ -1,5 +1,6 @@
 """vLLM's dev-mode routes (VLLM_SERVER_DEV_MODE=1, or --dev-mode): POST /pause, POST
-/resume, GET /is_paused, POST /reset_prefix_cache.
+/resume, GET /is_paused, POST /reset_prefix_cache, and GET /server_info (its answer:
+gateway.server_info).
 
 Knows: the routes as vLLM's dev mode serves them: /pause's query (`mode` abort, wait or
 keep, default abort; the older `wait_for_inflight_requests=true`, which means wait;
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from inference_lab.gateway import server_info
 from inference_lab.gateway.protocols.base import invalid, json_encode
 from inference_lab.gateway.state import STATE
 from inference_lab.v1 import engine_pb2 as pb
@@ -90,6 +92,9 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
 
 
 def add_routes(app: web.Application) -> None:
+    # vLLM's /server_info (gateway.server_info), where no engine profile serves its own
+    if "/server_info" not in {r.canonical for r in app.router.resources()}:
+        app.router.add_get("/server_info", server_info.show)
     app.router.add_post("/pause", pause)
     app.router.add_post("/resume", resume)
     app.router.add_get("/is_paused", is_paused)

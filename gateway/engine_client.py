@@ -444,8 +444,8 @@ class EngineClient:
 
 
 def kv_params_into(msg: pb.KvTransferParams, params) -> None:
-    """Copy parsed kv_transfer_params (any object with NixlConnector's keys as attributes,
-    None where absent) into the request's message."""
+    """Copy parsed kv_transfer_params (any object with NixlConnector's keys and the
+    offload caps as attributes, None where absent) into the request's message."""
     msg.do_remote_decode = bool(params.do_remote_decode)
     msg.do_remote_prefill = bool(params.do_remote_prefill)
     if params.remote_engine_id is not None:
@@ -460,3 +460,7 @@ def kv_params_into(msg: pb.KvTransferParams, params) -> None:
         msg.remote_request_id = params.remote_request_id
     if params.tp_size is not None:
         msg.tp_size = params.tp_size
+    if params.max_load_tokens is not None:  # KV offloading's per-request caps
+        msg.max_load_tokens = params.max_load_tokens
+    if params.max_offload_tokens is not None:
+        msg.max_offload_tokens = params.max_offload_tokens

@@ -31,6 +31,7 @@ from inference_lab.gateway.protocols.base import json_encode, random_id
 from inference_lab.gateway.protocols.openai.schemas import (
     ChatCompletionRequest, chat_prompt, completion_prompts, decode_request, prompt_ids,
 )
+from inference_lab.gateway.server_info import nixl_config, offload_fields, served_models
 from inference_lab.gateway.state import STATE, GatewayState
 
 # vllm-router accepts a source only with these declarations (its events_enabled check):
@@ -60,18 +61,6 @@ async def get_load(request: web.Request) -> web.Response:
     return _json({"load": await _load(request.app[STATE])})
 
 
-async def _served(state: GatewayState):
-    """The models this port's replica serves, base models first (the engine's order)."""
-    models = await state.client.list_models()
-    if state.replica is not None:
-        rows = await state.client.get_capacity(replica=state.replica)
-        served = {row.model for row in rows}
-        models = [m for m in models if m.name in served]
-    if not models:
-        raise GatewayError(ErrorKind.REPLICA_UNAVAILABLE, "no model has this replica")
-    return models
-
-
 def _instance_id(request: web.Request) -> str:
     """This listener's identity, the same on every call and distinct per port and host."""
     sockname = request.transport.get_extra_info("sockname") if request.transport else None
@@ -84,7 +73,7 @@ async def server_info(request: web.Request) -> web.Response:
     ServerInfo; the block size as `kv_block_size` only: it also takes `block_size` as an
     alias, and both at once would be a duplicate field to it)."""
     state = request.app[STATE]
-    model = (await _served(state))[0]
+    model = (await served_models(state))[0]
     rows = await state.client.get_capacity(model=model.name, replica=state.replica or 0)
     row = rows[0] if rows else None
     return _json({"model_id": model.name, "model_path": model.name,
@@ -94,10 +83,9 @@ async def server_info(request: web.Request) -> web.Response:
                   # P/D disaggregation: the replica's role as vLLM's kv_transfer_config names
                   # it, and the engine id its handoffs carry (docs/pd.md); null without a
                   # connector (no --kv-roles), as vLLM's without --kv-transfer-config
-                  "kv_transfer_config": {"kv_connector": "NixlConnector",
-                                         "kv_role": row.kv_role,
-                                         "engine_id": row.kv_engine_id}
-                  if row is not None and row.kv_role else None})
+                  "kv_transfer_config": nixl_config(row),
+                  # KV offloading on: its cache_config fields (docs/kv-offload.md)
+                  **(offload_fields(model) if model.HasField("kv_offload") else {})})
 
 
 async def kv_event_sources(request: web.Request) -> web.Response:
@@ -106,7 +94,7 @@ async def kv_event_sources(request: web.Request) -> web.Response:
     carry (`{}` when KV events are off): its endpoints as bound, the topic of the
     model /get_server_info names, and vLLM's KVEventsConfig keys."""
     state = request.app[STATE]
-    model = (await _served(state))[0]
+    model = (await served_models(state))[0]
     # the ranks of one data-parallel server behind this port: every rank's publisher
     ranks = state.data_parallel and state.replica is None
     sources = await state.client.kv_event_sources(replica=None if ranks else state.replica or 0)

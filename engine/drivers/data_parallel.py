@@ -210,7 +210,10 @@ class DataParallelRanks:
             "ranks": [{"rank": i, "requests": r.requests, "admitted": r.admitted,
                        "refused": r.refused, "invalid": r.invalid, "completed": len(r.e2e),
                        "steps": r.steps, "preemptions": core.scheduler.num_preemptions,
-                       "ttft_p50_ms": ms(r.ttft), "e2e_p50_ms": ms(r.e2e)}
+                       "ttft_p50_ms": ms(r.ttft), "e2e_p50_ms": ms(r.e2e),
+                       # KV offloading: the prompt tokens this rank's own host tier served
+                       **({"host_hits": core.offload.stats.host_tokens}
+                          if core.offload is not None else {})}
                       for i, (r, core) in enumerate(zip(self.ranks, self.cores))],
         }
 

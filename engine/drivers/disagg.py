@@ -283,7 +283,9 @@ def run_disaggregated(deployment: Deployment, spec: WorkloadSpec, layout: PdLayo
                 progress()
                 if feed.closed:
                     heapq.heappush(pending, (req.finish_time, _RETURN, next(seq), flow.key))
-        if not result.num_tokens and not c.scheduler.running and c.has_work():
+        # (a step that ran nothing while a host load or copy is in flight waits for that)
+        if not result.num_tokens and not c.scheduler.running and c.has_work() \
+                and not c.transfers_pending():
             blocked[i] = True  # its queue waits for blocks a pull will give back
             if not any(p[1] == _RELEASE and p[3][0] == i for p in pending):
                 expires = min((h.expires for h in c.handoffs.held.values()), default=None)

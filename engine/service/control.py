@@ -13,6 +13,7 @@ provides `fleet`, `metrics` and `accepting`; the mixin keeps the state of its ow
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable
@@ -208,6 +209,11 @@ class ControlRpcs:
                     matryoshka=pooling.matryoshka,
                     matryoshka_dimensions=pooling.matryoshka_dimensions,
                     pooling_type=pooling.pooling_type))
+            offload = d.offload
+            if offload is not None:
+                model.kv_offload.CopyFrom(pb.KvOffloadInfo(
+                    size_gib=offload.size_gib, backend=offload.backend,
+                    kv_transfer_config_json=json.dumps(offload.kv_transfer_config())))
             return model
 
         deployments = self.fleet.deployments

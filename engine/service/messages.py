@@ -36,6 +36,13 @@ def kv_params_pb(params: dict) -> pb.KvTransferParams:
     return pb.KvTransferParams(**params)
 
 
+def offload_caps(params: pb.KvTransferParams) -> tuple[int, int]:
+    """A request's KV offloading caps (max_load_tokens, max_offload_tokens) as the core's
+    KvTransfer takes them: -1 where absent (no cap), 0 turns loading / storing off."""
+    return (params.max_load_tokens if params.HasField("max_load_tokens") else -1,
+            params.max_offload_tokens if params.HasField("max_offload_tokens") else -1)
+
+
 def queue_state_pb(rt: ModelRuntime, span: bool = True) -> pb.QueueState:
     """The state a replica announced (ModelRuntime.queue_state); with `span` (a client on
     this machine's clock) the span of instants it may refuse on the engine's word."""

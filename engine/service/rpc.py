@@ -32,7 +32,7 @@ from inference_lab.engine.fleet.replicas import Fleet, ReplicaUnavailable
 from inference_lab.engine.fleet.runtime import ModelRuntime
 from inference_lab.engine.service.control import ControlRpcs
 from inference_lab.engine.service.holds import Holds
-from inference_lab.engine.service.messages import finished_pb
+from inference_lab.engine.service.messages import finished_pb, offload_caps
 from inference_lab.engine.metrics.exposition import MetricsRegistry
 from inference_lab.engine.service.metrics_feed import Watchers, watch, watch_interval
 from inference_lab.engine.service.refusals import (REFUSALS, REFUSED, ShuttingDown,
@@ -208,17 +208,23 @@ class EngineService(ControlRpcs, SleepRpcs, DevRpcs, engine_pb2_grpc.EngineServi
         """(what the request asks of the KV connector, the producer's handoff it pulls,
         whether it wanted one): vLLM's kv_transfer_params as NixlConnector acts on them.
         A kv_producer replica pulls nothing (it prefills what it is given); a replica without
-        a connector (no --kv-roles) ignores them, as vLLM without --kv-transfer-config. A
+        a connector (no --kv-roles) ignores them, as vLLM without --kv-transfer-config,
+        but for the offload caps (max_load_tokens, max_offload_tokens) when it offloads. A
         pull presents its prompt's digest: a handoff of another prompt is a miss."""
-        if not request.HasField("kv_transfer_params") or rt.kv_role == NONE:
+        if not request.HasField("kv_transfer_params"):
             return None, None, False
         params = request.kv_transfer_params
+        caps = offload_caps(params)
+        if rt.kv_role == NONE:
+            if rt.core.offload is None or caps == (-1, -1):
+                return None, None, False
+            return KvTransfer(max_load_tokens=caps[0], max_offload_tokens=caps[1]), None, False
         wanted = params.do_remote_prefill and rt.kv_role != PRODUCER
         pull = (handoff.find(self.fleet, rt.core.name, params.remote_engine_id,
                              params.remote_request_id,
                              prompt_digest(request.prompt_token_ids, request.prompt_tokens))
                 if wanted else None)
-        kv = KvTransfer(params.do_remote_decode, pull.tokens if pull is not None else 0)
+        kv = KvTransfer(params.do_remote_decode, pull.tokens if pull is not None else 0, *caps)
         return kv, pull, wanted
 
     async def close_sessions(self, timeout: float = 1.0) -> None:

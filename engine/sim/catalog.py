@@ -181,16 +181,20 @@ def _link(t: Table | None, what: str) -> tuple[float, float, bool]:
     return bw, latency, reduce
 
 
-def _parse_memory(t: Table) -> tuple[str, ...]:
-    """The hardware's KV stores beyond HBM: checked for shape, kept by name only."""
-    _nonneg_int(t, "gpus_per_node", "an integer >= 1", None)
-    names = []
+def _parse_memory(t: Table) -> tuple[tuple[str, ...], tuple[tuple[str, str, float], ...], int]:
+    """The hardware's KV stores beyond HBM, checked for shape: their names, each one's
+    (name, per, capacity in bytes per instance or 0) and the GPUs a node's stores serve
+    (0: not given). Their links and policies are kept by shape only."""
+    per_node = _nonneg_int(t, "gpus_per_node", "an integer >= 1", None) or 0
+    names, capacities = [], []
     per = "'gpu', 'node' or 'cluster'"
     for s in t.tables("stores", _STORE_KEYS) if "stores" in t.data else ():
         names.append(s.get("name", str, "a non-empty string", ok=bool))
-        s.get("per", str, per, ok=lambda v: v in ("gpu", "node", "cluster"))
+        where = s.get("per", str, per, ok=lambda v: v in ("gpu", "node", "cluster"))
         s.get("kind", str, "'store' or 'peer_hbm'", "store", ok=lambda v: v in ("store", "peer_hbm"))
-        for key in ("capacity", "bandwidth", "aggregate_bandwidth"):
+        capacity = s.get("capacity", float, f"{_POSITIVE}", None, ok=lambda v: v > 0)
+        capacities.append((names[-1], where, float(capacity or 0.0)))
+        for key in ("bandwidth", "aggregate_bandwidth"):
             s.get(key, float, f"{_POSITIVE}", None, ok=lambda v: v > 0)
         s.get("latency", float, "a number >= 0 (seconds)", 0.0, ok=lambda v: v >= 0)
         _pos_int(s, "stripe", default=1)
@@ -210,7 +214,7 @@ def _parse_memory(t: Table) -> tuple[str, ...]:
     t.get("junctions", list, "an array of tables", None)
     t.get("links", list, "an array of tables", None)
     t.done()
-    return tuple(names)
+    return tuple(names), tuple(capacities), per_node
 
 
 def parse_hardware(table: Any, where: str, path: str = "", name: str | None = None) -> Hardware:
@@ -242,7 +246,7 @@ def parse_hardware(table: Any, where: str, path: str = "", name: str | None = No
         out_bw, out_latency, _ = _link(fabric.table("scale_out", None, _LINK_KEYS), "scale-out")
         fabric.done()
     memory = t.table("memory", None)
-    stores = _parse_memory(memory) if memory is not None else ()
+    stores, capacities, store_nodes = _parse_memory(memory) if memory is not None else ((), (), 0)
     cal = t.table("calibration", None, _CALIBRATION_KEYS)
     generations = _parse_generations(cal.table("generations", None)) if cal is not None else ()
     calibration = _parse_calibration(cal) if cal is not None else None
@@ -254,7 +258,9 @@ def parse_hardware(table: Any, where: str, path: str = "", name: str | None = No
                     hbm_bytes=capacity, link_bandwidth=link_bw, link_latency=latency,
                     in_network_reduction=reduce, gpus_per_node=per_node,
                     scale_out_bandwidth=out_bw, scale_out_latency=out_latency,
-                    memory_stores=stores, calibration=calibration, generations=generations,
+                    memory_stores=stores, store_capacities=capacities,
+                    store_gpus_per_node=store_nodes, calibration=calibration,
+                    generations=generations,
                     load_bandwidth=load, host_link_bandwidth=host_bw,
                     host_link_latency=host_latency)
 

@@ -17,7 +17,8 @@ Knows inference-lab's deployment layout:
     [pd]                           # optional: `sim` runs it disaggregated (prefill, decode,
                                    # link, policy: engine.sim.kv_transfer.PdLayout)
 
-plus the tables it parses but does not simulate ([router], [decode_router], [memory],
+plus the tables it parses but does not simulate ([router], [decode_router], [memory]'s
+policies (its host-memory and NVMe tiers are KV offloading's: engine.sim.offload.memory_tiers),
 [fault], `replicas`, `dp_attention`, scheduler policies beyond fcfs/priority ...): each
 one is listed by name in `Deployment.unmodelled` and logged once at load.
 Refuses, with the file and the key path, unknown keys, wrong types and impossible
@@ -40,6 +41,7 @@ from inference_lab.engine.sim import generations
 from inference_lab.engine.sim.capacity import EXPECTED, out_of_range, seqs_fit_budget
 from inference_lab.engine.sim.catalog import Catalog
 from inference_lab.engine.sim.kv_transfer import PD_POLICIES, PdLayout, link_preset
+from inference_lab.engine.sim.offload.memory_tiers import offload_from_tiers
 from inference_lab.engine.sim.profiles import PROFILES
 from inference_lab.engine.sim.profiles import apply as apply_profile
 from inference_lab.engine.sim.specs import (
@@ -200,17 +202,32 @@ def parse_pd(t: Table | None, hardware: Hardware) -> PdLayout | None:
     return PdLayout(prefill, decode, link, policy)
 
 
-def _parse_memory(t: Table | None, hardware: Hardware, notes: list[str]) -> None:
+def _parse_memory(t: Table | None, hardware: Hardware, tp: int, notes: list[str]):
+    """The [memory] tiers as KV offloading's host and disk tiers (engine.sim.offload.
+    memory_tiers; None: no offloading); the policies are checked for their names only."""
     if t is None:
-        return
+        return None
     tiers = t.get("tiers", list, "a list of store names", [],
                   ok=lambda v: all(isinstance(x, str) for x in v))
     for tier in tiers:
         if tier not in hardware.memory_stores:
             raise ConfigError(t.where, t.key("tiers"), f"unknown store {tier!r}; "
                               f"{hardware.name} offers: {', '.join(hardware.memory_stores) or 'none'}")
-    t.done()  # the policies are checked for their names only: none of them is simulated
-    notes.append(f"memory tiers ({', '.join(tiers) or 'none'}): parsed, not modelled")
+    caps = {}
+    capacity = t.table("capacity", None, hardware.memory_stores)
+    if capacity is not None:  # bytes per instance, per store
+        caps = {name: capacity.get(name, float, "a number > 0 (bytes per instance)", None,
+                                   ok=lambda v: v > 0) for name in hardware.memory_stores}
+        caps = {name: v for name, v in caps.items() if v is not None}
+        capacity.done()
+    policies = [key for key in _MEMORY_KEYS if key not in ("tiers", "capacity") and key in t.data]
+    t.refuse_unknown(_MEMORY_KEYS)
+    offload, tier_notes = offload_from_tiers(tiers, caps, hardware, tp)
+    notes += tier_notes if tiers else ["memory tiers (none): parsed, not modelled"]
+    if policies:
+        notes.append(f"memory {', '.join(policies)}: parsed, not modelled (the offload tiers "
+                     "write through and evict LRU)")
+    return offload
 
 
 class _Shared:
@@ -277,7 +294,7 @@ def _parse_entry(entry: Table, hw_name: str, model: Model, served: str,
         notes += spec_notes
     _parse_router(tables["router"], "router", notes)
     _parse_router(tables["decode_router"], "decode_router", notes)
-    _parse_memory(tables["memory"], hardware, notes)
+    offload = _parse_memory(tables["memory"], hardware, tp, notes)
     if shared.tables["fault"] is not None:
         notes.append("[fault]: applied by the gateway (injected errors, retry hints, a static "
                      "directive), not the engine")
@@ -289,7 +306,7 @@ def _parse_entry(entry: Table, hw_name: str, model: Model, served: str,
     dep = Deployment(name=served, model=model, hardware=hardware, tp=tp, scheduler=sched,
                      time_correction=correction, source=entry.where, ep=ep,
                      speculative=speculative, unmodelled=tuple(dict.fromkeys(notes)),
-                     timing=timing, pd=pd)
+                     timing=timing, pd=pd, offload=offload)
     # an engine profile named in [scheduler] (engine.sim.profiles): its settings on top
     return dep if sched.engine == "vllm" else apply_profile(dep, sched.engine, sched.max_waiting)
 

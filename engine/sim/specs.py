@@ -106,7 +106,12 @@ class Hardware:
     gpus_per_node: int = 0  # 0 = any group fits one scale-up domain
     scale_out_bandwidth: float = 0.0  # bytes/s per direction per GPU across nodes; 0 = none
     scale_out_latency: float = 0.0
-    memory_stores: tuple[str, ...] = ()  # KV tiers beyond HBM the node offers (parsed only)
+    memory_stores: tuple[str, ...] = ()  # KV tiers beyond HBM the node offers, by name
+    # each store's (name, per "gpu" | "node" | "cluster", bytes per instance; 0: none given)
+    # and the GPUs a node's stores serve (0: the fabric's): what KV offloading can map
+    # onto its host and disk tiers (engine.sim.offload.memory_tiers)
+    store_capacities: tuple[tuple[str, str, float], ...] = ()
+    store_gpus_per_node: int = 0
     calibration: Calibration | None = None  # the `calibrated` timing model's fit
     # fits of other vLLM generations (`--timing calibrated-v0.22`: engine.sim.generations)
     generations: tuple[Calibration, ...] = ()

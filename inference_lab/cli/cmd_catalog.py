@@ -90,7 +90,8 @@ def show_hardware(hw, source: str) -> None:
     if hw.scale_out_bandwidth:
         print(f"  scale-out: {hw.scale_out_bandwidth / 1e9:,.0f} GB/s per direction per GPU")
     if hw.memory_stores:
-        print(f"  KV stores beyond HBM (parsed, not modelled): {', '.join(hw.memory_stores)}")
+        print(f"  KV stores beyond HBM: {', '.join(hw.memory_stores)} (a config's [memory] "
+              "tiers make host-memory and NVMe stores KV offloading's host and disk tiers)")
     if hw.calibration is not None:
         own = hw.calibration.vllm_version or "unstated"
         line = f"  calibrated timing: vLLM {own} (--timing calibrated, {hw.calibration.provenance})"

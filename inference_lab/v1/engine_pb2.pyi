@@ -71,7 +71,7 @@ class SubmitRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., n: _Optional[int] = ..., stop_at_end: _Optional[bool] = ..., replica: _Optional[int] = ..., arrival_monotonic_s: _Optional[float] = ..., reasoning_share: _Optional[float] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ...) -> None: ...
 
 class KvTransferParams(_message.Message):
-    __slots__ = ("do_remote_decode", "do_remote_prefill", "remote_engine_id", "remote_block_ids", "remote_host", "remote_port", "remote_request_id", "tp_size")
+    __slots__ = ("do_remote_decode", "do_remote_prefill", "remote_engine_id", "remote_block_ids", "remote_host", "remote_port", "remote_request_id", "tp_size", "max_load_tokens", "max_offload_tokens")
     DO_REMOTE_DECODE_FIELD_NUMBER: _ClassVar[int]
     DO_REMOTE_PREFILL_FIELD_NUMBER: _ClassVar[int]
     REMOTE_ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,8 @@ class KvTransferParams(_message.Message):
     REMOTE_PORT_FIELD_NUMBER: _ClassVar[int]
     REMOTE_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOAD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFLOAD_TOKENS_FIELD_NUMBER: _ClassVar[int]
     do_remote_decode: bool
     do_remote_prefill: bool
     remote_engine_id: str
@@ -88,7 +90,9 @@ class KvTransferParams(_message.Message):
     remote_port: int
     remote_request_id: str
     tp_size: int
-    def __init__(self, do_remote_decode: _Optional[bool] = ..., do_remote_prefill: _Optional[bool] = ..., remote_engine_id: _Optional[str] = ..., remote_block_ids: _Optional[_Iterable[int]] = ..., remote_host: _Optional[str] = ..., remote_port: _Optional[int] = ..., remote_request_id: _Optional[str] = ..., tp_size: _Optional[int] = ...) -> None: ...
+    max_load_tokens: int
+    max_offload_tokens: int
+    def __init__(self, do_remote_decode: _Optional[bool] = ..., do_remote_prefill: _Optional[bool] = ..., remote_engine_id: _Optional[str] = ..., remote_block_ids: _Optional[_Iterable[int]] = ..., remote_host: _Optional[str] = ..., remote_port: _Optional[int] = ..., remote_request_id: _Optional[str] = ..., tp_size: _Optional[int] = ..., max_load_tokens: _Optional[int] = ..., max_offload_tokens: _Optional[int] = ...) -> None: ...
 
 class Admitted(_message.Message):
     __slots__ = ("engine_request_id", "waiting", "reasoning_tokens")
@@ -362,7 +366,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "hardware", "tp", "max_model_len", "kv_blocks", "block_size", "parent", "lora_rank", "max_request_tokens", "pooling", "max_num_batched_tokens", "enable_chunked_prefill", "gpu_memory_utilization")
+    __slots__ = ("name", "hardware", "tp", "max_model_len", "kv_blocks", "block_size", "parent", "lora_rank", "max_request_tokens", "pooling", "max_num_batched_tokens", "enable_chunked_prefill", "gpu_memory_utilization", "kv_offload")
     NAME_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
     TP_FIELD_NUMBER: _ClassVar[int]
@@ -376,6 +380,7 @@ class ModelInfo(_message.Message):
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ENABLE_CHUNKED_PREFILL_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    KV_OFFLOAD_FIELD_NUMBER: _ClassVar[int]
     name: str
     hardware: str
     tp: int
@@ -389,7 +394,18 @@ class ModelInfo(_message.Message):
     max_num_batched_tokens: int
     enable_chunked_prefill: bool
     gpu_memory_utilization: float
-    def __init__(self, name: _Optional[str] = ..., hardware: _Optional[str] = ..., tp: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., parent: _Optional[str] = ..., lora_rank: _Optional[int] = ..., max_request_tokens: _Optional[int] = ..., pooling: _Optional[_Union[PoolingInfo, _Mapping]] = ..., max_num_batched_tokens: _Optional[int] = ..., enable_chunked_prefill: _Optional[bool] = ..., gpu_memory_utilization: _Optional[float] = ...) -> None: ...
+    kv_offload: KvOffloadInfo
+    def __init__(self, name: _Optional[str] = ..., hardware: _Optional[str] = ..., tp: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., parent: _Optional[str] = ..., lora_rank: _Optional[int] = ..., max_request_tokens: _Optional[int] = ..., pooling: _Optional[_Union[PoolingInfo, _Mapping]] = ..., max_num_batched_tokens: _Optional[int] = ..., enable_chunked_prefill: _Optional[bool] = ..., gpu_memory_utilization: _Optional[float] = ..., kv_offload: _Optional[_Union[KvOffloadInfo, _Mapping]] = ...) -> None: ...
+
+class KvOffloadInfo(_message.Message):
+    __slots__ = ("size_gib", "backend", "kv_transfer_config_json")
+    SIZE_GIB_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    size_gib: float
+    backend: str
+    kv_transfer_config_json: str
+    def __init__(self, size_gib: _Optional[float] = ..., backend: _Optional[str] = ..., kv_transfer_config_json: _Optional[str] = ...) -> None: ...
 
 class PoolingInfo(_message.Message):
     __slots__ = ("task", "dimensions", "normalize", "matryoshka", "matryoshka_dimensions", "pooling_type")

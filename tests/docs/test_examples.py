@@ -22,7 +22,7 @@ NO_RUN = {
     "docs/calibration.md": 1,    # the fit: minutes of simulation
     "docs/configuration.md": 1,  # needs a checkout of the Rust project's catalog
     "docs/experiments.md": 3,    # experiments of a modelled minute and more
-    "docs/fleet.md": 3,          # HAProxy; Docker, Helm and a cluster (twice)
+    "docs/fleet.md": 4,          # HAProxy; Docker, Helm and a cluster (three times)
     "docs/kv-offload.md": 1,     # a simulation of a thousand long-context turns
     "docs/lab-stack.md": 3,      # Docker Compose; its tools
     "docs/pd.md": 2,             # vllm-router (the P/D conformance test runs it); a sweep of 3 served runs

@@ -371,7 +371,32 @@ def test_one_rank_and_one_api_server_render_as_the_chart_without_them():
      "ports.grpc 50051 and ports.engineMetrics 50061"),
     ({"dataParallel": {"size": 9, "loadBalancing": "external"},
       "inferencePool": {"enabled": True}}, "at most 8 target ports"),
+    ({"kvOffloading": {"size": -1}}, "kvOffloading.size must be a number of GiB > 0"),
+    ({"kvOffloading": {"size": "lots"}}, "kvOffloading.size must be a number of GiB > 0"),
+    ({"kvOffloading": {"size": 8, "backend": "mooncake"}},
+     "kvOffloading.backend must be native or lmcache, got mooncake"),
 ])
 def test_contradicting_scale_out_values_fail_to_render_naming_them(values, message):
     with pytest.raises(helm.HelmError, match=message.replace(".", r"\.")):
         helm.Chart.load(CHART).render(values, name="lab", namespace="lab-ns")
+
+
+@pytest.mark.parametrize("values, backend", [({"size": 256}, "native"),
+                                             ({"size": 1.5, "backend": "lmcache"}, "lmcache")])
+def test_kv_offloading_reaches_every_engine_as_vllms_flags(values, backend):
+    for size in (1, 2):  # one engine, and one per data-parallel rank
+        by_name = containers(render({"kvOffloading": values, "dataParallel": {"size": size}}))
+        engines = [c for name, c in by_name.items() if name.startswith("engine")]
+        assert len(engines) == size
+        for engine in engines:
+            args = engine["args"]
+            flag = args.index("--kv-offloading-size")
+            assert args[flag + 1] == str(values["size"])
+            assert args[args.index("--kv-offloading-backend") + 1] == backend
+        assert not any("offloading" in a for a in by_name["gateway"]["args"])
+
+
+def test_kv_offloading_off_by_default_adds_no_flag():
+    for values in ({}, {"kvOffloading": {"size": None}}, {"kvOffloading": {"size": 0}}):
+        engine = containers(render(values))["engine"]
+        assert not any("offloading" in a for a in engine["args"])

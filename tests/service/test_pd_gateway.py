@@ -21,6 +21,11 @@ COMPLETION = {"model": FAKE_MODEL, "max_tokens": 2, "prompt": "hi"}
     ({"remote_block_ids": [1, "2"]}, "`$.kv_transfer_params.remote_block_ids[1]`"),
     ({"remote_port": 70000}, "`$.kv_transfer_params.remote_port`"),
     ({"remote_engine_id": 7}, "`$.kv_transfer_params.remote_engine_id`"),
+    # KV offloading's per-request caps: non-negative integers
+    ({"max_load_tokens": -1}, "`$.kv_transfer_params.max_load_tokens`"),
+    ({"max_load_tokens": 1.5}, "`$.kv_transfer_params.max_load_tokens`"),
+    ({"max_offload_tokens": "64"}, "`$.kv_transfer_params.max_offload_tokens`"),
+    ({"max_offload_tokens": True}, "`$.kv_transfer_params.max_offload_tokens`"),
 ])
 async def test_malformed_kv_transfer_params_are_a_400_naming_the_field(client, path, body,
                                                                        params, where):
@@ -32,7 +37,8 @@ async def test_malformed_kv_transfer_params_are_a_400_naming_the_field(client, p
 
 
 async def test_well_formed_params_and_null_are_taken(client):
-    for params in (None, {}, {"do_remote_decode": True, "unknown_key": [1]}):
+    for params in (None, {}, {"do_remote_decode": True, "unknown_key": [1]},
+                   {"max_load_tokens": 0, "max_offload_tokens": 2**40}):
         resp = await client.post("/v1/chat/completions", json={**CHAT, "kv_transfer_params": params})
         assert resp.status == 200, await resp.text()
 

@@ -3,7 +3,8 @@ behind the GPU's prefix cache, and an optional disk tier behind that (docs/kv-of
 
 `config` resolves the flags and vLLM's kv_transfer_config; `tier` keeps one tier's
 chunks; `manager` runs the copies and answers the scheduler; `admission` is the
-scheduler's half (a request waiting for its load). Pure: told the time, as the core is.
+scheduler's half (a request waiting for its load); `memory_tiers` maps a config's
+[memory] tiers onto the host and disk tiers. Pure: told the time, as the core is.
 """
 
 from inference_lab.engine.sim.offload.config import (

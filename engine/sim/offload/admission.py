@@ -45,7 +45,11 @@ class OffloadScheduling:
     def _try_load(self, req: Request, hit: int, now: float) -> int:
         """At admission, after a GPU hit of `hit` blocks: 1 when `req` started a load and
         left the queue, 0 when it has none to load, -1 to defer it (a chunk being written
-        or promoted), -2 when the GPU blocks for it are not free (KV full)."""
+        or promoted), -2 when the GPU blocks for it are not free (KV full). A request
+        pulling its prompt from a producer (P/D) loads nothing from the host: vLLM's
+        MultiConnector loads from the first connector with a hit, NixlConnector first."""
+        if req.external_tokens and req.first_scheduled < 0:
+            return 0
         blocks = self.offload.lookup(req, hit, len(req.block_hashes), now)
         if blocks <= 0:
             return blocks

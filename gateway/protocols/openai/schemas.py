@@ -71,9 +71,13 @@ class ChatMessage(msgspec.Struct):
         return content_text(self.content) + "".join(f.name + f.arguments for f in calls)
 
 
+TokenCap = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+
+
 class KvTransferParams(msgspec.Struct, kw_only=True):
-    """vLLM's kv_transfer_params, the keys NixlConnector reads (others are ignored, as its
-    connector ignores them); a wrong type is a 400 naming the key."""
+    """vLLM's kv_transfer_params, the keys NixlConnector and the OffloadingConnector read
+    (others are ignored, as the connectors ignore them); a wrong type is a 400 naming the
+    key."""
 
     do_remote_decode: bool = False
     do_remote_prefill: bool = False
@@ -83,6 +87,10 @@ class KvTransferParams(msgspec.Struct, kw_only=True):
     remote_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] | None = None
     remote_request_id: str | None = None
     tp_size: Annotated[int, msgspec.Meta(ge=1, le=_U31)] | None = None
+    # KV offloading: prompt tokens this request may load from / store to the host tier
+    # (0: none; absent: no cap)
+    max_load_tokens: TokenCap | None = None
+    max_offload_tokens: TokenCap | None = None
 
 
 class VllmSampling(msgspec.Struct, kw_only=True):

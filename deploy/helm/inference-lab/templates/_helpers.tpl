@@ -84,6 +84,17 @@ env:
 {{- if and (gt $size 1) (eq 0 (int (mod (sub (int .Values.ports.engineMetrics) (int .Values.ports.grpc)) (int (include "inference-lab.rankPortStride" .))))) -}}
 {{- fail (printf "ports.grpc %v and ports.engineMetrics %v: with dataParallel.size > 1 rank r takes each + %s r, so they must not differ by a multiple of %s" .Values.ports.grpc .Values.ports.engineMetrics (include "inference-lab.rankPortStride" .) (include "inference-lab.rankPortStride" .)) -}}
 {{- end -}}
+{{- with .Values.kvOffloading -}}
+{{- if and .size (not (has (kindOf .size) (list "float64" "int" "int64"))) -}}
+{{- fail (printf "kvOffloading.size must be a number of GiB > 0 (or null: off), got %v" .size) -}}
+{{- end -}}
+{{- if and .size (lt (float64 .size) 0.0) -}}
+{{- fail (printf "kvOffloading.size must be a number of GiB > 0 (or null: off), got %v" .size) -}}
+{{- end -}}
+{{- if not (has (.backend | default "native") (list "native" "lmcache")) -}}
+{{- fail (printf "kvOffloading.backend must be native or lmcache, got %v" .backend) -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.inferencePool.enabled (gt $size 8) (eq .Values.dataParallel.loadBalancing "external") -}}
 {{- fail (printf "inferencePool.enabled with dataParallel.size %d and external balancing: an InferencePool lists at most 8 target ports (one per rank)" $size) -}}
 {{- end -}}
