@@ -6,8 +6,8 @@ Knows: the routes as vLLM's dev mode serves them: /pause's query (`mode` abort, 
 keep, default abort; the older `wait_for_inflight_requests=true`, which means wait;
 `clear_cache`, default true) and its answer {"status": "paused"}, given once the pause
 took hold (with wait, once the running requests have finished); /resume's {"status":
-"resumed"}; {"is_paused": bool}; /reset_prefix_cache's empty 200 (`reset_external`
-accepted: there is no connector-managed cache beyond the GPU's to reset). They act on
+"resumed"}; {"is_paused": bool}; /reset_prefix_cache's empty 200 (`reset_external=true`
+also forgets the KV offload tiers' idle chunks, as vLLM's connector reset_cache). They act on
 this port's replica of every model (a replica's port, `--replicas`) or on every replica
 (a gateway with no replica of its own). Without dev mode they are not registered: a 404,
 as in vLLM. What a pause does to the requests is the engine's (the Pause call:
@@ -80,14 +80,15 @@ async def is_paused(request: web.Request) -> web.Response:
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
-    """POST /reset_prefix_cache: every cached block no running request uses is forgotten
-    (and published as a KV event)."""
+    """POST /reset_prefix_cache[?reset_external=true]: every cached block no running
+    request uses is forgotten (and published as a KV event); with reset_external, the
+    offload tiers' chunks no transfer uses too."""
     state = request.app[STATE]
     if query_bool(request.query, "reset_running_requests", False):
         raise invalid("reset_running_requests is not modelled: the blocks running requests "
                       "use stay cached - at `?reset_running_requests`")
-    query_bool(request.query, "reset_external", False)  # (checked; nothing beyond the GPU)
-    await state.client.reset_prefix_cache(None, state.replica)
+    external = query_bool(request.query, "reset_external", False)
+    await state.client.reset_prefix_cache(None, state.replica, external)
     return web.Response(status=200)
 
 

@@ -352,11 +352,13 @@ class EngineClient:
             timeout, metadata=self._control_metadata)
         return list(resp.models)
 
-    async def reset_prefix_cache(self, model: str | None, replica: int | None) -> int:
-        """Empty replicas' prefix caches (ResetPrefixCache, with the control token): the
-        blocks forgotten."""
+    async def reset_prefix_cache(self, model: str | None, replica: int | None,
+                                 external: bool = False) -> int:
+        """Empty replicas' prefix caches (ResetPrefixCache, with the control token; with
+        `external` their KV offload tiers too): the blocks forgotten."""
         resp = await self._unary(
-            "ResetPrefixCache", pb.ResetPrefixCacheRequest(model=model or "", replica=replica),
+            "ResetPrefixCache", pb.ResetPrefixCacheRequest(model=model or "", replica=replica,
+                                                           reset_external=external),
             self._rpc_timeout, metadata=self._control_metadata)
         return resp.blocks_cleared
 
@@ -464,3 +466,6 @@ def kv_params_into(msg: pb.KvTransferParams, params) -> None:
         msg.max_load_tokens = params.max_load_tokens
     if params.max_offload_tokens is not None:
         msg.max_offload_tokens = params.max_offload_tokens
+    if params.kv_load_tiers is not None:
+        msg.kv_load_tiers.extend(t.medium for t in params.kv_load_tiers)
+        msg.kv_load_tiers_given = True

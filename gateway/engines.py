@@ -214,21 +214,16 @@ class EngineGroup:
                     wake: bool = False, tags: list[str] | None = None) -> list[pb.ModelCapacity]:
         return await self._one_or_all(replica, lambda c, r: c.sleep(model, r, level, wake, tags))
 
-    async def reset_prefix_cache(self, model: str | None, replica: int | None) -> int:
-        if replica is not None:
-            return await self.client_for(replica).reset_prefix_cache(model, replica)
-        return sum(await asyncio.gather(*(c.reset_prefix_cache(model, None)
-                                          for c in self.clients)))
-
     async def pause(self, model: str | None, replica: int | None, mode: int = 0,
                     clear_cache: bool = True, resume: bool = False) -> list[pb.ModelCapacity]:
         return await self._one_or_all(
             replica, lambda c, r: c.pause(model, r, mode, clear_cache, resume))
 
-    async def reset_prefix_cache(self, model: str | None, replica: int | None) -> int:
+    async def reset_prefix_cache(self, model: str | None, replica: int | None,
+                                 external: bool = False) -> int:
         if replica is not None:
-            return await self.client_for(replica).reset_prefix_cache(model, replica)
-        return sum(await asyncio.gather(*(c.reset_prefix_cache(model, None)
+            return await self.client_for(replica).reset_prefix_cache(model, replica, external)
+        return sum(await asyncio.gather(*(c.reset_prefix_cache(model, None, external)
                                           for c in self.clients)))
 
     # ---- metrics ------------------------------------------------------------------------

@@ -189,18 +189,23 @@ class ModelRuntime:
         self.core.paused = False
         self.pacer.poke()
 
-    def reset_prefix_cache(self) -> int:
+    def reset_prefix_cache(self, external: bool = False) -> int:
         """Forget every cached block no running request uses (vLLM's reset_prefix_cache),
-        published at once (AllBlocksCleared when none is left). Returns how many."""
+        published at once (AllBlocksCleared when none is left); with `external` the
+        offload tiers' idle chunks too (vLLM's reset_external: the connector's
+        reset_cache, each chunk a BlockRemoved of its medium). Returns how many."""
         core = self.core
         cache = core.prefix_cache
         if cache is None:
             return 0
         cleared = cache.num_evictable
         cache.clear()
+        events = cache.take_events()
+        if external and core.offload is not None:
+            cleared += core.offload.reset()
+            events += core.offload.take_events()
         if self.kv_events is not None:
-            self.kv_events.publish(core.name, cache.take_events(), core.block_size,
-                                   self._lora_name)
+            self.kv_events.publish(core.name, events, core.block_size, self._lora_name)
         return cleared
 
     # ---- lifecycle (engine.fleet.Fleet) --------------------------------------------------

@@ -59,7 +59,7 @@ class DevRpcs:
 
     async def ResetPrefixCache(self, request: pb.ResetPrefixCacheRequest, context):
         replicas = await self._replicas_of(request, context)
-        cleared = sum(r.runtime.reset_prefix_cache() for r in replicas)
+        cleared = sum(r.runtime.reset_prefix_cache(request.reset_external) for r in replicas)
         log.info("prefix cache reset on %d replicas: %d blocks forgotten", len(replicas), cleared)
         if self.metrics is not None:
             self.metrics.touch()

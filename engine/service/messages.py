@@ -36,11 +36,13 @@ def kv_params_pb(params: dict) -> pb.KvTransferParams:
     return pb.KvTransferParams(**params)
 
 
-def offload_caps(params: pb.KvTransferParams) -> tuple[int, int]:
-    """A request's KV offloading caps (max_load_tokens, max_offload_tokens) as the core's
-    KvTransfer takes them: -1 where absent (no cap), 0 turns loading / storing off."""
+def offload_caps(params: pb.KvTransferParams) -> tuple[int, int, tuple[str, ...] | None]:
+    """A request's KV offloading caps (max_load_tokens, max_offload_tokens, kv_load_tiers'
+    media) as the core's KvTransfer takes them: -1 where absent (no cap), 0 turns loading
+    / storing off; tiers None where not given (every tier), () loads from none."""
     return (params.max_load_tokens if params.HasField("max_load_tokens") else -1,
-            params.max_offload_tokens if params.HasField("max_offload_tokens") else -1)
+            params.max_offload_tokens if params.HasField("max_offload_tokens") else -1,
+            tuple(params.kv_load_tiers) if params.kv_load_tiers_given else None)
 
 
 def queue_state_pb(rt: ModelRuntime, span: bool = True) -> pb.QueueState:

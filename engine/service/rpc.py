@@ -209,16 +209,17 @@ class EngineService(ControlRpcs, SleepRpcs, DevRpcs, engine_pb2_grpc.EngineServi
         whether it wanted one): vLLM's kv_transfer_params as NixlConnector acts on them.
         A kv_producer replica pulls nothing (it prefills what it is given); a replica without
         a connector (no --kv-roles) ignores them, as vLLM without --kv-transfer-config,
-        but for the offload caps (max_load_tokens, max_offload_tokens) when it offloads. A
-        pull presents its prompt's digest: a handoff of another prompt is a miss."""
+        but for the offload caps (max_load_tokens, max_offload_tokens, kv_load_tiers) when
+        it offloads. A pull presents its prompt's digest: a handoff of another prompt is a
+        miss."""
         if not request.HasField("kv_transfer_params"):
             return None, None, False
         params = request.kv_transfer_params
         caps = offload_caps(params)
         if rt.kv_role == NONE:
-            if rt.core.offload is None or caps == (-1, -1):
+            if rt.core.offload is None or caps == (-1, -1, None):
                 return None, None, False
-            return KvTransfer(max_load_tokens=caps[0], max_offload_tokens=caps[1]), None, False
+            return KvTransfer(False, 0, *caps), None, False
         wanted = params.do_remote_prefill and rt.kv_role != PRODUCER
         pull = (handoff.find(self.fleet, rt.core.name, params.remote_engine_id,
                              params.remote_request_id,

@@ -21,7 +21,7 @@ from inference_lab.engine.sim.kv import bytes_per_token, fixed_blocks, total_blo
 from inference_lab.engine.sim.kv_transfer import HandoffsFull, KvTransfer
 from inference_lab.engine.sim.lengths import OutputLength
 from inference_lab.engine.sim.lora import MAX_ADAPTERS, LoraAdapter, LoraRegistry
-from inference_lab.engine.sim.offload import HostOffload, OffloadRequest, host_link
+from inference_lab.engine.sim.offload import HostOffload, host_link, offload_request
 from inference_lab.engine.sim.prefix_cache import BlockResidency, block_hashes
 from inference_lab.engine.sim.request import Request, Status
 from inference_lab.engine.sim.profiles import make_scheduler, profile_of
@@ -398,8 +398,7 @@ class EngineCore(KvConnector):
             if self.record_kv_events:
                 req.token_bytes = token_ids
             if self.offload is not None:
-                req.offload = (OffloadRequest(kv.max_load_tokens, kv.max_offload_tokens)
-                               if kv is not None else OffloadRequest())
+                req.offload = offload_request(kv)
         if kv is not None:
             self._connect(req, kv, token_ids)
         self.scheduler.waiting.push(req)

@@ -144,6 +144,9 @@ class KvTransfer:
     # tier (-1: no cap; 0: none), vLLM's experimental max_load_tokens / max_offload_tokens
     max_load_tokens: int = -1
     max_offload_tokens: int = -1
+    # the tiers it may load from (vLLM's kv_load_tiers' media, "CPU" / "STORAGE"; None:
+    # every tier, an empty tuple: none)
+    load_tiers: tuple[str, ...] | None = None
 
 
 @dataclass(slots=True)

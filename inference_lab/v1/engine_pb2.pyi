@@ -71,7 +71,7 @@ class SubmitRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[bytes] = ..., n: _Optional[int] = ..., stop_at_end: _Optional[bool] = ..., replica: _Optional[int] = ..., arrival_monotonic_s: _Optional[float] = ..., reasoning_share: _Optional[float] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ...) -> None: ...
 
 class KvTransferParams(_message.Message):
-    __slots__ = ("do_remote_decode", "do_remote_prefill", "remote_engine_id", "remote_block_ids", "remote_host", "remote_port", "remote_request_id", "tp_size", "max_load_tokens", "max_offload_tokens")
+    __slots__ = ("do_remote_decode", "do_remote_prefill", "remote_engine_id", "remote_block_ids", "remote_host", "remote_port", "remote_request_id", "tp_size", "max_load_tokens", "max_offload_tokens", "kv_load_tiers", "kv_load_tiers_given")
     DO_REMOTE_DECODE_FIELD_NUMBER: _ClassVar[int]
     DO_REMOTE_PREFILL_FIELD_NUMBER: _ClassVar[int]
     REMOTE_ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,8 @@ class KvTransferParams(_message.Message):
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_LOAD_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFLOAD_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_LOAD_TIERS_FIELD_NUMBER: _ClassVar[int]
+    KV_LOAD_TIERS_GIVEN_FIELD_NUMBER: _ClassVar[int]
     do_remote_decode: bool
     do_remote_prefill: bool
     remote_engine_id: str
@@ -92,7 +94,9 @@ class KvTransferParams(_message.Message):
     tp_size: int
     max_load_tokens: int
     max_offload_tokens: int
-    def __init__(self, do_remote_decode: _Optional[bool] = ..., do_remote_prefill: _Optional[bool] = ..., remote_engine_id: _Optional[str] = ..., remote_block_ids: _Optional[_Iterable[int]] = ..., remote_host: _Optional[str] = ..., remote_port: _Optional[int] = ..., remote_request_id: _Optional[str] = ..., tp_size: _Optional[int] = ..., max_load_tokens: _Optional[int] = ..., max_offload_tokens: _Optional[int] = ...) -> None: ...
+    kv_load_tiers: _containers.RepeatedScalarFieldContainer[str]
+    kv_load_tiers_given: bool
+    def __init__(self, do_remote_decode: _Optional[bool] = ..., do_remote_prefill: _Optional[bool] = ..., remote_engine_id: _Optional[str] = ..., remote_block_ids: _Optional[_Iterable[int]] = ..., remote_host: _Optional[str] = ..., remote_port: _Optional[int] = ..., remote_request_id: _Optional[str] = ..., tp_size: _Optional[int] = ..., max_load_tokens: _Optional[int] = ..., max_offload_tokens: _Optional[int] = ..., kv_load_tiers: _Optional[_Iterable[str]] = ..., kv_load_tiers_given: _Optional[bool] = ...) -> None: ...
 
 class Admitted(_message.Message):
     __slots__ = ("engine_request_id", "waiting", "reasoning_tokens")
@@ -480,12 +484,14 @@ class PauseRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., replica: _Optional[int] = ..., mode: _Optional[_Union[PauseMode, str]] = ..., clear_cache: _Optional[bool] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class ResetPrefixCacheRequest(_message.Message):
-    __slots__ = ("model", "replica")
+    __slots__ = ("model", "replica", "reset_external")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
+    RESET_EXTERNAL_FIELD_NUMBER: _ClassVar[int]
     model: str
     replica: int
-    def __init__(self, model: _Optional[str] = ..., replica: _Optional[int] = ...) -> None: ...
+    reset_external: bool
+    def __init__(self, model: _Optional[str] = ..., replica: _Optional[int] = ..., reset_external: _Optional[bool] = ...) -> None: ...
 
 class ResetPrefixCacheResponse(_message.Message):
     __slots__ = ("blocks_cleared",)

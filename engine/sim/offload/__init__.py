@@ -13,7 +13,18 @@ from inference_lab.engine.sim.offload.config import (
 from inference_lab.engine.sim.offload.manager import HostOffload, OffloadRequest
 
 __all__ = ["GIB_BYTES", "HOST_LINK_FALLBACK", "HostOffload", "OffloadConfig", "OffloadConfigError",
-           "OffloadRequest", "from_flags", "host_link", "parse_kv_transfer_config"]
+           "OffloadRequest", "from_flags", "host_link", "offload_request", "parse_kv_transfer_config"]
+
+
+def offload_request(kv) -> OffloadRequest:
+    """A request's offload state from what it asks of the connector (a KvTransfer, or
+    None: no caps, every tier)."""
+    if kv is None:
+        return OffloadRequest()
+    tiers = kv.load_tiers
+    return OffloadRequest(kv.max_load_tokens, kv.max_offload_tokens,
+                          load_host=tiers is None or "CPU" in tiers,
+                          load_disk=tiers is None or "STORAGE" in tiers)
 
 
 def host_link(hardware) -> tuple[float, float]:

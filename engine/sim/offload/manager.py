@@ -64,6 +64,8 @@ class OffloadRequest:
 
     max_load_tokens: int = -1  # kv_transfer_params.max_load_tokens (-1: no cap; 0: never load)
     max_offload_tokens: int = -1  # ... max_offload_tokens (-1: no cap; 0: never store)
+    load_host: bool = True  # kv_transfer_params.kv_load_tiers names "CPU" (or is absent)
+    load_disk: bool = True  # ... names "STORAGE" (or is absent)
     offered: int = 0  # chunks offered to the host tier so far (from the head)
     host_tokens: int = 0  # prompt tokens loaded from the host tier at its first scheduling
     disk_tokens: int = 0  # ... of which promoted from the disk tier for it
@@ -223,7 +225,7 @@ class HostOffload:
         -1: defer it (a chunk it needs is being written or promoted from disk; promotions
         of its disk hits are started here)."""
         state = req.offload
-        if state is None or not state.max_load_tokens:
+        if state is None or not state.max_load_tokens or not state.load_host:
             return 0
         hashes, bpc = req.block_hashes, self.bpc
         first = hit_blocks // bpc
@@ -244,7 +246,7 @@ class HostOffload:
                     break  # (loaded once the promotions before it end)
                 hits += 1
                 continue
-            if disk is not None:
+            if disk is not None and state.load_disk:
                 on_disk = disk.chunks.get(key)
                 if on_disk is not None and on_disk.ready:
                     promote.append(key)
@@ -282,6 +284,16 @@ class HostOffload:
         state.offered = max(state.offered, (hit_blocks + blocks) // bpc)
         state.disk_tokens = disk_chunks * self.chunk_tokens
         return end
+
+    def reset(self) -> int:
+        """Forget every chunk no transfer uses, host and disk (vLLM's `reset_cache` of
+        the offloading connector, reached by /reset_prefix_cache?reset_external=true):
+        each evicted chunk is a BlockRemoved of its medium; chunks being written, loaded
+        or promoted stay. Returns the chunks forgotten."""
+        cleared = self.host.clear()
+        if self.disk is not None:
+            cleared += self.disk.clear()
+        return cleared
 
     def take_events(self) -> list:
         events = self.events

@@ -86,6 +86,13 @@ class ChunkTier:
                 events.append((REMOVED, [key], self.medium))
         self.evicted += len(keys)
 
+    def clear(self) -> int:
+        """Evict every idle chunk (readable, no pins; vLLM's reset_cache of the offloading
+        manager): chunks a store or load still uses stay. Returns how many went."""
+        idle = [key for key, chunk in self.chunks.items() if chunk.ready and not chunk.pins]
+        self._evict(idle)
+        return len(idle)
+
     def complete(self, keys: list[int], from_disk: bool = False) -> None:
         """Their writes ended: readable, unpinned."""
         chunks, events = self.chunks, self.events

@@ -13,7 +13,7 @@ Does not know: responses (gateway.protocols.openai.render), aiohttp, gRPC.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -74,6 +74,14 @@ class ChatMessage(msgspec.Struct):
 TokenCap = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
 
+class KvLoadTier(msgspec.Struct, kw_only=True):
+    """One entry of vLLM's kv_transfer_params.kv_load_tiers: a medium the OffloadingConnector
+    may load from (`locality` is taken; the lab's tiers are all local)."""
+
+    medium: Literal["CPU", "STORAGE"]
+    locality: Literal["LOCAL", "REMOTE"] = "LOCAL"
+
+
 class KvTransferParams(msgspec.Struct, kw_only=True):
     """vLLM's kv_transfer_params, the keys NixlConnector and the OffloadingConnector read
     (others are ignored, as the connectors ignore them); a wrong type is a 400 naming the
@@ -91,6 +99,8 @@ class KvTransferParams(msgspec.Struct, kw_only=True):
     # (0: none; absent: no cap)
     max_load_tokens: TokenCap | None = None
     max_offload_tokens: TokenCap | None = None
+    # the tiers it may load from ([]: none; absent: every tier)
+    kv_load_tiers: list[KvLoadTier] | None = None
 
 
 class VllmSampling(msgspec.Struct, kw_only=True):
