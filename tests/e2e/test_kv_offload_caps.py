@@ -4,8 +4,11 @@ engine, so a repeat of a prompt the host tier holds with `max_load_tokens: 0` co
 its prefix (no cached tokens in its usage, nothing loaded), while the same repeat without
 the cap loads it (its usage counts the host's tokens as cached, and the offload series
 count that one load alone); a conversation sent on /v1/chat/completions with
-`max_offload_tokens: 0` is never stored, so its repeat computes it again. A negative or
-fractional cap is a 400 naming the field."""
+`max_offload_tokens: 0` is never stored, so its repeat computes it again. vLLM's
+`kv_load_tiers`: an empty list loads from no tier, `[{"medium": "CPU"}]` from the host.
+The dev-mode `/reset_prefix_cache?reset_external=true` empties the host tier too (the
+repeat loads nothing), without it the host keeps its copy. A negative or fractional cap,
+an unknown medium, a non-boolean reset_external are 400s naming the field."""
 
 from __future__ import annotations
 
@@ -89,3 +92,62 @@ def test_a_negative_or_fractional_cap_is_a_400_naming_it(lab, route, params, fie
     error = caught.value.body
     assert (caught.value.status_code, error["type"]) == (400, "invalid_request_error")
     assert error["message"].endswith(f"`$.kv_transfer_params.{field}`")
+
+
+@pytest.fixture(scope="module")
+def dev_lab(tmp_path_factory):
+    config = tmp_path_factory.mktemp("offload-reset") / f"{MODEL}.toml"
+    config.write_text(CONFIG)
+    with serve("--config", str(config), "--kv-offloading-size", "1", "--dev-mode") as served:
+        yield served
+
+
+def _offloaded(client, seed: int) -> None:
+    """text(seed) computed once, then pushed out of the GPU (the host keeps its copy)."""
+    assert cached(client.completions.create(model=MODEL, prompt=text(seed), max_tokens=1).usage) == 0
+    for other in (seed + 1, seed + 2, seed + 3):
+        client.completions.create(model=MODEL, prompt=text(other), max_tokens=1)
+
+
+def test_kv_load_tiers_empty_loads_nothing_and_cpu_loads_from_the_host(dev_lab):
+    client = OpenAI(base_url=f"http://127.0.0.1:{dev_lab.port}/v1", api_key="none")
+    _offloaded(client, 20)
+    none = client.completions.create(model=MODEL, prompt=text(20), max_tokens=1,
+                                     extra_body={"kv_transfer_params": {"kv_load_tiers": []}})
+    assert cached(none.usage) == 0
+    _offloaded(client, 30)
+    cpu = client.completions.create(
+        model=MODEL, prompt=text(30), max_tokens=1,
+        extra_body={"kv_transfer_params": {"kv_load_tiers": [{"medium": "CPU"}]}})
+    hit = cached(cpu.usage)
+    assert hit >= 46 * BLOCK and hit % BLOCK in (0, BLOCK - 1)
+
+
+async def test_reset_external_empties_the_host_tier_and_a_plain_reset_keeps_it(dev_lab):
+    client = OpenAI(base_url=f"http://127.0.0.1:{dev_lab.port}/v1", api_key="none")
+    base = f"http://127.0.0.1:{dev_lab.port}"
+    async with aiohttp.ClientSession() as http:
+        _offloaded(client, 40)
+        async with http.post(base + "/reset_prefix_cache", json={}) as resp:
+            assert resp.status == 200
+        kept = client.completions.create(model=MODEL, prompt=text(40), max_tokens=1)
+        assert cached(kept.usage) >= 46 * BLOCK  # the GPU's gone, the host's copy loaded
+        _offloaded(client, 50)
+        async with http.post(base + "/reset_prefix_cache?reset_external=true", json={}) as resp:
+            assert resp.status == 200
+        gone = client.completions.create(model=MODEL, prompt=text(50), max_tokens=1)
+        assert cached(gone.usage) == 0
+        async with http.post(base + "/reset_prefix_cache?reset_external=maybe", json={}) as resp:
+            body = await resp.json()
+            assert resp.status == 400
+            assert body["error"]["message"].endswith("`?reset_external`")
+
+
+@pytest.mark.parametrize("tiers", [[{"medium": "GPU"}], [{"locality": "LOCAL"}], "CPU"])
+def test_a_bad_kv_load_tiers_is_a_400_naming_it(lab, tiers):
+    client = OpenAI(base_url=f"http://127.0.0.1:{lab.port}/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=1,
+                                  extra_body={"kv_transfer_params": {"kv_load_tiers": tiers}})
+    assert caught.value.status_code == 400
+    assert "kv_transfer_params.kv_load_tiers" in caught.value.body["message"]
