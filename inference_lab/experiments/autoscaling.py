@@ -2,7 +2,7 @@
 `autoscaling` section, from the records of a fleet's run.
 
 - SLO attainment: the share of the load's requests (every one the client issued: a 503
-  for want of a ready replica, a 529 and a shed request all miss) that got a 200 within
+  for want of a ready replica, a full queue's refusal and a shed request all miss) that got a 200 within
   the SLO's TTFT and end-to-end bounds; overall and per oracle window.
 - GPU-hours: replica-seconds (every replica that exists, starting, ready or draining,
   integrated over the run from the replica set the runner read) x GPUs per replica /
@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from inference_lab.autoscale.capacity import replicas_needed
+from inference_lab.experiments.outcomes import refused as refusals
 from inference_lab.experiments.scenario import Scenario
 
 __all__ = ["fleet_summary", "step_integral", "slo_met"]
@@ -57,6 +58,7 @@ def fleet_summary(scenario: Scenario, run: dict, gpus_per_replica: int,
     duration, slo = scenario.duration, scenario.slo
     n = int(req["status"].size)
     status = req["status"]
+    refused = refusals(status, req["error"])  # a replica's full queue (a 529; SGLang's 503)
     replica_s = 0.0
     if fleet is not None and fleet["t"].size:
         existing = fleet["replicas"] + fleet["draining"]
@@ -64,8 +66,8 @@ def fleet_summary(scenario: Scenario, run: dict, gpus_per_replica: int,
     out = {
         "requests": n,
         "ok": int(np.count_nonzero(status == 200)),
-        "n_529": int(np.count_nonzero(status == 529)),
-        "n_503": int(np.count_nonzero(status == 503)),
+        "n_529": int(np.count_nonzero(refused)),
+        "n_503": int(np.count_nonzero((status == 503) & ~refused)),
         "shed": int(np.count_nonzero(status == 0)),
         "gpus_per_replica": gpus_per_replica,
         "replica_seconds": replica_s,

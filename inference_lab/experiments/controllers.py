@@ -8,8 +8,8 @@ Does not know HTTP or the scenario: the runner turns responses into outcomes.
 The interface (Controller):
 - `acquire(now) -> Ticket | None`: a slot for one request, or None (no slot: a closed-loop
   user waits for a release, an open-loop arrival is shed on the client).
-- `release(ticket, now, outcome, rtt)`: the request ended; outcome is OK, DROPPED (a 529:
-  the server refused for overload) or IGNORED (any other error: says nothing about
+- `release(ticket, now, outcome, rtt)`: the request ended; outcome is OK, DROPPED (a full queue's refusal,
+  experiments.outcomes: the server refused for overload) or IGNORED (any other error: says nothing about
   capacity). `rtt` is the latency sample (seconds) the algorithm measures.
 - `limit`: the current concurrency limit (math.inf when there is none); `inflight`.
 
@@ -31,7 +31,7 @@ __all__ = ["Outcome", "Ticket", "Controller", "FixedLimit", "AIMDLimit", "VegasL
 
 class Outcome(enum.IntEnum):
     OK = 0
-    DROPPED = 1  # 529: refused for overload
+    DROPPED = 1  # a full queue's refusal (experiments.outcomes): refused for overload
     IGNORED = 2  # any other failure
 
 
@@ -66,7 +66,7 @@ class Controller:
             self.on_sample(ticket, now, rtt, outcome is Outcome.DROPPED)
 
     def on_sample(self, ticket: Ticket, now: float, rtt: float, dropped: bool) -> None:
-        """Update the limit from one latency sample (`dropped`: it was a 529)."""
+        """Update the limit from one latency sample (`dropped`: the server refused it, its queue full)."""
 
 
 class FixedLimit(Controller):

@@ -16,6 +16,7 @@ import math
 
 from inference_lab.experiments.client import ConnectionError_, Result
 from inference_lab.experiments.controllers import Outcome
+from inference_lab.experiments.outcomes import is_refusal
 from inference_lab.experiments.prompts import Prompt
 
 __all__ = ["LoadSide", "SHED", "STATUS_NO_RESPONSE", "STATUS_SHED", "STATUS_UNROUTED"]
@@ -79,7 +80,7 @@ class LoadSide:
                 rtt = (result.done - result.first) * k / (result.completion_tokens - 1)
             else:
                 rtt = (result.done - result.sent) * k
-        elif status == 529:
+        elif is_refusal(status, result.error):  # a 529; SGLang's queue-full 503
             outcome, rtt = Outcome.DROPPED, (result.done - result.sent) * k
         elif status == STATUS_NO_RESPONSE:
             outcome, rtt = Outcome.IGNORED, 0.0

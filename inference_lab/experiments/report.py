@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from inference_lab.common.extras import require
+from inference_lab.experiments.outcomes import refused as refusals
 from inference_lab.experiments.summary import window_series
 
 __all__ = ["write_report", "write_comparison", "write_pd_sweep"]
@@ -95,7 +96,7 @@ def _phase_table(summary: dict) -> str:
     rows = ["<tr><th class=l>phase</th><th class=l>fault</th><th>from–to s</th>"
             "<th>max_num_seqs / max_waiting</th>"
             "<th>limit p50</th><th>in band</th><th>goodput tok/s</th><th>oracle tok/s</th>"
-            "<th>529 %</th><th>e2e p50 / p99 ms</th><th>oracle e2e p50 ms</th>"
+            "<th>refused %</th><th>e2e p50 / p99 ms</th><th>oracle e2e p50 ms</th>"
             "<th>score goodput</th><th>score e2e p50</th><th>settle s</th><th>into band s</th>"
             "<th>cached % / oracle</th></tr>"]
     for p in summary["phases"]:
@@ -155,8 +156,8 @@ def _run_figures(run: dict, summary: dict, window: float) -> list[tuple[str, str
     ax.set_ylabel("tokens/s")
     ax.set_ylim(bottom=0)
     ax2 = ax.twinx()
-    ax2.plot(w["t"], w["rate_529"], color="#d62728", alpha=0.7, label="529/s")
-    ax2.set_ylabel("529 per second", color="#d62728")
+    ax2.plot(w["t"], w["rate_529"], color="#d62728", alpha=0.7, label="refused/s")
+    ax2.set_ylabel("refused per second", color="#d62728")
     ax2.set_ylim(bottom=0)
     _mark_actions(ax, actions, phases=summary["phases"])
     ax.set_xlim(0, duration)
@@ -164,7 +165,7 @@ def _run_figures(run: dict, summary: dict, window: float) -> list[tuple[str, str
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="lower left", fontsize=8)
-    figs.append(("Goodput and 529 rate", _png(fig)))
+    figs.append(("Goodput and refusal rate", _png(fig)))
 
     fig, ax = plt.subplots(figsize=(11, 3.0))
     for name, color in (("e2e", "#1f77b4"), ("ttft", "#9467bd")):
@@ -250,11 +251,12 @@ def _fleet_figures(run: dict, summary: dict, window: float) -> list[tuple[str, s
     figs.append((f"Latency against the SLO per {window:g} s window", _png(fig)))
 
     fig, ax = plt.subplots(figsize=(11, 2.8))
-    ax.plot(w["t"] * scale, w["rate_529"], color="#d62728", label="529/s (a replica's queue full)")
+    ax.plot(w["t"] * scale, w["rate_529"], color="#d62728", label="refused/s (a replica's queue full)")
     status, send = req["status"], req["send_s"]
     edges = np.arange(0.0, duration + 1e-9, window)
     if edges.size >= 2:
-        counts, _ = np.histogram(send[status == 503], bins=edges)
+        unrouted = (status == 503) & ~refusals(status, req["error"])
+        counts, _ = np.histogram(send[unrouted], bins=edges)
         ax.plot(w["t"][:counts.size] * scale, counts / window, color="#ff7f0e",
                 label="503/s (no ready replica)")
     _frame(ax, duration * scale, unit, "per second")
@@ -296,7 +298,7 @@ def write_report(out: Path, run: dict, summary: dict, window: float) -> Path:
             f"<p>{html.escape(summary.get('description') or '')}</p>"
             f"<p class=muted>model {html.escape(summary['model'])}, {summary['duration_s']:g} "
             f"modelled s at time scale {summary['time_scale']:g}; {summary['requests']} requests, "
-            f"{_fmt(summary['frac_529'], ' %', 100)} 529s, {summary['errors']} other errors. "
+            f"{_fmt(summary['frac_529'], ' %', 100)} refused (full queue), {summary['errors']} other errors. "
             f"Latencies are client-measured in modelled seconds; phase figures are over each "
             f"phase's second half (summary.json has both halves).</p>")
     body = head + (("<h2>Autoscaling</h2>" + _fleet_table(summary)) if fleet else "")
@@ -333,7 +335,7 @@ def write_comparison(out: Path, runs: list[tuple[str, dict, dict]], window: floa
         ax.legend(loc="upper right", fontsize=8)
         figs.append((title, _png(fig)))
     rows = ["<tr><th class=l>run</th><th class=l>phase</th><th>limit p50</th><th>goodput tok/s</th>"
-            "<th>529 %</th><th>e2e p50 ms</th><th>score goodput</th><th>score e2e p50</th>"
+            "<th>refused %</th><th>e2e p50 ms</th><th>score goodput</th><th>score e2e p50</th>"
             "<th>settle s</th></tr>"]
     for label, _, s in runs:
         for p in s["phases"]:

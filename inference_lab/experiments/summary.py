@@ -5,9 +5,10 @@ Per phase, over its steady half (the second half of the phase, after the control
 time to react; the whole phase is reported too):
 - limit_p50, inflight_p50 (time-weighted from the controller trace);
 - goodput_tok_s: completion tokens of 200s that ended in the window, per second;
-- frac_529: 529s / requests sent; shed_frac: refused by the controller itself;
+- n_529, frac_529: a full queue's refusals (529s, and SGLang's queue-full 503s:
+  experiments.outcomes) / requests sent; shed_frac: refused by the controller itself;
 - e2e / ttft p50 and p99 of 200s sent in the window (client-measured, modelled seconds);
-- refusal_rtt_p50_s / _p99_s: a 529's round trip (sent to refused), the delay before a
+- refusal_rtt_p50_s / _p99_s: a refusal's round trip (sent to refused), the delay before a
   loss-based controller hears that its limit went past the server's queue; and
   delivery_lag_p99_s: how much later than the engine's own e2e the client saw a stream
   end (gateway, loopback and client time). While either is long against the gap
@@ -33,6 +34,7 @@ import math
 
 import numpy as np
 
+from inference_lab.experiments.outcomes import refused as refusals
 from inference_lab.experiments.scenario import Scenario
 
 __all__ = ["summarise", "step_series", "window_series", "pd_summary"]
@@ -82,7 +84,8 @@ def _binned_percentiles(idx: np.ndarray, values: np.ndarray, n: int, qs: tuple[f
 
 
 def window_series(req: dict, start: float, end: float, window: float) -> dict[str, np.ndarray]:
-    """Per window of `window` s: goodput, 529/s, sent/s, e2e/ttft p50/p99 (of 200s)."""
+    """Per window of `window` s: goodput, refusals/s (`rate_529`), sent/s, e2e/ttft
+    p50/p99 (of 200s)."""
     edges = np.arange(start, end + 1e-9, window)
     if edges.size < 2:
         edges = np.array([start, end])
@@ -104,7 +107,7 @@ def window_series(req: dict, start: float, end: float, window: float) -> dict[st
         return np.bincount(where[sel], weights=w, minlength=n)[:n].astype(float)
 
     out = {"goodput": count(ok, done_bin, req["completion_tokens"].astype(float)) / width,
-           "rate_529": count(status == 529, sent_bin) / width,
+           "rate_529": count(refusals(status, req["error"]), sent_bin) / width,
            "sent": count(status != 0, sent_bin) / width}
     sel = ok & (sent_bin >= 0)
     for name, col in (("e2e", "e2e_s"), ("ttft", "ttft_s")):
@@ -127,16 +130,16 @@ def _stats(req: dict, ctl: dict, a: float, b: float) -> dict:
     width = max(b - a, 1e-9)
     usage = ok_sent & (req["cached_tokens"] >= 0)
     prompted = int(req["prompt_tokens"][usage].sum())
-    refused = sent & (status == 529)
+    refused = sent & refusals(status, req["error"])
     refused_rtt = done[refused] - send[refused]
     return {
         "from_s": a, "to_s": b,
         "requests": n_sent,
         "ok": int(np.count_nonzero(ok_sent)),
-        "n_529": int(np.count_nonzero(sent & (status == 529))),
-        "frac_529": (np.count_nonzero(sent & (status == 529)) / n_sent) if n_sent else 0.0,
+        "n_529": int(np.count_nonzero(refused)),
+        "frac_529": (np.count_nonzero(refused) / n_sent) if n_sent else 0.0,
         "shed_frac": n_shed / (n_sent + n_shed) if n_sent + n_shed else 0.0,
-        "errors": int(np.count_nonzero(sent & (status != 200) & (status != 529) & (status != 0))),
+        "errors": int(np.count_nonzero(sent & (status != 200) & ~refused & (status != 0))),
         "goodput_tok_s": float(req["completion_tokens"][ended_ok].sum() / width),
         "limit_p50": float(np.median(finite)) if finite.size else None,
         "inflight_p50": float(np.nanmedian(inflight)) if inflight.size else None,

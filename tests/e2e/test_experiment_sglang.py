@@ -6,6 +6,7 @@ series and no vllm: ones."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import subprocess
 import sys
@@ -36,6 +37,17 @@ input_len_dist = {{ type = "fixed", value = 16 }}
 output_len_dist = {{ type = "fixed", value = 50 }}
 """
 BOUNDED = SCENARIO.format(bound=", max_queued_requests = 2")
+# The same overload behind AIMD (initial limit 20, floor 1): only a drop lowers its limit
+# (every answer of max_tokens 50 comes well inside its 5 s timeout).
+AIMD = BOUNDED.replace('name = "fixed", params = { limit = 100000 }',
+                       'name = "aimd", params = { min_limit = 1 }')
+# The overload plus injected 503s (the lab's "overloaded" fault, 60 % of requests for a
+# modelled second): two kinds of 503 in one run, told apart by their error bodies.
+FAULTED = BOUNDED + """
+[[timeline]]
+at = 1
+fault = { kind = "errors", rate = 0.6, types = ["overloaded"], seed = 1, seconds = 1 }
+"""
 
 
 def experiment(tmp_path: Path, text: str, *mode: str) -> Path:
@@ -62,6 +74,43 @@ def test_a_full_sglang_queue_is_refused_with_its_503_in_both_modes(tmp_path, mod
     assert 529 not in status
     refused = [e for s, e in zip(status, table["error"]) if s == 503]
     assert all('"The request queue is full."' in e and '"queue_saturated"' in e for e in refused)
+
+
+@pytest.mark.parametrize("mode", [("--virtual",), ("--serve", "--time-scale", "2")],
+                         ids=["virtual", "served"])
+def test_the_summary_counts_sglangs_full_queue_503s_as_refusals_not_errors(tmp_path, mode):
+    out = experiment(tmp_path, BOUNDED, *mode)
+    status = requests(out)["status"]
+    summary = json.loads((out / "summary.json").read_text())
+    whole = summary["phases"][0]["whole"]  # (the one phase: no timeline)
+    assert whole["n_529"] == status.count(503) > 10
+    assert summary["frac_529"] == pytest.approx(status.count(503) / summary["requests"])
+    assert summary["errors"] == whole["errors"] == 0
+    assert whole["refusal_rtt_p50_s"] is not None
+    report = (out / "report.html").read_text()
+    assert "refused (full queue), 0 other errors" in report
+
+
+def test_aimd_lowers_its_limit_on_sglangs_full_queue_503s(tmp_path):
+    out = experiment(tmp_path, AIMD, "--virtual")
+    status = requests(out)["status"]
+    limits = pq.read_table(out / "controller.parquet").to_pydict()["limit"]
+    assert status.count(503) > 0 and status.count(200) > 10
+    # from its initial 20 only a drop takes it down: the queue-full 503s are drops
+    assert limits[0] == 20.0 and min(limits) < 10
+
+
+def test_an_injected_503_stays_an_error_beside_the_full_queues_refusals(tmp_path):
+    out = experiment(tmp_path, FAULTED, "--serve", "--time-scale", "2")
+    table = requests(out)
+    full = [s == 503 and '"The request queue is full."' in e
+            for s, e in zip(table["status"], table["error"])]
+    injected = [s == 503 and "(injected fault)" in e
+                for s, e in zip(table["status"], table["error"])]
+    assert sum(full) > 10 and sum(injected) > 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["frac_529"] * summary["requests"] == pytest.approx(sum(full))
+    assert summary["errors"] == sum(injected)
 
 
 @pytest.mark.parametrize("mode", [("--virtual",), ("--serve", "--time-scale", "2")],
