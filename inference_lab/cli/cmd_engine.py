@@ -20,8 +20,8 @@ from inference_lab.cli.auth_flags import (add_api_key_argument, add_control_toke
                                           api_key, control_token, warn_exposure)
 from inference_lab.cli.flag_types import (number, port, positive_int, rate, refused_as, seconds,
                                           share, time_scale, update_rate)
-from inference_lab.cli.engine_profile_flags import add_engine_profile_arguments, profiled
-from inference_lab.cli.offload_flags import add_offload_arguments, apply_offload
+from inference_lab.cli.engine_profile_flags import add_engine_profile_arguments
+from inference_lab.cli.offload_flags import add_offload_arguments, flagged
 from inference_lab.cli.catalog_flags import (
     add_catalog_argument, add_kv_cache_dtype_argument, add_timing_argument, build_catalog,
 )
@@ -347,18 +347,15 @@ def load_deployments(args: argparse.Namespace):
 
     catalog = build_catalog(args)
     if args.config is None:
-        deployments = profiled(args, default_deployments(args.hardware, args.max_waiting, catalog,
-                                                         args.timing, args.kv_cache_dtype))
-        apply_offload(args, deployments)
-        return deployments
-    deployments = profiled(args, load_config_dir(args.config, args.hardware, args.max_waiting,
-                                                 catalog, args.timing, args.kv_cache_dtype))
+        return flagged(args, default_deployments(args.hardware, args.max_waiting, catalog,
+                                                 args.timing, args.kv_cache_dtype))
+    deployments = flagged(args, load_config_dir(args.config, args.hardware, args.max_waiting,
+                                                catalog, args.timing, args.kv_cache_dtype))
     for dep in deployments:
         if dep.pd is not None:  # (the sim's layout: a served one is set by flags)
             log.warning("%s: [pd] is read by `inference-lab sim` only; serve P/D with "
                         "--replicas %d --kv-roles %d:%d --kv-link %s", dep.source,
                         dep.pd.prefill + dep.pd.decode, dep.pd.prefill, dep.pd.decode, dep.pd.link)
-    apply_offload(args, deployments)
     return deployments
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from inference_lab.cli import UsageError
 from inference_lab.engine.sim.kv_transfer import PD_POLICIES
-from inference_lab.cli.engine_profile_flags import add_engine_profile_arguments, profiled
-from inference_lab.cli.offload_flags import add_offload_arguments, apply_offload
+from inference_lab.cli.engine_profile_flags import add_engine_profile_arguments
+from inference_lab.cli.offload_flags import add_offload_arguments, flagged
 from inference_lab.cli.catalog_flags import (
     add_catalog_argument, add_kv_cache_dtype_argument, add_timing_argument, build_catalog,
 )
@@ -102,9 +102,9 @@ def pick_deployment(args: argparse.Namespace):
     from inference_lab.engine.sim.config import load_config_dir
 
     args.hardware = _hardware(args)
-    deployments = profiled(args, load_config_dir(args.config, args.hardware, args.max_waiting,
-                                                 build_catalog(args), args.timing,
-                                                 args.kv_cache_dtype))
+    deployments = flagged(args, load_config_dir(args.config, args.hardware, args.max_waiting,
+                                                build_catalog(args), args.timing,
+                                                args.kv_cache_dtype))
     if args.model:
         chosen = [d for d in deployments if d.name == args.model]
         if not chosen:
@@ -239,7 +239,6 @@ def run(args: argparse.Namespace) -> int:
     from inference_lab.common.workload import load_workload
 
     deployment = pick_deployment(args)
-    apply_offload(args, [deployment])
     if args.max_num_seqs is not None:
         from inference_lab.engine.sim.core import CapacityError, EngineCore
 

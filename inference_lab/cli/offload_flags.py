@@ -63,6 +63,16 @@ def apply_offload(args: argparse.Namespace, deployments) -> None:
         dep.offload = config
 
 
+def flagged(args: argparse.Namespace, deployments: list) -> list:
+    """The deployments as the flags run them: the engine profile's, then the offloading's
+    (every command that builds deployments from flags goes through here)."""
+    from inference_lab.cli.engine_profile_flags import profiled
+
+    deployments = profiled(args, deployments)
+    apply_offload(args, deployments)
+    return deployments
+
+
 def offload_argv(args: argparse.Namespace) -> list[str]:
     """The flags again, for the engine process `serve` starts."""
     argv: list[str] = []
