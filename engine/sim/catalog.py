@@ -138,7 +138,7 @@ _CALIBRATION_KEYS = ("flops_efficiency", "moe_flops_efficiency", "flops_half_tok
                      "comm_efficiency", "step_overhead", "request_overhead", "layer_overhead",
                      "expert_overhead", "mla_layer_overhead", "sequence_overhead",
                      "sequence_kernel_overhead", "mixed_step_overhead",
-                     "prompt_token_overhead", "unoverlapped_fraction", "routing_skew", "kv_bandwidth_efficiency",
+                     "prompt_token_overhead", "stream_overhead", "unoverlapped_fraction", "routing_skew", "kv_bandwidth_efficiency",
                      "fit", "transferred_from", "vllm_version", "generations")
 _LINK_KEYS = ("bandwidth", "latency", "in_network_reduction")
 _STORE_KEYS = ("name", "per", "kind", "capacity", "bandwidth", "stripe", "aggregate_bandwidth",
@@ -295,6 +295,8 @@ def _parse_calibration(t: Table) -> Calibration:
                                   ok=lambda v: v >= 0),
         prompt_token_overhead=t.get("prompt_token_overhead", float, "a number >= 0 (seconds)", 0.0,
                                     ok=lambda v: v >= 0),
+        stream_overhead=t.get("stream_overhead", float, "a number >= 0 (seconds)", 0.0,
+                              ok=lambda v: v >= 0),
         unoverlapped_fraction=t.get("unoverlapped_fraction", float, "a number in [0, 1]", 0.0,
                                     ok=lambda v: 0 <= v <= 1),
         routing_skew=t.get("routing_skew", float, "a number >= 0 (Zipf exponent)", 0.0,

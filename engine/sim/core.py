@@ -185,6 +185,13 @@ class EngineCore(KvConnector):
     def kv_usage(self) -> float:
         return self.scheduler.kv_usage()
 
+    def _streams(self) -> int:
+        """Requests in the engine (running or waiting): the streams the API server is
+        serving when another arrives (the calibrated model's stream_overhead)."""
+        if not self.cost.stream_overhead:
+            return 0
+        return len(self.scheduler.running) + self.scheduler.num_waiting
+
     def has_work(self) -> bool:
         """Something to step: running requests, or waiting ones while not paused."""
         scheduler = self.scheduler
@@ -384,7 +391,8 @@ class EngineCore(KvConnector):
             self.clock = now  # idle: the next step starts at this arrival
         req = Request(next(self._ids), prompt_len, max_tokens or 1, now, priority, tag=tag, n=n,
                       ready=now + self.cost.request_overhead
-                      + prompt_len * self.cost.prompt_token_overhead, lora=lora,
+                      + prompt_len * self.cost.prompt_token_overhead
+                      + self._streams() * self.cost.stream_overhead, lora=lora,
                       # a chosen length (no cap, or a draw below it) stands for an EOS
                       eos=requested is None or max_tokens < requested or pooling,
                       # vLLM runs a pooling request as one of max_tokens 1 whose prefill's

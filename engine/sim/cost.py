@@ -136,6 +136,7 @@ class CostModel:
         expert_floor = cal.expert_overhead / deployment.ep if cal else 0.0
         self.request_overhead = cal.request_overhead if cal else 0.0
         self.prompt_token_overhead = cal.prompt_token_overhead if cal else 0.0
+        self.stream_overhead = cal.stream_overhead if cal else 0.0
         comm = cal.comm_efficiency if cal else 1.0
         # KV reads at their own fraction of the peak (the decode attention kernels'), as
         # extra seconds per KV byte beside the weights' rate; 0 when not set

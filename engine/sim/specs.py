@@ -42,7 +42,10 @@ class Calibration:
     roofline does not price (the fixed work of its attention, logits and sampling
     kernels), split over the tensor-parallel GPUs like the heads it runs on; and a
     request reaches the scheduler prompt_token_overhead seconds per prompt token later
-    still (tokenising and preparing its prompt on the host). A step that carries prefill
+    still (tokenising and preparing its prompt on the host), and stream_overhead seconds
+    per request already in the engine (running or waiting) when it arrives: the API
+    server takes a new request in between detokenising and streaming the others' tokens,
+    so under many streams it reaches the scheduler later (TTFT only). A step that carries prefill
     tokens (a mixed step) pays mixed_step_overhead seconds more: the attention backends'
     prefill path beside the decode path, its per-step planning and metadata. A stream's math
     and memory traffic overlap only in part: unoverlapped_fraction of the shorter of the
@@ -66,6 +69,7 @@ class Calibration:
     sequence_overhead: float = 0.0  # seconds per sequence in the step (host work)
     sequence_kernel_overhead: float = 0.0  # GPU seconds per sequence in the step, / tp
     prompt_token_overhead: float = 0.0  # seconds per prompt token before schedulable (host)
+    stream_overhead: float = 0.0  # seconds per request in the engine before schedulable (host)
     mixed_step_overhead: float = 0.0  # seconds more for a step that carries prefill tokens
     # share of the shorter of a stream's math and memory times not hidden under the longer
     # (0: the roofline's max; 1: they add)

@@ -70,6 +70,8 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
               "fraction of the HBM peak the decode attention reaches on the KV cache"),
     Parameter("request_overhead", 0.0, 1.0, 1e-3, "seconds from arrival to schedulable"),
     Parameter("prompt_token_overhead", 0.0, 1e-4, 1e-6, "seconds per prompt token before schedulable"),
+    Parameter("stream_overhead", 0.0, 0.01, 10e-6,
+              "seconds per request in the engine before a new one is schedulable"),
 )}
 HUBER = 0.15  # |log error| beyond which a residual's weight falls off
 STEP = 0.07  # forward-difference step in x (about 7 % of a parameter)

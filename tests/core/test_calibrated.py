@@ -216,6 +216,23 @@ def test_a_request_also_waits_its_host_time_per_prompt_token():
     assert engine.step(0.0).start == pytest.approx(24e-3, rel=1e-12)
 
 
+def test_a_request_waits_its_host_time_per_stream_already_in_the_engine():
+    # 20 ms + 3 requests in the engine x 0.5 ms: the third arrival is schedulable at
+    # 21 ms after it came, the first at 20 ms; none is delayed without the key
+    dep = dense()
+    dep.hardware = replace(dep.hardware, calibration=replace(CAL, stream_overhead=5e-4))
+    engine = EngineCore(dep)
+    first = engine.submit(100, 4, 0.0)
+    second = engine.submit(100, 4, 0.0)
+    third = engine.submit(100, 4, 0.0)
+    assert first.ready == pytest.approx(20e-3, rel=1e-12)
+    assert second.ready == pytest.approx(20.5e-3, rel=1e-12)
+    assert third.ready == pytest.approx(21e-3, rel=1e-12)
+    plain = EngineCore(dense())
+    plain.submit(100, 4, 0.0)
+    assert plain.submit(100, 4, 0.0).ready == plain.submit(100, 4, 0.0).ready
+
+
 @pytest.mark.parametrize("batch", [1, 4, 16, 64, 128])
 def test_a_decode_step_reads_the_experts_its_batch_touches_not_all_of_them(batch):
     # gpt-oss-120b: B sequences each routed to k = 4 of E = 128 distinct experts touch
