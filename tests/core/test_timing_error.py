@@ -82,10 +82,11 @@ def test_the_h200_vllm_022_generation_predicts_its_held_out_tpot():
 
 
 # The growth with the batch, on B200's gpt-oss-120b sweeps at TP 1 with short prompts and
-# long outputs: the b200 fit once grew too steeply past their middle (+16 % and +19 % at
+# long outputs. A fit whose routing skew leaves the sweeps' curvature to a linear
+# per-sequence cost grows too steeply past their middle (at skew 1.05: +16 % and +19 % at
 # 128 clients, against -6 % and -5 % at 16), and a fit of `calibrate`'s default parameters
-# on their rows up to 32 clients overshot the top by 18-19 %. Held to 10 % at the top and
-# 15 % for the lower half's prediction (docs/timing.md, "Timing past the rows").
+# on the rows up to 32 clients then overshoots the top by 18-19 %. Held to 10 % at the top
+# and 15 % for the lower half's prediction (docs/timing.md, "Timing past the rows").
 SWEEPS_B200 = ["gpt-oss-120b-b200-tp1-1k1k 1024/1024", "gpt-oss-120b-b200-tp1-1k8k 1024/8192"]
 
 
