@@ -30,9 +30,11 @@ async def gateway(fake):
 async def exchange(port: int, *parts: bytes, pause: float = 0.0,
                    timeout: float = 5.0) -> tuple[bytes, float]:
     """Send the parts (with a pause between), read until the server closes or `timeout`;
-    returns what came back and when the last byte did."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    returns what came back and when the last byte did, counted from before the connect
+    (the server's timers start when it accepts, which may come before the connect returns
+    here: a clock started after it could see a timeout fire early)."""
     started = time.monotonic()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     for i, part in enumerate(parts):
         if i and pause:  # (a slow client: its slowness is what is tested)
             await asyncio.sleep(pause)
