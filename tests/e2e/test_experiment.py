@@ -335,8 +335,9 @@ def test_a_served_scenario_of_two_ranks_runs_on_serve_data_parallel_size_2(tmp_p
     assert set(table["status"]) == {200} and len(table["status"]) > 20
     server = pq.read_table(out / "server.parquet").to_pydict()
     assert set(server["max_num_seqs"]) == {8.0}  # 4 on each rank
-    # (a request that just arrived waits for the next step: at most one a sample)
-    assert max(server["running"]) == 8 and max(server["waiting"]) <= 1
+    # (a request that just arrived waits for its rank's next step: at most one a rank in a
+    # sample, and the gauge is the two ranks' sum)
+    assert max(server["running"]) == 8 and max(server["waiting"]) <= 2
     phase, = json.loads((out / "summary.json").read_text())["phases"]
     # the oracle runs the same two ranks in lockstep (an MoE model), 4 users each, as the
     # served ranks had them; served, a step booked while the other rank's announcement
