@@ -139,7 +139,7 @@ _CALIBRATION_KEYS = ("flops_efficiency", "moe_flops_efficiency", "flops_half_tok
                      "expert_overhead", "mla_layer_overhead", "sequence_overhead",
                      "sequence_kernel_overhead", "mixed_step_overhead",
                      "prompt_token_overhead", "stream_overhead", "unoverlapped_fraction", "routing_skew", "kv_bandwidth_efficiency",
-                     "fit", "transferred_from", "vllm_version", "generations")
+                     "memory_reserve", "fit", "transferred_from", "vllm_version", "generations")
 _LINK_KEYS = ("bandwidth", "latency", "in_network_reduction")
 _STORE_KEYS = ("name", "per", "kind", "capacity", "bandwidth", "stripe", "aggregate_bandwidth",
                "latency", "pin")
@@ -304,6 +304,8 @@ def _parse_calibration(t: Table) -> Calibration:
         kv_bandwidth_efficiency=t.get("kv_bandwidth_efficiency", float,
                                       "a number in [0, 1] (0: as bandwidth_efficiency)", 0.0,
                                       ok=lambda v: 0 <= v <= 1),
+        memory_reserve=t.get("memory_reserve", float, "a number >= 0 (bytes per GPU)", 0.0,
+                             ok=lambda v: v >= 0),
         fit=t.get("fit", str, "a string", ""),
         transferred_from=t.get("transferred_from", str, "a hardware preset name", ""),
         vllm_version=t.get("vllm_version", str, "a vLLM release such as \"0.11\"", "",

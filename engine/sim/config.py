@@ -38,6 +38,7 @@ from typing import Any
 from inference_lab.common.toml import ConfigError, Table, read_toml
 from inference_lab.engine.sim import catalog as bundled
 from inference_lab.engine.sim import generations
+from inference_lab.engine.sim import kv
 from inference_lab.engine.sim.capacity import EXPECTED, out_of_range, seqs_fit_budget
 from inference_lab.engine.sim.catalog import Catalog
 from inference_lab.engine.sim.kv_transfer import PD_POLICIES, PdLayout, link_preset
@@ -378,6 +379,14 @@ def _apply_timing(dep: Deployment, timing: str | None) -> None:
     cal = dep.hardware.calibration
     if dep.timing == "calibrated" and cal.transferred_from:
         _log_transferred(dep.hardware.name, cal.transferred_from)
+    if (dep.timing == "calibrated" and dep.scheduler.kv_cache_capacity is None
+            and kv.kv_capacity_bytes(dep) <= 0):
+        sched = dep.scheduler
+        raise ConfigError(dep.source, "tp", f"{dep.model.name} weights "
+                          f"({kv.weight_bytes(dep) / dep.tp / 1e9:.1f} GB per GPU) and the calibrated "
+                          f"memory reserve ({kv.reserve_bytes(dep) / 1e9:.1f} GB per GPU) leave no KV "
+                          f"cache on {dep.hardware.name} at gpu_memory_utilization "
+                          f"{sched.gpu_memory_utilization}; raise tp")
 
 
 @functools.cache

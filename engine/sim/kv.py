@@ -1,8 +1,8 @@
 """KV cache capacity in blocks, and the block count a request needs.
 
 Knows the deployment's memory arithmetic, per GPU: the pool is what one GPU keeps after
-its share of the weights (HBM x gpu_memory_utilization - weights / tp, or the
-configured kv_cache_capacity / tp), a block is `block_size` positions of the paged
+its share of the weights (HBM x gpu_memory_utilization - weights / tp, less the
+calibrated memory_reserve under --timing calibrated; or the configured kv_cache_capacity / tp), a block is `block_size` positions of the paged
 layers' cache on one GPU (engine.sim.layers: KV heads are never split, MLA latents are
 replicated; stored at the scheduler's kv_cache_dtype), and a running sequence also holds `fixed_blocks` for its recurrent states.
 The pool itself is a counter (engine.scheduler owns it): no block ids are simulated.
@@ -27,13 +27,22 @@ def bytes_per_token(deployment: Deployment) -> float:
     return layers.paged_bytes_per_token(model, deployment.tp)
 
 
+def reserve_bytes(deployment: Deployment) -> float:
+    """Bytes per GPU the engine keeps outside the weights and the pool: the calibrated
+    memory_reserve (vLLM's profiled activation peak, buffers, workspaces) under
+    calibrated timing, else 0 (the roofline's ideal arithmetic)."""
+    cal = deployment.hardware.calibration
+    return cal.memory_reserve if cal is not None and deployment.timing == "calibrated" else 0.0
+
+
 def kv_capacity_bytes(deployment: Deployment) -> float:
     """Bytes of KV pool per GPU."""
     sched = deployment.scheduler
     if sched.kv_cache_capacity is not None:
         return float(sched.kv_cache_capacity) / deployment.tp
     hw = deployment.hardware
-    return hw.hbm_bytes * sched.gpu_memory_utilization - weight_bytes(deployment) / deployment.tp
+    return (hw.hbm_bytes * sched.gpu_memory_utilization - weight_bytes(deployment) / deployment.tp
+            - reserve_bytes(deployment))
 
 
 def total_blocks(deployment: Deployment) -> int:

@@ -54,7 +54,10 @@ class Calibration:
     peak (0: as the weights). The routed experts a step touches follow routing_skew, the Zipf exponent of
     their popularity (0: uniform routing; larger: fewer touched at a middling batch). The
     LM head is charged once per sequence in the step (the position that
-    samples), not per position (needs the model's vocab_size)."""
+    samples), not per position (needs the model's vocab_size). Memory: each GPU keeps
+    memory_reserve bytes outside the weights and the KV pool (what vLLM's memory profile
+    sets aside: the activation peak of its largest step and the sampler's, communication
+    buffers and kernel workspaces), so the pool holds that much less (engine.sim.kv)."""
 
     flops_efficiency: float = 1.0  # fraction of peak FLOP/s at large steps
     flops_half_tokens: float = 0.0  # tokens per step at which half of that is reached
@@ -79,6 +82,8 @@ class Calibration:
     # fraction of the HBM peak the decode attention kernels reach on the KV cache they
     # read (0: bandwidth_efficiency, as the weights)
     kv_bandwidth_efficiency: float = 0.0
+    # bytes per GPU kept outside the weights and the KV pool (activation peak, buffers)
+    memory_reserve: float = 0.0
     fit: str = ""  # where the numbers come from
     # "" when fitted on this GPU; else the preset whose fit was carried over by rule
     # (fractions of peak and fixed time costs unchanged: docs/timing.md)

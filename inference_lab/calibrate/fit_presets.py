@@ -170,6 +170,8 @@ def main() -> int:
         for f in fields(Calibration):
             if f.name in PARAMETERS:
                 print(f"{f.name} = {float(f'{getattr(cal, f.name):.3g}'):g}")
+        if cal.memory_reserve:  # set from the pool's plateaus (benchmarks/memory_reserve.py)
+            print(f"memory_reserve = {cal.memory_reserve:g}")
         if cal.vllm_version:
             print(f'vllm_version = "{cal.vllm_version}"')
     return 0

@@ -44,6 +44,8 @@ def calibration_table(cal: Calibration, comment: list[str]) -> str:
     for f in fields(Calibration):
         if f.name in PARAMETERS:
             lines.append(f"{f.name} = {float(f'{getattr(cal, f.name):.4g}')!r}")
+    if cal.memory_reserve:  # not fitted here: the start's, carried so the KV pool stays its size
+        lines.append(f"memory_reserve = {float(f'{cal.memory_reserve:.4g}')!r}")
     lines.append(f"fit = {json.dumps(cal.fit)}")  # a JSON string is a TOML basic string
     return "\n".join(lines) + "\n"
 
