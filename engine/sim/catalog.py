@@ -135,7 +135,7 @@ _POSITIVE = "a positive number"
 _HARDWARE_KEYS = ("name", *(f"flops_{p}" for p in PRECISION_ORDER), "memory_bandwidth",
                   "memory_capacity", "load_bandwidth", "host_link", "fabric", "memory", "calibration")
 _CALIBRATION_KEYS = ("flops_efficiency", "moe_flops_efficiency", "flops_half_tokens", "bandwidth_efficiency",
-                     "comm_efficiency", "step_overhead", "request_overhead", "layer_overhead",
+                     "comm_efficiency", "comm_bandwidth_efficiency", "step_overhead", "request_overhead", "layer_overhead",
                      "expert_overhead", "mla_layer_overhead", "sequence_overhead",
                      "sequence_kernel_overhead", "mixed_step_overhead",
                      "prompt_token_overhead", "stream_overhead", "unoverlapped_fraction", "routing_skew", "kv_bandwidth_efficiency",
@@ -278,6 +278,9 @@ def _parse_calibration(t: Table) -> Calibration:
         bandwidth_efficiency=t.get("bandwidth_efficiency", float, fraction, 1.0,
                                    ok=lambda v: 0 < v <= 1),
         comm_efficiency=t.get("comm_efficiency", float, fraction, 1.0, ok=lambda v: 0 < v <= 1),
+        comm_bandwidth_efficiency=t.get("comm_bandwidth_efficiency", float,
+                                        "a number in [0, 1] (0: as comm_efficiency)", 0.0,
+                                        ok=lambda v: 0 <= v <= 1),
         step_overhead=t.get("step_overhead", float, "a number >= 0 (seconds)", 0.0, ok=lambda v: v >= 0),
         request_overhead=t.get("request_overhead", float, "a number >= 0 (seconds)", 0.0,
                                ok=lambda v: v >= 0),

@@ -138,6 +138,7 @@ class CostModel:
         self.prompt_token_overhead = cal.prompt_token_overhead if cal else 0.0
         self.stream_overhead = cal.stream_overhead if cal else 0.0
         comm = cal.comm_efficiency if cal else 1.0
+        comm_bytes = (cal.comm_bandwidth_efficiency or cal.comm_efficiency) if cal else 1.0
         # KV reads at their own fraction of the peak (the decode attention kernels'), as
         # extra seconds per KV byte beside the weights' rate; 0 when not set
         self._kv_extra = 0.0
@@ -231,13 +232,16 @@ class CostModel:
         # `ep` ranks are combined by the same FFN all-reduce (attention is tensor-parallel).
         ffn = max(model.num_layers, model.moe_layers)
         self._collectives = model.num_layers + ffn if tp > 1 else 0
-        self._ar_latency = all_reduce_seconds(hw, tp, 0.0) / comm
+        # The fixed latency at comm_efficiency, the token bytes at comm_bandwidth_efficiency
+        # (0: the same fraction).
+        latency = all_reduce_seconds(hw, tp, 0.0)
+        self._ar_latency = latency / comm
         self._ar_per_token = (all_reduce_seconds(hw, tp, float(model.hidden_size * model.activation_bytes))
-                              / comm - self._ar_latency) if tp > 1 else 0.0
+                              - latency) / comm_bytes if tp > 1 else 0.0
         # Norms over all heads (split by TP) all-reduce their statistics: NORM_STAT_BYTES
         # per token each (MiniMax-M2's QK norm: the fp32 variances of q and k).
         self._norm_collectives = sum(c.count * c.norm_all_reduces for c in model.layer_classes) if tp > 1 else 0
-        self._norm_ar_per_token = (all_reduce_seconds(hw, tp, NORM_STAT_BYTES) / comm - self._ar_latency
+        self._norm_ar_per_token = ((all_reduce_seconds(hw, tp, NORM_STAT_BYTES) - latency) / comm_bytes
                                    if self._norm_collectives else 0.0)
         self._distinct_cache: dict[tuple[int, int], float] = {}
 

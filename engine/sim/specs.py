@@ -27,7 +27,9 @@ class Calibration:
     achieved FLOP rate = peak x flops_efficiency x T / (T + flops_half_tokens) for a step
     of T tokens, with moe_flops_efficiency in place of flops_efficiency for the MoE
     streams' FLOPs (grouped GEMMs over many small expert slices); achieved bandwidth = peak x bandwidth_efficiency; collectives take
-    1 / comm_efficiency as long; every step pays step_overhead seconds (scheduling,
+    1 / comm_efficiency as long (their bytes 1 / comm_bandwidth_efficiency as long when that
+    is set: an all-reduce of a few megabytes of prefill tokens reaches less of the fabric's
+    bandwidth than its fixed latency suggests); every step pays step_overhead seconds (scheduling,
     sampling, launches); a request reaches the scheduler request_overhead seconds after
     it arrives (tokenisation and admission, which run beside the GPU: TTFT only).
     Kernel floors: every layer adds layer_overhead seconds per step (the minimum time of
@@ -64,6 +66,9 @@ class Calibration:
     moe_flops_efficiency: float = 0.0  # the same for routed-expert GEMMs (0: flops_efficiency)
     bandwidth_efficiency: float = 1.0  # fraction of peak HBM bandwidth
     comm_efficiency: float = 1.0  # fraction of the fabric's collective speed
+    # fraction of the fabric's bandwidth the collectives reach on the step's token bytes
+    # (0: comm_efficiency, which then prices their latency and bytes alike)
+    comm_bandwidth_efficiency: float = 0.0
     step_overhead: float = 0.0  # seconds per step outside the kernels
     request_overhead: float = 0.0  # seconds from arrival to schedulable
     layer_overhead: float = 0.0  # seconds per layer per step (kernel floor)

@@ -55,6 +55,8 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter("moe_flops_efficiency", 0.01, 1.0, 0.0, "fraction of the FLOP peak, expert GEMMs"),
     Parameter("flops_half_tokens", 0.0, 8192.0, 8.0, "tokens per step at half the FLOP fraction"),
     Parameter("comm_efficiency", 0.02, 1.0, 0.0, "fraction of the fabric's collective speed"),
+    Parameter("comm_bandwidth_efficiency", 0.02, 1.0, 0.0,
+              "fraction of the fabric's bandwidth on the collectives' token bytes"),
     Parameter("step_overhead", 0.0, 0.05, 100e-6, "seconds per step"),
     Parameter("layer_overhead", 0.0, 1e-3, 5e-6, "seconds per layer per step"),
     Parameter("expert_overhead", 0.0, 1e-4, 0.2e-6, "seconds per touched expert per MoE layer"),
@@ -86,7 +88,7 @@ def applicable(points: Sequence[Point], names: Sequence[str]) -> tuple[list[str]
     mla = any(c.kind == "mla" for p in points for c in p.deployment.model.layer_classes)
     why = {}
     if not tp:
-        why["comm_efficiency"] = "no point runs on more than one GPU"
+        why["comm_efficiency"] = why["comm_bandwidth_efficiency"] = "no point runs on more than one GPU"
     if not moe:
         why["moe_flops_efficiency"] = why["expert_overhead"] = "no point serves an MoE model"
     if not mla:

@@ -348,3 +348,27 @@ def test_an_out_of_range_overlap_or_routing_skew_is_refused_by_name(key, value, 
              "calibration": {key: value}}
     with pytest.raises(ConfigError, match=message):
         catalog.parse_hardware(table, "hardware.x", name="x")
+
+
+@pytest.mark.parametrize("tokens", [1, 900])
+def test_the_collectives_token_bytes_run_at_their_own_bandwidth_fraction_and_their_latency_does_not(tokens):
+    # tp 2 on b200 (in-switch reduction: f = 1): 2 layers -> 4 all-reduces a step, each
+    # 5 us / comm_efficiency + tokens x 4096 x 2 bytes / 900e9 / comm_bandwidth_efficiency.
+    def cost(comm_bw: float) -> float:
+        dep = dense()
+        dep = replace(dep, tp=2, hardware=replace(dep.hardware, calibration=replace(
+            CAL, comm_bandwidth_efficiency=comm_bw)))
+        model = CostModel(dep)
+        return model.step_cost(tokens, attention_load(model.caps, [])).seconds
+
+    per_byte_time = 4 * tokens * 4096 * 2 / 900e9
+    assert cost(0.25) - cost(0.0) == pytest.approx(per_byte_time * (1 / 0.25 - 1 / 0.5), rel=1e-9)
+    assert cost(0.5) == pytest.approx(cost(0.0), rel=1e-12)  # 0: as comm_efficiency (0.5)
+
+
+def test_an_out_of_range_collective_bandwidth_fraction_is_refused_by_name():
+    table = {"flops_bf16": 1e15, "memory_bandwidth": 1e12, "memory_capacity": 1e11,
+             "calibration": {"comm_bandwidth_efficiency": 1.5}}
+    with pytest.raises(ConfigError, match=r"comm_bandwidth_efficiency: expected a number in \[0, 1\] "
+                                          r"\(0: as comm_efficiency\), got 1.5"):
+        catalog.parse_hardware(table, "hardware.x", name="x")
