@@ -98,6 +98,13 @@ def show_hardware(hw, source: str) -> None:
         for gen in hw.generations:
             line += f"; vLLM {gen.vllm_version} (--timing calibrated-v{gen.vllm_version})"
         print(line)
+        reserves: dict[float, list[str]] = {}
+        for c in (hw.calibration, *hw.generations):
+            if c.memory_reserve:
+                reserves.setdefault(c.memory_reserve, []).append(c.vllm_version or "unstated")
+        for reserve, versions in reserves.items():
+            print(f"  calibrated KV pool: {reserve / 1e9:.3g} GB per GPU kept outside the weights "
+                  f"and the pool (vLLM {', '.join(versions)}; docs/timing.md)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -52,3 +52,12 @@ def test_sim_takes_a_model_from_a_user_catalog_in_the_environment(tmp_path):
     assert "memory tiers (none): parsed, not modelled" in out.stderr
     summary = json.loads((tmp_path / "o.json").read_text())
     assert summary["unmodelled"] == ["memory tiers (none): parsed, not modelled"]
+
+
+def test_catalog_show_states_the_memory_a_calibrated_pool_keeps_out():
+    out = cli("catalog", "show", "h200")
+    assert out.returncode == 0, out.stderr
+    assert ("calibrated KV pool: 4.16 GB per GPU kept outside the weights and the pool "
+            "(vLLM 0.11, 0.22;") in out.stdout
+    h100 = cli("catalog", "show", "h100")
+    assert h100.returncode == 0 and "calibrated KV pool" not in h100.stdout
