@@ -11,6 +11,8 @@ the input mistakes that leave a signature in the fitted errors:
   in waves, where random lengths spread them;
 - an opening burst or cold start: the measured TTFT at the lowest concurrency far above
   what the fit's steady state gives there;
+- a KV cache smaller than the lab's pool: the measured TPOT stops growing at the top
+  concurrencies (the extra clients queue) while the fit's keeps growing;
 - a decode that is not the one simulated: TPOT off (server settings, model, GPU).
 Works on points and their simulated metrics under the fit; simulates nothing.
 """
@@ -25,6 +27,7 @@ from inference_lab.calibrate.simulate import Point
 
 MAX_FIT_ERROR = 0.25  # mean |error| on the fit's own points above which no preset is written
 SETTINGS_FLAGS = "--tp, --max-num-seqs, --max-num-batched-tokens, --kv-cache-dtype, --no-prefix-caching"
+PLATEAU = 0.05  # measured TPOT growth below which a doubling of the clients counts as flat
 
 
 def fit_error(points: Sequence[Point], sims: Sequence[dict[str, float]]) -> float:
@@ -40,6 +43,26 @@ def _ttft_key(point: Point) -> str | None:
 def _span(errs: Sequence[float]) -> str:
     lo, hi = min(errs), max(errs)
     return f"{lo:+.0%}" if abs(hi - lo) < 0.005 else f"{lo:+.0%} to {hi:+.0%}"
+
+
+def _pool_plateau(points: Sequence[Point], errors: Sequence[dict[str, float]],
+                  max_error: float) -> str | None:
+    """The sentence for a measured TPOT that stops growing at the top while the fit's
+    grows past it (the server's KV cache full before the lab's), or None."""
+    rows = sorted(((p, e) for p, e in zip(points, errors) if "tpot_ms" in p.measured and "tpot_ms" in e),
+                  key=lambda pe: pe[0].concurrency)
+    for i, ((lo, _), (hi, e_hi)) in enumerate(zip(rows, rows[1:])):
+        grew = hi.measured["tpot_ms"] / lo.measured["tpot_ms"] - 1
+        # the fit's error climbs into the plateau: above its best up to there by half the bound
+        climbed = e_hi["tpot_ms"] - min(e["tpot_ms"] for _, e in rows[:i + 1])
+        if hi.concurrency >= 2 * lo.concurrency and abs(grew) < PLATEAU and climbed > max_error / 2:
+            return (f"a KV cache smaller than the lab's: the measured TPOT stops growing from {lo.label} "
+                    f"to {hi.label} ({lo.measured['tpot_ms']:.1f} -> {hi.measured['tpot_ms']:.1f} ms) while "
+                    f"the fit's keeps growing ({e_hi['tpot_ms']:+.0%} at {hi.label}): the server ran fewer "
+                    "sequences than the clients and queued the rest. Give its memory settings "
+                    "(--gpu-memory-utilization, or --kv-cache-memory-bytes: the KV cache size per GPU "
+                    "vLLM logs at start) or leave those rows out.")
+    return None
 
 
 def likely_causes(points: Sequence[Point], sims: Sequence[dict[str, float]],
@@ -84,6 +107,9 @@ def likely_causes(points: Sequence[Point], sims: Sequence[dict[str, float]],
             "First requests that pay compilation or CUDA-graph capture, or a burst of clients "
             f"arriving at once, do this; {', '.join(fixes[:-1])}{', or ' if len(fixes) > 1 else ''}"
             f"{fixes[-1]}.")
+    plateau = _pool_plateau(points, errors, max_error)
+    if plateau:
+        causes.append(plateau)
     if tpot and not tpot_fits:
         causes.append(
             f"TPOT does not fit (mean |error| {statistics.mean(tpot):.0%}): the decode measured is not "
@@ -92,6 +118,7 @@ def likely_causes(points: Sequence[Point], sims: Sequence[dict[str, float]],
     if not causes:
         causes.append(
             "none of the causes calibrate recognises (TTFT medians given as means, random lengths "
-            "taken as exact, an opening burst, a TPOT that does not fit); check the server settings "
+            "taken as exact, an opening burst, a KV cache smaller than the lab's, a TPOT that does "
+            "not fit); check the server settings "
             f"given ({SETTINGS_FLAGS}), --model, --hardware and --fit.")
     return causes

@@ -80,6 +80,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the server ran with prefix caching off (vLLM's --no-enable-prefix-caching)")
     p.add_argument("--max-model-len", type=positive_int, default=None,
                    help="the server's max_model_len (default: the model's)")
+    p.add_argument("--gpu-memory-utilization", type=number(float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+                   default=None, metavar="FRACTION",
+                   help="the server's --gpu-memory-utilization (default 0.9)")
+    p.add_argument("--kv-cache-memory-bytes", type=positive_int, default=None, metavar="BYTES",
+                   help="the server's KV cache per GPU in bytes (vLLM's --kv-cache-memory-bytes, or "
+                        "the 'Available KV cache memory' it logs at start); replaces the pool's "
+                        "arithmetic (HBM x utilization - weights - the preset's memory_reserve)")
     p.add_argument("--range-ratio", type=number(float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
                    default=1.0,
                    help="lengths drawn uniformly from [ratio x L, L] with the files' mean "
@@ -108,6 +115,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _deployment(args: argparse.Namespace, cat):
+    from dataclasses import replace
+
     from inference_lab.common.toml import ConfigError
     from inference_lab.engine.sim import kv
     from inference_lab.engine.sim.specs import Deployment, SchedulerConfig
@@ -126,6 +135,10 @@ def _deployment(args: argparse.Namespace, cat):
             raise UsageError(f"--max-model-len {args.max_model_len}: more than {model.name}'s "
                              f"{model.max_seq_len}")
         sched["max_model_len"] = args.max_model_len
+    if args.gpu_memory_utilization is not None:
+        sched["gpu_memory_utilization"] = args.gpu_memory_utilization
+    if args.kv_cache_memory_bytes is not None:  # per GPU, as vLLM's flag; the lab's is the group's
+        sched["kv_cache_capacity"] = args.kv_cache_memory_bytes * args.tp
     scheduler = SchedulerConfig(**sched)
     if scheduler.max_num_batched_tokens < scheduler.max_num_seqs:
         raise UsageError(f"--max-num-batched-tokens {scheduler.max_num_batched_tokens} is below "
@@ -135,6 +148,11 @@ def _deployment(args: argparse.Namespace, cat):
     dep = Deployment(name=model.name, model=model, hardware=hardware, tp=args.tp, scheduler=scheduler)
     if kv.total_blocks(dep) == 0:
         raise UsageError(f"{model.name} leaves no KV cache room on {args.tp} x {hardware.name}: raise --tp")
+    if hardware.calibration is not None and kv.total_blocks(replace(dep, timing="calibrated")) == 0:
+        raise UsageError(f"{model.name} and the {hardware.name} preset's memory_reserve "
+                         f"({hardware.calibration.memory_reserve / 1e9:.3g} GB per GPU) leave no KV cache "
+                         f"room on {args.tp} x {hardware.name}: raise --tp, or give the server's "
+                         "--kv-cache-memory-bytes")
     return dep
 
 

@@ -72,3 +72,31 @@ def test_a_tpot_that_does_not_fit_points_at_the_server_settings():
     _, causes = judged([(4, 0.0, 0.5), (16, 0.05, 0.4)])
     assert len(causes) == 1 and causes[0].startswith("TPOT does not fit (mean |error| 45%)")
     assert "--kv-cache-dtype" in causes[0] and "--tp" in causes[0]
+
+
+def plateau_points(tpots: list[float]) -> list[Point]:
+    return [Point(f"c={c} 8000/1000", DEP, c, 8000, 1000, {"tpot_ms": t}, range_ratio=0.8)
+            for c, t in zip((32, 64, 128, 256), tpots)]
+
+
+def test_a_measured_tpot_that_stops_growing_where_the_fits_grows_names_the_memory_flags():
+    # 64 -> 128 -> 256 clients: 30.9, 41.8, 41.8 ms measured (the server's cache full from
+    # 128); the fit runs more sequences there: +24 % at 256
+    points = plateau_points([21.1, 30.9, 41.8, 41.8])
+    sims = [{"tpot_ms": p.measured["tpot_ms"] * (1 + e)} for p, e in zip(points, (0.0, 0.03, 0.2, 0.24))]
+    causes = likely_causes(points, sims, 0.25)
+    plateau = [c for c in causes if c.startswith("a KV cache smaller than the lab's")]
+    assert len(plateau) == 1
+    assert "from c=128 8000/1000 to c=256 8000/1000 (41.8 -> 41.8 ms)" in plateau[0]
+    assert "+24% at c=256" in plateau[0] and "--kv-cache-memory-bytes" in plateau[0]
+
+
+@pytest.mark.parametrize("tpots,errors", [
+    ([21.1, 30.9, 41.8, 60.0], (0.0, 0.03, 0.2, 0.24)),  # still growing: no plateau
+    ([21.1, 30.9, 41.8, 41.8], (0.0, 0.03, 0.05, 0.1)),  # flat, and so is the fit (within 12.5 %)
+    ([21.1, 30.9, 41.8, 41.8], (0.3, 0.3, 0.3, 0.3)),  # the fit as far off below as in the plateau
+])
+def test_no_plateau_is_named_where_the_tpot_grows_or_the_fit_stays_flat_too(tpots, errors):
+    points = plateau_points(tpots)
+    sims = [{"tpot_ms": p.measured["tpot_ms"] * (1 + e)} for p, e in zip(points, errors)]
+    assert not any(c.startswith("a KV cache smaller") for c in likely_causes(points, sims, 0.25))

@@ -109,3 +109,41 @@ def test_the_h200_reserve_is_the_gap_to_the_pool_its_server_reported():
     # (5 MB: 9 blocks of 590 kB), where the arithmetic alone is 7,000 blocks over
     assert abs(kv.total_blocks(dep) - reported) <= 10
     assert kv.total_blocks(replace(dep, timing="roofline")) - reported > 7000
+
+
+def calibrate_args(*flags: str):
+    import argparse
+
+    from inference_lab.cli import cmd_calibrate
+    parser = argparse.ArgumentParser()
+    cmd_calibrate.register(parser.add_subparsers())
+    return parser.parse_args(["calibrate", "m.csv", "--name", "n", "-o", "out", *flags])
+
+
+def test_calibrate_takes_the_servers_kv_cache_per_gpu_and_its_memory_fraction():
+    from inference_lab.cli.cmd_calibrate import _deployment
+    args = calibrate_args("--model", "llama-3.1-8b", "--hardware", "b200", "--tp", "2",
+                          "--kv-cache-memory-bytes", "1000000000")
+    dep = _deployment(args, catalog.BUNDLED)
+    block = kv.bytes_per_token(dep) * dep.scheduler.block_size
+    assert kv.kv_capacity_bytes(dep) == 1e9  # per GPU, whatever the timing
+    assert kv.total_blocks(replace(dep, timing="calibrated")) == int(1e9 // block)
+    half = _deployment(calibrate_args("--model", "llama-3.1-8b", "--hardware", "b200",
+                                      "--gpu-memory-utilization", "0.5"), catalog.BUNDLED)
+    assert half.scheduler.gpu_memory_utilization == 0.5
+    assert kv.kv_capacity_bytes(half) == pytest.approx(192e9 * 0.5 - kv.weight_bytes(half))
+
+
+def test_calibrate_refuses_a_start_whose_reserve_leaves_no_pool_naming_it(tmp_path):
+    from inference_lab.cli import UsageError
+    from inference_lab.cli.cmd_calibrate import _deployment
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "small.toml").write_text(
+        'flops_bf16 = 1e15\nmemory_bandwidth = 1e12\nmemory_capacity = 24e9\n'
+        '[calibration]\nmemory_reserve = 20e9\n')
+    args = calibrate_args("--model", "llama-3.1-8b", "--hardware", "small")
+    with pytest.raises(UsageError, match=r"memory_reserve \(20 GB per GPU\) leave no KV cache room on "
+                                         r"1 x small: raise --tp, or give the server's --kv-cache-memory-bytes"):
+        _deployment(args, Catalog([tmp_path]))
+    given = calibrate_args("--model", "llama-3.1-8b", "--hardware", "small", "--kv-cache-memory-bytes", "2000000000")
+    assert kv.total_blocks(replace(_deployment(given, Catalog([tmp_path])), timing="calibrated")) > 0
