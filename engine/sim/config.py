@@ -380,7 +380,7 @@ def _apply_timing(dep: Deployment, timing: str | None) -> None:
     if dep.timing == "calibrated" and cal.transferred_from:
         _log_transferred(dep.hardware.name, cal.transferred_from)
     if (dep.timing == "calibrated" and dep.scheduler.kv_cache_capacity is None
-            and kv.kv_capacity_bytes(dep) <= 0):
+            and kv.total_blocks(dep) == 0):
         sched = dep.scheduler
         raise ConfigError(dep.source, "tp", f"{dep.model.name} weights "
                           f"({kv.weight_bytes(dep) / dep.tp / 1e9:.1f} GB per GPU) and the calibrated "

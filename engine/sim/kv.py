@@ -2,8 +2,9 @@
 
 Knows the deployment's memory arithmetic, per GPU: the pool is what one GPU keeps after
 its share of the weights (HBM x gpu_memory_utilization - weights / tp, less the
-calibrated memory_reserve under --timing calibrated; or the configured kv_cache_capacity / tp), a block is `block_size` positions of the paged
-layers' cache on one GPU (engine.sim.layers: KV heads are never split, MLA latents are
+calibrated memory_reserve under --timing calibrated; or the configured
+kv_cache_capacity / tp), a block is `block_size` positions of the paged layers' cache
+on one GPU (engine.sim.layers: KV heads are never split, MLA latents are
 replicated; stored at the scheduler's kv_cache_dtype), and a running sequence also holds `fixed_blocks` for its recurrent states.
 The pool itself is a counter (engine.scheduler owns it): no block ids are simulated.
 """
