@@ -35,7 +35,7 @@ from inference_lab.engine.sim import kv  # noqa: E402
 
 def binds(row: Point) -> bool:
     """Would the row's clients need more KV than the pool holds with no reserve (each at
-    its mean prompt plus its whole output)?"""
+    its mean prompt and output lengths)?"""
     dep = replace(row.deployment, timing="roofline")
     per_seq = (row.input_len + row.output_len) * (1 + row.range_ratio) / 2
     return row.concurrency * per_seq > kv.total_blocks(dep) * dep.scheduler.block_size
