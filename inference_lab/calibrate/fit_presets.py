@@ -36,7 +36,7 @@ import tomllib
 from dataclasses import fields, replace
 from pathlib import Path
 
-from inference_lab.calibrate.fitting import PARAMETERS, Evaluator, fit, relative_errors
+from inference_lab.calibrate.fitting import PARAMETERS, PRIOR, Evaluator, fit, relative_errors
 from inference_lab.calibrate.simulate import DEFAULT_MAX_REQUESTS, Point
 from inference_lab.engine.sim import catalog, generations
 from inference_lab.engine.sim.profiles import apply as apply_profile
@@ -120,6 +120,8 @@ def main() -> int:
                         help="fit only this hardware preset (repeatable)")
     parser.add_argument("--jobs", type=int, default=1, help="simulations in parallel processes")
     parser.add_argument("--max-iter", type=int, default=12, help="Gauss-Newton steps at most")
+    parser.add_argument("--prior", type=float, default=PRIOR,
+                        help=f"how strongly each parameter is held near its start (default {PRIOR}; 0: not)")
     parser.add_argument("--max-requests", type=int, default=DEFAULT_MAX_REQUESTS,
                         help="simulate at most this many requests per row (at least 4 x its "
                              "concurrency)")
@@ -156,7 +158,8 @@ def main() -> int:
         if args.report_only:
             cal = start
         else:
-            result = fit(ev, start, names, fit_idx, args.max_iter, log=lambda s: print(s, flush=True))
+            result = fit(ev, start, names, fit_idx, args.max_iter, log=lambda s: print(s, flush=True),
+                         prior=args.prior)
             cal = result.calibration
             print(f"fitted: {', '.join(result.fitted)}; mean |error| on the fit rows "
                   f"{result.mean_abs_error:.1%} after {result.iterations} steps")

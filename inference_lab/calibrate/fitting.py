@@ -1,17 +1,19 @@
 """Fitting the `calibrated` timing model's parameters to measured points.
 
-Knows: the parameters a fit may move (`PARAMETERS`: their bounds and the scale at
-which a change is felt), which of them a set of points can say anything about, and the
-search: damped Gauss-Newton (Levenberg-Marquardt) on the log of simulated / measured
-for every point and metric, with a Jacobian by forward differences, steps solved by
-numpy.linalg (the normal equations; the SVD for the dependence check), Huber weights
-(a few odd points do not pull the rest), parameters moved in log space within their
-bounds. Before the first step it drops, and names, the parameters the points cannot
-determine: those with no effect on any metric, and those whose effect the others
-already explain (a near-zero singular value of the Jacobian). Leave-one-out refits
-without each point in turn and predicts it; leave-largest-out refits without the
-largest concurrency and predicts it (the error of extrapolating beyond the fit's range).
-Does not know file formats or how a point is simulated beyond `simulate.simulate`.
+Knows: the parameters a fit may move (`PARAMETERS`: their bounds and the scale at which
+a change is felt), which of them a set of points can say anything about, and the search:
+damped Gauss-Newton (Levenberg-Marquardt) on the log of simulated / measured for every
+point and metric, with a Jacobian by forward differences, steps solved by numpy.linalg
+(the normal equations; the SVD for the dependence check), Huber weights (a few odd
+points do not pull the rest), parameters moved in log space within their bounds and held
+near where they started by a weak prior (a Cauchy loss on each move: a valley the points
+leave flat is not wandered along). Before the first step it drops, and names, the
+parameters the points cannot determine: those with no effect on any metric, and those
+whose effect the others already explain (a near-zero singular value of the Jacobian).
+Leave-one-out refits without each point in turn (held near the same start) and predicts
+it; leave-largest-out refits without the largest concurrency and predicts it (the error
+of extrapolating beyond the fit's range). Does not know file formats or how a point is
+simulated beyond `simulate.simulate`.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
               "seconds per request in the engine before a new one is schedulable"),
 )}
 HUBER = 0.15  # |log error| beyond which a residual's weight falls off
+PRIOR = 0.1  # weight of log(parameter / its start value) as a residual of its own
+PRIOR_SCALE = 0.5  # |log(parameter / start)| beyond which the prior's pull falls off
 STEP = 0.07  # forward-difference step in x (about 7 % of a parameter)
 
 
@@ -173,6 +177,20 @@ def _cost(r: list[float]) -> float:
     return sum(x * x for x in _weighted(r))
 
 
+def prior_cost(moves: np.ndarray, weight: float) -> float:
+    """What the prior adds to the fit's cost for these moves in log scale: a Cauchy loss,
+    weight**2 * move**2 near the start, growing only as the log of the move beyond
+    PRIOR_SCALE."""
+    c2 = PRIOR_SCALE ** 2
+    return float(weight ** 2 * c2 * np.sum(np.log1p(np.square(moves) / c2)))
+
+
+def prior_weights(moves: np.ndarray, weight: float) -> np.ndarray:
+    """The prior's diagonal in the normal equations at these moves (IRLS): its cost's
+    gradient is 2 * weights * moves."""
+    return weight ** 2 / (1.0 + np.square(moves) / PRIOR_SCALE ** 2)
+
+
 @dataclass(slots=True)
 class FitResult:
     calibration: Calibration
@@ -180,6 +198,8 @@ class FitResult:
     undetermined: dict[str, str]  # parameter -> why the points could not determine it
     mean_abs_error: float  # over the fit points' metrics, |simulated / measured - 1|
     iterations: int
+    center: Calibration | None = None  # where the prior holds the parameters (the start)
+    prior: float = PRIOR  # its weight
 
 
 def _smallest_singular(cols: list[list[float]]) -> tuple[float, list[float]]:
@@ -231,15 +251,30 @@ def identify(names: list[str], jac: list[list[float]], rows: int) -> tuple[list[
 
 def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx: Sequence[int],
         max_iter: int = 12, log: Callable[[str], None] | None = None,
-        check: bool = True) -> FitResult:
+        check: bool = True, prior: float | None = None,
+        center: Calibration | None = None) -> FitResult:
     """Move the parameters `names` of `start` to fit the points `fit_idx` of the
-    evaluator. With `check`, first drop the parameters the points cannot determine."""
+    evaluator. With `check`, first drop the parameters the points cannot determine.
+
+    Each moved parameter also pays for its distance from `center` (default `start`):
+    `prior` (default PRIOR) times its move in log scale is one more residual, whose pull
+    fades beyond PRIOR_SCALE (a Cauchy loss). That holds where they began the parameters
+    a few points cannot tell apart (a fit that would trade one for another along a flat
+    valley) and costs little a move the points ask for: at the default, a parameter
+    doubled costs what a 5 % error on one measured value does, a tenfold move a 9 %
+    one."""
     points = [evaluator.points[i] for i in fit_idx]
     names, undetermined = applicable(points, list(names))
     if start.moe_flops_efficiency == 0.0 and "moe_flops_efficiency" in names:
         start = replace(start, moe_flops_efficiency=start.flops_efficiency)
     params = [PARAMETERS[n] for n in names]
     x = [p.to_x(getattr(start, p.name)) for p in params]
+    origin = start if center is None else center
+    x0 = [p.to_x(getattr(origin, p.name)) for p in params]
+    weight = PRIOR if prior is None else prior
+
+    def total(r: list[float], xs: Sequence[float], x0s: Sequence[float]) -> float:
+        return _cost(r) + prior_cost(np.subtract(xs, x0s), weight)
 
     def calibration(xs: Sequence[float]) -> Calibration:
         return replace(start, **{p.name: p.from_x(v) for p, v in zip(params, xs)})
@@ -257,7 +292,7 @@ def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx:
         return [[(a - b) / h for a, b in zip(col, r0)] for col, h in zip(cols, steps)], steps
 
     r = residuals([calibration(x)])[0]
-    cost = _cost(r)
+    cost = total(r, x, x0)
     lam = 1e-2
     it = 0
     fitted = list(names)
@@ -271,6 +306,7 @@ def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx:
             sel = [j for j, p in enumerate(params) if p.name in keep]
             params = [params[j] for j in sel]
             x = [x[j] for j in sel]
+            x0 = [x0[j] for j in sel]
             jac = [jac[j] for j in sel]
             fitted = [p.name for p in params]
             start = calibration(x)  # the dropped ones stay at their start values
@@ -279,8 +315,10 @@ def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx:
         # the normal equations, with Huber IRLS weights on the current residuals
         res, jm = np.array(r), np.array(jac).T  # jm: a row per residual, a column per parameter
         w = np.where(np.abs(res) <= HUBER, 1.0, HUBER / np.maximum(np.abs(res), HUBER))
-        jtj = jm.T @ (w[:, None] * jm)
-        jtr = jm.T @ (w * res)
+        dx = np.subtract(x, x0)
+        wp = prior_weights(dx, weight)
+        jtj = jm.T @ (w[:, None] * jm) + np.diag(wp)
+        jtr = jm.T @ (w * res) + wp * dx
         improved = False
         for _ in range(6):
             damped = jtj + np.diag(lam * (np.diag(jtj) + 1e-6))  # positive definite
@@ -288,7 +326,7 @@ def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx:
             x_new = [params[j].to_x(params[j].from_x(float(v + d)))
                      for j, (v, d) in enumerate(zip(x, delta))]
             r_new = residuals([calibration(x_new)])[0]
-            c_new = _cost(r_new)
+            c_new = total(r_new, x_new, x0)
             if c_new < cost - 1e-9:
                 x, r, cost, improved = x_new, r_new, c_new, True
                 lam = max(lam / 3, 1e-4)
@@ -300,7 +338,7 @@ def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx:
             break
     final = calibration(x)
     err = statistics.mean(abs(math.exp(v) - 1) for v in r) if r else 0.0
-    return FitResult(final, fitted, undetermined, err, it)
+    return FitResult(final, fitted, undetermined, err, it, origin, weight)
 
 
 def relative_errors(point: Point, sim: dict[str, float]) -> dict[str, float]:
@@ -316,7 +354,8 @@ def leave_one_out(evaluator: Evaluator, result: FitResult, fit_idx: Sequence[int
     out = {}
     for i in fit_idx:
         rest = [j for j in fit_idx if j != i]
-        refit = fit(evaluator, result.calibration, result.fitted, rest, max_iter, check=False)
+        refit = fit(evaluator, result.calibration, result.fitted, rest, max_iter, check=False,
+                    prior=result.prior, center=result.center)
         sim = evaluator.sims([refit.calibration], [i])[0][0]
         out[i] = relative_errors(evaluator.points[i], sim)
     return out
@@ -336,6 +375,7 @@ def leave_largest_out(evaluator: Evaluator, result: FitResult, fit_idx: Sequence
         return None
     if len(held) == 1 and loo and held[0] in loo:
         return {held[0]: loo[held[0]]}
-    refit = fit(evaluator, result.calibration, result.fitted, rest, max_iter, check=False)
+    refit = fit(evaluator, result.calibration, result.fitted, rest, max_iter, check=False,
+                prior=result.prior, center=result.center)
     sims = evaluator.sims([refit.calibration], held)[0]
     return {i: relative_errors(evaluator.points[i], s) for i, s in zip(held, sims)}

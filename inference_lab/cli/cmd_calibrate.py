@@ -33,7 +33,8 @@ A file's median TTFT is fitted when it has one, else its mean; TPOT is the mean.
 point is simulated as `sim` would run it: the same clients, prompts and lengths, the
 scheduler settings given here (as the measured server ran: pass what it was started
 with). The fit starts from the hardware preset's own [calibration] and moves
---fit's parameters (damped Gauss-Newton on log(simulated / measured)); it refuses to
+--fit's parameters (damped Gauss-Newton on log(simulated / measured), each held near
+its start by a weak prior, --prior); it refuses to
 fit more parameters than measured values allow, and names the parameters the points
 could not determine (those keep their starting values). It prints the fit per point
 and each point's leave-one-out error: the error of a fit made without it, the best
@@ -58,7 +59,7 @@ GENERIC_START = dict(flops_efficiency=0.5, flops_half_tokens=64.0, bandwidth_eff
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from inference_lab.calibrate.fitting import PARAMETERS
+    from inference_lab.calibrate.fitting import PARAMETERS, PRIOR
     from inference_lab.calibrate.judgement import MAX_FIT_ERROR
 
     p = subparsers.add_parser(
@@ -102,6 +103,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="comma-separated [calibration] keys to fit (default: "
                         f"{','.join(DEFAULT_FIT)}; any of {', '.join(PARAMETERS)})")
     p.add_argument("--max-iter", type=positive_int, default=10, help="fit steps at most (default 10)")
+    p.add_argument("--prior", type=number(float, lambda v: v >= 0, "a weight of 0 or more"),
+                   default=PRIOR, metavar="WEIGHT",
+                   help="how strongly each fitted parameter is held near its start value, so that "
+                        "a few points do not trade one parameter for another along a direction "
+                        f"they cannot tell apart (default {PRIOR}: doubling a parameter costs what "
+                        "a 5%% error on one measured value does; 0: no hold)")
     p.add_argument("--max-fit-error", type=number(float, lambda v: v > 0, "a positive fraction"),
                    default=MAX_FIT_ERROR, metavar="FRACTION",
                    help="the mean |simulated / measured - 1| on the fit's own points above which "
@@ -268,7 +275,8 @@ def run(args: argparse.Namespace) -> int:
           f"on {args.tp} x {dep.hardware.name}, from the {dep.hardware.name} preset's "
           f"{'[calibration]' if dep.hardware.calibration else 'generic start (it has no [calibration])'}",
           flush=True)
-    result = fit(ev, start, names, idx, args.max_iter, log=lambda s: print(s, flush=True))
+    result = fit(ev, start, names, idx, args.max_iter, log=lambda s: print(s, flush=True),
+                 prior=args.prior)
     for name, why in {**why_not, **result.undetermined}.items():
         print(f"not determined: {name} (kept at {getattr(result.calibration, name):g}): {why}")
     sims = ev.sims([result.calibration])[0]
