@@ -136,7 +136,7 @@ _HARDWARE_KEYS = ("name", *(f"flops_{p}" for p in PRECISION_ORDER), "memory_band
                   "memory_capacity", "load_bandwidth", "host_link", "fabric", "memory", "calibration")
 _CALIBRATION_KEYS = ("flops_efficiency", "moe_flops_efficiency", "flops_half_tokens", "bandwidth_efficiency",
                      "comm_efficiency", "comm_bandwidth_efficiency", "step_overhead", "request_overhead", "layer_overhead",
-                     "expert_overhead", "mla_layer_overhead", "sequence_overhead",
+                     "expert_overhead", "fp4_expert_overhead", "mla_layer_overhead", "sequence_overhead",
                      "sequence_kernel_overhead", "mixed_step_overhead",
                      "prompt_token_overhead", "stream_overhead", "unoverlapped_fraction", "routing_skew", "kv_bandwidth_efficiency",
                      "memory_reserve", "fit", "transferred_from", "vllm_version", "generations")
@@ -288,6 +288,9 @@ def _parse_calibration(t: Table) -> Calibration:
                              ok=lambda v: v >= 0),
         expert_overhead=t.get("expert_overhead", float, "a number >= 0 (seconds)", 0.0,
                               ok=lambda v: v >= 0),
+        fp4_expert_overhead=t.get("fp4_expert_overhead", float,
+                                  "a number >= 0 (seconds; absent: as expert_overhead)", None,
+                                  ok=lambda v: v >= 0),
         mla_layer_overhead=t.get("mla_layer_overhead", float, "a number >= 0 (seconds)", 0.0,
                                  ok=lambda v: v >= 0),
         sequence_overhead=t.get("sequence_overhead", float, "a number >= 0 (seconds)", 0.0,

@@ -134,6 +134,9 @@ class CostModel:
         # per sequence: host work, plus GPU work split over the TP group
         self._sequence_overhead = cal.sequence_overhead + cal.sequence_kernel_overhead / tp if cal else 0.0
         expert_floor = cal.expert_overhead / deployment.ep if cal else 0.0
+        # 4-bit experts (MXFP4, NVFP4) run other kernels, with a floor of their own when set
+        fp4_floor = (expert_floor if cal is None or cal.fp4_expert_overhead is None
+                     else cal.fp4_expert_overhead / deployment.ep)
         self.request_overhead = cal.request_overhead if cal else 0.0
         self.prompt_token_overhead = cal.prompt_token_overhead if cal else 0.0
         self.stream_overhead = cal.stream_overhead if cal else 0.0
@@ -190,8 +193,9 @@ class CostModel:
                 w = (stream.resident_params - stream.active_params) / (e - k)
                 group[2] += max(stream.active_params - k * w, 0.0) * bpv  # shared part
                 group[3].append((e, k, w * bpv))
-                if expert_floor:
-                    expert_floors.append((e, k, expert_floor * stream.moe_layers))
+                floor = fp4_floor if stream.precision == "fp4" else expert_floor
+                if floor:
+                    expert_floors.append((e, k, floor * stream.moe_layers))
             else:
                 group[2] += stream.active_params * bpv
         group_of(model.attention_precision)

@@ -38,7 +38,8 @@ class Calibration:
     absorbed up-projections, cache write, the MLA kernel and its metadata), and
     every expert a step touches expert_overhead per MoE layer (the ramp-up and tail of
     its small weight read and the padding of its token block), on each GPU: per touched
-    expert / ep. Host work grows with the batch: sequence_overhead seconds per sequence
+    expert / ep; experts stored at 4 bits (MXFP4, NVFP4), whose kernels differ, pay
+    fp4_expert_overhead instead when it is set. Host work grows with the batch: sequence_overhead seconds per sequence
     in the step (input preparation, sampling, detokenisation, output processing), and
     sequence_kernel_overhead seconds of GPU work per sequence in the step that the
     roofline does not price (the fixed work of its attention, logits and sampling
@@ -73,6 +74,7 @@ class Calibration:
     request_overhead: float = 0.0  # seconds from arrival to schedulable
     layer_overhead: float = 0.0  # seconds per layer per step (kernel floor)
     expert_overhead: float = 0.0  # seconds per touched expert per MoE layer per step
+    fp4_expert_overhead: float | None = None  # the same for 4-bit experts (None: expert_overhead)
     mla_layer_overhead: float = 0.0  # seconds per MLA layer per step (its longer kernel chain)
     sequence_overhead: float = 0.0  # seconds per sequence in the step (host work)
     sequence_kernel_overhead: float = 0.0  # GPU seconds per sequence in the step, / tp

@@ -171,7 +171,7 @@ def main() -> int:
         print(f"[{table}]   # {hw}: {PROVENANCE} on "
               f"{' + '.join(sorted({r.source for r in hw_rows}))}")
         for f in fields(Calibration):
-            if f.name in PARAMETERS:
+            if f.name in PARAMETERS and getattr(cal, f.name) is not None:  # None: unset
                 print(f"{f.name} = {float(f'{getattr(cal, f.name):.3g}'):g}")
         if cal.memory_reserve:  # set from the pool's plateaus (benchmarks/memory_reserve.py)
             print(f"memory_reserve = {cal.memory_reserve:g}")

@@ -62,6 +62,8 @@ PARAMETERS: dict[str, Parameter] = {p.name: p for p in (
     Parameter("step_overhead", 0.0, 0.05, 100e-6, "seconds per step"),
     Parameter("layer_overhead", 0.0, 1e-3, 5e-6, "seconds per layer per step"),
     Parameter("expert_overhead", 0.0, 1e-4, 0.2e-6, "seconds per touched expert per MoE layer"),
+    Parameter("fp4_expert_overhead", 0.0, 1e-4, 0.2e-6,
+              "seconds per touched 4-bit (MXFP4, NVFP4) expert per MoE layer"),
     Parameter("mla_layer_overhead", 0.0, 1e-3, 10e-6, "seconds per MLA layer per step"),
     Parameter("sequence_overhead", 0.0, 1e-3, 10e-6, "seconds per sequence per step"),
     Parameter("sequence_kernel_overhead", 0.0, 1e-3, 10e-6,
@@ -90,6 +92,7 @@ def applicable(points: Sequence[Point], names: Sequence[str]) -> tuple[list[str]
     tp = any(p.deployment.tp > 1 for p in points)
     moe = any(s.num_experts for p in points for s in p.deployment.model.weight_streams)
     mla = any(c.kind == "mla" for p in points for c in p.deployment.model.layer_classes)
+    fp4 = any(s.num_experts and s.precision == "fp4" for p in points for s in p.deployment.model.weight_streams)
     why = {}
     if not tp:
         why["comm_efficiency"] = why["comm_bandwidth_efficiency"] = "no point runs on more than one GPU"
@@ -97,6 +100,8 @@ def applicable(points: Sequence[Point], names: Sequence[str]) -> tuple[list[str]
         why["moe_flops_efficiency"] = why["expert_overhead"] = "no point serves an MoE model"
     if not mla:
         why["mla_layer_overhead"] = "no point serves an MLA model"
+    if not fp4:
+        why["fp4_expert_overhead"] = "no point serves a model with 4-bit experts"
     return [n for n in names if n not in why], {n: w for n, w in why.items() if n in names}
 
 
@@ -267,6 +272,8 @@ def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx:
     names, undetermined = applicable(points, list(names))
     if start.moe_flops_efficiency == 0.0 and "moe_flops_efficiency" in names:
         start = replace(start, moe_flops_efficiency=start.flops_efficiency)
+    if start.fp4_expert_overhead is None and "fp4_expert_overhead" in names:
+        start = replace(start, fp4_expert_overhead=start.expert_overhead)
     params = [PARAMETERS[n] for n in names]
     x = [p.to_x(getattr(start, p.name)) for p in params]
     origin = start if center is None else center

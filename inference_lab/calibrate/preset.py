@@ -42,7 +42,7 @@ def _without_calibration(text: str) -> str:
 def calibration_table(cal: Calibration, comment: list[str]) -> str:
     lines = [f"# {c}" if c else "#" for c in comment] + ["[calibration]"]
     for f in fields(Calibration):
-        if f.name in PARAMETERS:
+        if f.name in PARAMETERS and getattr(cal, f.name) is not None:  # None: the key is unset
             lines.append(f"{f.name} = {float(f'{getattr(cal, f.name):.4g}')!r}")
     if cal.memory_reserve:  # not fitted here: the start's, carried so the KV pool stays its size
         lines.append(f"memory_reserve = {float(f'{cal.memory_reserve:.4g}')!r}")

@@ -372,3 +372,71 @@ def test_an_out_of_range_collective_bandwidth_fraction_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"comm_bandwidth_efficiency: expected a number in \[0, 1\] "
                                           r"\(0: as comm_efficiency\), got 1.5"):
         catalog.parse_hardware(table, "hardware.x", name="x")
+
+
+def moe_at(precision: str, cal: Calibration) -> Deployment:
+    # the tiny MoE of moe() with its experts stored at `precision`
+    stream = WeightStream(precision, 2e8, 8e8, num_experts=8, top_k=2, moe_layers=4)
+    model = Model(name="tiny-moe", num_layers=4, hidden_size=1024, max_seq_len=8192,
+                  weight_streams=(stream,), layer_classes=(LayerClass(4, 8, 128, 8),))
+    hw = replace(catalog.load_hardware("b200"), calibration=cal)
+    return Deployment(name="tiny-moe", model=model, hardware=hw,
+                      scheduler=SchedulerConfig(block_size=64), timing="calibrated")
+
+
+@pytest.mark.parametrize("fp4_floor", [None, 0.0, 5e-6])
+def test_four_bit_experts_pay_their_own_floor_when_it_is_set_and_others_never_do(fp4_floor):
+    # 3 tokens touch 4.625 of 8 experts in each of 4 MoE layers (the test above)
+    touched = 8 * (1 - (6 / 8) ** 3)
+    cal = Calibration(bandwidth_efficiency=0.5, expert_overhead=2e-6, fp4_expert_overhead=fp4_floor)
+
+    def seconds(precision: str, c: Calibration) -> float:
+        cost = CostModel(moe_at(precision, c))
+        return cost.step_cost(3, attention_load(cost.caps, [])).seconds
+
+    no_floor = replace(cal, expert_overhead=0.0, fp4_expert_overhead=0.0)
+    fp4_floor_paid = seconds("fp4", cal) - seconds("fp4", no_floor)
+    assert fp4_floor_paid == pytest.approx(touched * 4 * (2e-6 if fp4_floor is None else fp4_floor),
+                                           rel=1e-9, abs=1e-15)
+    # fp8 (and bf16) experts pay expert_overhead whatever the 4-bit floor
+    for precision in ("fp8", "bf16"):
+        assert seconds(precision, cal) - seconds(precision, no_floor) == pytest.approx(
+            touched * 4 * 2e-6, rel=1e-9)
+
+
+def test_the_four_bit_expert_floor_is_absent_unless_given_and_refused_below_zero():
+    table = {"flops_bf16": 1e15, "memory_bandwidth": 1e12, "memory_capacity": 1e11,
+             "calibration": {"expert_overhead": 2e-6}}
+    assert catalog.parse_hardware(table, "hardware.x", name="x").calibration.fp4_expert_overhead is None
+    table["calibration"]["fp4_expert_overhead"] = 0
+    assert catalog.parse_hardware(table, "hardware.x", name="x").calibration.fp4_expert_overhead == 0.0
+    table["calibration"]["fp4_expert_overhead"] = -1e-6
+    with pytest.raises(ConfigError, match=r"fp4_expert_overhead: expected a number >= 0 "
+                                          r"\(seconds; absent: as expert_overhead\), got -1e-06"):
+        catalog.parse_hardware(table, "hardware.x", name="x")
+
+
+def test_the_fitter_names_why_a_four_bit_floor_cannot_be_fitted_without_four_bit_experts():
+    from inference_lab.calibrate.fitting import applicable
+    from inference_lab.calibrate.simulate import Point
+
+    def point(precision: str) -> Point:
+        return Point("c=1", moe_at(precision, Calibration()), 1, 128, 16, {"tpot_ms": 1.0})
+
+    keep, why = applicable([point("fp8")], ["fp4_expert_overhead", "expert_overhead"])
+    assert keep == ["expert_overhead"]
+    assert why == {"fp4_expert_overhead": "no point serves a model with 4-bit experts"}
+    keep, why = applicable([point("fp8"), point("fp4")], ["fp4_expert_overhead"])
+    assert keep == ["fp4_expert_overhead"] and why == {}
+
+
+def test_a_written_preset_carries_the_four_bit_floor_only_when_it_is_set():
+    from inference_lab.calibrate.preset import calibration_table
+
+    unset = calibration_table(Calibration(expert_overhead=2e-6), [])
+    assert "expert_overhead = 2e-06" in unset and "fp4_expert_overhead" not in unset
+    written = calibration_table(Calibration(expert_overhead=2e-6, fp4_expert_overhead=0.0), [])
+    assert "fp4_expert_overhead = 0.0" in written
+    table = tomllib.loads(written)["calibration"]
+    assert catalog.parse_hardware({"flops_bf16": 1e15, "memory_bandwidth": 1e12, "memory_capacity": 1e11,
+                                   "calibration": table}, "h", name="h").calibration.fp4_expert_overhead == 0.0
