@@ -10,7 +10,8 @@ engine.sim.generations; the preset's own [calibration] when it has no fit of tha
 generation): the held-out TPOT median and largest |error|, the held-out TTFT median
 |error|. Then per sweep (one deployment at one prompt / output shape, four or more
 concurrencies, any row set): the signed TPOT error at its highest concurrency and at its
-middle one, and the TPOT error at the top rows (concurrency above --split) of a fit made
+middle one (and, over the vLLM sweeps of the sources the fits use, the median of each),
+and the TPOT error at the top rows (concurrency above --split) of a fit made
 on the lower rows only (at most --split, three or more): `inference-lab calibrate`'s
 default parameters, started from the shipped fit, as a user with a partial sweep would
 run it. Every figure is printed with its target from docs/timing.md. No shipped
@@ -80,6 +81,7 @@ def extrapolation(ev: Evaluator, rows: list[Point], sims: list[dict], split: int
     print(f"| sweep | TPOT error at the middle / highest concurrency | |highest| <= |middle| | "
           f"fit on c <= {split} -> TPOT error at the top (target within 15 %) |")
     print("|---|---|---|---|")
+    fitted_mid, fitted_top = [], []
     for label, idx in sweeps(rows).items():
         mid, top = idx[(len(idx) - 1) // 2], idx[-1]
         e_mid, e_top = tpot_err(rows[mid], sims[mid]), tpot_err(rows[top], sims[top])
@@ -92,8 +94,17 @@ def extrapolation(ev: Evaluator, rows: list[Point], sims: list[dict], split: int
             extra = ", ".join(f"c={rows[i].concurrency} {tpot_err(rows[i], s):+.1%}" for i, s in zip(high, preds))
         if row_set(rows[top], calibration_of(rows[top]).fit) == "not fitted":
             label += " (a source the fit does not use)"
+        elif rows[top].deployment.scheduler.engine == "vllm":
+            fitted_mid.append(abs(e_mid))
+            fitted_top.append(abs(e_top))
         print(f"| {label} | c={rows[mid].concurrency} {e_mid:+.1%} / c={rows[top].concurrency} {e_top:+.1%} "
               f"| {'yes' if abs(e_top) <= abs(e_mid) else 'no'} | {extra} |", flush=True)
+    if fitted_top:
+        top_med, mid_med = statistics.median(fitted_top), statistics.median(fitted_mid)
+        print(f"\nOver the {len(fitted_top)} vLLM sweeps the fits use: TPOT |error| at the highest "
+              f"concurrency {top_med:.1%} at the median, at the middle one {mid_med:.1%} "
+              f"({'no larger' if top_med <= mid_med else 'larger'}); the top the larger on "
+              f"{sum(t > m for t, m in zip(fitted_top, fitted_mid))} of them.")
 
 
 def main() -> int:

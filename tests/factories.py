@@ -52,3 +52,23 @@ def inline_model(weights: str, attention: str = "", hardware: str = "b200") -> s
     return (f"[model]\nhidden_dim = 1024\nmax_seq_len = 4096\n[[model.weights]]\n{weights}"
             '[[model.layers]]\nkind = "attention"\ncount = 16\nheads = 16\nhead_dim = 64\n'
             f"kv_heads = 4\n{attention}[hardware.{hardware}]\n")
+
+
+def calibrate_points(truth, noise=None):
+    """The calibrate tests' measurements: a llama-3.1-8b engine on an h100 timed by the
+    calibration `truth`, 10 x c requests of 2048 / 64 tokens at 1, 8 and 64 clients, each
+    measured value rounded to 4 digits and scaled by the next factor of `noise` (1 + n)."""
+    from dataclasses import replace
+
+    from inference_lab.calibrate.simulate import Point, simulate
+
+    dep = Deployment(name="m", model=load_model("llama-3.1-8b"), hardware=load_hardware("h100"),
+                     scheduler=SchedulerConfig(block_size=16))
+    factors = iter(noise or [0.0] * 6)
+    points = []
+    for c in (1, 8, 64):
+        point = Point(f"c={c}", dep, c, 2048, 64, {"ttft_ms": 1.0, "tpot_ms": 1.0}, requests=10 * c)
+        sim = simulate(point, truth)
+        points.append(replace(point, measured={k: round(sim[k] * (1 + next(factors)), 4)
+                                               for k in ("ttft_ms", "tpot_ms")}))
+    return points

@@ -16,10 +16,9 @@ import pytest
 
 from inference_lab.calibrate.fitting import (PARAMETERS, PRIOR, Evaluator, fit, leave_one_out,
                                              prior_cost, prior_weights)
-from inference_lab.calibrate.simulate import Point, simulate
 from inference_lab.cli.cmd_calibrate import DEFAULT_FIT
 from inference_lab.engine.sim import catalog
-from inference_lab.engine.sim.specs import Deployment, SchedulerConfig
+from factories import calibrate_points
 
 TRUTH = replace(catalog.load_hardware("h100").calibration, bandwidth_efficiency=0.6,
                 step_overhead=3e-3, request_overhead=10e-3)
@@ -51,14 +50,7 @@ def test_the_prior_weights_in_the_normal_equations_are_its_costs_gradient(move):
 
 @pytest.fixture(scope="module")
 def evaluator() -> Evaluator:
-    dep = Deployment(name="m", model=catalog.load_model("llama-3.1-8b"),
-                     hardware=catalog.load_hardware("h100"), scheduler=SchedulerConfig(block_size=16))
-    points = []
-    for c in (1, 8, 64):
-        point = Point(f"c={c}", dep, c, 2048, 64, {"ttft_ms": 1.0, "tpot_ms": 1.0}, requests=10 * c)
-        sim = simulate(point, TRUTH)
-        points.append(replace(point, measured={k: round(sim[k], 4) for k in ("ttft_ms", "tpot_ms")}))
-    return Evaluator(points)
+    return Evaluator(calibrate_points(TRUTH))
 
 
 THREE = ["bandwidth_efficiency", "step_overhead", "request_overhead"]
@@ -82,16 +74,7 @@ def test_the_prior_shortens_every_move_made_to_chase_noise():
     # nothing should move. Without the prior the search moves every parameter it keeps
     # to chase the noise; with it, each moves less, for an error on the points hardly
     # larger.
-    dep = Deployment(name="m", model=catalog.load_model("llama-3.1-8b"),
-                     hardware=catalog.load_hardware("h100"), scheduler=SchedulerConfig(block_size=16))
-    noise = iter([0.03, -0.03, -0.03, 0.03, 0.03, -0.03])
-    points = []
-    for c in (1, 8, 64):
-        point = Point(f"c={c}", dep, c, 2048, 64, {"ttft_ms": 1.0, "tpot_ms": 1.0}, requests=10 * c)
-        sim = simulate(point, START)
-        points.append(replace(point, measured={k: round(sim[k] * (1 + next(noise)), 4)
-                                               for k in ("ttft_ms", "tpot_ms")}))
-    ev = Evaluator(points)
+    ev = Evaluator(calibrate_points(START, noise=[0.03, -0.03, -0.03, 0.03, 0.03, -0.03]))
     free = fit(ev, START, DEFAULT_FIT, [0, 1, 2], prior=0.0)
     held = fit(ev, START, DEFAULT_FIT, [0, 1, 2])
     assert held.fitted == free.fitted and len(free.fitted) >= 3

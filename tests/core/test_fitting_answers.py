@@ -17,9 +17,8 @@ import pytest
 
 from inference_lab.calibrate.fitting import (PARAMETERS, Evaluator, fit, identify,
                                              leave_largest_out, leave_one_out)
-from inference_lab.calibrate.simulate import Point, simulate
 from inference_lab.engine.sim import catalog
-from inference_lab.engine.sim.specs import Deployment, SchedulerConfig
+from factories import calibrate_points
 
 TRUTH = replace(catalog.load_hardware("h100").calibration, bandwidth_efficiency=0.6,
                 step_overhead=3e-3, request_overhead=10e-3)
@@ -28,14 +27,7 @@ START = replace(catalog.load_hardware("h100").calibration, transferred_from="")
 
 @pytest.fixture(scope="module")
 def evaluator() -> Evaluator:
-    dep = Deployment(name="m", model=catalog.load_model("llama-3.1-8b"),
-                     hardware=catalog.load_hardware("h100"), scheduler=SchedulerConfig(block_size=16))
-    points = []
-    for c in (1, 8, 64):
-        point = Point(f"c={c}", dep, c, 2048, 64, {"ttft_ms": 1.0, "tpot_ms": 1.0}, requests=10 * c)
-        sim = simulate(point, TRUTH)
-        points.append(replace(point, measured={k: round(sim[k], 4) for k in ("ttft_ms", "tpot_ms")}))
-    return Evaluator(points)
+    return Evaluator(calibrate_points(TRUTH))
 
 
 def fitted(cal, names) -> dict[str, float]:
