@@ -254,6 +254,17 @@ def identify(names: list[str], jac: list[list[float]], rows: int) -> tuple[list[
     return [names[j] for j in keep], why
 
 
+def _explicit(cal: Calibration, names: Sequence[str]) -> Calibration:
+    """`cal` with the fitted keys whose value means "as another key" (an expert FLOP
+    fraction of 0, an unset 4-bit expert floor) set to that key's value, so the search
+    starts, and the prior is centred, where the model already is."""
+    if cal.moe_flops_efficiency == 0.0 and "moe_flops_efficiency" in names:
+        cal = replace(cal, moe_flops_efficiency=cal.flops_efficiency)
+    if cal.fp4_expert_overhead is None and "fp4_expert_overhead" in names:
+        cal = replace(cal, fp4_expert_overhead=cal.expert_overhead)
+    return cal
+
+
 def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx: Sequence[int],
         max_iter: int = 12, log: Callable[[str], None] | None = None,
         check: bool = True, prior: float | None = None,
@@ -270,18 +281,15 @@ def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx:
     one."""
     points = [evaluator.points[i] for i in fit_idx]
     names, undetermined = applicable(points, list(names))
-    if start.moe_flops_efficiency == 0.0 and "moe_flops_efficiency" in names:
-        start = replace(start, moe_flops_efficiency=start.flops_efficiency)
-    if start.fp4_expert_overhead is None and "fp4_expert_overhead" in names:
-        start = replace(start, fp4_expert_overhead=start.expert_overhead)
+    start = _explicit(start, names)
+    origin = start if center is None else _explicit(center, names)
     params = [PARAMETERS[n] for n in names]
     x = [p.to_x(getattr(start, p.name)) for p in params]
-    origin = start if center is None else center
     x0 = [p.to_x(getattr(origin, p.name)) for p in params]
     weight = PRIOR if prior is None else prior
 
-    def total(r: list[float], xs: Sequence[float], x0s: Sequence[float]) -> float:
-        return _cost(r) + prior_cost(np.subtract(xs, x0s), weight)
+    def total(r: list[float], xs: Sequence[float]) -> float:
+        return _cost(r) + prior_cost(np.subtract(xs, x0), weight)
 
     def calibration(xs: Sequence[float]) -> Calibration:
         return replace(start, **{p.name: p.from_x(v) for p, v in zip(params, xs)})
@@ -299,7 +307,7 @@ def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx:
         return [[(a - b) / h for a, b in zip(col, r0)] for col, h in zip(cols, steps)], steps
 
     r = residuals([calibration(x)])[0]
-    cost = total(r, x, x0)
+    cost = total(r, x)
     lam = 1e-2
     it = 0
     fitted = list(names)
@@ -333,7 +341,7 @@ def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx:
             x_new = [params[j].to_x(params[j].from_x(float(v + d)))
                      for j, (v, d) in enumerate(zip(x, delta))]
             r_new = residuals([calibration(x_new)])[0]
-            c_new = total(r_new, x_new, x0)
+            c_new = total(r_new, x_new)
             if c_new < cost - 1e-9:
                 x, r, cost, improved = x_new, r_new, c_new, True
                 lam = max(lam / 3, 1e-4)

@@ -105,3 +105,25 @@ def test_leave_one_out_refits_are_held_near_the_fits_own_start(evaluator):
         unheld = fit(evaluator, result.calibration, result.fitted, rest, 3, check=False,
                      center=result.calibration)
         assert unheld.calibration != refit.calibration
+
+
+def test_an_unset_four_bit_floor_starts_and_is_held_at_the_floor_it_stands_for():
+    # gpt-oss-20b's experts are fp4; the start leaves their floor unset (as expert_overhead,
+    # 2 us). Points of that engine itself: the fit starts from 2 us, its prior is centred
+    # there (given as the centre too, unset), and nothing moves it.
+    from factories import deployment
+    from inference_lab.calibrate.simulate import Point, simulate
+    from inference_lab.engine.sim.specs import Calibration
+
+    cal = Calibration(bandwidth_efficiency=0.7, flops_efficiency=0.5, expert_overhead=2e-6)
+    dep = deployment("gpt-oss-20b", "b200")
+    dep = replace(dep, timing="calibrated", hardware=replace(dep.hardware, calibration=cal))
+    points = []
+    for c in (1, 8):
+        point = Point(f"c={c}", dep, c, 256, 32, {"tpot_ms": 1.0}, requests=4 * c)
+        points.append(replace(point, measured={"tpot_ms": simulate(point, cal)["tpot_ms"]}))
+    result = fit(Evaluator(points), cal, ["fp4_expert_overhead"], [0, 1], max_iter=2,
+                 check=False, center=cal)
+    assert result.center.fp4_expert_overhead == 2e-6
+    assert result.calibration.fp4_expert_overhead == pytest.approx(2e-6, rel=1e-9)
+    assert result.mean_abs_error < 1e-9
