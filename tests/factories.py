@@ -4,9 +4,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inference_lab.engine.sim.catalog import load_hardware, load_model
+from dataclasses import replace
+
+from inference_lab.engine.sim.catalog import Catalog, load_hardware, load_model
 from inference_lab.engine.sim.core import EngineCore
-from inference_lab.engine.sim.specs import Deployment, SchedulerConfig, TimeCorrection
+from inference_lab.engine.sim.specs import Calibration, Deployment, Hardware, SchedulerConfig, TimeCorrection
+
+# The calibrate tests' reference engine: the h100 preset's peaks with a [calibration] fixed
+# here, not the shipped one, so that a refit of the preset does not move what those tests
+# fit, recover and pin.
+REFERENCE_CALIBRATION = Calibration(
+    bandwidth_efficiency=0.988, flops_efficiency=0.502, moe_flops_efficiency=0.0998,
+    flops_half_tokens=74.1, step_overhead=0.00295, request_overhead=0.0214,
+    prompt_token_overhead=4.75e-06, comm_efficiency=0.672, layer_overhead=1.03e-06,
+    expert_overhead=2.22e-08, mla_layer_overhead=0.0, sequence_overhead=3.26e-05,
+    vllm_version="0.11", fit="the calibrate tests' reference engine")
+REFERENCE_HARDWARE = "ref-h100"  # its name in reference_catalog()
+
+
+def reference_h100() -> Hardware:
+    """The h100 preset with REFERENCE_CALIBRATION."""
+    return replace(load_hardware("h100"), calibration=REFERENCE_CALIBRATION)
+
+
+def reference_catalog(directory: Path) -> Path:
+    """DIR/hardware/ref-h100.toml, the h100 preset with REFERENCE_CALIBRATION as its
+    [calibration] (what `--catalog DIR --hardware ref-h100` fits from); returns DIR."""
+    from inference_lab.calibrate.preset import write_preset
+
+    write_preset(directory, REFERENCE_HARDWARE, Catalog().text("hardware", "h100"), "h100",
+                 REFERENCE_CALIBRATION, ["the calibrate tests' reference engine"])
+    return directory
 
 
 def deployment(model: str = "gpt-oss-20b", hardware: str = "b200", tp: int = 1,
@@ -55,14 +83,13 @@ def inline_model(weights: str, attention: str = "", hardware: str = "b200") -> s
 
 
 def calibrate_points(truth, noise=None):
-    """The calibrate tests' measurements: a llama-3.1-8b engine on an h100 timed by the
-    calibration `truth`, 10 x c requests of 2048 / 64 tokens at 1, 8 and 64 clients, each
-    measured value rounded to 4 digits and scaled by the next factor of `noise` (1 + n)."""
-    from dataclasses import replace
-
+    """The calibrate tests' measurements: a llama-3.1-8b engine on the reference h100
+    timed by the calibration `truth`, 10 x c requests of 2048 / 64 tokens at 1, 8 and 64
+    clients, each measured value rounded to 4 digits and scaled by the next factor of
+    `noise` (1 + n)."""
     from inference_lab.calibrate.simulate import Point, simulate
 
-    dep = Deployment(name="m", model=load_model("llama-3.1-8b"), hardware=load_hardware("h100"),
+    dep = Deployment(name="m", model=load_model("llama-3.1-8b"), hardware=reference_h100(),
                      scheduler=SchedulerConfig(block_size=16))
     factors = iter(noise or [0.0] * 6)
     points = []

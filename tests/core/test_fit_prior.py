@@ -2,9 +2,9 @@
 (a Cauchy loss in log scale), so that a few points do not move parameters along a
 direction they cannot tell apart, while a move the points ask for is still made.
 
-The points are those of tests/core/test_fitting_answers.py: a llama-3.1-8b engine on an
-h100 whose calibration has three costs changed (the truth), 10 x c requests of
-2048 / 64 tokens at 1, 8 and 64 clients."""
+The points are those of tests/core/test_fitting_answers.py: a llama-3.1-8b engine on the
+reference h100 (tests/factories.py) with three costs changed (the truth), 10 x c requests
+of 2048 / 64 tokens at 1, 8 and 64 clients."""
 
 from __future__ import annotations
 
@@ -17,12 +17,11 @@ import pytest
 from inference_lab.calibrate.fitting import (PARAMETERS, PRIOR, Evaluator, fit, leave_one_out,
                                              prior_cost, prior_weights)
 from inference_lab.cli.cmd_calibrate import DEFAULT_FIT
-from inference_lab.engine.sim import catalog
-from factories import calibrate_points
+from factories import REFERENCE_CALIBRATION, calibrate_points
 
-TRUTH = replace(catalog.load_hardware("h100").calibration, bandwidth_efficiency=0.6,
+TRUTH = replace(REFERENCE_CALIBRATION, bandwidth_efficiency=0.6,
                 step_overhead=3e-3, request_overhead=10e-3)
-START = replace(catalog.load_hardware("h100").calibration, transferred_from="")
+START = REFERENCE_CALIBRATION
 
 
 def error_equivalent(move: float, weight: float = PRIOR) -> float:

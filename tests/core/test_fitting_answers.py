@@ -5,7 +5,7 @@ answers are the search's own, without the prior that holds parameters near their
 (prior=0; tests/core/test_fit_prior.py covers the prior).
 
 The measurements are those of tests/e2e/test_calibrate_cli.py: a llama-3.1-8b engine on
-an h100 whose calibration has three costs changed, 10 x c requests of 2048 / 64 tokens,
+the reference h100 (tests/factories.py) with three costs changed, 10 x c requests of 2048 / 64 tokens,
 concurrency 32 held out."""
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ import pytest
 
 from inference_lab.calibrate.fitting import (PARAMETERS, Evaluator, fit, identify,
                                              leave_largest_out, leave_one_out)
-from inference_lab.engine.sim import catalog
-from factories import calibrate_points
+from factories import REFERENCE_CALIBRATION, calibrate_points
 
-TRUTH = replace(catalog.load_hardware("h100").calibration, bandwidth_efficiency=0.6,
+TRUTH = replace(REFERENCE_CALIBRATION, bandwidth_efficiency=0.6,
                 step_overhead=3e-3, request_overhead=10e-3)
-START = replace(catalog.load_hardware("h100").calibration, transferred_from="")
+START = REFERENCE_CALIBRATION
 
 
 @pytest.fixture(scope="module")

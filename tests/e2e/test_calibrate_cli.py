@@ -14,14 +14,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from factories import fixed_workload
+from factories import REFERENCE_CALIBRATION, REFERENCE_HARDWARE, fixed_workload, reference_catalog, reference_h100
 
 from inference_lab.calibrate.simulate import Point, simulate
 from inference_lab.engine.sim import catalog
 from inference_lab.engine.sim.specs import Deployment, SchedulerConfig
 
-# What the "real" engine is: the h100 preset's calibration with three costs changed.
-TRUTH = replace(catalog.load_hardware("h100").calibration, bandwidth_efficiency=0.6,
+# What the "real" engine is: the reference h100 (tests/factories.py) with three costs
+# changed. The fits start from the reference (--catalog DIR --hardware ref-h100).
+TRUTH = replace(REFERENCE_CALIBRATION, bandwidth_efficiency=0.6,
                 step_overhead=3e-3, request_overhead=10e-3)
 CONCURRENCY = (1, 8, 32, 64)  # KV reads grow with the batch: bandwidth and step time part
 
@@ -34,7 +35,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 def measured_sweep(tmp_path: Path) -> Path:
     """A CSV of TTFT / TPOT means the TRUTH engine gives for 10 x c requests of 2048 / 64."""
     dep = Deployment(name="m", model=catalog.load_model("llama-3.1-8b"),
-                     hardware=catalog.load_hardware("h100"), scheduler=SchedulerConfig(block_size=16))
+                     hardware=reference_h100(), scheduler=SchedulerConfig(block_size=16))
     lines = ["concurrency,input_len,output_len,ttft_ms,tpot_ms,num_prompts"]
     for c in CONCURRENCY:
         point = Point("", dep, c, 2048, 64, {"ttft_ms": 1.0, "tpot_ms": 1.0}, requests=10 * c)
@@ -50,7 +51,7 @@ def random_length_sweep(tmp_path: Path, medians_as_means: bool) -> Path:
     [0.8 L, L] (vllm bench --random-range-ratio 0.8), L = 2048 / 128: mean lengths, and
     the median TTFT in ttft_p50_ms (beside the mean in ttft_ms) or, mislabelled, in ttft_ms."""
     dep = Deployment(name="m", model=catalog.load_model("llama-3.1-8b"),
-                     hardware=catalog.load_hardware("h100"), scheduler=SchedulerConfig(block_size=16))
+                     hardware=reference_h100(), scheduler=SchedulerConfig(block_size=16))
     header = "concurrency,input_len,output_len,ttft_ms,tpot_ms,num_prompts"
     lines = [header if medians_as_means else header + ",ttft_p50_ms"]
     for c in CONCURRENCY:
@@ -66,13 +67,16 @@ def random_length_sweep(tmp_path: Path, medians_as_means: bool) -> Path:
     return path
 
 
-FIT_FLAGS = ("--model", "llama-3.1-8b", "--hardware", "h100",
-             "--fit", "bandwidth_efficiency,step_overhead,request_overhead", "--name", "my-h100")
+def fit_flags(tmp_path: Path) -> tuple[str, ...]:
+    """Fit the three changed costs from the reference h100, into a preset named my-h100."""
+    return ("--model", "llama-3.1-8b", "--catalog", str(reference_catalog(tmp_path / "ref")),
+            "--hardware", REFERENCE_HARDWARE,
+            "--fit", "bandwidth_efficiency,step_overhead,request_overhead", "--name", "my-h100")
 
 
 def test_medians_in_the_mean_column_and_exact_lengths_are_refused_naming_the_column_and_the_flag(tmp_path):
     # the mislabelled file: medians under ttft_ms (a mean), no --range-ratio for random lengths
-    out = cli("calibrate", str(random_length_sweep(tmp_path, medians_as_means=True)), *FIT_FLAGS,
+    out = cli("calibrate", str(random_length_sweep(tmp_path, medians_as_means=True)), *fit_flags(tmp_path),
               "-o", str(tmp_path / "cat"))
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "above 25% (--max-fit-error); wrote nothing" in out.stderr
@@ -82,7 +86,7 @@ def test_medians_in_the_mean_column_and_exact_lengths_are_refused_naming_the_col
 
 
 def test_the_same_run_labelled_right_is_written_with_its_extrapolation_error(tmp_path):
-    out = cli("calibrate", str(random_length_sweep(tmp_path, medians_as_means=False)), *FIT_FLAGS,
+    out = cli("calibrate", str(random_length_sweep(tmp_path, medians_as_means=False)), *fit_flags(tmp_path),
               "--range-ratio", "0.8", "-o", str(tmp_path / "cat"))
     assert out.returncode == 0, out.stderr
     assert "likely causes" not in out.stderr
@@ -95,7 +99,7 @@ def test_the_same_run_labelled_right_is_written_with_its_extrapolation_error(tmp
 
 
 def test_force_writes_a_fit_above_the_limit_and_says_so_in_the_preset(tmp_path):
-    out = cli("calibrate", str(random_length_sweep(tmp_path, medians_as_means=True)), *FIT_FLAGS,
+    out = cli("calibrate", str(random_length_sweep(tmp_path, medians_as_means=True)), *fit_flags(tmp_path),
               "--force", "-o", str(tmp_path / "cat"))
     assert out.returncode == 0, out.stderr
     assert "writing the preset anyway (--force)" in out.stderr and "ttft_p50_ms" in out.stderr
@@ -105,7 +109,7 @@ def test_force_writes_a_fit_above_the_limit_and_says_so_in_the_preset(tmp_path):
 
 
 def test_a_looser_max_fit_error_lets_the_same_fit_through(tmp_path):
-    out = cli("calibrate", str(random_length_sweep(tmp_path, medians_as_means=True)), *FIT_FLAGS,
+    out = cli("calibrate", str(random_length_sweep(tmp_path, medians_as_means=True)), *fit_flags(tmp_path),
               "--range-ratio", "0.8", "--max-fit-error", "5", "-o", str(tmp_path / "cat"))
     assert out.returncode == 0, out.stderr
     assert "likely causes" not in out.stderr and (tmp_path / "cat" / "hardware" / "my-h100.toml").exists()
@@ -117,9 +121,7 @@ def test_a_fit_recovers_the_costs_and_the_preset_reproduces_the_measurements(tmp
     check = tmp_path / "check.csv"  # concurrency 32: never fitted, reported apart
     check.write_text("\n".join([lines[0], lines[3]]) + "\n")
     sweep.write_text("\n".join(lines[:3] + lines[4:]) + "\n")
-    out = cli("calibrate", str(sweep), "--check", str(check), "--model", "llama-3.1-8b", "--hardware", "h100",
-              "--fit", "bandwidth_efficiency,step_overhead,request_overhead", "--name", "my-h100",
-              "-o", str(tmp_path / "cat"))
+    out = cli("calibrate", str(sweep), "--check", str(check), *fit_flags(tmp_path), "-o", str(tmp_path / "cat"))
     assert out.returncode == 0, out.stderr
     assert "leave-one-out" in out.stdout and "c=64 2048/64" in out.stdout
     assert "held out (--check, not fitted)" in out.stdout and "c=32 2048/64" in out.stdout
