@@ -122,7 +122,7 @@ class CostModel:
         cal = hw.calibration if deployment.timing == "calibrated" else None
         self.calibrated = cal is not None
         self._flops_eff = cal.flops_efficiency if cal else 1.0
-        self._moe_flops_eff = (cal.moe_flops_efficiency or cal.flops_efficiency) if cal else 1.0
+        self._moe_flops_eff = cal.resolved("moe_flops_efficiency") if cal else 1.0
         self._flops_half = cal.flops_half_tokens if cal else 0.0
         self._step_overhead = cal.step_overhead if cal else 0.0
         self._mixed_overhead = cal.mixed_step_overhead if cal else 0.0
@@ -135,13 +135,12 @@ class CostModel:
         self._sequence_overhead = cal.sequence_overhead + cal.sequence_kernel_overhead / tp if cal else 0.0
         expert_floor = cal.expert_overhead / deployment.ep if cal else 0.0
         # 4-bit experts (MXFP4, NVFP4) run other kernels, with a floor of their own when set
-        fp4_floor = (expert_floor if cal is None or cal.fp4_expert_overhead is None
-                     else cal.fp4_expert_overhead / deployment.ep)
+        fp4_floor = cal.resolved("fp4_expert_overhead") / deployment.ep if cal else 0.0
         self.request_overhead = cal.request_overhead if cal else 0.0
         self.prompt_token_overhead = cal.prompt_token_overhead if cal else 0.0
         self.stream_overhead = cal.stream_overhead if cal else 0.0
         comm = cal.comm_efficiency if cal else 1.0
-        comm_bytes = (cal.comm_bandwidth_efficiency or cal.comm_efficiency) if cal else 1.0
+        comm_bytes = cal.resolved("comm_bandwidth_efficiency") if cal else 1.0
         # KV reads at their own fraction of the peak (the decode attention kernels'), as
         # extra seconds per KV byte beside the weights' rate; 0 when not set
         self._kv_extra = 0.0

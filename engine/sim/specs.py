@@ -104,6 +104,26 @@ class Calibration:
         """'fitted', or 'transferred from <hardware>'."""
         return f"transferred from {self.transferred_from}" if self.transferred_from else "fitted"
 
+    def resolved(self, name: str) -> float:
+        """The value key `name` takes effect with: a key of AS_ANOTHER_KEY left at its unset
+        value stands for the other key's."""
+        value = getattr(self, name)
+        other = AS_ANOTHER_KEY.get(name)
+        if other is not None and value == other[1]:
+            return getattr(self, other[0])
+        return value
+
+
+# The [calibration] keys whose unset value means "as another key": key -> (that key, the
+# unset value). 0 is the unset value of the fractions; a 4-bit expert floor of 0 is a
+# floor of nothing, so its unset value is None (absent from the table).
+AS_ANOTHER_KEY: dict[str, tuple[str, float | None]] = {
+    "moe_flops_efficiency": ("flops_efficiency", 0.0),
+    "comm_bandwidth_efficiency": ("comm_efficiency", 0.0),
+    "kv_bandwidth_efficiency": ("bandwidth_efficiency", 0.0),
+    "fp4_expert_overhead": ("expert_overhead", None),
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Hardware:

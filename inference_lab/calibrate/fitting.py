@@ -30,7 +30,7 @@ import numpy as np
 
 from inference_lab.calibrate.simulate import DEFAULT_MAX_REQUESTS, Point, simulate
 from inference_lab.common import lifeline
-from inference_lab.engine.sim.specs import Calibration
+from inference_lab.engine.sim.specs import AS_ANOTHER_KEY, Calibration
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,14 +255,10 @@ def identify(names: list[str], jac: list[list[float]], rows: int) -> tuple[list[
 
 
 def _explicit(cal: Calibration, names: Sequence[str]) -> Calibration:
-    """`cal` with the fitted keys whose value means "as another key" (an expert FLOP
-    fraction of 0, an unset 4-bit expert floor) set to that key's value, so the search
-    starts, and the prior is centred, where the model already is."""
-    if cal.moe_flops_efficiency == 0.0 and "moe_flops_efficiency" in names:
-        cal = replace(cal, moe_flops_efficiency=cal.flops_efficiency)
-    if cal.fp4_expert_overhead is None and "fp4_expert_overhead" in names:
-        cal = replace(cal, fp4_expert_overhead=cal.expert_overhead)
-    return cal
+    """`cal` with the fitted keys left at "as another key" (AS_ANOTHER_KEY: an expert
+    FLOP fraction of 0, an unset 4-bit expert floor, ...) set to that key's value, so the
+    search starts, and the prior is centred, where the model already is."""
+    return replace(cal, **{n: cal.resolved(n) for n in names if n in AS_ANOTHER_KEY})
 
 
 def fit(evaluator: Evaluator, start: Calibration, names: Sequence[str], fit_idx: Sequence[int],

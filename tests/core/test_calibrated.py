@@ -416,6 +416,21 @@ def test_the_four_bit_expert_floor_is_absent_unless_given_and_refused_below_zero
         catalog.parse_hardware(table, "hardware.x", name="x")
 
 
+@pytest.mark.parametrize("key, other, unset, set_to", [
+    ("moe_flops_efficiency", "flops_efficiency", 0.0, 0.1),
+    ("comm_bandwidth_efficiency", "comm_efficiency", 0.0, 0.9),
+    ("kv_bandwidth_efficiency", "bandwidth_efficiency", 0.0, 0.95),
+    ("fp4_expert_overhead", "expert_overhead", None, 0.0),  # 0: no floor, not unset
+])
+def test_a_key_left_unset_takes_effect_as_the_key_it_stands_for(key, other, unset, set_to):
+    cal = Calibration(flops_efficiency=0.4, comm_efficiency=0.3, bandwidth_efficiency=0.8,
+                      expert_overhead=2e-6)
+    assert getattr(cal, key) == unset
+    assert cal.resolved(key) == getattr(cal, other)
+    assert replace(cal, **{key: set_to}).resolved(key) == set_to
+    assert cal.resolved(other) == getattr(cal, other)  # a key with no stand-in is itself
+
+
 def test_the_fitter_names_why_a_four_bit_floor_cannot_be_fitted_without_four_bit_experts():
     from inference_lab.calibrate.fitting import applicable
     from inference_lab.calibrate.simulate import Point

@@ -126,3 +126,15 @@ def test_an_unset_four_bit_floor_starts_and_is_held_at_the_floor_it_stands_for()
     assert result.center.fp4_expert_overhead == 2e-6
     assert result.calibration.fp4_expert_overhead == pytest.approx(2e-6, rel=1e-9)
     assert result.mean_abs_error < 1e-9
+
+
+def test_an_unset_kv_bandwidth_starts_and_is_held_at_the_bandwidth_it_stands_for():
+    # the reference engine leaves the KV read's fraction unset (as bandwidth_efficiency,
+    # 0.988); points of that engine itself: a fit of the key starts at 0.988, not at the
+    # key's lower bound (0.05, a KV read twenty times slower), and nothing moves it
+    points = Evaluator(calibrate_points(REFERENCE_CALIBRATION))
+    result = fit(points, REFERENCE_CALIBRATION, ["kv_bandwidth_efficiency"], [0, 1, 2], max_iter=2,
+                 check=False)
+    assert result.center.kv_bandwidth_efficiency == pytest.approx(0.988, rel=1e-12)
+    assert result.calibration.kv_bandwidth_efficiency == pytest.approx(0.988, rel=1e-9)
+    assert result.mean_abs_error < 1e-4
