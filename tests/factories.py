@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dataclasses import replace
+from pathlib import Path
 
 from inference_lab.engine.sim.catalog import Catalog, load_hardware, load_model
 from inference_lab.engine.sim.core import EngineCore
@@ -25,6 +24,12 @@ REFERENCE_HARDWARE = "ref-h100"  # its name in reference_catalog()
 def reference_h100() -> Hardware:
     """The h100 preset with REFERENCE_CALIBRATION."""
     return replace(load_hardware("h100"), calibration=REFERENCE_CALIBRATION)
+
+
+def reference_deployment() -> Deployment:
+    """The calibrate tests' engine: llama-3.1-8b on one reference h100, 16-token blocks."""
+    return Deployment(name="m", model=load_model("llama-3.1-8b"), hardware=reference_h100(),
+                      scheduler=SchedulerConfig(block_size=16))
 
 
 def reference_catalog(directory: Path) -> Path:
@@ -89,8 +94,7 @@ def calibrate_points(truth, noise=None):
     `noise` (1 + n)."""
     from inference_lab.calibrate.simulate import Point, simulate
 
-    dep = Deployment(name="m", model=load_model("llama-3.1-8b"), hardware=reference_h100(),
-                     scheduler=SchedulerConfig(block_size=16))
+    dep = reference_deployment()
     factors = iter(noise or [0.0] * 6)
     points = []
     for c in (1, 8, 64):

@@ -14,11 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from factories import REFERENCE_CALIBRATION, REFERENCE_HARDWARE, fixed_workload, reference_catalog, reference_h100
+from factories import (REFERENCE_CALIBRATION, REFERENCE_HARDWARE, fixed_workload, reference_catalog,
+                       reference_deployment)
 
 from inference_lab.calibrate.simulate import Point, simulate
 from inference_lab.engine.sim import catalog
-from inference_lab.engine.sim.specs import Deployment, SchedulerConfig
 
 # What the "real" engine is: the reference h100 (tests/factories.py) with three costs
 # changed. The fits start from the reference (--catalog DIR --hardware ref-h100).
@@ -34,8 +34,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def measured_sweep(tmp_path: Path) -> Path:
     """A CSV of TTFT / TPOT means the TRUTH engine gives for 10 x c requests of 2048 / 64."""
-    dep = Deployment(name="m", model=catalog.load_model("llama-3.1-8b"),
-                     hardware=reference_h100(), scheduler=SchedulerConfig(block_size=16))
+    dep = reference_deployment()
     lines = ["concurrency,input_len,output_len,ttft_ms,tpot_ms,num_prompts"]
     for c in CONCURRENCY:
         point = Point("", dep, c, 2048, 64, {"ttft_ms": 1.0, "tpot_ms": 1.0}, requests=10 * c)
@@ -50,8 +49,7 @@ def random_length_sweep(tmp_path: Path, medians_as_means: bool) -> Path:
     """A CSV of what the TRUTH engine gives for 10 x c requests with lengths uniform over
     [0.8 L, L] (vllm bench --random-range-ratio 0.8), L = 2048 / 128: mean lengths, and
     the median TTFT in ttft_p50_ms (beside the mean in ttft_ms) or, mislabelled, in ttft_ms."""
-    dep = Deployment(name="m", model=catalog.load_model("llama-3.1-8b"),
-                     hardware=reference_h100(), scheduler=SchedulerConfig(block_size=16))
+    dep = reference_deployment()
     header = "concurrency,input_len,output_len,ttft_ms,tpot_ms,num_prompts"
     lines = [header if medians_as_means else header + ",ttft_p50_ms"]
     for c in CONCURRENCY:
