@@ -112,6 +112,17 @@ def report(hw: str, rows: list[Point], ev: Evaluator, cal: Calibration, roof: Ev
     return by_set
 
 
+def _weight(text: str) -> float:
+    """--prior's value: a number of 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a weight of 0 or more, got {text!r}")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m inference_lab.calibrate.fit_presets",
                                      description=" ".join(__doc__.split("\n\n")[0].split()))
@@ -120,7 +131,7 @@ def main() -> int:
                         help="fit only this hardware preset (repeatable)")
     parser.add_argument("--jobs", type=int, default=1, help="simulations in parallel processes")
     parser.add_argument("--max-iter", type=int, default=12, help="Gauss-Newton steps at most")
-    parser.add_argument("--prior", type=float, default=PRIOR,
+    parser.add_argument("--prior", type=_weight, default=PRIOR,
                         help=f"how strongly each parameter is held near its start (default {PRIOR}; 0: not)")
     parser.add_argument("--max-requests", type=int, default=DEFAULT_MAX_REQUESTS,
                         help="simulate at most this many requests per row (at least 4 x its "

@@ -455,3 +455,13 @@ def test_a_written_preset_carries_the_four_bit_floor_only_when_it_is_set():
     table = tomllib.loads(written)["calibration"]
     assert catalog.parse_hardware({"flops_bf16": 1e15, "memory_bandwidth": 1e12, "memory_capacity": 1e11,
                                    "calibration": table}, "h", name="h").calibration.fp4_expert_overhead == 0.0
+
+
+@pytest.mark.parametrize("value", ["-0.1", "nan", "strong"])
+def test_fit_presets_refuses_a_prior_weight_below_zero_naming_the_flag(value, capsys, monkeypatch):
+    # a negative weight would act as its square, the same hold as the positive one
+    monkeypatch.setattr("sys.argv", ["fit_presets", "--prior", value, "--report-only"])
+    with pytest.raises(SystemExit) as exit_:
+        fit_presets.main()
+    assert exit_.value.code == 2
+    assert f"argument --prior: expected a weight of 0 or more, got '{value}'" in capsys.readouterr().err
